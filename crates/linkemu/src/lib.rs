@@ -1,0 +1,1 @@
+//! pep-linkemu (issue 3).

@@ -1,0 +1,2 @@
+//! pep-sim: deterministic discrete-event satellite link simulator.
+pub mod channel;

@@ -1,0 +1,1 @@
+//! pep-testbed (issue 3).

@@ -1,0 +1,1 @@
+pub const PROTOCOL_VERSION: u32 = 1;

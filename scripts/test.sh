@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's test command (README.md "Run the tests"). Installs what the tests need on a
+# fresh Debian machine, then runs formatting, lints and the whole test suite. Network tests
+# build their own namespaces and need root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v nft >/dev/null 2>&1 || need_pkgs+=(nftables)
+command -v ping >/dev/null 2>&1 || need_pkgs+=(iputils-ping)
+if ((${#need_pkgs[@]})); then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
+    else
+        echo "missing ${need_pkgs[*]}: install them (root needed)" >&2
+        exit 1
+    fi
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+cargo test --workspace --release
