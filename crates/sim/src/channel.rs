@@ -302,7 +302,10 @@ mod tests {
             .count();
         let p = corruption_probability(1e-6, 1500);
         let sd = (n as f64 * p * (1.0 - p)).sqrt();
-        assert!(((lost as f64) - n as f64 * p).abs() < 4.0 * sd, "lost {lost}");
+        assert!(
+            ((lost as f64) - n as f64 * p).abs() < 4.0 * sd,
+            "lost {lost}"
+        );
     }
 
     #[test]
@@ -320,7 +323,10 @@ mod tests {
             .filter(|_| ch.judge(Duration::ZERO, 100) == Fate::BurstLost)
             .count();
         let measured = lost as f64 / n as f64;
-        assert!((measured - ge.mean_loss()).abs() < 0.1 * ge.mean_loss(), "{measured}");
+        assert!(
+            (measured - ge.mean_loss()).abs() < 0.1 * ge.mean_loss(),
+            "{measured}"
+        );
     }
 
     #[test]

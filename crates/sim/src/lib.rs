@@ -1,2 +1,7 @@
-//! pep-sim: deterministic discrete-event satellite link simulator.
+//! pep-sim: deterministic discrete-event satellite link simulator driving two pep-transport
+//! endpoints. The impairment models in [`channel`] are shared with pep-linkemu.
+
 pub mod channel;
+pub mod link;
+pub mod report;
+pub mod sim;

@@ -1,1 +1,33 @@
+//! pep-transport: the satellite-hop protocol of pepd as a sans-IO state machine.
+//!
+//! No sockets, no clock reads: the caller feeds datagrams and `Instant`s in, and polls
+//! datagrams to send, the next timer deadline and events out. One [`Association`] per
+//! gateway pair carries many flows (one per proxied TCP connection). The wire format is
+//! specified in docs/PROTOCOL.md.
+
+mod ack;
+mod association;
+pub mod cc;
+pub mod codec;
+pub mod config;
+mod flow;
+pub mod frame;
+pub mod loss;
+mod pacer;
+pub mod packet;
+pub mod protection;
+pub mod range_set;
+mod rtt;
+mod sent;
+pub mod stats;
+mod stream;
+
+pub use association::{Association, Event, FlowError, LostReason, OpenError, ReadOutcome, Role};
+pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, VegasParams};
+pub use flow::FlowId;
+pub use frame::{FlowMeta, ResetReason};
+pub use loss::LossCounts;
+pub use stats::Stats;
+
+/// Version carried in HELLO; peers with another version do not associate.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,182 @@
+//! One direction of a modelled satellite link: serialisation at a bit rate behind a drop-tail
+//! queue, propagation delay, and the channel's impairments.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::channel::{Channel, Fate, Impairments};
+
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    pub rate_bps: u64,
+    pub delay: Duration,
+    /// Drop-tail limit on bytes waiting to be serialised.
+    pub queue_bytes: u64,
+    pub impairments: Impairments,
+}
+
+/// What became of one packet offered to the link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Offer {
+    /// Arrives intact at `arrival`.
+    Delivered { arrival: Duration },
+    /// The queue was full.
+    QueueDrop,
+    /// Serialised, then destroyed on the way.
+    Impaired(Fate),
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LinkStats {
+    pub packets_offered: u64,
+    pub wire_bytes_offered: u64,
+    pub packets_delivered: u64,
+    pub wire_bytes_delivered: u64,
+    pub queue_drops: u64,
+    pub corrupted: u64,
+    pub lost: u64,
+    pub burst_lost: u64,
+    pub outage_dropped: u64,
+    pub queue_peak_bytes: u64,
+    /// Sum of time packets waited in the queue (for the mean).
+    pub queue_wait_total: Duration,
+    /// Time the transmitter was busy.
+    pub busy: Duration,
+}
+
+pub struct Link {
+    cfg: LinkConfig,
+    channel: Channel,
+    /// When the transmitter finishes the last queued packet.
+    busy_until: Duration,
+    /// Departure (end of serialisation) time and size of packets not yet fully sent.
+    in_queue: VecDeque<(Duration, u64)>,
+    queued_bytes: u64,
+    stats: LinkStats,
+}
+
+impl Link {
+    pub fn new(cfg: LinkConfig, seed: u64) -> Self {
+        Link {
+            channel: Channel::new(cfg.impairments.clone(), seed),
+            cfg,
+            busy_until: Duration::ZERO,
+            in_queue: VecDeque::new(),
+            queued_bytes: 0,
+            stats: LinkStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &LinkStats {
+        &self.stats
+    }
+
+    pub fn config(&self) -> &LinkConfig {
+        &self.cfg
+    }
+
+    fn serialisation(&self, bytes: u64) -> Duration {
+        let nanos = u128::from(bytes) * 8 * 1_000_000_000 / u128::from(self.cfg.rate_bps.max(1));
+        Duration::from_nanos(nanos as u64)
+    }
+
+    /// Offers a packet of `wire_bytes` (everything that crosses the link) at time `now`.
+    pub fn offer(&mut self, now: Duration, wire_bytes: u64) -> Offer {
+        while let Some(&(depart, bytes)) = self.in_queue.front() {
+            if depart > now {
+                break;
+            }
+            self.in_queue.pop_front();
+            self.queued_bytes -= bytes;
+        }
+        self.stats.packets_offered += 1;
+        self.stats.wire_bytes_offered += wire_bytes;
+        // The packet being serialised counts as queued until it has left.
+        if self.queued_bytes + wire_bytes > self.cfg.queue_bytes && !self.in_queue.is_empty() {
+            self.stats.queue_drops += 1;
+            return Offer::QueueDrop;
+        }
+        let start = self.busy_until.max(now);
+        let tx = self.serialisation(wire_bytes);
+        let depart = start + tx;
+        self.busy_until = depart;
+        self.in_queue.push_back((depart, wire_bytes));
+        self.queued_bytes += wire_bytes;
+        self.stats.queue_peak_bytes = self.stats.queue_peak_bytes.max(self.queued_bytes);
+        self.stats.queue_wait_total += start - now;
+        self.stats.busy += tx;
+        match self.channel.judge(start, wire_bytes as usize) {
+            Fate::Delivered => {
+                self.stats.packets_delivered += 1;
+                self.stats.wire_bytes_delivered += wire_bytes;
+                Offer::Delivered {
+                    arrival: depart + self.cfg.delay,
+                }
+            }
+            fate => {
+                match fate {
+                    Fate::Corrupted => self.stats.corrupted += 1,
+                    Fate::Lost => self.stats.lost += 1,
+                    Fate::BurstLost => self.stats.burst_lost += 1,
+                    Fate::Outage => self.stats.outage_dropped += 1,
+                    Fate::Delivered => {}
+                }
+                Offer::Impaired(fate)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(queue: u64) -> Link {
+        Link::new(
+            LinkConfig {
+                rate_bps: 8_000_000,
+                delay: Duration::from_millis(100),
+                queue_bytes: queue,
+                impairments: Impairments::default(),
+            },
+            1,
+        )
+    }
+
+    #[test]
+    fn serialises_back_to_back_and_adds_delay() {
+        let mut l = link(1 << 20);
+        // 1000 bytes at 8 Mb/s = 1 ms each.
+        assert_eq!(
+            l.offer(Duration::ZERO, 1000),
+            Offer::Delivered {
+                arrival: Duration::from_millis(101)
+            }
+        );
+        assert_eq!(
+            l.offer(Duration::ZERO, 1000),
+            Offer::Delivered {
+                arrival: Duration::from_millis(102)
+            }
+        );
+    }
+
+    #[test]
+    fn drop_tail_when_queue_full() {
+        let mut l = link(2500);
+        assert!(matches!(
+            l.offer(Duration::ZERO, 1000),
+            Offer::Delivered { .. }
+        ));
+        assert!(matches!(
+            l.offer(Duration::ZERO, 1000),
+            Offer::Delivered { .. }
+        ));
+        assert_eq!(l.offer(Duration::ZERO, 1000), Offer::QueueDrop);
+        // After the first has left there is room again.
+        assert!(matches!(
+            l.offer(Duration::from_millis(1), 1000),
+            Offer::Delivered { .. }
+        ));
+    }
+}

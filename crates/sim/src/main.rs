@@ -1,0 +1,236 @@
+//! `pep-sim bulk …`: runs one simulated bulk transfer and prints a JSON report.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use nix::time::{clock_gettime, ClockId};
+
+use pep_sim::channel::{GilbertElliott, Impairments, Outage, OutageSchedule};
+use pep_sim::link::LinkConfig;
+use pep_sim::report;
+use pep_sim::sim::{Scenario, Simulation, Workload};
+use pep_transport::{CcMode, Config, LossCause, VegasParams};
+
+#[derive(Parser)]
+#[command(
+    name = "pep-sim",
+    version,
+    about = "Deterministic satellite-link simulator for pepd's transport"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Bulk transfer from gateway A to gateway B over the modelled link.
+    Bulk(Box<BulkArgs>),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum CcArg {
+    Rate,
+    Vegas,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LossArg {
+    Corruption,
+    Congestion,
+}
+
+#[derive(clap::Args)]
+struct BulkArgs {
+    /// Forward (A→B) link rate in bit/s.
+    #[arg(long)]
+    rate_bps: u64,
+    /// Return (B→A) link rate in bit/s [default: the forward rate].
+    #[arg(long)]
+    return_rate_bps: Option<u64>,
+    /// One-way propagation delay in ms, both directions.
+    #[arg(long)]
+    delay_ms: f64,
+    /// Bit error rate of the forward link.
+    #[arg(long, default_value_t = 0.0)]
+    ber: f64,
+    /// Bit error rate of the return link [default: the forward BER].
+    #[arg(long)]
+    return_ber: Option<f64>,
+    /// Bernoulli packet loss probability, both directions.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Gilbert-Elliott bursts p,r[,h[,k]], both directions.
+    #[arg(long)]
+    ge: Option<GilbertElliott>,
+    /// IP MTU of the path.
+    #[arg(long, default_value_t = 1500)]
+    mtu: usize,
+    /// Run for this many seconds of transfer.
+    #[arg(long, conflicts_with = "bytes", required_unless_present = "bytes")]
+    seconds: Option<f64>,
+    /// Transfer this many bytes in total (split across flows), then finish.
+    #[arg(long)]
+    bytes: Option<u64>,
+    /// Flows per association.
+    #[arg(long, default_value_t = 1)]
+    flows: usize,
+    /// Gateway pairs sharing the link (each with its own congestion control).
+    #[arg(long, default_value_t = 1)]
+    associations: usize,
+    #[arg(long, value_enum, default_value = "rate")]
+    cc: CcArg,
+    #[arg(long, value_enum, default_value = "corruption")]
+    loss_default: LossArg,
+    /// Rate each sender is configured with [default: the link rate]; set it above the link
+    /// rate to model a misconfigured gateway, or divide a shared link.
+    #[arg(long)]
+    cc_rate_bps: Option<u64>,
+    #[arg(long)]
+    vegas_alpha: Option<f64>,
+    #[arg(long)]
+    vegas_beta: Option<f64>,
+    #[arg(long)]
+    vegas_gamma: Option<f64>,
+    /// Drop-tail queue limit in bytes, each direction [default: one forward BDP, at least 64 KB].
+    #[arg(long)]
+    queue_bytes: Option<u64>,
+    /// Outage window START_S+DURATION_S (time from the start of the transfer), both directions.
+    #[arg(long)]
+    outage: Vec<Outage>,
+    /// ACK every N packets.
+    #[arg(long)]
+    ack_every: Option<u32>,
+    /// ... or after this many ms.
+    #[arg(long)]
+    ack_delay_ms: Option<u64>,
+    /// Disable redundant copies of unacknowledged data on an idle link.
+    #[arg(long)]
+    no_redundancy: bool,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Give up after this many simulated seconds of transfer.
+    #[arg(long, default_value_t = 3600.0)]
+    time_limit_s: f64,
+    /// Print the JSON report (the only output format today).
+    #[arg(long)]
+    json: bool,
+}
+
+fn cpu_seconds() -> f64 {
+    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
+        .unwrap_or(0.0)
+}
+
+fn scenario(a: &BulkArgs) -> Result<Scenario> {
+    if !(0.0..1.0).contains(&a.ber) || a.return_ber.is_some_and(|b| !(0.0..1.0).contains(&b)) {
+        bail!("--ber/--return-ber must be in [0, 1)");
+    }
+    if a.flows == 0 || a.associations == 0 {
+        bail!("--flows and --associations must be at least 1");
+    }
+    let return_rate = a.return_rate_bps.unwrap_or(a.rate_bps);
+    let delay = Duration::try_from_secs_f64(a.delay_ms / 1e3).context("--delay-ms")?;
+    let bdp = (a.rate_bps as f64 / 8.0 * 2.0 * delay.as_secs_f64()) as u64;
+    let queue_bytes = a.queue_bytes.unwrap_or(bdp.max(64 * 1024));
+    let handshake_allowance = 4.0 * delay.as_secs_f64() + 2.0;
+    // Outage windows are given relative to the transfer; the link's clock starts at the
+    // handshake, which takes one round trip.
+    let shift = 2.0 * delay.as_secs_f64();
+    let outages = OutageSchedule {
+        windows: a
+            .outage
+            .iter()
+            .map(|o| Outage {
+                start: o.start + Duration::from_secs_f64(shift),
+                duration: o.duration,
+            })
+            .collect(),
+        periodic: None,
+    };
+    let imp = |ber: f64| Impairments {
+        ber,
+        loss: a.loss,
+        burst: a.ge,
+        outages: outages.clone(),
+    };
+    let forward = LinkConfig {
+        rate_bps: a.rate_bps,
+        delay,
+        queue_bytes,
+        impairments: imp(a.ber),
+    };
+    let ret = LinkConfig {
+        rate_bps: return_rate,
+        delay,
+        queue_bytes: (return_rate as f64 / 8.0 * 2.0 * delay.as_secs_f64()).max(64.0 * 1024.0)
+            as u64,
+        impairments: imp(a.return_ber.unwrap_or(a.ber)),
+    };
+    let configure = |rate: u64| -> Config {
+        let mut c = Config::for_rate(rate);
+        c.mtu = a.mtu;
+        c.cc = match a.cc {
+            CcArg::Rate => CcMode::Rate,
+            CcArg::Vegas => CcMode::Vegas,
+        };
+        c.loss_default = match a.loss_default {
+            LossArg::Corruption => LossCause::Corruption,
+            LossArg::Congestion => LossCause::Congestion,
+        };
+        let d = VegasParams::default();
+        c.vegas = VegasParams {
+            alpha: a.vegas_alpha.unwrap_or(d.alpha),
+            beta: a.vegas_beta.unwrap_or(d.beta),
+            gamma: a.vegas_gamma.unwrap_or(d.gamma),
+        };
+        if let Some(n) = a.ack_every {
+            c.ack.every_packets = n;
+        }
+        if let Some(ms) = a.ack_delay_ms {
+            c.ack.max_delay = Duration::from_millis(ms);
+        }
+        c.idle_redundancy = !a.no_redundancy;
+        c.initial_rtt = (delay * 2).max(Duration::from_millis(100));
+        c
+    };
+    let forward_cfg_rate = a.cc_rate_bps.unwrap_or(a.rate_bps);
+    let workload = match (a.seconds, a.bytes) {
+        (Some(s), _) => Workload::Seconds(Duration::try_from_secs_f64(s).context("--seconds")?),
+        (None, Some(b)) => Workload::Bytes(b),
+        (None, None) => bail!("give --seconds or --bytes"),
+    };
+    let a_config = configure(forward_cfg_rate);
+    let b_config = configure(return_rate);
+    a_config.validate()?;
+    b_config.validate()?;
+    Ok(Scenario {
+        forward,
+        ret,
+        a_config,
+        b_config,
+        associations: a.associations,
+        flows_per_association: a.flows,
+        workload,
+        seed: a.seed,
+        time_limit: Duration::from_secs_f64(a.time_limit_s + handshake_allowance),
+    })
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Bulk(args) => {
+            let sc = scenario(&args)?;
+            let cpu0 = cpu_seconds();
+            let outcome = Simulation::new(sc.clone())?.run();
+            let cpu = cpu_seconds() - cpu0;
+            let r = report::build(&sc, &outcome, cpu);
+            let _ = args.json;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! Turns a simulation outcome into the JSON report of `pep-sim bulk`.
+
+use serde::Serialize;
+
+use crate::channel::{jain_fairness, reference_goodput_bps};
+use crate::sim::{Outcome, Scenario, Workload};
+
+#[derive(Debug, Serialize)]
+pub struct LossesByCause {
+    pub congestion: u64,
+    pub corruption: u64,
+    pub outage: u64,
+}
+
+/// What the forward link really did to packets (the simulator knows).
+#[derive(Debug, Serialize)]
+pub struct LossesTrue {
+    pub corruption: u64,
+    pub queue_drop: u64,
+    pub random: u64,
+    pub burst: u64,
+    pub outage: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub goodput_bps: f64,
+    pub ref_bps: f64,
+    pub efficiency: f64,
+    pub completion_s: Option<f64>,
+    pub t_min_s: Option<f64>,
+    pub completion_over_t_min: Option<f64>,
+    pub intact: bool,
+    pub bytes_delivered: u64,
+    pub forward_wire_bytes: u64,
+    pub return_wire_bytes: u64,
+    pub return_over_forward: f64,
+    pub retransmitted_bytes: u64,
+    pub redundant_bytes: u64,
+    pub losses_by_cause: LossesByCause,
+    pub losses_true: LossesTrue,
+    pub return_losses_true: LossesTrue,
+    pub congestion_events: u64,
+    pub snacks_sent: u64,
+    pub snacks_received: u64,
+    pub acks_sent: u64,
+    pub probes_sent: u64,
+    pub outages_detected: u64,
+    pub outage_events: Vec<(f64, &'static str)>,
+    pub flow_resets: u64,
+    pub jain_fairness: Option<f64>,
+    pub per_flow_goodput_bps: Vec<f64>,
+    pub link_utilisation: f64,
+    pub mean_queue_delay_ms: f64,
+    pub queue_peak_bytes: u64,
+    pub rtt_min_ms: f64,
+    pub rtt_smoothed_ms: f64,
+    pub handshake_s: f64,
+    pub sim_seconds: f64,
+    pub cpu_seconds: f64,
+    pub events: u64,
+}
+
+pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
+    let forward_ber = sc.forward.impairments.ber;
+    let ref_bps = reference_goodput_bps(sc.forward.rate_bps as f64, forward_ber);
+    let delivered: u64 = out.flows.iter().map(|f| f.bytes_delivered).sum();
+    let (goodput_bps, completion_s, t_min_s, per_flow) = match sc.workload {
+        Workload::Seconds(s) => {
+            let secs = s.as_secs_f64();
+            let in_window: u64 = out.flows.iter().map(|f| f.bytes_in_window).sum();
+            let per: Vec<f64> = out
+                .flows
+                .iter()
+                .map(|f| f.bytes_in_window as f64 * 8.0 / secs)
+                .collect();
+            (in_window as f64 * 8.0 / secs, None, None, per)
+        }
+        Workload::Bytes(b) => {
+            let done = out.flows.iter().all(|f| f.completed_at.is_some());
+            let completion = out
+                .flows
+                .iter()
+                .filter_map(|f| f.completed_at)
+                .max()
+                .filter(|_| done)
+                .map(|d| d.as_secs_f64());
+            let elapsed = completion
+                .unwrap_or_else(|| (out.sim_end.saturating_sub(out.transfer_start)).as_secs_f64());
+            let per: Vec<f64> = out
+                .flows
+                .iter()
+                .map(|f| {
+                    let t = f
+                        .completed_at
+                        .map_or(elapsed, |d| d.as_secs_f64())
+                        .max(1e-9);
+                    f.bytes_delivered as f64 * 8.0 / t
+                })
+                .collect();
+            let t_min = sc.forward.delay.as_secs_f64() + b as f64 * 8.0 / ref_bps;
+            (
+                delivered as f64 * 8.0 / elapsed.max(1e-9),
+                completion,
+                Some(t_min),
+                per,
+            )
+        }
+    };
+    let a = &out.a_stats;
+    let sum = |f: fn(&pep_transport::Stats) -> u64| -> u64 { a.iter().map(f).sum() };
+    let fwd = &out.forward;
+    let active = out
+        .sim_end
+        .saturating_sub(out.transfer_start)
+        .as_secs_f64()
+        .max(1e-9);
+    let losses_true = |l: &crate::link::LinkStats| LossesTrue {
+        corruption: l.corrupted,
+        queue_drop: l.queue_drops,
+        random: l.lost,
+        burst: l.burst_lost,
+        outage: l.outage_dropped,
+    };
+    Report {
+        goodput_bps,
+        ref_bps,
+        efficiency: goodput_bps / ref_bps,
+        completion_s,
+        t_min_s,
+        completion_over_t_min: completion_s.zip(t_min_s).map(|(c, t)| c / t),
+        intact: out.flows.iter().all(|f| f.intact),
+        bytes_delivered: delivered,
+        forward_wire_bytes: fwd.wire_bytes_offered,
+        return_wire_bytes: out.ret.wire_bytes_offered,
+        return_over_forward: out.ret.wire_bytes_offered as f64
+            / fwd.wire_bytes_offered.max(1) as f64,
+        retransmitted_bytes: sum(|s| s.stream_bytes_retransmitted),
+        redundant_bytes: sum(|s| s.stream_bytes_redundant),
+        losses_by_cause: LossesByCause {
+            congestion: sum(|s| s.lost.congestion),
+            corruption: sum(|s| s.lost.corruption),
+            outage: sum(|s| s.lost.outage),
+        },
+        losses_true: losses_true(fwd),
+        return_losses_true: losses_true(&out.ret),
+        congestion_events: sum(|s| s.congestion_events),
+        snacks_sent: out.b_stats.iter().map(|s| s.snacks_sent).sum(),
+        snacks_received: sum(|s| s.snacks_received),
+        acks_sent: out.b_stats.iter().map(|s| s.acks_sent).sum(),
+        probes_sent: sum(|s| s.probes_sent),
+        outages_detected: sum(|s| s.outages),
+        outage_events: out
+            .outage_events
+            .iter()
+            .map(|(t, e)| (t.as_secs_f64(), *e))
+            .collect(),
+        flow_resets: out.flows.iter().filter(|f| f.reset).count() as u64,
+        jain_fairness: (out.flows.len() > 1).then(|| jain_fairness(&per_flow)),
+        per_flow_goodput_bps: if per_flow.len() <= 64 {
+            per_flow
+        } else {
+            Vec::new()
+        },
+        link_utilisation: fwd.busy.as_secs_f64() / active,
+        mean_queue_delay_ms: fwd.queue_wait_total.as_secs_f64() * 1e3
+            / fwd.packets_offered.saturating_sub(fwd.queue_drops).max(1) as f64,
+        queue_peak_bytes: fwd.queue_peak_bytes,
+        rtt_min_ms: a.first().map_or(0.0, |s| s.rtt_min.as_secs_f64() * 1e3),
+        rtt_smoothed_ms: a
+            .first()
+            .map_or(0.0, |s| s.rtt_smoothed.as_secs_f64() * 1e3),
+        handshake_s: out.transfer_start.as_secs_f64(),
+        sim_seconds: out.sim_end.as_secs_f64(),
+        cpu_seconds,
+        events: out.events_processed,
+    }
+}

@@ -1,0 +1,201 @@
+//! Association configuration: everything an operator can tune, with defaults suited to a
+//! dedicated GEO link.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// How the sender decides how much to put in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CcMode {
+    /// Pure rate ("open loop", SCPS): send at the configured rate, repair losses by SNACK.
+    Rate,
+    /// Delay-based Vegas, capped at the configured rate.
+    Vegas,
+}
+
+/// What a loss is taken for when the delay evidence is not conclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LossCause {
+    Congestion,
+    Corruption,
+    Outage,
+}
+
+impl LossCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossCause::Congestion => "congestion",
+            LossCause::Corruption => "corruption",
+            LossCause::Outage => "outage",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VegasParams {
+    /// Grow while fewer than `alpha` packets are queued.
+    pub alpha: f64,
+    /// Shrink while more than `beta` packets are queued.
+    pub beta: f64,
+    /// Leave slow start when more than `gamma` packets are queued.
+    pub gamma: f64,
+}
+
+impl Default for VegasParams {
+    fn default() -> Self {
+        VegasParams {
+            alpha: 2.0,
+            beta: 4.0,
+            gamma: 1.0,
+        }
+    }
+}
+
+/// When the receiver acknowledges: every `every_packets` ack-eliciting packets or after
+/// `max_delay`, whichever first; at once when a new hole appears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckPolicy {
+    pub every_packets: u32,
+    pub max_delay: Duration,
+    /// Most ranges reported in one ACK; older holes drop out after being reported many times.
+    pub max_ranges: usize,
+}
+
+impl Default for AckPolicy {
+    fn default() -> Self {
+        AckPolicy {
+            every_packets: 8,
+            max_delay: Duration::from_millis(50),
+            max_ranges: 32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Rate of this gateway's sending direction in bits per second, counted on the wire
+    /// (datagram + `wire_overhead`). The pacer's rate in `rate` mode, the cap in `vegas`.
+    pub rate_bps: u64,
+    pub cc: CcMode,
+    pub vegas: VegasParams,
+    pub loss_default: LossCause,
+    pub ack: AckPolicy,
+    /// Largest datagram on the path including `wire_overhead` (an IP MTU).
+    pub mtu: usize,
+    /// Bytes each datagram costs on the wire beyond what the transport writes: IP + UDP
+    /// headers and the AEAD tag the protection layer appends.
+    pub wire_overhead: usize,
+    /// Per-flow receive window (bytes a flow may have outstanding beyond what its consumer
+    /// has read). Bounds what one slow consumer can hold.
+    pub flow_window: u64,
+    /// Association-wide receive budget across all flows.
+    pub assoc_window: u64,
+    /// Per-flow send buffer (bytes written by the application and not yet acknowledged).
+    pub send_buffer: u64,
+    pub max_flows: usize,
+    /// Flows survive link outages shorter than this; longer, the association is lost.
+    pub outage_limit: Duration,
+    /// Longest gap between probes while the link is down.
+    pub max_probe_interval: Duration,
+    /// Probe the peer after this much silence, so outages are noticed even when idle.
+    pub keepalive_interval: Duration,
+    /// HELLO retransmission interval while the association is being set up.
+    pub hello_interval: Duration,
+    /// Packets after which an unacknowledged earlier packet is declared lost.
+    pub reorder_threshold: u64,
+    /// When the sender has nothing new to send, use the idle link to send a second copy of
+    /// unacknowledged data, so tail losses are repaired without waiting a round trip.
+    pub idle_redundancy: bool,
+    /// RTT assumed before the first sample (sets the first probe timeout).
+    pub initial_rtt: Duration,
+}
+
+impl Config {
+    /// Defaults for a link of `rate_bps`, with windows sized for a GEO round trip.
+    pub fn for_rate(rate_bps: u64) -> Self {
+        // Four round trips of 600 ms at the link rate: one in flight, the rest for repairs
+        // of repairs while the consumer waits on a hole.
+        let bdp4 = (rate_bps / 8).saturating_mul(24) / 10;
+        let flow_window = bdp4.clamp(4 << 20, 512 << 20);
+        Config {
+            rate_bps,
+            cc: CcMode::Rate,
+            vegas: VegasParams::default(),
+            loss_default: LossCause::Corruption,
+            ack: AckPolicy::default(),
+            mtu: 1500,
+            wire_overhead: 28 + 16,
+            flow_window,
+            assoc_window: flow_window.saturating_mul(8).max(64 << 20),
+            send_buffer: flow_window,
+            max_flows: 4096,
+            outage_limit: Duration::from_secs(120),
+            max_probe_interval: Duration::from_secs(1),
+            keepalive_interval: Duration::from_secs(5),
+            hello_interval: Duration::from_secs(1),
+            reorder_threshold: 3,
+            idle_redundancy: true,
+            initial_rtt: Duration::from_millis(600),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.rate_bps < 8_000 {
+            return Err(ConfigError::new("rate_bps", "must be at least 8000"));
+        }
+        if self.mtu < self.wire_overhead + 128 || self.mtu > 65_535 {
+            return Err(ConfigError::new(
+                "mtu",
+                "must leave at least 128 bytes after wire_overhead and be at most 65535",
+            ));
+        }
+        if self.flow_window < 16 * 1024 || self.flow_window > 1 << 30 {
+            return Err(ConfigError::new("flow_window", "must be 16 KiB to 1 GiB"));
+        }
+        if self.assoc_window < self.flow_window {
+            return Err(ConfigError::new(
+                "assoc_window",
+                "must be at least flow_window",
+            ));
+        }
+        if self.send_buffer < 16 * 1024 {
+            return Err(ConfigError::new("send_buffer", "must be at least 16 KiB"));
+        }
+        if self.ack.every_packets == 0 {
+            return Err(ConfigError::new("ack.every_packets", "must be at least 1"));
+        }
+        if self.ack.max_ranges < 2 {
+            return Err(ConfigError::new("ack.max_ranges", "must be at least 2"));
+        }
+        let v = self.vegas;
+        if !(v.alpha > 0.0 && v.alpha <= v.beta && v.gamma > 0.0) {
+            return Err(ConfigError::new(
+                "vegas",
+                "need 0 < alpha <= beta and gamma > 0",
+            ));
+        }
+        if self.max_flows == 0 {
+            return Err(ConfigError::new("max_flows", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Most bytes the transport writes into one datagram.
+    pub fn max_datagram(&self) -> usize {
+        self.mtu - self.wire_overhead
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("invalid transport setting `{key}`: {why}")]
+pub struct ConfigError {
+    pub key: &'static str,
+    pub why: &'static str,
+}
+
+impl ConfigError {
+    fn new(key: &'static str, why: &'static str) -> Self {
+        ConfigError { key, why }
+    }
+}

@@ -1,0 +1,211 @@
+//! Packet headers. A short header carries one byte of flags and a truncated packet number; a
+//! long header carries the association handshake (HELLO). Layout: docs/PROTOCOL.md.
+
+use crate::codec::{put_uint, put_varint, DecodeError, Reader};
+
+/// First-byte flag: long header (handshake) when set.
+pub const LONG_HEADER_BIT: u8 = 0x80;
+/// Long-header packet type: HELLO.
+pub const LONG_TYPE_HELLO: u8 = 0x01;
+
+const PN_LEN_SHIFT: u8 = 5;
+const PN_LEN_MASK: u8 = 0x60;
+const KEY_PHASE_BIT: u8 = 0x10;
+const IMPLICIT_DATA_BIT: u8 = 0x08;
+const IMPLICIT_OFFSET_LEN_SHIFT: u8 = 1;
+const IMPLICIT_OFFSET_LEN_MASK: u8 = 0x06;
+const IMPLICIT_FIN_BIT: u8 = 0x01;
+
+/// A packet whose payload is exactly one DATA frame carries that frame's flags in the header
+/// byte and omits the frame type and length: the "compressed" data packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImplicitData {
+    pub fin: bool,
+    /// Bytes of the truncated stream offset, 1..=4.
+    pub offset_len: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShortHeader {
+    /// Low `pn_len` bytes of the packet number.
+    pub pn_truncated: u64,
+    /// 1..=4.
+    pub pn_len: usize,
+    pub key_phase: bool,
+    pub implicit_data: Option<ImplicitData>,
+}
+
+impl ShortHeader {
+    pub fn encoded_len(&self) -> usize {
+        1 + self.pn_len
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        debug_assert!((1..=4).contains(&self.pn_len));
+        let mut b = ((self.pn_len as u8 - 1) << PN_LEN_SHIFT) & PN_LEN_MASK;
+        if self.key_phase {
+            b |= KEY_PHASE_BIT;
+        }
+        if let Some(d) = self.implicit_data {
+            debug_assert!((1..=4).contains(&d.offset_len));
+            b |= IMPLICIT_DATA_BIT;
+            b |= ((d.offset_len as u8 - 1) << IMPLICIT_OFFSET_LEN_SHIFT) & IMPLICIT_OFFSET_LEN_MASK;
+            if d.fin {
+                b |= IMPLICIT_FIN_BIT;
+            }
+        }
+        out.push(b);
+        put_uint(out, self.pn_truncated, self.pn_len);
+    }
+
+    fn decode(first: u8, r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let pn_len = usize::from((first & PN_LEN_MASK) >> PN_LEN_SHIFT) + 1;
+        let implicit_data = if first & IMPLICIT_DATA_BIT != 0 {
+            Some(ImplicitData {
+                fin: first & IMPLICIT_FIN_BIT != 0,
+                offset_len: usize::from((first & IMPLICIT_OFFSET_LEN_MASK) >> 1) + 1,
+            })
+        } else if first & (IMPLICIT_OFFSET_LEN_MASK | IMPLICIT_FIN_BIT) != 0 {
+            return Err(DecodeError::Invalid("data flags without implicit data bit"));
+        } else {
+            None
+        };
+        Ok(ShortHeader {
+            pn_truncated: r.uint(pn_len)?,
+            pn_len,
+            key_phase: first & KEY_PHASE_BIT != 0,
+            implicit_data,
+        })
+    }
+}
+
+/// Parameters a gateway announces in its HELLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloParams {
+    /// Credit each new flow starts with, in bytes, in each direction.
+    pub initial_flow_window: u64,
+    /// Association-wide receive budget the sender may fill before further credit.
+    pub initial_assoc_window: u64,
+    /// Longest the sender of this HELLO delays an ACK, in microseconds.
+    pub max_ack_delay_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u32,
+    /// Random per-start identifier of the sending gateway; a new value means it restarted.
+    pub epoch: u64,
+    /// The peer epoch the sender has seen, or 0 if none yet.
+    pub echo: u64,
+    pub params: HelloParams,
+}
+
+impl Hello {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(LONG_HEADER_BIT | LONG_TYPE_HELLO);
+        out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&self.epoch.to_be_bytes());
+        out.extend_from_slice(&self.echo.to_be_bytes());
+        put_varint(out, self.params.initial_flow_window);
+        put_varint(out, self.params.initial_assoc_window);
+        put_varint(out, self.params.max_ack_delay_us);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let hello = Hello {
+            version: r.u32()?,
+            epoch: r.u64()?,
+            echo: r.u64()?,
+            params: HelloParams {
+                initial_flow_window: r.varint()?,
+                initial_assoc_window: r.varint()?,
+                max_ack_delay_us: r.varint()?,
+            },
+        };
+        if hello.epoch == 0 {
+            return Err(DecodeError::Invalid("zero epoch"));
+        }
+        // Trailing bytes are reserved for future parameters and ignored.
+        r.rest();
+        Ok(hello)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Header {
+    Short(ShortHeader),
+    Hello(Hello),
+}
+
+/// Parses the header at the start of `datagram`; `r` is left at the payload.
+pub fn decode_header(r: &mut Reader<'_>) -> Result<Header, DecodeError> {
+    let first = r.u8()?;
+    if first & LONG_HEADER_BIT == 0 {
+        return ShortHeader::decode(first, r).map(Header::Short);
+    }
+    match first & !LONG_HEADER_BIT {
+        LONG_TYPE_HELLO => Hello::decode(r).map(Header::Hello),
+        _ => Err(DecodeError::Invalid("unknown long header type")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_header_roundtrip() {
+        for pn_len in 1..=4 {
+            for implicit_data in [
+                None,
+                Some(ImplicitData {
+                    fin: true,
+                    offset_len: 3,
+                }),
+            ] {
+                let h = ShortHeader {
+                    pn_truncated: 0x0102_0304 & ((1u64 << (8 * pn_len)) - 1),
+                    pn_len,
+                    key_phase: pn_len % 2 == 0,
+                    implicit_data,
+                };
+                let mut out = Vec::new();
+                h.encode(&mut out);
+                assert_eq!(out.len(), h.encoded_len());
+                let mut r = Reader::new(&out);
+                assert_eq!(decode_header(&mut r).unwrap(), Header::Short(h));
+                assert!(r.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn hello_roundtrip_and_rejects_zero_epoch() {
+        let h = Hello {
+            version: 1,
+            epoch: 42,
+            echo: 7,
+            params: HelloParams {
+                initial_flow_window: 1 << 20,
+                initial_assoc_window: 1 << 26,
+                max_ack_delay_us: 50_000,
+            },
+        };
+        let mut out = Vec::new();
+        h.encode(&mut out);
+        assert_eq!(
+            decode_header(&mut Reader::new(&out)).unwrap(),
+            Header::Hello(h)
+        );
+        let mut zero = h;
+        zero.epoch = 0;
+        out.clear();
+        zero.encode(&mut out);
+        assert!(decode_header(&mut Reader::new(&out)).is_err());
+    }
+
+    #[test]
+    fn stray_data_flags_are_rejected() {
+        assert!(decode_header(&mut Reader::new(&[0x01, 0x00])).is_err());
+    }
+}

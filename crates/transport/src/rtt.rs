@@ -1,0 +1,109 @@
+//! Round-trip time estimation: smoothed RTT and variance (RFC 6298) and an ageing minimum
+//! that serves as Vegas's base RTT and the zero point of queueing-delay evidence.
+
+use std::time::{Duration, Instant};
+
+/// The minimum is kept over two alternating windows of this length, so a path change that
+/// raises the true minimum is adopted within 2 windows instead of never.
+const MIN_RTT_WINDOW: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct RttEstimator {
+    latest: Duration,
+    smoothed: Option<Duration>,
+    var: Duration,
+    initial: Duration,
+    min_current: Duration,
+    min_previous: Duration,
+    window_start: Option<Instant>,
+}
+
+impl RttEstimator {
+    pub fn new(initial: Duration) -> Self {
+        RttEstimator {
+            latest: initial,
+            smoothed: None,
+            var: initial / 2,
+            initial,
+            min_current: Duration::MAX,
+            min_previous: Duration::MAX,
+            window_start: None,
+        }
+    }
+
+    pub fn has_samples(&self) -> bool {
+        self.smoothed.is_some()
+    }
+
+    /// Records a path RTT sample (ACK delay already subtracted).
+    pub fn on_sample(&mut self, now: Instant, rtt: Duration) {
+        let rtt = rtt.max(Duration::from_micros(1));
+        self.latest = rtt;
+        match self.window_start {
+            Some(start) if now.saturating_duration_since(start) < MIN_RTT_WINDOW => {}
+            _ => {
+                self.min_previous = self.min_current;
+                self.min_current = Duration::MAX;
+                self.window_start = Some(now);
+            }
+        }
+        self.min_current = self.min_current.min(rtt);
+        match self.smoothed {
+            None => {
+                self.smoothed = Some(rtt);
+                self.var = rtt / 2;
+            }
+            Some(s) => {
+                let diff = s.abs_diff(rtt);
+                self.var = (self.var * 3 + diff) / 4;
+                self.smoothed = Some((s * 7 + rtt) / 8);
+            }
+        }
+    }
+
+    pub fn latest(&self) -> Duration {
+        self.latest
+    }
+
+    pub fn smoothed(&self) -> Duration {
+        self.smoothed.unwrap_or(self.initial)
+    }
+
+    pub fn var(&self) -> Duration {
+        self.var
+    }
+
+    /// Lowest RTT seen recently; the initial RTT before any sample.
+    pub fn min(&self) -> Duration {
+        let m = self.min_current.min(self.min_previous);
+        if m == Duration::MAX {
+            self.initial
+        } else {
+            m
+        }
+    }
+
+    /// Probe timeout before back-off (RFC 9002 PTO).
+    pub fn pto(&self, max_ack_delay: Duration) -> Duration {
+        self.smoothed() + (self.var * 4).max(Duration::from_millis(1)) + max_ack_delay
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_ages_out_after_two_windows() {
+        let t0 = Instant::now();
+        let mut r = RttEstimator::new(Duration::from_millis(600));
+        r.on_sample(t0, Duration::from_millis(500));
+        assert_eq!(r.min(), Duration::from_millis(500));
+        // Path gets longer.
+        for i in 1..200u64 {
+            r.on_sample(t0 + Duration::from_secs(i), Duration::from_millis(700));
+        }
+        assert_eq!(r.min(), Duration::from_millis(700));
+        assert!(r.smoothed() > Duration::from_millis(690));
+    }
+}
