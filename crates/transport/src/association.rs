@@ -115,6 +115,10 @@ pub enum OpenError {
     TooManyFlows,
 }
 
+/// Passes of redundant copies over the outstanding data while the link is idle: each pass
+/// cuts the chance that a tail packet needs a round-trip repair by the loss rate.
+const MAX_REDUNDANT_COPIES: u8 = 2;
+
 /// Successive PTOs without an ACK after which the link is taken to be down.
 const OUTAGE_PTO_COUNT: u32 = 2;
 
@@ -148,6 +152,8 @@ pub struct Association {
     probes_pending: u32,
     outage_since: Option<Instant>,
     redundancy_cursor: u64,
+    /// Copies each outstanding original may have in the current pass over the idle link.
+    redundancy_round: u8,
 
     // Receiving.
     acks: AckTracker,
@@ -243,6 +249,7 @@ impl Association {
             probes_pending: 0,
             outage_since: None,
             redundancy_cursor: 0,
+            redundancy_round: 1,
             acks: AckTracker::new(cfg.ack),
             flows: BTreeMap::new(),
             send_queue: VecDeque::new(),
@@ -546,6 +553,7 @@ impl Association {
         self.probes_pending = 0;
         self.outage_since = None;
         self.redundancy_cursor = 0;
+        self.redundancy_round = 1;
         self.recovery_start_pn = 0;
         self.acks = AckTracker::new(self.cfg.ack);
         self.send_queue.clear();
@@ -880,8 +888,8 @@ impl Association {
             self.recovery_start_pn = self.next_pn;
             self.stats.congestion_events += 1;
         }
-        if p.twin.is_some_and(|t| self.sent.contains(t)) {
-            // The other copy may still arrive; repair only if it is lost too.
+        if p.group.is_some_and(|g| self.sent.group_outstanding(g)) {
+            // Another copy may still arrive; repair only once all are lost.
             return;
         }
         for fr in p.frames {
@@ -1047,12 +1055,23 @@ impl Association {
     }
 
     fn redundancy_available(&self) -> bool {
-        self.cfg.idle_redundancy
-            && self.send_queue.is_empty()
-            && self
-                .sent
-                .oldest_uncopied_at_or_after(self.redundancy_cursor)
-                .is_some()
+        self.cfg.idle_redundancy && self.send_queue.is_empty() && self.next_to_copy().is_some()
+    }
+
+    /// The original to copy next: newest first, one copy each per pass, at most
+    /// `MAX_REDUNDANT_COPIES` passes while the link stays idle.
+    fn next_to_copy(&self) -> Option<(u64, u8)> {
+        let round = self.redundancy_round;
+        if let Some(pn) = self
+            .sent
+            .newest_to_copy_below(self.redundancy_cursor, round)
+        {
+            return Some((pn, round));
+        }
+        (round < MAX_REDUNDANT_COPIES)
+            .then(|| self.sent.newest_to_copy_below(self.next_pn, round + 1))
+            .flatten()
+            .map(|pn| (pn, round + 1))
     }
 
     fn queue_send(&mut self, id: FlowId) {
@@ -1242,21 +1261,23 @@ impl Association {
         self.pacer.on_sent(now, wire);
         if !frames.is_empty() {
             let has_data = frames.iter().any(|f| matches!(f, SentFrame::Data { .. }));
+            let group = copy_of.and_then(|orig| self.sent.note_copy(orig));
             self.sent.insert(
                 pn,
                 SentPacket {
                     time: now,
                     wire_bytes: wire,
                     frames,
-                    twin: copy_of,
+                    group,
                     is_copy: copy_of.is_some(),
+                    copies: 0,
                     has_data,
                 },
             );
-            if let Some(orig) = copy_of {
-                if let Some(o) = self.sent.get_mut(orig) {
-                    o.twin = Some(pn);
-                }
+            if copy_of.is_none() && has_data {
+                // Copies go newest first: restart the search above the new original.
+                self.redundancy_cursor = self.next_pn;
+                self.redundancy_round = 1;
             }
             self.last_eliciting_sent = Some(now);
         }
@@ -1427,10 +1448,9 @@ impl Association {
         planned: &mut Vec<Planned>,
         empty: bool,
     ) -> Option<u64> {
-        let orig = self
-            .sent
-            .oldest_uncopied_at_or_after(self.redundancy_cursor)?;
-        self.redundancy_cursor = orig + 1;
+        let (orig, round) = self.next_to_copy()?;
+        self.redundancy_cursor = orig;
+        self.redundancy_round = round;
         let frames = self.sent.get(orig)?.frames.clone();
         let mut pieces = Vec::new();
         for fr in frames {

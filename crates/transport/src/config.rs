@@ -116,7 +116,7 @@ impl Config {
     pub fn for_rate(rate_bps: u64) -> Self {
         // Four round trips of 600 ms at the link rate: one in flight, the rest for repairs
         // of repairs while the consumer waits on a hole.
-        let bdp4 = (rate_bps / 8).saturating_mul(24) / 10;
+        let bdp4 = (rate_bps / 8).saturating_mul(48) / 10;
         let flow_window = bdp4.clamp(4 << 20, 512 << 20);
         Config {
             rate_bps,

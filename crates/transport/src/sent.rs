@@ -1,7 +1,7 @@
 //! Sender's record of packets in flight, indexed by packet number (numbers are consecutive,
 //! so a ring buffer indexed by offset from the oldest is enough).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use crate::frame::ResetReason;
@@ -36,10 +36,13 @@ pub struct SentPacket {
     /// Bytes on the wire, overhead included.
     pub wire_bytes: u64,
     pub frames: Vec<SentFrame>,
-    /// A redundant copy of this packet, or the original this is a copy of: while one of the
-    /// pair is outstanding, losing the other needs no repair.
-    pub twin: Option<u64>,
+    /// Packets carrying the same data (an original and its redundant copies) share a group,
+    /// named by the original's number: while one member is outstanding, losing another needs
+    /// no repair.
+    pub group: Option<u64>,
     pub is_copy: bool,
+    /// Redundant copies made of this original.
+    pub copies: u8,
     pub has_data: bool,
 }
 
@@ -49,6 +52,8 @@ pub struct SentPackets {
     slots: VecDeque<Option<SentPacket>>,
     in_flight: usize,
     bytes_in_flight: u64,
+    /// Outstanding members per redundancy group.
+    groups: HashMap<u64, u32>,
 }
 
 impl SentPackets {
@@ -69,6 +74,9 @@ impl SentPackets {
         }
         self.bytes_in_flight += p.wire_bytes;
         self.in_flight += 1;
+        if let Some(g) = p.group {
+            *self.groups.entry(g).or_insert(0) += 1;
+        }
         self.slots.push_back(Some(p));
     }
 
@@ -91,6 +99,14 @@ impl SentPackets {
         let p = self.slots.get_mut(i)?.take()?;
         self.bytes_in_flight -= p.wire_bytes;
         self.in_flight -= 1;
+        if let Some(g) = p.group {
+            if let Some(n) = self.groups.get_mut(&g) {
+                *n -= 1;
+                if *n == 0 {
+                    self.groups.remove(&g);
+                }
+            }
+        }
         while matches!(self.slots.front(), Some(None)) {
             self.slots.pop_front();
             self.base += 1;
@@ -107,26 +123,33 @@ impl SentPackets {
             .collect()
     }
 
-    /// Oldest outstanding packet number.
-    pub fn oldest(&self) -> Option<u64> {
+    /// Newest outstanding original numbered below `below` that carries data and has fewer
+    /// than `copies` redundant copies.
+    pub fn newest_to_copy_below(&self, below: u64, copies: u8) -> Option<u64> {
+        let end = below.min(self.end()).checked_sub(self.base)? as usize;
         self.slots
-            .iter()
-            .position(Option::is_some)
+            .range(..end)
+            .rposition(|s| {
+                s.as_ref()
+                    .is_some_and(|p| p.has_data && !p.is_copy && p.copies < copies)
+            })
             .map(|i| self.base + i as u64)
     }
 
-    /// Oldest outstanding packet carrying data that has no redundant copy yet and is not one.
-    pub fn oldest_uncopied_at_or_after(&self, from: u64) -> Option<u64> {
-        let start = from.saturating_sub(self.base) as usize;
-        self.slots
-            .iter()
-            .enumerate()
-            .skip(start)
-            .find(|(_, s)| {
-                s.as_ref()
-                    .is_some_and(|p| p.has_data && !p.is_copy && p.twin.is_none())
-            })
-            .map(|(i, _)| self.base + i as u64)
+    /// Makes `original` the head of a redundancy group (if it is not yet) and counts a copy.
+    pub fn note_copy(&mut self, original: u64) -> Option<u64> {
+        let p = self.get_mut(original)?;
+        p.copies += 1;
+        if p.group.is_none() {
+            p.group = Some(original);
+            *self.groups.entry(original).or_insert(0) += 1;
+        }
+        Some(original)
+    }
+
+    /// Whether any member of `group` is still outstanding.
+    pub fn group_outstanding(&self, group: u64) -> bool {
+        self.groups.contains_key(&group)
     }
 
     pub fn end(&self) -> u64 {

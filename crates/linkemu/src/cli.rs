@@ -1,0 +1,172 @@
+//! Command-line link settings shared by `pep-linkemu` and `pep-testbed`: each option sets both
+//! directions, and its `--return-` form overrides the return direction (B to A).
+
+use std::time::Duration;
+
+use pep_sim::channel::{GilbertElliott, Outage, PeriodicOutage};
+
+use crate::config::{DirectionConfig, LinkConfig};
+
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct LinkArgs {
+    /// Serialisation rate in bit/s (0: unlimited).
+    #[arg(long)]
+    pub rate_bps: Option<f64>,
+    #[arg(long)]
+    pub return_rate_bps: Option<f64>,
+    /// One-way delay in milliseconds.
+    #[arg(long)]
+    pub delay_ms: Option<f64>,
+    #[arg(long)]
+    pub return_delay_ms: Option<f64>,
+    /// Delay varies uniformly within ±jitter.
+    #[arg(long)]
+    pub jitter_ms: Option<f64>,
+    #[arg(long)]
+    pub return_jitter_ms: Option<f64>,
+    /// Let jitter reorder packets.
+    #[arg(long)]
+    pub reorder: bool,
+    /// Drop-tail queue limit in bytes.
+    #[arg(long)]
+    pub queue_bytes: Option<usize>,
+    #[arg(long)]
+    pub return_queue_bytes: Option<usize>,
+    /// Bit error rate, applied per packet by its length.
+    #[arg(long)]
+    pub ber: Option<f64>,
+    #[arg(long)]
+    pub return_ber: Option<f64>,
+    /// Independent packet loss probability.
+    #[arg(long)]
+    pub loss: Option<f64>,
+    #[arg(long)]
+    pub return_loss: Option<f64>,
+    /// Gilbert-Elliott bursts: p,r[,h[,k]].
+    #[arg(long)]
+    pub ge: Option<GilbertElliott>,
+    #[arg(long)]
+    pub return_ge: Option<GilbertElliott>,
+    /// Outage window START_S+DURATION_S (both directions; repeatable).
+    #[arg(long)]
+    pub outage: Vec<Outage>,
+    /// Periodic outage PERIOD_S+DURATION_S, first one at PERIOD_S.
+    #[arg(long, value_parser = parse_periodic)]
+    pub outage_every: Option<PeriodicOutage>,
+    /// Seed of the impairment generators.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+fn parse_periodic(s: &str) -> Result<PeriodicOutage, String> {
+    let o: Outage = s
+        .parse()
+        .map_err(|e: pep_sim::channel::ParseError| e.to_string())?;
+    if o.start.is_zero() {
+        return Err("period must be positive".into());
+    }
+    Ok(PeriodicOutage {
+        period: o.start,
+        duration: o.duration,
+    })
+}
+
+fn ms(v: f64) -> Result<Duration, crate::Error> {
+    Duration::try_from_secs_f64(v / 1000.0)
+        .map_err(|_| crate::Error::Config(format!("{v} ms is not a valid duration")))
+}
+
+impl LinkArgs {
+    /// `base` with these options applied on top.
+    pub fn apply(&self, mut base: LinkConfig) -> Result<LinkConfig, crate::Error> {
+        let set = |d: &mut DirectionConfig, both: bool| -> Result<(), crate::Error> {
+            let pick = |all: Option<f64>, ret: Option<f64>| if both { all } else { ret.or(all) };
+            if let Some(v) = pick(self.rate_bps, self.return_rate_bps) {
+                d.rate_bps = v;
+            }
+            if let Some(v) = pick(self.delay_ms, self.return_delay_ms) {
+                d.delay = ms(v)?;
+            }
+            if let Some(v) = pick(self.jitter_ms, self.return_jitter_ms) {
+                d.jitter = ms(v)?;
+            }
+            if let Some(v) = pick(self.ber, self.return_ber) {
+                d.impairments.ber = v;
+            }
+            if let Some(v) = pick(self.loss, self.return_loss) {
+                d.impairments.loss = v;
+            }
+            let q = if both {
+                self.queue_bytes
+            } else {
+                self.return_queue_bytes.or(self.queue_bytes)
+            };
+            if let Some(v) = q {
+                d.queue_bytes = v;
+            }
+            let ge = if both {
+                self.ge
+            } else {
+                self.return_ge.or(self.ge)
+            };
+            if ge.is_some() {
+                d.impairments.burst = ge;
+            }
+            if self.reorder {
+                d.reorder = true;
+            }
+            d.impairments
+                .outages
+                .windows
+                .extend(self.outage.iter().copied());
+            if self.outage_every.is_some() {
+                d.impairments.outages.periodic = self.outage_every;
+            }
+            Ok(())
+        };
+        set(&mut base.forward, true)?;
+        set(&mut base.ret, false)?;
+        if let Some(s) = self.seed {
+            base.seed = s;
+        }
+        base.forward.validate()?;
+        base.ret.validate()?;
+        Ok(base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        link: LinkArgs,
+    }
+
+    #[test]
+    fn plain_options_set_both_directions_return_ones_override() {
+        let t = T::parse_from([
+            "t",
+            "--rate-bps",
+            "20e6",
+            "--return-rate-bps",
+            "2e6",
+            "--ber",
+            "1e-6",
+            "--delay-ms",
+            "300",
+            "--outage",
+            "1+2",
+        ]);
+        let c = t.link.apply(LinkConfig::default()).unwrap();
+        assert_eq!(c.forward.rate_bps, 20e6);
+        assert_eq!(c.ret.rate_bps, 2e6);
+        assert_eq!(c.ret.impairments.ber, 1e-6);
+        assert_eq!(c.ret.delay, Duration::from_millis(300));
+        assert_eq!(c.forward.impairments.outages.windows.len(), 1);
+        assert_eq!(c.ret.impairments.outages.windows.len(), 1);
+    }
+}

@@ -1,0 +1,71 @@
+//! Link configuration: what each direction of the emulated link does.
+
+use std::time::Duration;
+
+use pep_sim::channel::Impairments;
+
+/// One direction of the link.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirectionConfig {
+    /// Serialisation rate in bit/s of IP bytes (TUN carries no link header); 0 means unlimited.
+    pub rate_bps: f64,
+    /// Drop-tail queue limit: bytes waiting for or in serialisation.
+    pub queue_bytes: usize,
+    /// One-way propagation delay.
+    pub delay: Duration,
+    /// Each packet's delay varies uniformly in `delay ± jitter` (never below zero).
+    pub jitter: Duration,
+    /// Let jitter reorder packets; otherwise a packet never overtakes the one before it.
+    pub reorder: bool,
+    pub impairments: Impairments,
+}
+
+impl Default for DirectionConfig {
+    fn default() -> Self {
+        DirectionConfig {
+            rate_bps: 0.0,
+            queue_bytes: 1 << 20,
+            delay: Duration::ZERO,
+            jitter: Duration::ZERO,
+            reorder: false,
+            impairments: Impairments::default(),
+        }
+    }
+}
+
+impl DirectionConfig {
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        let bad = |what: &str| Err(crate::Error::Config(what.to_owned()));
+        if !(self.rate_bps.is_finite() && self.rate_bps >= 0.0) {
+            return bad("rate must be a non-negative number");
+        }
+        let imp = &self.impairments;
+        if !(0.0..=1.0).contains(&imp.ber) || !(0.0..=1.0).contains(&imp.loss) {
+            return bad("BER and loss must be in [0, 1]");
+        }
+        if self.queue_bytes < 1500 && self.rate_bps > 0.0 {
+            return bad("queue must hold at least one 1500-byte packet");
+        }
+        Ok(())
+    }
+}
+
+/// Both directions. `forward` carries packets from endpoint A to endpoint B.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinkConfig {
+    pub forward: DirectionConfig,
+    pub ret: DirectionConfig,
+    /// Seeds both directions' generators (they get distinct streams derived from it).
+    pub seed: u64,
+}
+
+impl LinkConfig {
+    /// Seed of one direction: distinct so the two directions do not lose the same packets.
+    pub fn direction_seed(&self, forward: bool) -> u64 {
+        if forward {
+            self.seed
+        } else {
+            self.seed ^ 0x9e37_79b9_7f4a_7c15
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Counters: updated lock-free by the engine threads, reported as JSON.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+use crate::shaper::DropReason;
+
+/// Live counters of one direction.
+#[derive(Default)]
+pub struct Counters {
+    packets_in: AtomicU64,
+    bytes_in: AtomicU64,
+    passed_packets: AtomicU64,
+    passed_bytes: AtomicU64,
+    drops: [AtomicU64; 5],
+    write_errors: AtomicU64,
+    queue_peak_bytes: AtomicU64,
+    in_flight_peak: AtomicU64,
+}
+
+fn drop_index(r: DropReason) -> usize {
+    match r {
+        DropReason::Queue => 0,
+        DropReason::Corrupted => 1,
+        DropReason::Lost => 2,
+        DropReason::BurstLost => 3,
+        DropReason::Outage => 4,
+    }
+}
+
+impl Counters {
+    pub fn arrived(&self, bytes: usize, backlog_bytes: usize) {
+        self.packets_in.fetch_add(1, Relaxed);
+        self.bytes_in.fetch_add(bytes as u64, Relaxed);
+        self.queue_peak_bytes
+            .fetch_max(backlog_bytes as u64, Relaxed);
+    }
+    pub fn dropped(&self, r: DropReason) {
+        self.drops[drop_index(r)].fetch_add(1, Relaxed);
+    }
+    pub fn in_flight(&self, n: usize) {
+        self.in_flight_peak.fetch_max(n as u64, Relaxed);
+    }
+    pub fn passed(&self, bytes: usize) {
+        self.passed_packets.fetch_add(1, Relaxed);
+        self.passed_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+    pub fn write_error(&self) {
+        self.write_errors.fetch_add(1, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> DirectionStats {
+        let d = |r| self.drops[drop_index(r)].load(Relaxed);
+        DirectionStats {
+            packets_in: self.packets_in.load(Relaxed),
+            bytes_in: self.bytes_in.load(Relaxed),
+            passed_packets: self.passed_packets.load(Relaxed),
+            passed_bytes: self.passed_bytes.load(Relaxed),
+            dropped: DropStats {
+                queue: d(DropReason::Queue),
+                corrupted: d(DropReason::Corrupted),
+                lost: d(DropReason::Lost),
+                burst_lost: d(DropReason::BurstLost),
+                outage: d(DropReason::Outage),
+                write_error: self.write_errors.load(Relaxed),
+            },
+            queue_peak_bytes: self.queue_peak_bytes.load(Relaxed),
+            in_flight_peak_packets: self.in_flight_peak.load(Relaxed),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct DropStats {
+    pub queue: u64,
+    pub corrupted: u64,
+    pub lost: u64,
+    pub burst_lost: u64,
+    pub outage: u64,
+    /// The far TUN refused the packet (interface down, or its queue full).
+    pub write_error: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct DirectionStats {
+    pub packets_in: u64,
+    pub bytes_in: u64,
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped: DropStats,
+    pub queue_peak_bytes: u64,
+    /// Most packets held at once (queued, serialising or propagating).
+    pub in_flight_peak_packets: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct LinkStats {
+    pub elapsed_s: f64,
+    /// CPU time of the emulator's own threads.
+    pub cpu_s: f64,
+    /// `cpu_s / elapsed_s`: 1.0 is one core busy.
+    pub cpu_share: f64,
+    pub forward: DirectionStats,
+    #[serde(rename = "return")]
+    pub ret: DirectionStats,
+}

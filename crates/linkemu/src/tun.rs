@@ -1,0 +1,49 @@
+//! Opening a TUN device (layer 3, no packet-information header).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+
+use nix::libc;
+
+use crate::Error;
+
+/// `struct ifreq` as TUNSETIFF reads it: name, then flags in the union.
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Attaches to TUN device `dev` in the calling thread's namespace, creating it if it does not
+/// exist (a device created here disappears when the file closes). The file is non-blocking:
+/// the engine polls it so it can stop.
+pub fn open(dev: &str) -> Result<File, Error> {
+    let err = |source| Error::Tun {
+        dev: dev.to_owned(),
+        source,
+    };
+    if dev.is_empty() || dev.len() >= libc::IFNAMSIZ {
+        return Err(err(std::io::Error::other("name must be 1 to 15 bytes")));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open("/dev/net/tun")
+        .map_err(err)?;
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short,
+        _pad: [0; 22],
+    };
+    req.name[..dev.len()].copy_from_slice(dev.as_bytes());
+    // SAFETY: TUNSETIFF reads and writes a `struct ifreq`; `req` has its layout and outlives
+    // the call, and the descriptor is open.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req as *mut IfReq) };
+    if rc < 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    Ok(file)
+}

@@ -1,0 +1,38 @@
+//! Running `ip` and friends, with errors that show the command and its stderr.
+
+use std::process::Command;
+
+use crate::Error;
+
+/// Runs `prog args…` and fails unless it exits 0; returns stdout.
+pub fn run(prog: &str, args: &[&str]) -> Result<String, Error> {
+    let line = || format!("{prog} {}", args.join(" "));
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .map_err(|source| Error::Spawn {
+            cmd: line(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            cmd: line(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `ip -n NS args…`.
+pub fn ip_in(ns: &str, args: &[&str]) -> Result<String, Error> {
+    let mut all = vec!["-n", ns];
+    all.extend_from_slice(args);
+    run("ip", &all)
+}
+
+/// Sets sysctls inside a namespace.
+pub fn sysctl_in(ns: &str, settings: &[&str]) -> Result<(), Error> {
+    let mut all = vec!["netns", "exec", ns, "sysctl", "-q", "-w"];
+    all.extend_from_slice(settings);
+    run("ip", &all).map(drop)
+}

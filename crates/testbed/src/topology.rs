@@ -1,0 +1,280 @@
+//! The four-namespace topology `client — gw-a ═[linkemu]═ gw-b — server`. Everything lives in
+//! namespaces created here (nothing touches the root namespace), named per process and
+//! instance so parallel runs never collide, and removed again on drop — also when a test
+//! panics — together with every process inside them.
+
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pep_linkemu::{Emulator, Endpoint, LinkConfig, LinkStats};
+
+use crate::addr::*;
+use crate::cmd::{ip_in, run, sysctl_in};
+use crate::Error;
+
+/// Every namespace this tool creates starts with this.
+pub const PREFIX: &str = "peptb-";
+
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+/// Namespace names of one testbed instance: `peptb-PID-N-ROLE`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Names {
+    pub client: String,
+    pub gw_a: String,
+    pub gw_b: String,
+    pub server: String,
+}
+
+impl Names {
+    fn fresh() -> Names {
+        let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
+        let base = format!("{PREFIX}{}-{n}", std::process::id());
+        Names {
+            client: format!("{base}-cl"),
+            gw_a: format!("{base}-ga"),
+            gw_b: format!("{base}-gb"),
+            server: format!("{base}-sv"),
+        }
+    }
+
+    pub fn all(&self) -> [&str; 4] {
+        [&self.client, &self.gw_a, &self.gw_b, &self.server]
+    }
+}
+
+/// Interface names inside the namespaces (namespace-local, so they can be fixed).
+pub const LAN_DEV: &str = "lan0";
+pub const HOST_DEV: &str = "eth0";
+pub const SAT_DEV: &str = "sat0";
+
+/// Endpoint settings for the plain (end-to-end TCP) modes.
+#[derive(Clone, Debug)]
+pub struct HostTuning {
+    /// Congestion control of client and server.
+    pub congestion_control: String,
+}
+
+pub struct Topology {
+    pub names: Names,
+    created: Vec<String>,
+    emulator: Option<Emulator>,
+    children: Vec<Child>,
+}
+
+impl Topology {
+    /// Builds the namespaces, links, addresses and routes and starts the emulator between the
+    /// gateways. The link's forward direction is gw-b → gw-a (towards the client).
+    pub fn up(link: &LinkConfig, hosts: &HostTuning) -> Result<Topology, Error> {
+        let mut t = Topology {
+            names: Names::fresh(),
+            created: Vec::new(),
+            emulator: None,
+            children: Vec::new(),
+        };
+        // On error `t` drops here and removes whatever was already built.
+        t.build(hosts)?;
+        let ep = |ns: &str| Endpoint {
+            netns: Some(ns.to_owned()),
+            dev: SAT_DEV.to_owned(),
+        };
+        t.emulator = Some(Emulator::start(
+            link,
+            &ep(&t.names.gw_b),
+            &ep(&t.names.gw_a),
+        )?);
+        Ok(t)
+    }
+
+    fn build(&mut self, hosts: &HostTuning) -> Result<(), Error> {
+        let n = self.names.clone();
+        for ns in n.all() {
+            run("ip", &["netns", "add", ns])?;
+            self.created.push(ns.to_owned());
+            ip_in(ns, &["link", "set", "lo", "up"])?;
+        }
+        for (host, gw) in [(&n.client, &n.gw_a), (&n.server, &n.gw_b)] {
+            ip_in(
+                host,
+                &[
+                    "link", "add", HOST_DEV, "type", "veth", "peer", "name", LAN_DEV, "netns", gw,
+                ],
+            )?;
+            ip_in(host, &["link", "set", HOST_DEV, "up"])?;
+            ip_in(gw, &["link", "set", LAN_DEV, "up"])?;
+            ip_in(gw, &["tuntap", "add", "dev", SAT_DEV, "mode", "tun"])?;
+            // A long device queue so bursts wait for the emulator instead of being dropped
+            // before it: the emulated queue is the only one that should drop.
+            ip_in(gw, &["link", "set", SAT_DEV, "txqueuelen", "10000", "up"])?;
+            sysctl_in(
+                gw,
+                &["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"],
+            )?;
+            // Autotuning stays on; only its ceiling is raised so a window can cover the
+            // bandwidth-delay product of a 100 Mb/s, 500 ms path (6.25 MB), as any LFN host
+            // would be configured.
+            sysctl_in(
+                host,
+                &[
+                    "net.ipv4.tcp_rmem=4096 131072 67108864",
+                    "net.ipv4.tcp_wmem=4096 16384 67108864",
+                ],
+            )?;
+            // A child namespace may only default to algorithms the host lists in
+            // tcp_allowed_congestion_control, so when the host does not allow it the
+            // traffic tool's per-socket TCP_CONGESTION (root may pick any) still applies.
+            let cc = format!(
+                "net.ipv4.tcp_congestion_control={}",
+                hosts.congestion_control
+            );
+            let _ = sysctl_in(host, &[&cc]);
+        }
+        let addr = |ns: &str, dev: &str, a: String| -> Result<(), Error> {
+            ip_in(ns, &["addr", "add", &a, "dev", dev, "nodad"]).map(drop)
+        };
+        addr(&n.client, HOST_DEV, format!("{CLIENT_V4}/24"))?;
+        addr(&n.client, HOST_DEV, format!("{CLIENT_V6}/64"))?;
+        addr(&n.gw_a, LAN_DEV, format!("{GW_A_LAN_V4}/24"))?;
+        addr(&n.gw_a, LAN_DEV, format!("{GW_A_LAN_V6}/64"))?;
+        addr(&n.gw_a, SAT_DEV, format!("{GW_A_SAT_V4}/24"))?;
+        addr(&n.gw_a, SAT_DEV, format!("{GW_A_SAT_V6}/64"))?;
+        addr(&n.gw_b, SAT_DEV, format!("{GW_B_SAT_V4}/24"))?;
+        addr(&n.gw_b, SAT_DEV, format!("{GW_B_SAT_V6}/64"))?;
+        addr(&n.gw_b, LAN_DEV, format!("{GW_B_LAN_V4}/24"))?;
+        addr(&n.gw_b, LAN_DEV, format!("{GW_B_LAN_V6}/64"))?;
+        addr(&n.server, HOST_DEV, format!("{SERVER_V4}/24"))?;
+        addr(&n.server, HOST_DEV, format!("{SERVER_V6}/64"))?;
+        let route = |ns: &str, args: &[&str]| ip_in(ns, args).map(drop);
+        route(
+            &n.client,
+            &["route", "add", "default", "via", &GW_A_LAN_V4.to_string()],
+        )?;
+        route(
+            &n.client,
+            &[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &GW_A_LAN_V6.to_string(),
+            ],
+        )?;
+        route(
+            &n.server,
+            &["route", "add", "default", "via", &GW_B_LAN_V4.to_string()],
+        )?;
+        route(
+            &n.server,
+            &[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &GW_B_LAN_V6.to_string(),
+            ],
+        )?;
+        route(&n.gw_a, &["route", "add", "198.18.3.0/24", "dev", SAT_DEV])?;
+        route(
+            &n.gw_a,
+            &["-6", "route", "add", "fd00:198:18:3::/64", "dev", SAT_DEV],
+        )?;
+        route(&n.gw_b, &["route", "add", "198.18.1.0/24", "dev", SAT_DEV])?;
+        route(
+            &n.gw_b,
+            &["-6", "route", "add", "fd00:198:18:1::/64", "dev", SAT_DEV],
+        )?;
+        Ok(())
+    }
+
+    pub fn emulator(&self) -> Option<&Emulator> {
+        self.emulator.as_ref()
+    }
+
+    /// Stops the emulator and returns its final counters.
+    pub fn stop_emulator(&mut self) -> Option<LinkStats> {
+        self.emulator.take().map(Emulator::stop)
+    }
+
+    /// Starts `program args…` inside namespace `ns`; it is killed on teardown. For daemons
+    /// such as pepd on the gateways.
+    pub fn spawn_in(&mut self, ns: &str, program: &str, args: &[&str]) -> Result<(), Error> {
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, program])
+            .args(args)
+            .spawn()
+            .map_err(|source| Error::Spawn {
+                cmd: format!("{program} {}", args.join(" ")),
+                source,
+            })?;
+        self.children.push(child);
+        Ok(())
+    }
+
+    fn teardown(&mut self) {
+        for mut c in self.children.drain(..) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Stop the emulator before its TUN devices go away.
+        drop(self.emulator.take());
+        for ns in self.created.drain(..) {
+            remove_namespace(&ns);
+        }
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// Kills every process whose network namespace is `ns` (except this one) and deletes it.
+fn remove_namespace(ns: &str) {
+    if let Ok(pids) = run("ip", &["netns", "pids", ns]) {
+        let me = std::process::id().to_string();
+        for pid in pids.split_whitespace().filter(|p| *p != me) {
+            if let Ok(p) = pid.parse::<i32>() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    let _ = run("ip", &["netns", "del", ns]);
+}
+
+/// Removes testbed namespaces left behind (e.g. by a killed process): those whose creating
+/// process is gone, or all of them with `all`. Returns the names removed.
+pub fn down(all: bool) -> Result<Vec<String>, Error> {
+    let list = run("ip", &["netns", "list"])?;
+    let mut removed = Vec::new();
+    for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let owner_alive = rest
+            .split('-')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if all || !owner_alive {
+            remove_namespace(name);
+            removed.push(name.to_owned());
+        }
+    }
+    Ok(removed)
+}
+
+/// Namespaces of this tool that currently exist.
+pub fn existing() -> Result<Vec<String>, Error> {
+    Ok(run("ip", &["netns", "list"])?
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(PREFIX))
+        .map(str::to_owned)
+        .collect())
+}

@@ -1,0 +1,435 @@
+//! The traffic tool's client: runs one workload against a server and measures it.
+
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::libc;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::io::{self as xio, Limit};
+use super::pattern::Pattern;
+use super::proto::{decode_report, Header, Op, REPORT_LEN};
+use super::server::send;
+use super::{Amount, Outcome, Workload, PAGE_OBJECTS, PAGE_OBJECT_BYTES, PAGE_PARALLEL};
+use super::{PAGE_FIRST_BYTES, PAGE_REQUEST_BYTES};
+
+const CHUNK: usize = 64 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct ClientOpts {
+    pub server: SocketAddr,
+    /// Congestion control for the client's sockets (None: the namespace default).
+    pub cc: Option<String>,
+    pub seed: u64,
+    /// Give up (and report what was delivered so far) after this long.
+    pub max_duration: Duration,
+}
+
+/// Runs `w` and measures it. Never panics on network trouble: failures end up in `error`.
+pub fn run(w: &Workload, o: &ClientOpts) -> Outcome {
+    let deadline = Instant::now() + o.max_duration;
+    let mut out = match w {
+        Workload::Download(a) => download(o, *a, o.seed, deadline),
+        Workload::Upload(a) => upload(o, *a, deadline),
+        Workload::Rr {
+            request,
+            response,
+            repeat,
+        } => rr(o, *request, *response, *repeat, deadline),
+        Workload::Page => page(o, deadline),
+        Workload::Flows { count, amount } => flows(o, *count, *amount, deadline),
+        Workload::HalfClose { up, down } => half_close(o, *up, *down, deadline),
+    };
+    if out.completion_s > 0.0 {
+        out.goodput_bps = out.bytes as f64 * 8.0 / out.completion_s;
+    }
+    out
+}
+
+fn connect(o: &ClientOpts, deadline: Instant) -> io::Result<TcpStream> {
+    let sock = Socket::new(
+        Domain::for_address(o.server),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    if let Some(cc) = &o.cc {
+        sock.set_tcp_congestion(cc.as_bytes())?;
+    }
+    sock.set_nodelay(true)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(xio::capped());
+    }
+    sock.connect_timeout(&o.server.into(), left)?;
+    let s: TcpStream = sock.into();
+    xio::prepare(&s)?;
+    Ok(s)
+}
+
+fn fail(out: &mut Outcome, e: &io::Error) {
+    if xio::is_capped(e) {
+        out.capped = true;
+    } else {
+        out.error = Some(e.to_string());
+        out.intact = Some(false);
+    }
+}
+
+fn limit(deadline: Instant) -> Limit<'static> {
+    Limit {
+        deadline: Some(deadline),
+        stop: None,
+    }
+}
+
+fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome {
+    let t0 = Instant::now();
+    let mut out = Outcome::default();
+    let mut ok = true;
+    let r = (|| -> io::Result<()> {
+        let mut s = connect(o, deadline)?;
+        let (down, duration_ms) = match a {
+            Amount::Bytes(n) => (n, 0),
+            Amount::Seconds(secs) => (0, (secs * 1000.0).round() as u32),
+        };
+        let h = Header {
+            op: Op::Download,
+            seed,
+            up: 0,
+            down,
+            duration_ms,
+        };
+        xio::write_all(&mut s, &h.encode(), limit(deadline))?;
+        let mut p = Pattern::new(seed, 1);
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = xio::read_some(&mut s, &mut buf, limit(deadline))?;
+            if n == 0 {
+                break;
+            }
+            ok &= p.verify(&buf[..n]);
+            out.bytes += n as u64;
+        }
+        if let Amount::Bytes(n) = a {
+            ok &= out.bytes == n;
+        }
+        Ok(())
+    })();
+    out.completion_s = t0.elapsed().as_secs_f64();
+    out.intact = Some(ok);
+    if let Err(e) = r {
+        fail(&mut out, &e);
+    }
+    out
+}
+
+/// Bytes handed to the socket that the peer has not acknowledged yet.
+fn unacked(s: &TcpStream) -> u64 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int; the socket is open.
+    let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    if rc < 0 {
+        0
+    } else {
+        n.max(0) as u64
+    }
+}
+
+fn upload(o: &ClientOpts, a: Amount, deadline: Instant) -> Outcome {
+    let t0 = Instant::now();
+    let mut out = Outcome::default();
+    let mut written = 0u64;
+    let mut stream = None;
+    let r = (|| -> io::Result<()> {
+        let s = stream.insert(connect(o, deadline)?);
+        let (total, send_until) = match a {
+            Amount::Bytes(n) => (n, deadline),
+            Amount::Seconds(secs) => (u64::MAX, deadline.min(t0 + Duration::from_secs_f64(secs))),
+        };
+        let h = Header {
+            op: Op::Upload,
+            seed: o.seed,
+            up: if total == u64::MAX { 0 } else { total },
+            down: 0,
+            duration_ms: 0,
+        };
+        xio::write_all(s, &h.encode(), limit(deadline))?;
+        let mut p = Pattern::new(o.seed, 0);
+        let mut buf = vec![0u8; CHUNK];
+        while written < total {
+            if Instant::now() >= send_until {
+                if send_until < deadline {
+                    break;
+                }
+                return Err(xio::capped());
+            }
+            let n = (total - written).min(CHUNK as u64) as usize;
+            p.fill(&mut buf[..n]);
+            match xio::write_all(s, &buf[..n], limit(send_until)) {
+                Ok(()) => written += n as u64,
+                // The time-based end can fall mid-chunk: count what the socket took.
+                Err(e) if xio::is_capped(&e) && send_until < deadline => break,
+                Err(e) => return Err(e),
+            }
+        }
+        s.shutdown(Shutdown::Write)?;
+        let mut rep = [0u8; REPORT_LEN];
+        xio::read_exact(s, &mut rep, limit(deadline))?;
+        let (n, intact) = decode_report(&rep);
+        out.bytes = n;
+        out.intact = Some(intact);
+        Ok(())
+    })();
+    out.completion_s = t0.elapsed().as_secs_f64();
+    if let Err(e) = r {
+        fail(&mut out, &e);
+        if out.capped {
+            // No report from the server: count what TCP says it delivered.
+            out.bytes = written.saturating_sub(stream.as_ref().map_or(0, unacked));
+            out.intact = None;
+        }
+    }
+    out
+}
+
+/// One request/response exchange on an open Rr connection; returns its latency.
+fn exchange(
+    s: &mut TcpStream,
+    up: &mut Pattern,
+    down: &mut Pattern,
+    request: usize,
+    response: usize,
+    deadline: Instant,
+) -> io::Result<(Duration, bool)> {
+    let t = Instant::now();
+    let mut msg = vec![0u8; 8 + request];
+    msg[..4].copy_from_slice(&(request as u32).to_be_bytes());
+    msg[4..8].copy_from_slice(&(response as u32).to_be_bytes());
+    up.fill(&mut msg[8..]);
+    xio::write_all(s, &msg, limit(deadline))?;
+    let mut buf = vec![0u8; response];
+    xio::read_exact(s, &mut buf, limit(deadline))?;
+    Ok((t.elapsed(), down.verify(&buf)))
+}
+
+fn rr_open(o: &ClientOpts, seed: u64, deadline: Instant) -> io::Result<TcpStream> {
+    let mut s = connect(o, deadline)?;
+    let h = Header {
+        op: Op::Rr,
+        seed,
+        up: 0,
+        down: 0,
+        duration_ms: 0,
+    };
+    xio::write_all(&mut s, &h.encode(), limit(deadline))?;
+    Ok(s)
+}
+
+fn rr(
+    o: &ClientOpts,
+    request: usize,
+    response: usize,
+    repeat: usize,
+    deadline: Instant,
+) -> Outcome {
+    let t0 = Instant::now();
+    let mut out = Outcome {
+        intact: Some(true),
+        ..Default::default()
+    };
+    let r = (|| -> io::Result<()> {
+        let mut s = rr_open(o, o.seed, deadline)?;
+        let (mut up, mut down) = (Pattern::new(o.seed, 0), Pattern::new(o.seed, 1));
+        for _ in 0..repeat {
+            let (lat, ok) = exchange(&mut s, &mut up, &mut down, request, response, deadline)?;
+            out.latencies_s.push(lat.as_secs_f64());
+            out.bytes += response as u64;
+            if !ok {
+                out.intact = Some(false);
+            }
+        }
+        Ok(())
+    })();
+    out.completion_s = t0.elapsed().as_secs_f64();
+    if let Err(e) = r {
+        fail(&mut out, &e);
+    }
+    out
+}
+
+/// A browser-like page load: the HTML on one connection, then the objects over up to
+/// `PAGE_PARALLEL` connections (the first one reused).
+fn page(o: &ClientOpts, deadline: Instant) -> Outcome {
+    let t0 = Instant::now();
+    let results = Arc::new(Mutex::new(Outcome {
+        intact: Some(true),
+        ..Default::default()
+    }));
+    let next = Arc::new(AtomicUsize::new(0));
+    let record = |res: &Mutex<Outcome>, r: io::Result<(Duration, bool)>, bytes: usize| {
+        let mut out = res.lock().unwrap_or_else(|p| p.into_inner());
+        match r {
+            Ok((lat, ok)) => {
+                out.latencies_s.push(lat.as_secs_f64());
+                out.bytes += bytes as u64;
+                if !ok {
+                    out.intact = Some(false);
+                }
+            }
+            Err(e) => fail(&mut out, &e),
+        }
+    };
+    // Each connection pulls the next object until none are left.
+    let worker = {
+        let (results, next) = (results.clone(), next.clone());
+        move |mut conn: TcpStream, mut up: Pattern, mut down: Pattern| {
+            while next.fetch_add(1, Ordering::Relaxed) < PAGE_OBJECTS {
+                let r = exchange(
+                    &mut conn,
+                    &mut up,
+                    &mut down,
+                    PAGE_REQUEST_BYTES,
+                    PAGE_OBJECT_BYTES,
+                    deadline,
+                );
+                let failed = r.is_err();
+                record(&results, r, PAGE_OBJECT_BYTES);
+                if failed {
+                    return;
+                }
+            }
+        }
+    };
+    match rr_open(o, o.seed, deadline) {
+        Err(e) => fail(&mut results.lock().unwrap_or_else(|p| p.into_inner()), &e),
+        Ok(mut first) => {
+            let (mut up, mut down) = (Pattern::new(o.seed, 0), Pattern::new(o.seed, 1));
+            let r = exchange(
+                &mut first,
+                &mut up,
+                &mut down,
+                PAGE_REQUEST_BYTES,
+                PAGE_FIRST_BYTES,
+                deadline,
+            );
+            let ok = r.is_ok();
+            record(&results, r, PAGE_FIRST_BYTES);
+            if ok {
+                let mut handles = Vec::new();
+                for i in 1..PAGE_PARALLEL as u64 {
+                    let (w, o2, results) = (worker.clone(), o.clone(), results.clone());
+                    handles.push(thread::spawn(move || {
+                        let seed = o2.seed + i;
+                        match rr_open(&o2, seed, deadline) {
+                            Ok(c) => w(c, Pattern::new(seed, 0), Pattern::new(seed, 1)),
+                            Err(e) => {
+                                fail(&mut results.lock().unwrap_or_else(|p| p.into_inner()), &e)
+                            }
+                        }
+                    }));
+                }
+                worker(first, up, down);
+                for h in handles {
+                    let _ = h.join();
+                }
+            }
+        }
+    }
+    let mut out = std::mem::take(&mut *results.lock().unwrap_or_else(|p| p.into_inner()));
+    out.completion_s = t0.elapsed().as_secs_f64();
+    if out.latencies_s.len() != PAGE_OBJECTS + 1 && out.error.is_none() && !out.capped {
+        out.error = Some("not every object arrived".into());
+        out.intact = Some(false);
+    }
+    out
+}
+
+fn flows(o: &ClientOpts, count: usize, a: Amount, deadline: Instant) -> Outcome {
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..count as u64)
+        .map(|i| {
+            let o = o.clone();
+            thread::spawn(move || {
+                let mut r = download(&o, a, o.seed + i, deadline);
+                if r.completion_s > 0.0 {
+                    r.goodput_bps = r.bytes as f64 * 8.0 / r.completion_s;
+                }
+                r
+            })
+        })
+        .collect();
+    let mut out = Outcome {
+        intact: Some(true),
+        ..Default::default()
+    };
+    for h in handles {
+        let r = h.join().unwrap_or_else(|_| Outcome {
+            error: Some("flow thread panicked".into()),
+            intact: Some(false),
+            ..Default::default()
+        });
+        out.bytes += r.bytes;
+        out.flows_bps.push(r.goodput_bps);
+        out.capped |= r.capped;
+        // Any corrupted flow fails the run; otherwise any unverifiable one makes it unknown.
+        out.intact = match (out.intact, r.intact) {
+            (Some(false), _) | (_, Some(false)) => Some(false),
+            (None, _) | (_, None) => None,
+            _ => Some(true),
+        };
+        if out.error.is_none() {
+            out.error = r.error;
+        }
+    }
+    out.completion_s = t0.elapsed().as_secs_f64();
+    out.jain_fairness = Some(pep_sim::channel::jain_fairness(&out.flows_bps));
+    out
+}
+
+fn half_close(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome {
+    let t0 = Instant::now();
+    let mut out = Outcome::default();
+    let mut ok = true;
+    let r = (|| -> io::Result<()> {
+        let mut s = connect(o, deadline)?;
+        let h = Header {
+            op: Op::HalfClose,
+            seed: o.seed,
+            up,
+            down,
+            duration_ms: 0,
+        };
+        xio::write_all(&mut s, &h.encode(), limit(deadline))?;
+        let mut buf = vec![0u8; CHUNK];
+        send(
+            &mut s,
+            &mut Pattern::new(o.seed, 0),
+            up,
+            &mut buf,
+            limit(deadline),
+        )?;
+        s.shutdown(Shutdown::Write)?;
+        let mut p = Pattern::new(o.seed, 1);
+        loop {
+            let n = xio::read_some(&mut s, &mut buf, limit(deadline))?;
+            if n == 0 {
+                break;
+            }
+            ok &= p.verify(&buf[..n]);
+            out.bytes += n as u64;
+        }
+        ok &= out.bytes == down;
+        Ok(())
+    })();
+    out.completion_s = t0.elapsed().as_secs_f64();
+    out.intact = Some(ok);
+    if let Err(e) = r {
+        fail(&mut out, &e);
+    }
+    out
+}

@@ -1,0 +1,138 @@
+//! `pep-testbed xfer`: a traffic tool that sends seeded pseudo-random data and verifies every
+//! byte, with bulk, request/response, web-page, multi-flow and half-close workloads.
+
+pub mod client;
+pub mod io;
+pub mod pattern;
+pub mod proto;
+pub mod server;
+
+use serde::Serialize;
+
+/// The web page of literature/001: one 10,710-byte object, then 15 of 7,758 bytes over up to
+/// six connections, like a browser.
+pub const PAGE_FIRST_BYTES: usize = 10_710;
+pub const PAGE_OBJECTS: usize = 15;
+pub const PAGE_OBJECT_BYTES: usize = 7_758;
+pub const PAGE_PARALLEL: usize = 6;
+/// Size of each page request (a typical HTTP GET with headers).
+pub const PAGE_REQUEST_BYTES: usize = 350;
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Amount {
+    Bytes(u64),
+    Seconds(f64),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Workload {
+    /// Bulk client → server.
+    Upload(Amount),
+    /// Bulk server → client.
+    Download(Amount),
+    Rr {
+        request: usize,
+        response: usize,
+        repeat: usize,
+    },
+    Page,
+    /// Concurrent downloads.
+    Flows {
+        count: usize,
+        amount: Amount,
+    },
+    HalfClose {
+        up: u64,
+        down: u64,
+    },
+}
+
+impl Workload {
+    /// Whether the measured data flows client → server (the link's return direction).
+    pub fn data_goes_up(&self) -> bool {
+        matches!(self, Workload::Upload(_))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadKind {
+    Upload,
+    Download,
+    Rr,
+    Page,
+    Flows,
+    Halfclose,
+}
+
+/// Workload selection and sizes on the command line.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WorkloadArgs {
+    #[arg(long, value_enum)]
+    pub workload: WorkloadKind,
+    /// Bulk size (upload/download/flows: per flow; halfclose: bytes the client sends).
+    #[arg(long, conflicts_with = "seconds")]
+    pub bytes: Option<u64>,
+    /// Bulk duration instead of a size.
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// rr: request size.
+    #[arg(long, default_value_t = 100)]
+    pub request_bytes: usize,
+    /// rr: response size; halfclose: bytes the server replies after EOF.
+    #[arg(long, default_value_t = 10_000)]
+    pub response_bytes: usize,
+    /// rr: requests on the connection.
+    #[arg(long, default_value_t = 10)]
+    pub repeat: usize,
+    /// flows: number of concurrent flows.
+    #[arg(long, default_value_t = 4)]
+    pub flows: usize,
+}
+
+impl WorkloadArgs {
+    pub fn workload(&self) -> Workload {
+        let amount = match (self.bytes, self.seconds) {
+            (_, Some(s)) => Amount::Seconds(s),
+            (Some(b), None) => Amount::Bytes(b),
+            (None, None) => Amount::Seconds(10.0),
+        };
+        match self.workload {
+            WorkloadKind::Upload => Workload::Upload(amount),
+            WorkloadKind::Download => Workload::Download(amount),
+            WorkloadKind::Rr => Workload::Rr {
+                request: self.request_bytes,
+                response: self.response_bytes,
+                repeat: self.repeat,
+            },
+            WorkloadKind::Page => Workload::Page,
+            WorkloadKind::Flows => Workload::Flows {
+                count: self.flows,
+                amount,
+            },
+            WorkloadKind::Halfclose => Workload::HalfClose {
+                up: self.bytes.unwrap_or(100_000),
+                down: self.response_bytes as u64,
+            },
+        }
+    }
+}
+
+/// What a client run measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Outcome {
+    /// Verified payload bytes in the measured direction.
+    pub bytes: u64,
+    pub completion_s: f64,
+    pub goodput_bps: f64,
+    /// Every byte verified (null when a capped upload left nothing to verify).
+    pub intact: Option<bool>,
+    /// Cut short by the run-time cap; figures cover what arrived until then.
+    pub capped: bool,
+    pub latencies_s: Vec<f64>,
+    pub flows_bps: Vec<f64>,
+    pub jain_fairness: Option<f64>,
+    pub error: Option<String>,
+}

@@ -1,0 +1,111 @@
+//! The traffic tool's per-connection header: the client says what it wants, the server obeys.
+//! Fixed 40 bytes, big-endian: magic, op, seed, upload bytes, download bytes, duration.
+
+use std::io::{self, Read};
+
+const MAGIC: u32 = 0x5054_4258; // "PTBX"
+pub const HEADER_LEN: usize = 40;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Client sends `up` bytes (or until EOF when 0); server answers with a [`Report`].
+    Upload = 1,
+    /// Server sends `down` bytes, or for `duration_ms` when non-zero, then closes.
+    Download = 2,
+    /// Repeated requests, each `[req_len u32][resp_len u32]` + req_len bytes; server answers
+    /// resp_len bytes; ends at client EOF.
+    Rr = 3,
+    /// Client sends `up` bytes and shuts down its write side; after EOF the server sends
+    /// `down` bytes and closes.
+    HalfClose = 4,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub op: Op,
+    pub seed: u64,
+    pub up: u64,
+    pub down: u64,
+    pub duration_ms: u32,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_be_bytes());
+        b[4] = self.op as u8;
+        b[8..16].copy_from_slice(&self.seed.to_be_bytes());
+        b[16..24].copy_from_slice(&self.up.to_be_bytes());
+        b[24..32].copy_from_slice(&self.down.to_be_bytes());
+        b[32..36].copy_from_slice(&self.duration_ms.to_be_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; HEADER_LEN]) -> io::Result<Header> {
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_be_bytes(a)
+        };
+        let bad = |why| io::Error::new(io::ErrorKind::InvalidData, why);
+        if b[0..4] != MAGIC.to_be_bytes() {
+            return Err(bad("not a pep-testbed xfer client"));
+        }
+        let op = match b[4] {
+            1 => Op::Upload,
+            2 => Op::Download,
+            3 => Op::Rr,
+            4 => Op::HalfClose,
+            _ => return Err(bad("unknown op")),
+        };
+        Ok(Header {
+            op,
+            seed: u64_at(8),
+            up: u64_at(16),
+            down: u64_at(24),
+            duration_ms: u32::from_be_bytes([b[32], b[33], b[34], b[35]]),
+        })
+    }
+
+    pub fn read_from(r: &mut impl Read) -> io::Result<Header> {
+        let mut b = [0u8; HEADER_LEN];
+        r.read_exact(&mut b)?;
+        Header::decode(&b)
+    }
+}
+
+/// Server's verdict on an upload: bytes received and whether they were all intact.
+pub const REPORT_LEN: usize = 9;
+
+pub fn encode_report(received: u64, intact: bool) -> [u8; REPORT_LEN] {
+    let mut b = [0u8; REPORT_LEN];
+    b[..8].copy_from_slice(&received.to_be_bytes());
+    b[8] = intact as u8;
+    b
+}
+
+pub fn decode_report(b: &[u8; REPORT_LEN]) -> (u64, bool) {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    (u64::from_be_bytes(a), b[8] == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = Header {
+            op: Op::HalfClose,
+            seed: 42,
+            up: 1 << 40,
+            down: 7,
+            duration_ms: 1500,
+        };
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+        let mut junk = h.encode();
+        junk[0] = 0;
+        assert!(Header::decode(&junk).is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! The traffic tool's server: accepts connections and does what each header asks.
+
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::io::{self as xio, Limit};
+use super::pattern::Pattern;
+use super::proto::{encode_report, Header, Op};
+
+const CHUNK: usize = 64 * 1024;
+
+/// A running server; dropping it stops accepting and cuts open connections.
+pub struct Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Listens on `addr` in the calling thread's namespace; `cc` sets the congestion control
+    /// of accepted connections.
+    pub fn bind(addr: SocketAddr, cc: Option<&str>) -> io::Result<Server> {
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        sock.set_reuse_address(true)?;
+        if let Some(cc) = cc {
+            sock.set_tcp_congestion(cc.as_bytes())?;
+        }
+        sock.set_nodelay(true)?;
+        sock.bind(&addr.into())?;
+        sock.listen(128)?;
+        // accept() honours the receive timeout, which lets the acceptor see the stop flag.
+        sock.set_read_timeout(Some(xio::TICK))?;
+        let listener: TcpListener = sock.into();
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let (s, c) = (stop.clone(), conns.clone());
+        let acceptor = thread::Builder::new()
+            .name("xfer-accept".into())
+            .spawn(move || accept_loop(&listener, &s, &c))?;
+        Ok(Server {
+            addr,
+            stop,
+            conns,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until the process ends (for the command-line server).
+    pub fn wait(mut self) {
+        if let Some(h) = self.acceptor.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        if let Some(h) = self.acceptor.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, stop: &Arc<AtomicBool>, conns: &Mutex<Vec<TcpStream>>) {
+    while !stop.load(Ordering::Relaxed) {
+        let Ok((stream, _)) = listener.accept() else {
+            continue;
+        };
+        if let Ok(c) = stream.try_clone() {
+            conns.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+        }
+        let stop = stop.clone();
+        let _ = thread::Builder::new()
+            .name("xfer-conn".into())
+            .spawn(move || {
+                // A client that misbehaves or vanishes only ends its own connection.
+                let _ = serve(stream, &stop);
+            });
+    }
+}
+
+fn serve(mut s: TcpStream, stop: &AtomicBool) -> io::Result<()> {
+    xio::prepare(&s)?;
+    let limit = Limit {
+        deadline: None,
+        stop: Some(stop),
+    };
+    let mut hdr = [0u8; super::proto::HEADER_LEN];
+    xio::read_exact(&mut s, &mut hdr, limit)?;
+    let h = Header::decode(&hdr)?;
+    let mut up = Pattern::new(h.seed, 0);
+    let mut down = Pattern::new(h.seed, 1);
+    let mut buf = vec![0u8; CHUNK];
+    match h.op {
+        Op::Upload => {
+            let (n, ok) = receive_to_eof(&mut s, &mut up, &mut buf, limit)?;
+            let intact = ok && (h.up == 0 || n == h.up);
+            xio::write_all(&mut s, &encode_report(n, intact), limit)?;
+        }
+        Op::Download => {
+            let until = (h.duration_ms > 0)
+                .then(|| Instant::now() + Duration::from_millis(h.duration_ms.into()));
+            let total = if until.is_some() { u64::MAX } else { h.down };
+            send(
+                &mut s,
+                &mut down,
+                total,
+                &mut buf,
+                Limit {
+                    deadline: until,
+                    ..limit
+                },
+            )
+            .or_else(|e| {
+                if xio::is_capped(&e) && !limit.expired() {
+                    Ok(0)
+                } else {
+                    Err(e)
+                }
+            })?;
+        }
+        Op::Rr => loop {
+            let mut req = [0u8; 8];
+            match xio::read_exact(&mut s, &mut req, limit) {
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+                r => r?,
+            }
+            let req_len = u32::from_be_bytes([req[0], req[1], req[2], req[3]]) as usize;
+            let resp_len = u32::from_be_bytes([req[4], req[5], req[6], req[7]]) as u64;
+            let mut body = vec![0u8; req_len];
+            xio::read_exact(&mut s, &mut body, limit)?;
+            if !up.verify(&body) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "request corrupted",
+                ));
+            }
+            send(&mut s, &mut down, resp_len, &mut buf, limit)?;
+        },
+        Op::HalfClose => {
+            let (n, ok) = receive_to_eof(&mut s, &mut up, &mut buf, limit)?;
+            // Replying only to a complete, intact request makes a broken half-close visible.
+            if ok && n == h.up {
+                send(&mut s, &mut down, h.down, &mut buf, limit)?;
+            }
+        }
+    }
+    s.shutdown(Shutdown::Write)
+}
+
+fn receive_to_eof(
+    s: &mut TcpStream,
+    p: &mut Pattern,
+    buf: &mut [u8],
+    limit: Limit,
+) -> io::Result<(u64, bool)> {
+    let (mut n, mut ok) = (0u64, true);
+    loop {
+        let got = xio::read_some(s, buf, limit)?;
+        if got == 0 {
+            return Ok((n, ok));
+        }
+        ok &= p.verify(&buf[..got]);
+        n += got as u64;
+    }
+}
+
+/// Sends `total` bytes of the pattern (until the limit when `total` is `u64::MAX`).
+pub fn send(
+    s: &mut TcpStream,
+    p: &mut Pattern,
+    total: u64,
+    buf: &mut [u8],
+    limit: Limit,
+) -> io::Result<u64> {
+    let mut sent = 0u64;
+    while sent < total {
+        let n = (total - sent).min(buf.len() as u64) as usize;
+        p.fill(&mut buf[..n]);
+        xio::write_all(s, &buf[..n], limit)?;
+        sent += n as u64;
+    }
+    Ok(sent)
+}

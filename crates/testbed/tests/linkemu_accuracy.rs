@@ -1,0 +1,200 @@
+//! Acceptance tests of the emulator's accuracy, measured end to end through the testbed
+//! (client → gw-a → emulator → gw-b → server). Root only; each test builds its own
+//! uniquely named namespaces and removes them on drop, even on panic.
+
+use std::net::SocketAddr;
+use std::thread;
+use std::time::Duration;
+
+use pep_linkemu::{DirectionConfig, LinkConfig, LinkStats};
+use pep_sim::channel::{corruption_probability, GilbertElliott, OutageSchedule};
+use pep_testbed::topology::{HostTuning, Topology};
+use pep_testbed::udp::{self, Arrival, SendSpec};
+use pep_testbed::{addr, in_netns, Profile};
+
+/// The receiver stops after this long without a datagram.
+const IDLE: Duration = Duration::from_millis(700);
+
+fn cubic() -> HostTuning {
+    HostTuning {
+        congestion_control: "cubic".into(),
+    }
+}
+
+fn symmetric(d: DirectionConfig) -> LinkConfig {
+    LinkConfig {
+        forward: d.clone(),
+        ret: d,
+        seed: 42,
+    }
+}
+
+/// Sends `count` datagrams client → server (the link's return direction) at `pps` and
+/// returns what was sent, what arrived and the emulator's counters.
+fn probe(
+    link: LinkConfig,
+    payload: usize,
+    count: u64,
+    pps: f64,
+    idle: Duration,
+) -> (u64, Vec<Arrival>, LinkStats) {
+    let mut topo = Topology::up(&link, &cubic()).expect("testbed up");
+    let epoch = topo.emulator().expect("emulator").start_time();
+    let dst = SocketAddr::new(addr::SERVER_V4.into(), 9000);
+    let server = topo.names.server.clone();
+    let delay = link.ret.delay;
+    let rx = thread::spawn(move || {
+        in_netns(&server, move || {
+            udp::receive(dst, epoch, delay + idle, Duration::from_secs(60))
+        })
+    });
+    thread::sleep(Duration::from_millis(200));
+    let spec = SendSpec {
+        dst,
+        payload,
+        count,
+        pps,
+        epoch,
+    };
+    let sent = in_netns(&topo.names.client, move || udp::send(&spec))
+        .expect("netns")
+        .expect("send");
+    let arrivals = rx
+        .join()
+        .expect("rx thread")
+        .expect("netns")
+        .expect("receive");
+    let stats = topo.stop_emulator().expect("stats");
+    (sent, arrivals, stats)
+}
+
+#[test]
+fn ping_rtt_through_the_lawson_profile_is_570_ms() {
+    let topo = Topology::up(&Profile::Lawson.link(), &cubic()).expect("testbed up");
+    let rtts = in_netns(&topo.names.client, || {
+        pep_testbed::ping::ping(
+            addr::SERVER_V4,
+            20,
+            Duration::from_millis(100),
+            Duration::from_secs(2),
+        )
+    })
+    .expect("netns")
+    .expect("ping");
+    let mut ms: Vec<f64> = rtts
+        .iter()
+        .map(|r| r.expect("every ping answered").as_secs_f64() * 1e3)
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let median = (ms[9] + ms[10]) / 2.0;
+    eprintln!(
+        "ping RTT median {median:.3} ms (min {:.3}, max {:.3})",
+        ms[0], ms[19]
+    );
+    assert!((median - 570.0).abs() <= 2.0, "median RTT {median} ms");
+}
+
+#[test]
+fn bulk_udp_at_10_mbps_measures_within_2_percent() {
+    let link = symmetric(DirectionConfig {
+        rate_bps: 10e6,
+        queue_bytes: 200_000,
+        delay: Duration::from_millis(10),
+        ..Default::default()
+    });
+    // Offered 12 Mb/s for 3 s so the serialiser never idles; the excess is tail-dropped.
+    let payload = 1472;
+    let pps = 12e6 / ((payload + udp::IPV4_UDP_OVERHEAD) as f64 * 8.0);
+    let (_, arrivals, stats) = probe(link, payload, (pps * 3.0) as u64, pps, IDLE);
+    let rate = udp::ip_rate_bps(&arrivals);
+    eprintln!("measured {rate:.0} b/s; emulator {stats:?}");
+    assert!((rate / 10e6 - 1.0).abs() <= 0.02, "rate {rate}");
+    assert!(
+        stats.ret.dropped.queue > 0,
+        "the queue should have overflowed"
+    );
+}
+
+#[test]
+fn ber_1e_6_loses_1_19_percent_of_1500_byte_packets() {
+    let link = symmetric(DirectionConfig {
+        delay: Duration::from_millis(5),
+        impairments: pep_sim::channel::Impairments {
+            ber: 1e-6,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let n = 50_000;
+    let (sent, arrivals, stats) = probe(link, 1472, n, 10_000.0, IDLE);
+    // The link also carries the kernel's own few packets (IPv6 neighbour discovery etc.).
+    assert!(
+        stats.ret.packets_in >= sent,
+        "everything sent reached the emulator"
+    );
+    assert_eq!(stats.ret.dropped.queue + stats.ret.dropped.write_error, 0);
+    let p = corruption_probability(1e-6, 1500);
+    let sd = (p * (1.0 - p) / sent as f64).sqrt();
+    let loss = 1.0 - arrivals.len() as f64 / sent as f64;
+    eprintln!("sent {sent}, loss {loss:.5}, expected {p:.5} ± {sd:.5} (1 SD); {stats:?}");
+    assert!(sent >= 50_000);
+    assert!((loss - p).abs() <= 4.0 * sd, "loss {loss}");
+}
+
+#[test]
+fn gilbert_elliott_meets_its_analytic_mean_loss() {
+    let ge: GilbertElliott = "0.01,0.1".parse().expect("ge");
+    let link = symmetric(DirectionConfig {
+        delay: Duration::from_millis(5),
+        impairments: pep_sim::channel::Impairments {
+            burst: Some(ge),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let (sent, arrivals, stats) = probe(link, 200, 30_000, 10_000.0, IDLE);
+    assert!(stats.ret.packets_in >= sent);
+    let loss = 1.0 - arrivals.len() as f64 / sent as f64;
+    eprintln!("GE loss {loss:.4}, analytic {:.4}", ge.mean_loss());
+    // Bursts (mean length 10) make the estimate much noisier than Bernoulli: ±20 %.
+    assert!((loss / ge.mean_loss() - 1.0).abs() < 0.2, "loss {loss}");
+}
+
+#[test]
+fn nothing_passes_during_an_outage() {
+    let link = symmetric(DirectionConfig {
+        delay: Duration::from_millis(10),
+        impairments: pep_sim::channel::Impairments {
+            outages: OutageSchedule {
+                windows: vec!["1+1".parse().expect("outage")],
+                periodic: None,
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    // One datagram every 2 ms for 3 s, stamped with its send time on the emulator's clock.
+    let (sent, arrivals, stats) = probe(link, 64, 1500, 500.0, Duration::from_millis(1500));
+    let (lo, hi) = (Duration::from_millis(1000), Duration::from_millis(2000));
+    let margin = Duration::from_millis(2);
+    let inside: Vec<_> = arrivals
+        .iter()
+        .filter(|a| a.sent > lo + margin && a.sent < hi - margin)
+        .collect();
+    assert!(
+        inside.is_empty(),
+        "{} passed during the outage",
+        inside.len()
+    );
+    // 500 datagrams were sent inside the window (give or take the edges and a few kernel
+    // packets of its own that the outage also eats).
+    assert!((490..=520).contains(&stats.ret.dropped.outage), "{stats:?}");
+    let outside = arrivals
+        .iter()
+        .filter(|a| a.sent < lo || a.sent >= hi)
+        .count() as u64;
+    assert!(
+        outside + 510 >= sent,
+        "only {outside} of ~1000 outside the window arrived"
+    );
+}

@@ -1,0 +1,205 @@
+//! The testbed itself: every workload of the traffic tool verifies its data through the
+//! emulated link, instances do not collide, and everything is removed even on panic. Root only.
+
+use std::panic;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pep_linkemu::cli::LinkArgs;
+use pep_testbed::runner::{self, Mode, RunResult, RunSpec};
+use pep_testbed::topology::{self, HostTuning, Topology};
+use pep_testbed::xfer::{Amount, Workload};
+use pep_testbed::{addr, in_netns, Profile};
+
+/// A quick link (geo rates, 10 ms one-way) so each scenario takes about a second.
+fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
+    let link = LinkArgs {
+        delay_ms: Some(10.0),
+        ..Default::default()
+    }
+    .apply(Profile::Geo.link())
+    .expect("link");
+    let spec = RunSpec {
+        profile: Profile::Geo,
+        link,
+        mode,
+        workload,
+        max_duration: Duration::from_secs(30),
+        seed: 7,
+        ipv6,
+    };
+    let r = runner::run(&spec).expect("run");
+    eprintln!("{}", serde_json::to_string(&r).expect("json"));
+    assert_eq!(r.error, None);
+    assert_eq!(r.intact, Some(true));
+    assert!(!r.capped);
+    r
+}
+
+#[test]
+fn download_verifies_every_byte_cubic_ipv4() {
+    let r = quick(
+        Mode::PlainCubic,
+        Workload::Download(Amount::Bytes(2_000_000)),
+        false,
+    );
+    assert_eq!(r.bytes, 2_000_000);
+    assert!(
+        r.goodput_bps > 1e6 && r.goodput_bps < r.ref_bps * 1.01,
+        "{}",
+        r.goodput_bps
+    );
+}
+
+#[test]
+fn upload_over_ipv6_with_bbr() {
+    let r = quick(
+        Mode::PlainBbr,
+        Workload::Upload(Amount::Bytes(500_000)),
+        true,
+    );
+    assert_eq!(r.bytes, 500_000);
+    // Uploads use the 2 Mb/s return direction.
+    assert!(r.ref_bps < 2e6);
+}
+
+#[test]
+fn timed_download_runs_for_its_duration() {
+    let r = quick(
+        Mode::PlainCubic,
+        Workload::Download(Amount::Seconds(1.0)),
+        false,
+    );
+    assert!(
+        r.completion_s > 1.0 && r.completion_s < 2.0,
+        "{}",
+        r.completion_s
+    );
+}
+
+#[test]
+fn request_response_reports_each_latency() {
+    let r = quick(
+        Mode::PlainCubic,
+        Workload::Rr {
+            request: 200,
+            response: 50_000,
+            repeat: 3,
+        },
+        false,
+    );
+    assert_eq!(r.latencies_s.len(), 3);
+    // At least one round trip (20 ms) each.
+    assert!(
+        r.latencies_s.iter().all(|l| *l > 0.02),
+        "{:?}",
+        r.latencies_s
+    );
+}
+
+#[test]
+fn page_fetches_all_sixteen_objects() {
+    let r = quick(Mode::PlainBbr, Workload::Page, false);
+    assert_eq!(r.latencies_s.len(), 16);
+    assert_eq!(r.bytes, 10_710 + 15 * 7_758);
+}
+
+#[test]
+fn flows_report_jain_fairness() {
+    let r = quick(
+        Mode::PlainCubic,
+        Workload::Flows {
+            count: 3,
+            amount: Amount::Seconds(1.5),
+        },
+        false,
+    );
+    assert_eq!(r.flows_bps.len(), 3);
+    let j = r.jain_fairness.expect("fairness");
+    assert!(j > 0.0 && j <= 1.0);
+}
+
+#[test]
+fn half_close_delivers_the_reply_after_eof() {
+    let r = quick(
+        Mode::PlainCubic,
+        Workload::HalfClose {
+            up: 100_000,
+            down: 60_000,
+        },
+        false,
+    );
+    assert_eq!(r.bytes, 60_000);
+}
+
+#[test]
+fn pepd_mode_says_it_is_not_there_yet() {
+    let spec = RunSpec {
+        profile: Profile::Lawson,
+        link: Profile::Lawson.link(),
+        mode: Mode::Pepd,
+        workload: Workload::Page,
+        max_duration: Duration::from_secs(1),
+        seed: 1,
+        ipv6: false,
+    };
+    let e = runner::run(&spec)
+        .expect_err("pepd mode is issue 4")
+        .to_string();
+    assert!(e.contains("not implemented"), "{e}");
+}
+
+fn cubic() -> HostTuning {
+    HostTuning {
+        congestion_control: "cubic".into(),
+    }
+}
+
+#[test]
+fn two_instances_coexist_and_ping_through() {
+    let link = LinkArgs {
+        delay_ms: Some(5.0),
+        ..Default::default()
+    }
+    .apply(Profile::Nasa.link())
+    .expect("link");
+    let a = Topology::up(&link, &cubic()).expect("first");
+    let b = Topology::up(&link, &cubic()).expect("second");
+    assert_ne!(a.names.client, b.names.client);
+    for t in [&a, &b] {
+        let rtts = in_netns(&t.names.client, || {
+            pep_testbed::ping::ping(
+                addr::SERVER_V4,
+                3,
+                Duration::from_millis(20),
+                Duration::from_secs(1),
+            )
+        })
+        .expect("netns")
+        .expect("ping");
+        assert!(rtts.iter().all(Option::is_some), "{rtts:?}");
+    }
+}
+
+#[test]
+fn namespaces_and_processes_go_away_even_on_panic() {
+    let names = Mutex::new(Vec::new());
+    let result = panic::catch_unwind(|| {
+        let link = Profile::Lawson.link();
+        let mut t = Topology::up(&link, &cubic()).expect("up");
+        t.spawn_in(&t.names.gw_a.clone(), "sleep", &["300"])
+            .expect("spawn");
+        names
+            .lock()
+            .expect("lock")
+            .extend(t.names.all().map(str::to_owned));
+        panic!("test failure inside a testbed");
+    });
+    assert!(result.is_err());
+    let names = names.into_inner().expect("lock");
+    assert_eq!(names.len(), 4);
+    let left = topology::existing().expect("list");
+    for n in &names {
+        assert!(!left.contains(n), "{n} survived");
+    }
+}
