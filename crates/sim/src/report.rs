@@ -47,6 +47,9 @@ pub struct Report {
     pub probes_sent: u64,
     pub outages_detected: u64,
     pub outage_events: Vec<(f64, &'static str)>,
+    /// For each configured outage window: seconds from the link's return until the sender
+    /// saw an ACK again and resumed sending.
+    pub outage_resume_s: Vec<Option<f64>>,
     pub flow_resets: u64,
     pub jain_fairness: Option<f64>,
     pub per_flow_goodput_bps: Vec<f64>,
@@ -154,6 +157,20 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             .outage_events
             .iter()
             .map(|(t, e)| (t.as_secs_f64(), *e))
+            .collect(),
+        outage_resume_s: sc
+            .forward
+            .impairments
+            .outages
+            .windows
+            .iter()
+            .map(|w| {
+                let back = w.start + w.duration;
+                out.outage_events
+                    .iter()
+                    .find(|(t, e)| *e == "outage_ended" && *t >= back)
+                    .map(|(t, _)| (*t - back).as_secs_f64())
+            })
             .collect(),
         flow_resets: out.flows.iter().filter(|f| f.reset).count() as u64,
         jain_fairness: (out.flows.len() > 1).then(|| jain_fairness(&per_flow)),

@@ -115,6 +115,12 @@ pub enum OpenError {
     TooManyFlows,
 }
 
+/// Bound on RESETs queued for unknown flows (each answers a peer's SNACK).
+const MAX_ORPHAN_RESETS: usize = 64;
+
+/// Shortest truncated packet number sent.
+const MIN_PN_LEN: usize = 2;
+
 /// Passes of redundant copies over the outstanding data while the link is idle: each pass
 /// cuts the chance that a tail packet needs a round-trip repair by the loss rate.
 const MAX_REDUNDANT_COPIES: u8 = 2;
@@ -129,6 +135,7 @@ pub struct Association {
     peer_epoch: Option<u64>,
     peer_params: Option<HelloParams>,
     established: bool,
+    established_at: Option<Instant>,
     hello_due: Option<Instant>,
     hello_echo_sent: u64,
     hello_reply_needed: bool,
@@ -152,6 +159,13 @@ pub struct Association {
     probes_pending: u32,
     outage_since: Option<Instant>,
     redundancy_cursor: u64,
+    /// When the probe timer last fired.
+    pto_fired_at: Option<Instant>,
+    /// Next check for flows stalled behind a gap.
+    gap_sweep_at: Option<Instant>,
+    /// When the oldest packet still awaiting acknowledgement was sent, approximately: set when
+    /// a packet is sent with nothing in flight.
+    sent_since: Option<Instant>,
     /// Copies each outstanding original may have in the current pass over the idle link.
     redundancy_round: u8,
 
@@ -174,6 +188,8 @@ pub struct Association {
     assoc_consumed: u64,
     assoc_limit_advertised: u64,
     assoc_credit_pending: bool,
+    /// RESETs owed for flows we no longer hold state for.
+    orphan_resets: Vec<(FlowId, ResetReason)>,
 
     events: VecDeque<Event>,
     stats: Stats,
@@ -229,6 +245,7 @@ impl Association {
             peer_epoch: None,
             peer_params: None,
             established: false,
+            established_at: None,
             hello_due: Some(now),
             hello_echo_sent: 0,
             hello_reply_needed: false,
@@ -250,6 +267,9 @@ impl Association {
             outage_since: None,
             redundancy_cursor: 0,
             redundancy_round: 1,
+            pto_fired_at: None,
+            gap_sweep_at: None,
+            sent_since: None,
             acks: AckTracker::new(cfg.ack),
             flows: BTreeMap::new(),
             send_queue: VecDeque::new(),
@@ -262,6 +282,7 @@ impl Association {
             assoc_consumed: 0,
             assoc_limit_advertised: cfg.assoc_window,
             assoc_credit_pending: false,
+            orphan_resets: Vec::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
             last_input: now,
@@ -419,6 +440,16 @@ impl Association {
         Ok(())
     }
 
+    /// Resets a flow for a reason of the transport's own and tells the application.
+    fn abort_flow(&mut self, flow: FlowId, reason: ResetReason) {
+        if reason == ResetReason::Protocol {
+            self.stats.protocol_violations += 1;
+        }
+        if self.reset(flow, reason).is_ok() {
+            self.events.push_back(Event::FlowReset { flow, reason });
+        }
+    }
+
     /// Closes the association gracefully: the peer resets every flow.
     pub fn close(&mut self, code: u8, reason: &str) {
         self.close_pending = Some((code, reason.to_owned()));
@@ -508,7 +539,10 @@ impl Association {
         if h.echo == self.local_epoch {
             self.set_established();
         }
-        if h.echo != self.local_epoch || self.hello_echo_sent != h.epoch {
+        // A peer that is not established is waiting for our echo; answer every such HELLO
+        // (ours may have been lost). Established peers' HELLOs need no answer unless they
+        // lack our epoch, so replies never ping-pong.
+        if !h.established || h.echo != self.local_epoch || self.hello_echo_sent != h.epoch {
             self.hello_reply_needed = true;
         }
         let _ = now;
@@ -519,6 +553,7 @@ impl Association {
             return;
         }
         self.established = true;
+        self.established_at = Some(self.last_input);
         self.hello_due = None;
         if let Some(p) = self.peer_params {
             self.assoc_send_limit = self.assoc_send_limit.max(p.initial_assoc_window);
@@ -566,6 +601,7 @@ impl Association {
         self.assoc_consumed = 0;
         self.assoc_limit_advertised = self.cfg.assoc_window;
         self.assoc_credit_pending = false;
+        self.orphan_resets.clear();
     }
 
     fn on_frame(&mut self, now: Instant, f: Frame<'_>) {
@@ -633,6 +669,28 @@ impl Association {
                     }
                 }
             }
+            Frame::StreamSnack { flow, ranges } => {
+                let Some(f) = self.flows.get_mut(&flow) else {
+                    // We finished with this flow, so the bytes the peer lacks are gone: tell
+                    // it to give up. Stateless: a lost RESET is answered again on its next
+                    // SNACK.
+                    if self.orphan_resets.len() < MAX_ORPHAN_RESETS {
+                        self.orphan_resets.push((flow, ResetReason::Protocol));
+                    }
+                    return;
+                };
+                if f.reset.is_some() {
+                    return;
+                }
+                let repairable = ranges.into_iter().all(|r| f.send.on_stream_snack(r));
+                if repairable {
+                    self.queue_send(flow);
+                } else {
+                    // Bytes the peer lacks were released as acknowledged: the stream cannot
+                    // be completed, so end it cleanly instead of stalling.
+                    self.abort_flow(flow, ResetReason::Protocol);
+                }
+            }
             Frame::Close { code, reason } => {
                 self.restart_association(ResetReason::PeerRestart);
                 self.events.push_back(Event::AssociationLost {
@@ -662,7 +720,7 @@ impl Association {
         self.flows.insert(flow, f);
         self.stats.flows_opened_total += 1;
         if self.flows.len() > self.cfg.max_flows {
-            let _ = self.reset(flow, ResetReason::ResourceLimit);
+            self.abort_flow(flow, ResetReason::ResourceLimit);
         }
         Some(flow)
     }
@@ -694,15 +752,22 @@ impl Association {
         match f.recv.on_data(offset, data, fin) {
             Ok(charged) => {
                 self.assoc_charged += charged;
+                let contiguous = f.recv.contiguous();
+                f.gap_since = match f.gap_since {
+                    _ if !f.recv.has_gap() => None,
+                    Some((c, t)) if c == contiguous => Some((c, t)),
+                    _ => Some((contiguous, self.last_input)),
+                };
+                let arm_sweep = f.gap_since.is_some() && self.gap_sweep_at.is_none();
                 if f.recv.has_readable() && !f.readable_signaled {
                     f.readable_signaled = true;
                     self.events.push_back(Event::FlowReadable { flow: id });
                 }
+                if arm_sweep {
+                    self.gap_sweep_at = Some(self.last_input + self.stall_timeout() / 2);
+                }
             }
-            Err(_) => {
-                self.stats.protocol_violations += 1;
-                let _ = self.reset(id, ResetReason::Protocol);
-            }
+            Err(_) => self.abort_flow(id, ResetReason::Protocol),
         }
     }
 
@@ -743,16 +808,21 @@ impl Association {
         if ack.has_holes() {
             self.stats.snacks_received += 1;
         }
-        let Some(largest) = ack.largest() else {
+        let Some(mut largest) = ack.largest() else {
             return;
         };
         if largest >= self.next_pn {
+            // Names packets never sent (a misread packet number at the peer, or forgery):
+            // use only the part that can be true.
             self.stats.protocol_violations += 1;
-            return;
+            largest = match self.next_pn.checked_sub(1) {
+                Some(l) => l,
+                None => return,
+            };
         }
         let mut newly: Vec<u64> = Vec::new();
         for r in ack.ranges.iter().rev() {
-            newly.extend(self.sent.outstanding_in(r.start, r.end));
+            newly.extend(self.sent.outstanding_in(r.start, r.end.min(largest + 1)));
         }
         if newly.is_empty() {
             return;
@@ -841,6 +911,7 @@ impl Association {
             }
             SentFrame::FlowCredit { .. }
             | SentFrame::AssocCredit
+            | SentFrame::StreamSnack
             | SentFrame::Ping
             | SentFrame::Close => {}
         }
@@ -888,12 +959,13 @@ impl Association {
             self.recovery_start_pn = self.next_pn;
             self.stats.congestion_events += 1;
         }
-        if p.group.is_some_and(|g| self.sent.group_outstanding(g)) {
-            // Another copy may still arrive; repair only once all are lost.
-            return;
-        }
+        // Redundant copies carry only DATA: while another member of the group is outstanding
+        // its data may still arrive, but everything else needs repair now.
+        let data_covered = p.group.is_some_and(|g| self.sent.group_outstanding(g));
         for fr in p.frames {
-            self.requeue(fr);
+            if !(data_covered && matches!(fr, SentFrame::Data { .. })) {
+                self.requeue(fr);
+            }
         }
     }
 
@@ -937,6 +1009,7 @@ impl Association {
                 }
             }
             SentFrame::AssocCredit => self.assoc_credit_pending = true,
+            SentFrame::StreamSnack => {}
             SentFrame::Ping => {}
             SentFrame::Close => {}
         }
@@ -950,23 +1023,55 @@ impl Association {
         backed_off.min(self.cfg.max_probe_interval.max(base))
     }
 
+    /// Probe timer: runs from the last ACK (data may keep flowing in rate mode while nothing
+    /// comes back, and that silence is what reveals an outage), then backs off from each firing.
     fn pto_deadline(&self) -> Option<Instant> {
         if self.sent.is_empty() || !self.established {
             return None;
         }
-        let from = self.last_eliciting_sent?;
-        let from = match self.last_ack_at {
-            Some(a) if self.pto_count == 0 => from.max(a),
-            _ => from,
+        let from = match (self.pto_fired_at, self.last_ack_at) {
+            (Some(fired), _) if self.pto_count > 0 => fired,
+            (_, Some(ack)) => ack.max(self.sent_since?),
+            (_, None) => self.sent_since?,
         };
         Some(from + self.pto_interval())
+    }
+
+    /// How long a flow's cumulative point may sit behind a gap before the receiver names the
+    /// missing bytes itself. Packet-level SNACK normally repairs holes within a round trip or
+    /// two; this is the safety net.
+    fn stall_timeout(&self) -> Duration {
+        (self.rtt.smoothed() * 4).max(Duration::from_secs(1))
+    }
+
+    fn sweep_stalled_gaps(&mut self, now: Instant) {
+        let timeout = self.stall_timeout();
+        let mut any = false;
+        let mut due = Vec::new();
+        for (&id, f) in self.flows.iter_mut() {
+            if let Some((c, since)) = f.gap_since {
+                any = true;
+                if now.saturating_duration_since(since) >= timeout {
+                    f.gap_since = Some((c, now));
+                    f.stream_snack_due = true;
+                    due.push(id);
+                }
+            }
+        }
+        for id in due {
+            self.queue_control(id);
+        }
+        self.gap_sweep_at = any.then(|| now + timeout / 2);
     }
 
     fn keepalive_deadline(&self) -> Option<Instant> {
         if !self.established || !self.sent.is_empty() {
             return None;
         }
-        let last = self.last_eliciting_sent.or(self.last_ack_at)?;
+        let last = self
+            .last_eliciting_sent
+            .or(self.last_ack_at)
+            .or(self.established_at)?;
         Some(last + self.cfg.keepalive_interval)
     }
 
@@ -995,6 +1100,7 @@ impl Association {
             consider(self.keepalive_deadline());
         }
         consider(self.outage_deadline());
+        consider(self.gap_sweep_at);
         // Sending waits for the pacer, whatever made it due.
         let pacer = self.pacer.delay_until_or_now();
         let later_of = |d: Instant| Some(pacer.map_or(d, |p| p.max(d)));
@@ -1013,6 +1119,7 @@ impl Association {
         self.established
             && (self.probes_pending > 0
                 || !self.control_queue.is_empty()
+                || !self.orphan_resets.is_empty()
                 || self.assoc_credit_pending
                 || self.close_pending.is_some()
                 || (self.outage_since.is_none()
@@ -1026,6 +1133,7 @@ impl Association {
             self.detect_lost(now);
         }
         if self.pto_deadline().is_some_and(|t| t <= now) {
+            self.pto_fired_at = Some(now);
             self.pto_count += 1;
             self.probes_pending = 1;
             if self.pto_count >= OUTAGE_PTO_COUNT && self.outage_since.is_none() {
@@ -1036,6 +1144,9 @@ impl Association {
         }
         if self.keepalive_deadline().is_some_and(|t| t <= now) {
             self.probes_pending = 1;
+        }
+        if self.gap_sweep_at.is_some_and(|t| t <= now) {
+            self.sweep_stalled_gaps(now);
         }
         if self.outage_deadline().is_some_and(|t| t <= now) {
             self.restart_association(ResetReason::OutageLimit);
@@ -1126,6 +1237,7 @@ impl Association {
         {
             let hello = Hello {
                 version: PROTOCOL_VERSION,
+                established: self.established,
                 epoch: self.local_epoch,
                 echo: self.peer_epoch.unwrap_or(0),
                 params: HelloParams {
@@ -1157,7 +1269,10 @@ impl Association {
     fn build_packet(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         let pn = self.next_pn;
         let unacked = pn - self.largest_acked.map_or(0, |l| l + 1) + 1;
-        let pn_len = truncation_len(unacked, 4);
+        // Never fewer than 2 bytes: a 1-byte number is misread after reordering by more than
+        // 128 packets (an ACK-only sender is never acknowledged, so the span rule alone
+        // would allow it).
+        let pn_len = truncation_len(unacked, 4).max(MIN_PN_LEN);
         let budget = self.cfg.max_datagram() - 1 - pn_len - self.protection.tag_len();
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
@@ -1261,7 +1376,10 @@ impl Association {
         self.pacer.on_sent(now, wire);
         if !frames.is_empty() {
             let has_data = frames.iter().any(|f| matches!(f, SentFrame::Data { .. }));
-            let group = copy_of.and_then(|orig| self.sent.note_copy(orig));
+            if self.sent.is_empty() {
+                self.sent_since = Some(now);
+            }
+            let group = copy_of.and_then(|(orig, complete)| self.sent.note_copy(orig, complete));
             self.sent.insert(
                 pn,
                 SentPacket {
@@ -1297,6 +1415,13 @@ impl Association {
             self.assoc_limit_advertised = self.assoc_limit_advertised.max(limit);
             self.assoc_credit_pending = false;
             frames.push(SentFrame::AssocCredit);
+        }
+        while budget.saturating_sub(payload.len()) > 24 {
+            let Some((flow, reason)) = self.orphan_resets.pop() else {
+                break;
+            };
+            frame::encode_reset(payload, flow, reason, 0);
+            frames.push(SentFrame::Ping);
         }
         while let Some(id) = self.control_queue.pop_front() {
             let room = budget.saturating_sub(payload.len());
@@ -1353,6 +1478,17 @@ impl Association {
                         flow: id,
                         reason: r.reason,
                     });
+                }
+            } else if f.stream_snack_due {
+                let gaps = f.recv.gaps(frame::MAX_STREAM_SNACK_RANGES);
+                f.stream_snack_due = false;
+                if !gaps.is_empty() {
+                    frame::encode_stream_snack(payload, id, &gaps);
+                    frames.push(SentFrame::StreamSnack);
+                }
+                if f.credit_dirty {
+                    f.in_control_queue = true;
+                    self.control_queue.push_back(id);
                 }
             } else if f.credit_dirty {
                 let limit = f
@@ -1440,50 +1576,49 @@ impl Association {
         }
     }
 
-    /// Plans a second copy of the oldest uncopied packet's unacknowledged data.
+    /// Plans a redundant copy of an outstanding packet's unacknowledged data (and FIN).
+    /// Returns the original and whether the copy covers all of it: only a complete copy
+    /// may stand in for the original's repair.
     fn plan_copy(
         &mut self,
         budget: usize,
         used: &mut usize,
         planned: &mut Vec<Planned>,
         empty: bool,
-    ) -> Option<u64> {
+    ) -> Option<(u64, bool)> {
         let (orig, round) = self.next_to_copy()?;
         self.redundancy_cursor = orig;
         self.redundancy_round = round;
         let frames = self.sent.get(orig)?.frames.clone();
-        let mut pieces = Vec::new();
+        // (flow, offset, len, fin)
+        let mut pieces: Vec<(FlowId, u64, usize, bool)> = Vec::new();
         for fr in frames {
-            if let SentFrame::Data {
+            let SentFrame::Data {
                 flow,
                 offset,
                 len,
                 fin,
             } = fr
-            {
-                let Some(f) = self.flows.get(&flow) else {
-                    continue;
-                };
-                if f.reset.is_some() {
-                    continue;
-                }
-                let end = offset + u64::from(len);
-                let ranges = f.send.unacked_within(offset, len as usize);
-                for r in &ranges {
-                    pieces.push((
-                        flow,
-                        r.start,
-                        (r.end - r.start) as usize,
-                        fin && r.end == end,
-                    ));
-                }
-                if ranges.is_empty() && fin && len == 0 {
-                    pieces.push((flow, offset, 0, true));
-                }
+            else {
+                continue;
+            };
+            let Some(f) = self.flows.get(&flow).filter(|f| f.reset.is_none()) else {
+                continue;
+            };
+            let end = offset + u64::from(len);
+            let ranges = f.send.unacked_within(offset, len as usize);
+            let fin_pending = fin && !f.send.fin_acked();
+            for r in &ranges {
+                let piece_fin = fin_pending && r.end == end;
+                pieces.push((flow, r.start, (r.end - r.start) as usize, piece_fin));
+            }
+            if fin_pending && ranges.last().is_none_or(|r| r.end != end) {
+                pieces.push((flow, end, 0, true));
             }
         }
         let count = pieces.len();
-        for (i, (flow, offset, len, fin)) in pieces.into_iter().enumerate() {
+        let mut complete = true;
+        for (flow, offset, len, fin) in pieces {
             let Some(f) = self.flows.get(&flow) else {
                 continue;
             };
@@ -1494,21 +1629,22 @@ impl Association {
                 crate::codec::varint_len(flow) + offset_len + if implicit { 0 } else { 3 };
             let room = budget.saturating_sub(*used);
             if room <= overhead {
+                complete = false;
                 break;
             }
-            let len = len.min(room - overhead);
-            let fin = fin && i + 1 == count && len > 0 || (fin && len == 0);
-            self.stats.stream_bytes_redundant += len as u64;
-            *used += overhead + len;
+            let take = len.min(room - overhead);
+            complete &= take == len;
+            self.stats.stream_bytes_redundant += take as u64;
+            *used += overhead + take;
             planned.push(Planned::Data {
                 flow,
                 offset,
-                len,
-                fin,
+                len: take,
+                fin: fin && take == len,
                 offset_len,
             });
         }
-        (!planned.is_empty()).then_some(orig)
+        (!planned.is_empty()).then_some((orig, complete))
     }
 }
 

@@ -44,6 +44,9 @@ pub struct Flow {
     pub readable_signaled: bool,
     pub write_blocked: bool,
     pub fin_reported: bool,
+    /// Since when the receive side has had a gap at an unchanged cumulative point.
+    pub gap_since: Option<(u64, std::time::Instant)>,
+    pub stream_snack_due: bool,
 }
 
 impl Flow {
@@ -66,13 +69,9 @@ impl Flow {
             readable_signaled: false,
             write_blocked: false,
             fin_reported: false,
+            gap_since: None,
+            stream_snack_due: false,
         }
-    }
-
-    pub fn has_control(&self) -> bool {
-        matches!(self.open, OpenState::Pending | OpenState::Lost)
-            || self.credit_dirty
-            || self.reset.is_some_and(|r| r.needs_send)
     }
 
     /// Nothing left to do in either direction: the state can be dropped.

@@ -13,6 +13,9 @@ pub const TYPE_FLOW_RESET: u8 = 0x04;
 pub const TYPE_FLOW_CREDIT: u8 = 0x05;
 pub const TYPE_ASSOC_CREDIT: u8 = 0x06;
 pub const TYPE_CLOSE: u8 = 0x07;
+pub const TYPE_STREAM_SNACK: u8 = 0x08;
+/// Most byte ranges one STREAM_SNACK names.
+pub const MAX_STREAM_SNACK_RANGES: usize = 16;
 /// DATA occupies 0x10..=0x1f: bit 0 FIN, bit 1 LEN present, bits 2-3 offset length - 1.
 pub const TYPE_DATA_BASE: u8 = 0x10;
 const DATA_FIN: u8 = 0x01;
@@ -157,6 +160,12 @@ pub enum Frame<'a> {
         code: u8,
         reason: String,
     },
+    /// Stream-level SNACK: byte ranges of `flow` missing below data the receiver holds, after
+    /// its cumulative point stalled. A safety net under the packet-level ACK ranges.
+    StreamSnack {
+        flow: u64,
+        ranges: Vec<Range<u64>>,
+    },
 }
 
 impl Frame<'_> {
@@ -193,6 +202,23 @@ impl Frame<'_> {
                 }
                 let reason = String::from_utf8_lossy(r.bytes(len as usize)?).into_owned();
                 Frame::Close { code, reason }
+            }
+            TYPE_STREAM_SNACK => {
+                let flow = r.varint()?;
+                let count = r.varint()?;
+                if count == 0 || count > MAX_STREAM_SNACK_RANGES as u64 {
+                    return Err(DecodeError::Invalid("stream snack range count"));
+                }
+                let mut ranges = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    let start = r.varint()?;
+                    let len = r.varint()?;
+                    let end = start
+                        .checked_add(len)
+                        .ok_or(DecodeError::Invalid("stream snack range overflow"))?;
+                    ranges.push(start..end);
+                }
+                Frame::StreamSnack { flow, ranges }
             }
             t if t & 0xf0 == TYPE_DATA_BASE => {
                 let offset_len = usize::from((t >> 2) & 0x03) + 1;
@@ -451,6 +477,20 @@ pub fn encode_assoc_credit(out: &mut Vec<u8>, max_bytes: u64) {
     put_varint(out, max_bytes);
 }
 
+pub fn encode_stream_snack(out: &mut Vec<u8>, flow: u64, ranges: &[Range<u64>]) {
+    let ranges = &ranges[..ranges.len().min(MAX_STREAM_SNACK_RANGES)];
+    if ranges.is_empty() {
+        return;
+    }
+    out.push(TYPE_STREAM_SNACK);
+    put_varint(out, flow);
+    put_varint(out, ranges.len() as u64);
+    for r in ranges {
+        put_varint(out, r.start);
+        put_varint(out, r.end - r.start);
+    }
+}
+
 pub fn encode_close(out: &mut Vec<u8>, code: u8, reason: &str) {
     let mut end = reason.len().min(MAX_CLOSE_REASON);
     while !reason.is_char_boundary(end) {
@@ -510,6 +550,7 @@ mod tests {
         encode_flow_credit(&mut out, 9, 1 << 40);
         encode_assoc_credit(&mut out, 1 << 50);
         encode_close(&mut out, 3, "bye");
+        encode_stream_snack(&mut out, 5, &[10..20, 30..31]);
         encode_data(&mut out, 300, 0xab, 1, false, b"tail to end", false);
         let frames = decode_all(&out).unwrap();
         assert_eq!(frames[0], Frame::Ping);
@@ -569,6 +610,13 @@ mod tests {
         );
         assert_eq!(
             frames[11],
+            Frame::StreamSnack {
+                flow: 5,
+                ranges: vec![10..20, 30..31]
+            }
+        );
+        assert_eq!(
+            frames[12],
             Frame::Data {
                 flow: 300,
                 offset: TruncatedOffset {
@@ -579,7 +627,7 @@ mod tests {
                 data: b"tail to end"
             }
         );
-        assert_eq!(frames.len(), 12);
+        assert_eq!(frames.len(), 13);
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct HelloParams {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
     pub version: u32,
+    /// The sender has completed the handshake; a HELLO without it must be answered.
+    pub established: bool,
     /// Random per-start identifier of the sending gateway; a new value means it restarted.
     pub epoch: u64,
     /// The peer epoch the sender has seen, or 0 if none yet.
@@ -104,6 +106,7 @@ impl Hello {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(LONG_HEADER_BIT | LONG_TYPE_HELLO);
         out.extend_from_slice(&self.version.to_be_bytes());
+        out.push(u8::from(self.established));
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.echo.to_be_bytes());
         put_varint(out, self.params.initial_flow_window);
@@ -112,8 +115,11 @@ impl Hello {
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let version = r.u32()?;
+        let flags = r.u8()?;
         let hello = Hello {
-            version: r.u32()?,
+            version,
+            established: flags & 0x01 != 0,
             epoch: r.u64()?,
             echo: r.u64()?,
             params: HelloParams {
@@ -183,6 +189,7 @@ mod tests {
     fn hello_roundtrip_and_rejects_zero_epoch() {
         let h = Hello {
             version: 1,
+            established: true,
             epoch: 42,
             echo: 7,
             params: HelloParams {

@@ -26,6 +26,7 @@ pub enum SentFrame {
         flow: u64,
     },
     AssocCredit,
+    StreamSnack,
     Ping,
     Close,
 }
@@ -90,10 +91,6 @@ impl SentPackets {
         self.slots.get_mut(usize::try_from(i).ok()?)?.as_mut()
     }
 
-    pub fn contains(&self, pn: u64) -> bool {
-        self.get(pn).is_some()
-    }
-
     pub fn remove(&mut self, pn: u64) -> Option<SentPacket> {
         let i = usize::try_from(pn.checked_sub(self.base)?).ok()?;
         let p = self.slots.get_mut(i)?.take()?;
@@ -136,10 +133,13 @@ impl SentPackets {
             .map(|i| self.base + i as u64)
     }
 
-    /// Makes `original` the head of a redundancy group (if it is not yet) and counts a copy.
-    pub fn note_copy(&mut self, original: u64) -> Option<u64> {
+    /// Counts a copy of `original`; a `complete` copy joins (or founds) its redundancy group.
+    pub fn note_copy(&mut self, original: u64, complete: bool) -> Option<u64> {
         let p = self.get_mut(original)?;
         p.copies += 1;
+        if !complete {
+            return None;
+        }
         if p.group.is_none() {
             p.group = Some(original);
             *self.groups.entry(original).or_insert(0) += 1;

@@ -102,9 +102,8 @@ impl SendStream {
             || (self.fin_written && !self.fin_sent && self.next_new == self.end())
     }
 
-    /// Something was sent and is neither acknowledged nor given up.
-    pub fn has_unacked(&self) -> bool {
-        self.acked_base < self.next_new || (self.fin_sent && !self.fin_acked)
+    pub fn fin_acked(&self) -> bool {
+        self.fin_acked
     }
 
     /// Whether everything including the FIN is acknowledged.
@@ -222,6 +221,20 @@ impl SendStream {
         }
     }
 
+    /// The receiver reports `r` missing although we may have taken it as acknowledged.
+    /// Returns false if some of it was already released and cannot be repaired.
+    pub fn on_stream_snack(&mut self, r: std::ops::Range<u64>) -> bool {
+        if r.start < self.acked_base {
+            return false;
+        }
+        let hi = r.end.min(self.next_new);
+        if r.start < hi {
+            self.acked.remove(r.start..hi);
+            self.lost.insert(r.start..hi);
+        }
+        true
+    }
+
     pub fn on_lost(&mut self, offset: u64, len: usize, fin: bool) {
         let lo = offset.max(self.acked_base);
         let hi = offset + len as u64;
@@ -292,14 +305,6 @@ impl RecvStream {
         self.read
     }
 
-    pub fn fin_offset(&self) -> Option<u64> {
-        self.fin_offset
-    }
-
-    pub fn buffered(&self) -> u64 {
-        (self.contiguous - self.read) + self.pending_bytes
-    }
-
     /// Stores a frame's bytes; returns how far `highest` advanced (bytes newly charged to
     /// the association budget).
     pub fn on_data(&mut self, offset: u64, data: &[u8], fin: bool) -> Result<u64, RecvError> {
@@ -362,6 +367,26 @@ impl RecvStream {
                 self.contiguous = end;
             }
         }
+    }
+
+    /// Missing byte ranges between the cumulative point and the highest byte received.
+    pub fn gaps(&self, max: usize) -> Vec<std::ops::Range<u64>> {
+        let mut out = Vec::new();
+        let mut cursor = self.contiguous;
+        for (&start, chunk) in &self.pending {
+            if out.len() >= max {
+                break;
+            }
+            if start > cursor {
+                out.push(cursor..start);
+            }
+            cursor = cursor.max(start + chunk.len() as u64);
+        }
+        out
+    }
+
+    pub fn has_gap(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     pub fn has_readable(&self) -> bool {

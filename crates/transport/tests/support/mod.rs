@@ -1,0 +1,309 @@
+//! Test network: two associations joined by an in-memory path with configurable faults, and
+//! a small application on each side that sends scripted bytes and records what arrives.
+#![allow(dead_code)]
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::{Duration, Instant};
+
+use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, ResetReason, Role};
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    pub loss: f64,
+    pub duplicate: f64,
+    /// Probability a datagram is held back by up to `reorder_by`.
+    pub reorder: f64,
+    pub reorder_by: Duration,
+    /// Probability a datagram loses a random-length tail.
+    pub truncate: f64,
+}
+
+/// Scripted application state of one flow at one end.
+#[derive(Debug, Default, Clone)]
+pub struct FlowApp {
+    pub to_send: Vec<u8>,
+    pub written: usize,
+    /// Half-close after `to_send` is written.
+    pub finish: bool,
+    pub finished: bool,
+    /// Bytes to send only once the peer's FIN has arrived (the half-close probe).
+    pub reply_after_fin: Option<Vec<u8>>,
+    pub received: Vec<u8>,
+    pub fin_received: bool,
+    pub reset: Option<ResetReason>,
+    pub closed: bool,
+    /// Stop reading (a slow consumer).
+    pub paused: bool,
+    pub meta: Option<FlowMeta>,
+}
+
+#[derive(Default)]
+pub struct App {
+    pub flows: BTreeMap<FlowId, FlowApp>,
+    pub events: Vec<Event>,
+    /// Reply script for flows the peer opens: (bytes to send, finish).
+    pub on_open: Option<(Vec<u8>, bool, Option<Vec<u8>>)>,
+}
+
+pub struct Net {
+    pub base: Instant,
+    pub now: Instant,
+    pub ends: [Association; 2],
+    pub apps: [App; 2],
+    pub delay: Duration,
+    pub faults: Faults,
+    /// Datagrams in flight: (arrival, seq, destination side, bytes).
+    queue: BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>,
+    seq: u64,
+    rng: u64,
+    /// Every datagram side 0 sent, if recording.
+    pub record_a: Option<Vec<Vec<u8>>>,
+    /// Links down until this time.
+    pub down_until: Option<Instant>,
+}
+
+pub fn meta(port: u16) -> FlowMeta {
+    FlowMeta {
+        client: format!("198.18.0.1:{port}").parse().unwrap(),
+        server: "198.19.0.1:80".parse().unwrap(),
+        dscp: 0,
+    }
+}
+
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn test_config(rate_bps: u64) -> Config {
+    let mut c = Config::for_rate(rate_bps);
+    c.initial_rtt = Duration::from_millis(200);
+    c
+}
+
+impl Net {
+    pub fn new(cfg_a: Config, cfg_b: Config, delay: Duration, faults: Faults, seed: u64) -> Self {
+        let base = Instant::now();
+        Net {
+            base,
+            now: base,
+            ends: [
+                Association::new(cfg_a, Role::Initiator, seed.wrapping_mul(31) | 1, base).unwrap(),
+                Association::new(cfg_b, Role::Responder, seed.wrapping_mul(37) | 2, base).unwrap(),
+            ],
+            apps: [App::default(), App::default()],
+            delay,
+            faults,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            rng: seed | 1,
+            record_a: None,
+            down_until: None,
+        }
+    }
+
+    fn rand(&mut self) -> f64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.now - self.base
+    }
+
+    /// Replaces one end with a fresh association (a gateway restart).
+    pub fn restart(&mut self, side: usize, cfg: Config, epoch: u64) {
+        let role = if side == 0 {
+            Role::Initiator
+        } else {
+            Role::Responder
+        };
+        self.ends[side] = Association::new(cfg, role, epoch, self.now).unwrap();
+        self.apps[side].flows.clear();
+    }
+
+    pub fn open(&mut self, side: usize, port: u16, data: Vec<u8>, finish: bool) -> FlowId {
+        let id = self.ends[side].open_flow(meta(port)).unwrap();
+        self.apps[side].flows.insert(
+            id,
+            FlowApp {
+                to_send: data,
+                finish,
+                meta: Some(meta(port)),
+                ..Default::default()
+            },
+        );
+        self.service(side);
+        id
+    }
+
+    fn send_datagram(&mut self, from: usize, d: Vec<u8>) {
+        if let Some(rec) = self.record_a.as_mut().filter(|_| from == 0) {
+            rec.push(d.clone());
+        }
+        if self.down_until.is_some_and(|t| self.now < t) {
+            return;
+        }
+        if self.rand() < self.faults.loss {
+            return;
+        }
+        let copies = if self.rand() < self.faults.duplicate {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut d = d.clone();
+            if self.rand() < self.faults.truncate && d.len() > 1 {
+                let keep = 1 + (self.rand() * (d.len() - 1) as f64) as usize;
+                d.truncate(keep);
+            }
+            let mut at = self.now + self.delay;
+            if self.rand() < self.faults.reorder {
+                at += self.faults.reorder_by.mul_f64(self.rand());
+            }
+            self.seq += 1;
+            self.queue.push(Reverse((at, self.seq, 1 - from, d)));
+        }
+    }
+
+    /// Application I/O and transmission for one side.
+    pub fn service(&mut self, side: usize) {
+        for _ in 0..4 {
+            self.drain_events(side);
+            self.app_io(side);
+        }
+        let mut buf = Vec::new();
+        while self.ends[side].poll_transmit(self.now, &mut buf) {
+            let d = buf.clone();
+            self.send_datagram(side, d);
+        }
+        self.drain_events(side);
+    }
+
+    fn drain_events(&mut self, side: usize) {
+        while let Some(ev) = self.ends[side].poll_event() {
+            let app = &mut self.apps[side];
+            match &ev {
+                Event::FlowOpened { flow, meta } => {
+                    let (to_send, finish, reply) = app.on_open.clone().unwrap_or_default();
+                    // Ids restart with a new association: a FlowOpened is always a new flow.
+                    app.flows.insert(
+                        *flow,
+                        FlowApp {
+                            meta: Some(*meta),
+                            to_send,
+                            finish,
+                            reply_after_fin: reply,
+                            ..Default::default()
+                        },
+                    );
+                }
+                Event::FlowReset { flow, reason } => {
+                    app.flows.entry(*flow).or_default().reset = Some(*reason);
+                }
+                Event::FlowClosed { flow } => {
+                    app.flows.entry(*flow).or_default().closed = true;
+                }
+                _ => {}
+            }
+            app.events.push(ev);
+        }
+    }
+
+    fn app_io(&mut self, side: usize) {
+        let ids: Vec<FlowId> = self.apps[side].flows.keys().copied().collect();
+        for id in ids {
+            let assoc = &mut self.ends[side];
+            let f = self.apps[side].flows.get_mut(&id).unwrap();
+            if f.reset.is_some() || f.closed {
+                continue;
+            }
+            while f.written < f.to_send.len() {
+                match assoc.write(id, &f.to_send[f.written..]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => f.written += n,
+                }
+            }
+            if f.written == f.to_send.len() && f.finish && !f.finished && assoc.finish(id).is_ok() {
+                f.finished = true;
+            }
+            if f.paused {
+                continue;
+            }
+            loop {
+                match assoc.read(id, 64 * 1024) {
+                    Ok(ReadOutcome::Data(b)) => f.received.extend_from_slice(&b),
+                    Ok(ReadOutcome::Finished) => {
+                        if !f.fin_received {
+                            f.fin_received = true;
+                            if let Some(reply) = f.reply_after_fin.take() {
+                                f.to_send.extend_from_slice(&reply);
+                                f.finish = true;
+                            }
+                        }
+                        break;
+                    }
+                    Ok(ReadOutcome::Blocked) | Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// Advances to the next event and processes it. Returns false when nothing is pending.
+    pub fn step(&mut self) -> bool {
+        let timers = [self.ends[0].poll_timeout(), self.ends[1].poll_timeout()];
+        let next_dgram = self.queue.peek().map(|Reverse((t, ..))| *t);
+        let next = timers.iter().flatten().copied().chain(next_dgram).min();
+        let Some(next) = next else {
+            return false;
+        };
+        self.now = self.now.max(next);
+        while let Some(Reverse((t, ..))) = self.queue.peek() {
+            if *t > self.now {
+                break;
+            }
+            let Reverse((_, _, to, d)) = self.queue.pop().unwrap();
+            self.ends[to].handle_datagram(self.now, &d);
+            self.service(to);
+        }
+        for side in 0..2 {
+            if self.ends[side]
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now)
+            {
+                self.ends[side].handle_timeout(self.now);
+            }
+            self.service(side);
+        }
+        true
+    }
+
+    /// Steps until `done` holds or `limit` of simulated time passes; returns whether done.
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Net) -> bool) -> bool {
+        let end = self.now + limit;
+        while self.now < end {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return done(self);
+            }
+        }
+        done(self)
+    }
+
+    pub fn established(&self) -> bool {
+        self.ends[0].is_established() && self.ends[1].is_established()
+    }
+}
