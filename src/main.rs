@@ -4,7 +4,11 @@
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "pepd", version, about = "Performance-enhancing proxy for satellite links")]
+#[command(
+    name = "pepd",
+    version,
+    about = "Performance-enhancing proxy for satellite links"
+)]
 struct Cli {}
 
 fn main() -> anyhow::Result<()> {
