@@ -21,3 +21,5 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
+# The transport's performance targets, checked in the deterministic simulator (~15 s).
+./scripts/sim-acceptance.sh

@@ -490,7 +490,7 @@ impl Association {
         rx.extend_from_slice(datagram);
         let payload_len = match self.protection.open(pn, header_len, &mut rx) {
             Ok(n) => n,
-            Err(()) => {
+            Err(_) => {
                 self.stats.malformed_dropped += 1;
                 self.rx_buf = rx;
                 return;

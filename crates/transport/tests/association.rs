@@ -108,7 +108,7 @@ fn slow_consumer_blocks_only_its_own_flow_and_memory_stays_bounded() {
     assert!(n.run_until(Duration::from_secs(5), |n| n.established()));
     let slow = n.open(0, 1003, pattern(4, 5_000_000), true);
     let fast = n.open(0, 1004, pattern(5, 3_000_000), true);
-    assert!(n.run_until(Duration::from_millis(300), |_| false) || true);
+    n.run_until(Duration::from_millis(300), |_| false);
     n.apps[1].flows.get_mut(&slow).unwrap().paused = true;
     let done = n.run_until(Duration::from_secs(30), |n| {
         n.apps[1].flows.get(&fast).is_some_and(|x| x.fin_received)

@@ -46,6 +46,9 @@ pub struct App {
     pub on_open: Option<(Vec<u8>, bool, Option<Vec<u8>>)>,
 }
 
+/// A datagram on the path: (arrival, sequence, destination side, bytes).
+type InFlight = (Instant, u64, usize, Vec<u8>);
+
 pub struct Net {
     pub base: Instant,
     pub now: Instant,
@@ -53,8 +56,7 @@ pub struct Net {
     pub apps: [App; 2],
     pub delay: Duration,
     pub faults: Faults,
-    /// Datagrams in flight: (arrival, seq, destination side, bytes).
-    queue: BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>,
+    queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     rng: u64,
     /// Every datagram side 0 sent, if recording.
