@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p pep-sim
-SIM=./target/release/pep-sim
+SIM="${CARGO_TARGET_DIR:-target}/release/pep-sim"
 fails=0
 
 # check NAME PYTHON_EXPR_ON_r PRINT_EXPR -- ARGS...
