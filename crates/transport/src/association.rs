@@ -115,6 +115,12 @@ pub enum OpenError {
     TooManyFlows,
 }
 
+/// Largest flow window honoured (4-byte truncated offsets cover half of 2^32).
+const MAX_WINDOW: u64 = 1 << 30;
+
+/// Earlier peer epochs remembered to ignore their late HELLOs.
+const RETIRED_EPOCHS_KEPT: usize = 4;
+
 /// Bound on RESETs queued for unknown flows (each answers a peer's SNACK).
 const MAX_ORPHAN_RESETS: usize = 64;
 
@@ -123,7 +129,7 @@ const MIN_PN_LEN: usize = 2;
 
 /// Passes of redundant copies over the outstanding data while the link is idle: each pass
 /// cuts the chance that a tail packet needs a round-trip repair by the loss rate.
-const MAX_REDUNDANT_COPIES: u8 = 2;
+const MAX_REDUNDANT_COPIES: u8 = 3;
 
 /// Successive PTOs without an ACK after which the link is taken to be down.
 const OUTAGE_PTO_COUNT: u32 = 2;
@@ -136,10 +142,15 @@ pub struct Association {
     peer_params: Option<HelloParams>,
     established: bool,
     established_at: Option<Instant>,
+    /// Peer epochs of earlier associations: a late HELLO from one is not a new restart.
+    retired_peer_epochs: VecDeque<u64>,
+    /// Bumped whenever the association restarts, so work begun before can tell.
+    generation: u64,
     hello_due: Option<Instant>,
     hello_echo_sent: u64,
     hello_reply_needed: bool,
-    close_pending: Option<(u8, String)>,
+    /// A CLOSE to send, numbered in the packet-number space of the association it ends.
+    close_pending: Option<(u64, u8, String)>,
     protection: Box<dyn PacketProtection>,
 
     // Sending.
@@ -246,6 +257,8 @@ impl Association {
             peer_params: None,
             established: false,
             established_at: None,
+            retired_peer_epochs: VecDeque::new(),
+            generation: 0,
             hello_due: Some(now),
             hello_echo_sent: 0,
             hello_reply_needed: false,
@@ -304,6 +317,7 @@ impl Association {
     pub fn set_rate(&mut self, rate_bps: u64) {
         self.cfg.rate_bps = rate_bps.max(8_000);
         self.cc.set_rate(self.cfg.rate_bps);
+        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
     }
 
     pub fn set_ack_policy(&mut self, policy: crate::config::AckPolicy) {
@@ -450,9 +464,16 @@ impl Association {
         }
     }
 
-    /// Closes the association gracefully: the peer resets every flow.
+    /// Ends the association now: every flow is reset, a new epoch is taken and the peer is
+    /// told with one best-effort CLOSE (if it is lost, our next HELLO's new epoch tells it).
     pub fn close(&mut self, code: u8, reason: &str) {
-        self.close_pending = Some((code, reason.to_owned()));
+        let old_pn = self.next_pn;
+        let was_established = self.established;
+        self.restart_association(ResetReason::Aborted);
+        self.local_epoch = self.local_epoch.wrapping_add(1).max(1);
+        if was_established {
+            self.close_pending = Some((old_pn, code, reason.to_owned()));
+        }
     }
 
     // ---- input ----------------------------------------------------------------------------
@@ -508,12 +529,20 @@ impl Association {
                 }
                 let mut eliciting = false;
                 let mut urgent = false;
+                let generation = self.generation;
                 for f in frames {
                     eliciting |= f.is_ack_eliciting();
                     urgent |= matches!(f, Frame::Ping);
                     self.on_frame(now, f);
+                    if self.generation != generation {
+                        // The packet ended the association (CLOSE): it belongs to no
+                        // packet-number space any more.
+                        break;
+                    }
                 }
-                self.acks.on_packet(now, pn, eliciting, urgent);
+                if self.generation == generation {
+                    self.acks.on_packet(now, pn, eliciting, urgent);
+                }
             }
             Err(_) => self.stats.malformed_dropped += 1,
         }
@@ -525,9 +554,18 @@ impl Association {
             self.stats.malformed_dropped += 1;
             return;
         }
+        if self.retired_peer_epochs.contains(&h.epoch) {
+            // A delayed or duplicated HELLO of an association already replaced.
+            self.stats.malformed_dropped += 1;
+            return;
+        }
         match self.peer_epoch {
             Some(p) if p != h.epoch => {
                 self.restart_association(ResetReason::PeerRestart);
+                self.retired_peer_epochs.push_back(p);
+                if self.retired_peer_epochs.len() > RETIRED_EPOCHS_KEPT {
+                    self.retired_peer_epochs.pop_front();
+                }
                 self.stats.peer_restarts += 1;
                 self.events.push_back(Event::PeerRestarted);
                 self.peer_epoch = Some(h.epoch);
@@ -535,7 +573,12 @@ impl Association {
             None => self.peer_epoch = Some(h.epoch),
             _ => {}
         }
-        self.peer_params = Some(h.params);
+        // Truncated offsets are unambiguous only for windows up to 1 GiB.
+        self.peer_params = Some(HelloParams {
+            initial_flow_window: h.params.initial_flow_window.min(MAX_WINDOW),
+            initial_assoc_window: h.params.initial_assoc_window,
+            max_ack_delay_us: h.params.max_ack_delay_us,
+        });
         if h.echo == self.local_epoch {
             self.set_established();
         }
@@ -578,8 +621,17 @@ impl Association {
             self.events.push_back(Event::FlowClosed { flow: id });
         }
         self.established = false;
+        self.established_at = None;
         self.hello_due = Some(self.last_input);
         self.hello_echo_sent = 0;
+        // Short packets are accepted only from a peer epoch learned afresh by HELLO, so
+        // nothing from the old association is taken for the new one.
+        self.peer_epoch = None;
+        self.last_ack_at = None;
+        self.last_eliciting_sent = None;
+        self.pto_fired_at = None;
+        self.sent_since = None;
+        self.generation += 1;
         self.next_pn = 0;
         self.sent = SentPackets::default();
         self.largest_acked = None;
@@ -645,13 +697,16 @@ impl Association {
                 reason,
                 final_offset,
             } => {
-                if let Some(id) = self.peer_or_local_flow(flow) {
-                    self.on_peer_reset(id, reason, final_offset);
+                if self.flows.contains_key(&flow) {
+                    self.on_peer_reset(flow, reason, final_offset);
+                } else {
+                    self.on_reset_without_state(flow, reason, final_offset);
                 }
             }
             Frame::FlowCredit { flow, max_offset } => {
                 if let Some(f) = self.flows.get_mut(&flow) {
-                    f.send.raise_credit(max_offset);
+                    let cap = f.send.acked_base().saturating_add(MAX_WINDOW);
+                    f.send.raise_credit(max_offset.min(cap));
                     self.queue_send(flow);
                 }
             }
@@ -739,17 +794,19 @@ impl Association {
         };
         if f.reset.is_some() {
             // Discarding: charge and free at once so the peer's credit stays in step.
-            let end = offset + data.len() as u64;
-            let before = f.recv.highest();
-            if end > before {
-                let _ = f.recv.on_data(offset, &[], false);
-                let extra = end - before;
-                self.assoc_charged += extra;
-                self.assoc_consumed += extra;
-            }
+            let extra = f
+                .recv
+                .raise_highest(offset.saturating_add(data.len() as u64));
+            self.assoc_charged += extra;
+            self.assoc_consumed += extra;
             return;
         }
         match f.recv.on_data(offset, data, fin) {
+            Ok(charged) if self.assoc_charged + charged > self.assoc_limit_advertised => {
+                // Beyond the association-wide credit we granted.
+                self.assoc_charged += charged;
+                self.abort_flow(id, ResetReason::Protocol);
+            }
             Ok(charged) => {
                 self.assoc_charged += charged;
                 let contiguous = f.recv.contiguous();
@@ -768,6 +825,23 @@ impl Association {
                 }
             }
             Err(_) => self.abort_flow(id, ResetReason::Protocol),
+        }
+    }
+
+    /// A RESET for a flow we have no state for: closed here already, or never seen (its
+    /// FLOW_OPEN lost or still on the way). The peer waits for our RESET to release its
+    /// side, so answer, unless this is itself such an answer.
+    fn on_reset_without_state(&mut self, flow: FlowId, reason: ResetReason, final_offset: u64) {
+        let peer_id = flow % 2 != self.role.parity();
+        if peer_id && !self.peer_closed.contains(flow / 2) {
+            // Never seen: none of its bytes were charged here, and none will be now.
+            self.peer_closed.insert(flow / 2..flow / 2 + 1);
+            self.assoc_charged += final_offset;
+            self.assoc_consumed += final_offset;
+            self.maybe_assoc_credit();
+        }
+        if reason != ResetReason::Closed && self.orphan_resets.len() < MAX_ORPHAN_RESETS {
+            self.orphan_resets.push((flow, ResetReason::Closed));
         }
     }
 
@@ -790,7 +864,7 @@ impl Association {
         let state = f.reset.as_mut().expect("set above");
         if state.peer_final.is_none() {
             state.peer_final = Some(final_offset);
-            let extra = final_offset.saturating_sub(f.recv.highest());
+            let extra = f.recv.raise_highest(final_offset);
             self.assoc_charged += extra;
             self.assoc_consumed += extra;
         }
@@ -912,8 +986,7 @@ impl Association {
             SentFrame::FlowCredit { .. }
             | SentFrame::AssocCredit
             | SentFrame::StreamSnack
-            | SentFrame::Ping
-            | SentFrame::Close => {}
+            | SentFrame::Ping => {}
         }
     }
 
@@ -1011,7 +1084,6 @@ impl Association {
             SentFrame::AssocCredit => self.assoc_credit_pending = true,
             SentFrame::StreamSnack => {}
             SentFrame::Ping => {}
-            SentFrame::Close => {}
         }
     }
 
@@ -1101,6 +1173,9 @@ impl Association {
         }
         consider(self.outage_deadline());
         consider(self.gap_sweep_at);
+        if self.close_pending.is_some() {
+            consider(Some(self.last_input));
+        }
         // Sending waits for the pacer, whatever made it due.
         let pacer = self.pacer.delay_until_or_now();
         let later_of = |d: Instant| Some(pacer.map_or(d, |p| p.max(d)));
@@ -1121,7 +1196,6 @@ impl Association {
                 || !self.control_queue.is_empty()
                 || !self.orphan_resets.is_empty()
                 || self.assoc_credit_pending
-                || self.close_pending.is_some()
                 || (self.outage_since.is_none()
                     && self.window_allows()
                     && (!self.send_queue.is_empty() || self.redundancy_available())))
@@ -1232,6 +1306,20 @@ impl Association {
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         self.last_input = self.last_input.max(now);
         out.clear();
+        if let Some((pn, code, reason)) = self.close_pending.take() {
+            let header = ShortHeader {
+                pn_truncated: pn & mask(4),
+                pn_len: 4,
+                key_phase: false,
+                implicit_data: None,
+            };
+            header.encode(out);
+            frame::encode_close(out, code, &reason);
+            self.protection.seal(pn, header.encoded_len(), out);
+            self.stats.packets_sent += 1;
+            self.stats.wire_bytes_sent += (out.len() + self.cfg.wire_overhead) as u64;
+            return true;
+        }
         if self.hello_reply_needed
             || (!self.established && self.hello_due.is_some_and(|t| t <= now))
         {
@@ -1310,7 +1398,13 @@ impl Association {
         }
         self.probes_pending = 0;
 
-        let implicit = payload.is_empty() && planned.len() == 1;
+        // A FIN always travels with an explicit length, so a truncated datagram can never
+        // pass for a shorter stream.
+        let implicit = payload.is_empty()
+            && planned.len() == 1
+            && planned
+                .first()
+                .is_some_and(|p| matches!(p, Planned::Data { fin: false, .. }));
         let count = planned.len();
         let mut implicit_data = None;
         for (i, p) in planned.into_iter().enumerate() {
@@ -1334,7 +1428,7 @@ impl Association {
                 if fin {
                     ty |= 0x01;
                 }
-                let explicit_len = i + 1 < count;
+                let explicit_len = i + 1 < count || fin;
                 if explicit_len {
                     ty |= 0x02;
                 }
@@ -1403,12 +1497,6 @@ impl Association {
     }
 
     fn write_control(&mut self, payload: &mut Vec<u8>, budget: usize, frames: &mut Vec<SentFrame>) {
-        if let Some((code, reason)) = self.close_pending.take() {
-            frame::encode_close(payload, code, &reason);
-            frames.push(SentFrame::Close);
-            self.restart_association(ResetReason::Aborted);
-            return;
-        }
         if self.assoc_credit_pending && budget - payload.len() > 12 {
             let limit = self.assoc_consumed + self.cfg.assoc_window;
             frame::encode_assoc_credit(payload, limit);
@@ -1531,11 +1619,13 @@ impl Association {
             let room = budget.saturating_sub(*used);
             let span_max = (f.send.next_new() + room as u64) - f.send.acked_base();
             let offset_len = truncation_len(span_max, 4);
-            let implicit = empty && planned.is_empty() && !others;
+            // Room for a type byte and a length when the frame may carry the FIN.
+            let may_fin = f.send.is_finished_by_app();
+            let implicit = empty && planned.is_empty() && !others && !may_fin;
             let overhead = crate::codec::varint_len(id)
                 + offset_len
                 + if implicit { 0 } else { 1 }
-                + if others { 2 } else { 0 };
+                + if others || may_fin { 2 } else { 0 };
             if room <= overhead {
                 self.send_queue.push_front(id);
                 break;
@@ -1624,7 +1714,7 @@ impl Association {
             };
             let span = (offset + len as u64).max(f.send.next_new()) - f.send.acked_base();
             let offset_len = truncation_len(span, 4);
-            let implicit = empty && count == 1;
+            let implicit = empty && count == 1 && !fin;
             let overhead =
                 crate::codec::varint_len(flow) + offset_len + if implicit { 0 } else { 3 };
             let room = budget.saturating_sub(*used);

@@ -48,6 +48,9 @@ pub enum ResetReason {
     ResourceLimit,
     /// The peer violated the protocol on this flow.
     Protocol,
+    /// The sender holds no state for this flow (it was closed or never seen). Sent in
+    /// answer to a RESET so the peer can release its side; never answered itself.
+    Closed,
     /// A reason this version does not know.
     Other(u8),
 }
@@ -63,6 +66,7 @@ impl ResetReason {
             ResetReason::OutageLimit => 5,
             ResetReason::ResourceLimit => 6,
             ResetReason::Protocol => 7,
+            ResetReason::Closed => 8,
             ResetReason::Other(c) => c,
         }
     }
@@ -77,6 +81,7 @@ impl ResetReason {
             5 => ResetReason::OutageLimit,
             6 => ResetReason::ResourceLimit,
             7 => ResetReason::Protocol,
+            8 => ResetReason::Closed,
             c => ResetReason::Other(c),
         }
     }
@@ -227,6 +232,9 @@ impl Frame<'_> {
                     value: r.uint(offset_len)?,
                     len: offset_len,
                 };
+                if t & DATA_FIN != 0 && t & DATA_LEN == 0 {
+                    return Err(DecodeError::Invalid("FIN without explicit length"));
+                }
                 let data = if t & DATA_LEN != 0 {
                     let len = r.varint()?;
                     r.bytes(usize::try_from(len).map_err(|_| DecodeError::Truncated)?)?
@@ -250,6 +258,9 @@ impl Frame<'_> {
         fin: bool,
         offset_len: usize,
     ) -> Result<Frame<'a>, DecodeError> {
+        if fin {
+            return Err(DecodeError::Invalid("FIN without explicit length"));
+        }
         let flow = r.varint()?;
         let offset = TruncatedOffset {
             value: r.uint(offset_len)?,
@@ -375,7 +386,8 @@ pub fn ack_len(ack: &AckFrame) -> usize {
 
 /// Bytes a FLOW_OPEN needs before its data.
 pub fn open_header_len(flow: u64, meta: &FlowMeta, data_len: usize) -> usize {
-    let addr = if meta.client.is_ipv6() { 18 } else { 6 };
+    let v6 = meta.client.is_ipv6() || meta.server.is_ipv6();
+    let addr = if v6 { 18 } else { 6 };
     let data = if data_len > 0 {
         varint_len(data_len as u64)
     } else {
@@ -552,6 +564,9 @@ mod tests {
         encode_close(&mut out, 3, "bye");
         encode_stream_snack(&mut out, 5, &[10..20, 30..31]);
         encode_data(&mut out, 300, 0xab, 1, false, b"tail to end", false);
+        let mut bad = Vec::new();
+        encode_data(&mut bad, 1, 0, 1, true, b"fin needs a length", false);
+        assert!(decode_all(&bad).is_err());
         let frames = decode_all(&out).unwrap();
         assert_eq!(frames[0], Frame::Ping);
         assert_eq!(frames[1], Frame::Ack(ack.clone()));
@@ -678,6 +693,7 @@ mod tests {
 
         #[test]
         fn data_roundtrip(flow in 0u64..(1 << 40), offset in 0u64..(1 << 32), len in 1usize..4, fin: bool, data in proptest::collection::vec(any::<u8>(), 0..64), explicit: bool) {
+            let explicit = explicit || fin;
             let mut out = Vec::new();
             let masked = offset & ((1u64 << (8 * len)) - 1);
             encode_data(&mut out, flow, masked, len, fin, &data, explicit);

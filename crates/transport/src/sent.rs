@@ -28,7 +28,6 @@ pub enum SentFrame {
     AssocCredit,
     StreamSnack,
     Ping,
-    Close,
 }
 
 #[derive(Debug, Clone)]

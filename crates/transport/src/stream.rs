@@ -261,7 +261,10 @@ pub enum RecvError {
 #[derive(Debug)]
 pub struct RecvStream {
     ready: VecDeque<Bytes>,
+    /// Out-of-order bytes above `contiguous`, non-overlapping, keyed by offset.
     pending: BTreeMap<u64, Bytes>,
+    /// What `pending` covers, so overlapping retransmissions are stored once.
+    pending_ranges: RangeSet,
     pending_bytes: u64,
     /// All bytes below are received.
     contiguous: u64,
@@ -280,6 +283,7 @@ impl RecvStream {
         RecvStream {
             ready: VecDeque::new(),
             pending: BTreeMap::new(),
+            pending_ranges: RangeSet::new(),
             pending_bytes: 0,
             contiguous: 0,
             read: 0,
@@ -337,22 +341,20 @@ impl RecvStream {
             self.contiguous = end;
             self.drain_pending();
         } else {
-            let keep = match self.pending.get(&offset) {
-                Some(existing) => existing.len() < data.len(),
-                None => true,
-            };
-            if keep {
-                let old = self
-                    .pending
-                    .insert(offset, Bytes::copy_from_slice(data))
-                    .map_or(0, |b| b.len() as u64);
-                self.pending_bytes += data.len() as u64 - old;
+            for gap in self.pending_ranges.gaps_within(offset..end) {
+                let lo = (gap.start - offset) as usize;
+                let hi = (gap.end - offset) as usize;
+                self.pending
+                    .insert(gap.start, Bytes::copy_from_slice(&data[lo..hi]));
+                self.pending_bytes += (hi - lo) as u64;
             }
+            self.pending_ranges.insert(offset..end);
         }
         Ok(charged)
     }
 
     fn drain_pending(&mut self) {
+        self.pending_ranges.remove_below(self.contiguous);
         while let Some(entry) = self.pending.first_entry() {
             let start = *entry.key();
             if start > self.contiguous {
@@ -367,6 +369,7 @@ impl RecvStream {
                 self.contiguous = end;
             }
         }
+        self.pending_ranges.remove_below(self.contiguous);
     }
 
     /// Missing byte ranges between the cumulative point and the highest byte received.
@@ -399,6 +402,14 @@ impl RecvStream {
 
     pub fn fin_delivered(&self) -> bool {
         self.fin_delivered
+    }
+
+    /// Records that the sender has sent up to `end` (a discarded frame, a final offset);
+    /// returns how far the charged total advanced.
+    pub fn raise_highest(&mut self, end: u64) -> u64 {
+        let extra = end.saturating_sub(self.highest);
+        self.highest += extra;
+        extra
     }
 
     /// Up to `max` in-order bytes; `None` when nothing is ready.
@@ -495,6 +506,25 @@ mod tests {
         assert_eq!(got, data);
         assert!(r.take_fin());
         assert!(!r.take_fin());
+    }
+
+    #[test]
+    fn overlapping_out_of_order_segments_are_stored_once() {
+        let mut r = RecvStream::new(1 << 20);
+        let data: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+        // Byte-shifted retransmissions of the same region, all above a hole at 0..100.
+        for shift in 0..50u64 {
+            let lo = 100 + shift;
+            r.on_data(lo, &data[lo as usize..5000], false).unwrap();
+        }
+        assert_eq!(r.pending_bytes, 4900);
+        r.on_data(0, &data[..100], false).unwrap();
+        let mut got = Vec::new();
+        while let Some(b) = r.read(usize::MAX) {
+            got.extend_from_slice(&b);
+        }
+        assert_eq!(got, &data[..5000]);
+        assert_eq!(r.pending_bytes, 0);
     }
 
     #[test]
