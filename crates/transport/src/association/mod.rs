@@ -1,0 +1,471 @@
+//! The association: one per gateway pair, carrying many flows over one datagram path.
+//!
+//! Sans-IO: `handle_datagram`, `handle_timeout` and the flow calls take input;
+//! `poll_transmit`, `poll_timeout` and `poll_event` give output. Time only ever comes in as
+//! an argument.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::ack::AckTracker;
+use crate::cc::{new_controller, AckedPacket, CongestionController};
+use crate::codec::{expand_truncated, truncation_len, Reader};
+use crate::config::{Config, ConfigError, LossCause};
+use crate::flow::{Flow, FlowId, OpenState, ResetState};
+use crate::frame::{self, AckFrame, FlowMeta, Frame, ResetReason};
+use crate::loss::LossClassifier;
+use crate::pacer::Pacer;
+use crate::packet::{decode_header, Header, Hello, HelloParams, ImplicitData, ShortHeader};
+use crate::protection::{NullProtection, PacketProtection};
+use crate::range_set::RangeSet;
+use crate::rtt::RttEstimator;
+use crate::sent::{SentFrame, SentPacket, SentPackets};
+use crate::stats::Stats;
+use crate::PROTOCOL_VERSION;
+
+/// Which flow ids this side allocates: the initiator even, the responder odd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Initiator,
+    Responder,
+}
+
+impl Role {
+    fn parity(self) -> u64 {
+        match self {
+            Role::Initiator => 0,
+            Role::Responder => 1,
+        }
+    }
+}
+
+/// Why the association as a whole went down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LostReason {
+    /// The link was down longer than the configured outage limit.
+    OutageLimit,
+    /// The peer sent CLOSE.
+    PeerClosed { code: u8, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The handshake completed; flows can carry data.
+    Established,
+    /// The peer came back with a new epoch: every flow was reset.
+    PeerRestarted,
+    /// The peer opened a flow.
+    FlowOpened {
+        flow: FlowId,
+        meta: FlowMeta,
+    },
+    /// Bytes or the end of stream can be read.
+    FlowReadable {
+        flow: FlowId,
+    },
+    /// Send buffer space freed after a short write.
+    FlowWritable {
+        flow: FlowId,
+    },
+    /// The flow was aborted; the reason came from the peer or from the association.
+    FlowReset {
+        flow: FlowId,
+        reason: ResetReason,
+    },
+    /// All state of the flow is released.
+    FlowClosed {
+        flow: FlowId,
+    },
+    OutageStarted,
+    OutageEnded {
+        duration: Duration,
+    },
+    /// The association is down; all flows were reset. It re-handshakes by itself.
+    AssociationLost {
+        reason: LostReason,
+    },
+}
+
+/// Result of a read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadOutcome {
+    Data(Bytes),
+    /// Nothing available now; a `FlowReadable` event follows when there is.
+    Blocked,
+    /// The peer half-closed: no more bytes will come.
+    Finished,
+}
+
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum FlowError {
+    #[error("no such flow")]
+    UnknownFlow,
+    #[error("flow was reset ({0:?})")]
+    Reset(ResetReason),
+    #[error("write after finish")]
+    Finished,
+}
+
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum OpenError {
+    #[error("flow limit reached")]
+    TooManyFlows,
+}
+
+/// Largest flow window honoured (4-byte truncated offsets cover half of 2^32).
+const MAX_WINDOW: u64 = 1 << 30;
+
+/// Earlier peer epochs remembered to ignore their late HELLOs.
+const RETIRED_EPOCHS_KEPT: usize = 4;
+
+/// Bound on RESETs queued for unknown flows (each answers a peer's SNACK).
+const MAX_ORPHAN_RESETS: usize = 64;
+
+/// Shortest truncated packet number sent.
+const MIN_PN_LEN: usize = 2;
+
+/// Passes of redundant copies over the outstanding data while the link is idle: each pass
+/// cuts the chance that a tail packet needs a round-trip repair by the loss rate.
+const MAX_REDUNDANT_COPIES: u8 = 3;
+
+/// Successive PTOs without an ACK after which the link is taken to be down.
+const OUTAGE_PTO_COUNT: u32 = 2;
+
+pub struct Association {
+    cfg: Config,
+    role: Role,
+    local_epoch: u64,
+    peer_epoch: Option<u64>,
+    peer_params: Option<HelloParams>,
+    established: bool,
+    established_at: Option<Instant>,
+    /// Peer epochs of earlier associations: a late HELLO from one is not a new restart.
+    retired_peer_epochs: VecDeque<u64>,
+    /// Bumped whenever the association restarts, so work begun before can tell.
+    generation: u64,
+    hello_due: Option<Instant>,
+    hello_echo_sent: u64,
+    hello_reply_needed: bool,
+    /// A CLOSE to send, numbered in the packet-number space of the association it ends.
+    close_pending: Option<(u64, u8, String)>,
+    protection: Box<dyn PacketProtection>,
+
+    // Sending.
+    next_pn: u64,
+    sent: SentPackets,
+    largest_acked: Option<u64>,
+    last_ack_at: Option<Instant>,
+    last_eliciting_sent: Option<Instant>,
+    rtt: RttEstimator,
+    cc: Box<dyn CongestionController>,
+    pacer: Pacer,
+    classifier: LossClassifier,
+    /// Losses of packets numbered below this belong to the current congestion epoch.
+    recovery_start_pn: u64,
+    loss_time: Option<Instant>,
+    pto_count: u32,
+    probes_pending: u32,
+    outage_since: Option<Instant>,
+    redundancy_cursor: u64,
+    /// When the probe timer last fired.
+    pto_fired_at: Option<Instant>,
+    /// Next check for flows stalled behind a gap.
+    gap_sweep_at: Option<Instant>,
+    /// When the oldest packet still awaiting acknowledgement was sent, approximately: set when
+    /// a packet is sent with nothing in flight.
+    sent_since: Option<Instant>,
+    /// Copies each outstanding original may have in the current pass over the idle link.
+    redundancy_round: u8,
+
+    // Receiving.
+    acks: AckTracker,
+
+    // Flows.
+    flows: BTreeMap<FlowId, Flow>,
+    send_queue: VecDeque<FlowId>,
+    control_queue: VecDeque<FlowId>,
+    next_local_flow: FlowId,
+    /// Peer-opened flow ids (halved) that are closed, so late frames are not mistaken for
+    /// new flows.
+    peer_closed: RangeSet,
+
+    // Association-wide flow control, in stream bytes.
+    assoc_send_limit: u64,
+    assoc_sent: u64,
+    assoc_charged: u64,
+    assoc_consumed: u64,
+    assoc_limit_advertised: u64,
+    assoc_credit_pending: bool,
+    /// RESETs owed for flows we no longer hold state for.
+    orphan_resets: Vec<(FlowId, ResetReason)>,
+
+    events: VecDeque<Event>,
+    stats: Stats,
+    /// The latest time any entry point was given (the core never reads a clock).
+    last_input: Instant,
+    payload: Vec<u8>,
+    rx_buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Association {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Association")
+            .field("role", &self.role)
+            .field("established", &self.established)
+            .field("flows", &self.flows.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Association {
+    /// `epoch`: a random non-zero number chosen by the caller for this start of the gateway.
+    pub fn new(cfg: Config, role: Role, epoch: u64, now: Instant) -> Result<Self, ConfigError> {
+        Self::with_protection(cfg, role, epoch, now, Box::new(NullProtection))
+    }
+
+    pub fn with_protection(
+        cfg: Config,
+        role: Role,
+        epoch: u64,
+        now: Instant,
+        protection: Box<dyn PacketProtection>,
+    ) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let epoch = epoch.max(1);
+        let classifier = LossClassifier {
+            default: cfg.loss_default,
+            vegas: cfg.vegas,
+        };
+        Ok(Association {
+            role,
+            local_epoch: epoch,
+            peer_epoch: None,
+            peer_params: None,
+            established: false,
+            established_at: None,
+            retired_peer_epochs: VecDeque::new(),
+            generation: 0,
+            hello_due: Some(now),
+            hello_echo_sent: 0,
+            hello_reply_needed: false,
+            close_pending: None,
+            protection,
+            next_pn: 0,
+            sent: SentPackets::default(),
+            largest_acked: None,
+            last_ack_at: None,
+            last_eliciting_sent: None,
+            rtt: RttEstimator::new(cfg.initial_rtt),
+            cc: new_controller(&cfg),
+            pacer: Pacer::new(cfg.rate_bps, cfg.mtu),
+            classifier,
+            recovery_start_pn: 0,
+            loss_time: None,
+            pto_count: 0,
+            probes_pending: 0,
+            outage_since: None,
+            redundancy_cursor: 0,
+            redundancy_round: 1,
+            pto_fired_at: None,
+            gap_sweep_at: None,
+            sent_since: None,
+            acks: AckTracker::new(cfg.ack),
+            flows: BTreeMap::new(),
+            send_queue: VecDeque::new(),
+            control_queue: VecDeque::new(),
+            next_local_flow: role.parity(),
+            peer_closed: RangeSet::new(),
+            assoc_send_limit: 0,
+            assoc_sent: 0,
+            assoc_charged: 0,
+            assoc_consumed: 0,
+            assoc_limit_advertised: cfg.assoc_window,
+            assoc_credit_pending: false,
+            orphan_resets: Vec::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+            last_input: now,
+            payload: Vec::with_capacity(cfg.mtu),
+            rx_buf: Vec::new(),
+            cfg,
+        })
+    }
+
+    pub fn is_established(&self) -> bool {
+        self.established
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Changes the sending rate (pacer rate or Vegas cap) live.
+    pub fn set_rate(&mut self, rate_bps: u64) {
+        self.cfg.rate_bps = rate_bps.max(8_000);
+        self.cc.set_rate(self.cfg.rate_bps);
+        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
+    }
+
+    pub fn set_ack_policy(&mut self, policy: crate::config::AckPolicy) {
+        self.cfg.ack = policy;
+        self.acks.set_policy(policy);
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        s.rtt_min = self.rtt.min();
+        s.rtt_smoothed = self.rtt.smoothed();
+        s.pacing_rate_bps = self.pacer.rate_bps();
+        s.cwnd_bytes = self.cc.window();
+        s.bytes_in_flight = self.sent.bytes_in_flight();
+        s.flows_open = self.flows.len() as u64;
+        s
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    // ---- flows: application side -------------------------------------------------------
+
+    /// Opens a flow for an intercepted connection. Data written before the packet leaves
+    /// rides in the FLOW_OPEN.
+    pub fn open_flow(&mut self, meta: FlowMeta) -> Result<FlowId, OpenError> {
+        if self.flows.len() >= self.cfg.max_flows {
+            return Err(OpenError::TooManyFlows);
+        }
+        let id = self.next_local_flow;
+        self.next_local_flow += 2;
+        let credit = self.peer_params.map_or(0, |p| p.initial_flow_window);
+        let flow = Flow::new(
+            Some(meta),
+            OpenState::Pending,
+            credit,
+            self.cfg.send_buffer,
+            self.cfg.flow_window,
+        );
+        self.flows.insert(id, flow);
+        self.stats.flows_opened_total += 1;
+        self.queue_control(id);
+        Ok(id)
+    }
+
+    pub fn flow_meta(&self, flow: FlowId) -> Option<FlowMeta> {
+        self.flows.get(&flow).and_then(|f| f.meta)
+    }
+
+    /// Queues bytes for sending; returns how many fit in the flow's send buffer.
+    pub fn write(&mut self, flow: FlowId, data: &[u8]) -> Result<usize, FlowError> {
+        let f = self.flows.get_mut(&flow).ok_or(FlowError::UnknownFlow)?;
+        if let Some(r) = f.reset {
+            return Err(FlowError::Reset(r.reason));
+        }
+        if f.send.is_finished_by_app() {
+            return Err(FlowError::Finished);
+        }
+        let n = f.send.write(data);
+        if n < data.len() {
+            f.write_blocked = true;
+        }
+        if n > 0 {
+            self.queue_send(flow);
+        }
+        Ok(n)
+    }
+
+    /// Bytes `write` would accept now.
+    pub fn send_capacity(&self, flow: FlowId) -> usize {
+        self.flows
+            .get(&flow)
+            .filter(|f| f.reset.is_none() && !f.send.is_finished_by_app())
+            .map_or(0, |f| f.send.room())
+    }
+
+    /// Half-closes our sending direction after the bytes written so far.
+    pub fn finish(&mut self, flow: FlowId) -> Result<(), FlowError> {
+        let f = self.flows.get_mut(&flow).ok_or(FlowError::UnknownFlow)?;
+        if let Some(r) = f.reset {
+            return Err(FlowError::Reset(r.reason));
+        }
+        f.send.finish();
+        self.queue_send(flow);
+        Ok(())
+    }
+
+    /// Reads up to `max` in-order bytes.
+    pub fn read(&mut self, flow: FlowId, max: usize) -> Result<ReadOutcome, FlowError> {
+        let f = self.flows.get_mut(&flow).ok_or(FlowError::UnknownFlow)?;
+        if let Some(r) = f.reset {
+            return Err(FlowError::Reset(r.reason));
+        }
+        if let Some(chunk) = f.recv.read(max) {
+            let n = chunk.len() as u64;
+            self.assoc_consumed += n;
+            if f.recv.credit_update().is_some() && !f.credit_dirty {
+                f.credit_dirty = true;
+                self.queue_control(flow);
+            }
+            self.maybe_assoc_credit();
+            return Ok(ReadOutcome::Data(chunk));
+        }
+        if f.recv.take_fin() {
+            f.fin_reported = true;
+            self.maybe_close_flow(flow);
+            return Ok(ReadOutcome::Finished);
+        }
+        if f.recv.fin_delivered() {
+            return Ok(ReadOutcome::Finished);
+        }
+        f.readable_signaled = false;
+        Ok(ReadOutcome::Blocked)
+    }
+
+    /// Aborts the flow in both directions (a TCP RST).
+    pub fn reset(&mut self, flow: FlowId, reason: ResetReason) -> Result<(), FlowError> {
+        let f = self.flows.get_mut(&flow).ok_or(FlowError::UnknownFlow)?;
+        if f.reset.is_some() {
+            return Ok(());
+        }
+        f.reset = Some(ResetState {
+            reason,
+            needs_send: true,
+            acked: false,
+            peer_final: None,
+        });
+        // Whatever we buffered for the consumer is freed now.
+        self.assoc_consumed += f.recv.highest() - f.recv.read_offset();
+        self.stats.flows_reset += 1;
+        self.queue_control(flow);
+        self.maybe_assoc_credit();
+        Ok(())
+    }
+
+    /// Resets a flow for a reason of the transport's own and tells the application.
+    fn abort_flow(&mut self, flow: FlowId, reason: ResetReason) {
+        if reason == ResetReason::Protocol {
+            self.stats.protocol_violations += 1;
+        }
+        if self.reset(flow, reason).is_ok() {
+            self.events.push_back(Event::FlowReset { flow, reason });
+        }
+    }
+
+    /// Ends the association now: every flow is reset, a new epoch is taken and the peer is
+    /// told with one best-effort CLOSE (if it is lost, our next HELLO's new epoch tells it).
+    pub fn close(&mut self, code: u8, reason: &str) {
+        let old_pn = self.next_pn;
+        let was_established = self.established;
+        self.restart_association(ResetReason::Aborted);
+        self.local_epoch = self.local_epoch.wrapping_add(1).max(1);
+        if was_established {
+            self.close_pending = Some((old_pn, code, reason.to_owned()));
+        }
+    }
+}
+
+mod receive;
+mod recovery;
+mod transmit;

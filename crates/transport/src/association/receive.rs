@@ -1,0 +1,428 @@
+//! Input: datagrams, the handshake, and the frames they carry.
+
+use super::*;
+
+impl Association {
+    /// Processes one received datagram. Anything malformed is dropped and counted.
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        self.last_input = self.last_input.max(now);
+        let mut r = Reader::new(datagram);
+        let header = match decode_header(&mut r) {
+            Ok(h) => h,
+            Err(_) => {
+                self.stats.malformed_dropped += 1;
+                return;
+            }
+        };
+        let short = match header {
+            Header::Hello(h) => return self.on_hello(now, h),
+            Header::Short(s) => s,
+        };
+        if self.peer_epoch.is_none() {
+            self.stats.unassociated_dropped += 1;
+            // A peer that still thinks we are associated needs our HELLO to notice.
+            self.hello_reply_needed = true;
+            return;
+        }
+        let expected = self.acks.largest().map_or(0, |l| l + 1);
+        let pn = expand_truncated(short.pn_truncated, short.pn_len, expected);
+        if self.acks.is_duplicate(pn) {
+            self.stats.duplicates_dropped += 1;
+            return;
+        }
+        let header_len = short.encoded_len();
+        let mut rx = std::mem::take(&mut self.rx_buf);
+        rx.clear();
+        rx.extend_from_slice(datagram);
+        let payload_len = match self.protection.open(pn, header_len, &mut rx) {
+            Ok(n) => n,
+            Err(_) => {
+                self.stats.malformed_dropped += 1;
+                self.rx_buf = rx;
+                return;
+            }
+        };
+        let parsed = parse_frames(&rx[header_len..header_len + payload_len], short);
+        match parsed {
+            Ok(frames) => {
+                self.stats.packets_received += 1;
+                self.stats.wire_bytes_received +=
+                    (datagram.len() + self.cfg.wire_overhead - self.protection.tag_len()) as u64;
+                if !self.established {
+                    // Only a peer that knows our epoch sends short packets.
+                    self.set_established();
+                }
+                let mut eliciting = false;
+                let mut urgent = false;
+                let generation = self.generation;
+                for f in frames {
+                    eliciting |= f.is_ack_eliciting();
+                    urgent |= matches!(f, Frame::Ping);
+                    self.on_frame(now, f);
+                    if self.generation != generation {
+                        // The packet ended the association (CLOSE): it belongs to no
+                        // packet-number space any more.
+                        break;
+                    }
+                }
+                if self.generation == generation {
+                    self.acks.on_packet(now, pn, eliciting, urgent);
+                }
+            }
+            Err(_) => self.stats.malformed_dropped += 1,
+        }
+        self.rx_buf = rx;
+    }
+
+    pub(super) fn on_hello(&mut self, now: Instant, h: Hello) {
+        if h.version != PROTOCOL_VERSION {
+            self.stats.malformed_dropped += 1;
+            return;
+        }
+        if self.retired_peer_epochs.contains(&h.epoch) {
+            // A delayed or duplicated HELLO of an association already replaced.
+            self.stats.malformed_dropped += 1;
+            return;
+        }
+        match self.peer_epoch {
+            Some(p) if p != h.epoch => {
+                self.restart_association(ResetReason::PeerRestart);
+                self.retired_peer_epochs.push_back(p);
+                if self.retired_peer_epochs.len() > RETIRED_EPOCHS_KEPT {
+                    self.retired_peer_epochs.pop_front();
+                }
+                self.stats.peer_restarts += 1;
+                self.events.push_back(Event::PeerRestarted);
+                self.peer_epoch = Some(h.epoch);
+            }
+            None => self.peer_epoch = Some(h.epoch),
+            _ => {}
+        }
+        // Truncated offsets are unambiguous only for windows up to 1 GiB.
+        self.peer_params = Some(HelloParams {
+            initial_flow_window: h.params.initial_flow_window.min(MAX_WINDOW),
+            initial_assoc_window: h.params.initial_assoc_window,
+            max_ack_delay_us: h.params.max_ack_delay_us,
+        });
+        if h.echo == self.local_epoch {
+            self.set_established();
+        }
+        // A peer that is not established is waiting for our echo; answer every such HELLO
+        // (ours may have been lost). Established peers' HELLOs need no answer unless they
+        // lack our epoch, so replies never ping-pong.
+        if !h.established || h.echo != self.local_epoch || self.hello_echo_sent != h.epoch {
+            self.hello_reply_needed = true;
+        }
+        let _ = now;
+    }
+
+    pub(super) fn set_established(&mut self) {
+        if self.established {
+            return;
+        }
+        self.established = true;
+        self.established_at = Some(self.last_input);
+        self.hello_due = None;
+        if let Some(p) = self.peer_params {
+            self.assoc_send_limit = self.assoc_send_limit.max(p.initial_assoc_window);
+            let ids: Vec<FlowId> = self.flows.keys().copied().collect();
+            for id in ids {
+                if let Some(f) = self.flows.get_mut(&id) {
+                    f.send.raise_credit(p.initial_flow_window);
+                }
+                self.queue_send(id);
+            }
+        }
+        self.events.push_back(Event::Established);
+    }
+
+    /// Drops all flows and packet-number state, as after a peer restart or a lost link.
+    pub(super) fn restart_association(&mut self, reason: ResetReason) {
+        let ids: Vec<FlowId> = self.flows.keys().copied().collect();
+        for id in ids {
+            self.flows.remove(&id);
+            self.stats.flows_reset += 1;
+            self.events.push_back(Event::FlowReset { flow: id, reason });
+            self.events.push_back(Event::FlowClosed { flow: id });
+        }
+        self.established = false;
+        self.established_at = None;
+        self.hello_due = Some(self.last_input);
+        self.hello_echo_sent = 0;
+        // Short packets are accepted only from a peer epoch learned afresh by HELLO, so
+        // nothing from the old association is taken for the new one.
+        self.peer_epoch = None;
+        self.last_ack_at = None;
+        self.last_eliciting_sent = None;
+        self.pto_fired_at = None;
+        self.sent_since = None;
+        self.generation += 1;
+        self.next_pn = 0;
+        self.sent = SentPackets::default();
+        self.largest_acked = None;
+        self.loss_time = None;
+        self.pto_count = 0;
+        self.probes_pending = 0;
+        self.outage_since = None;
+        self.redundancy_cursor = 0;
+        self.redundancy_round = 1;
+        self.recovery_start_pn = 0;
+        self.acks = AckTracker::new(self.cfg.ack);
+        self.send_queue.clear();
+        self.control_queue.clear();
+        self.next_local_flow = self.role.parity();
+        self.peer_closed = RangeSet::new();
+        self.assoc_send_limit = 0;
+        self.assoc_sent = 0;
+        self.assoc_charged = 0;
+        self.assoc_consumed = 0;
+        self.assoc_limit_advertised = self.cfg.assoc_window;
+        self.assoc_credit_pending = false;
+        self.orphan_resets.clear();
+    }
+
+    pub(super) fn on_frame(&mut self, now: Instant, f: Frame<'_>) {
+        match f {
+            Frame::Padding | Frame::Ping => {}
+            Frame::Ack(ack) => self.on_ack(now, &ack),
+            Frame::FlowOpen {
+                flow,
+                meta,
+                data,
+                fin,
+            } => {
+                if let Some(id) = self.peer_flow(flow) {
+                    let f = self
+                        .flows
+                        .get_mut(&id)
+                        .expect("peer_flow returned a live id");
+                    if f.meta.is_none() {
+                        f.meta = Some(meta);
+                        self.events.push_back(Event::FlowOpened { flow: id, meta });
+                    }
+                    if !data.is_empty() || fin {
+                        self.on_stream_data(id, 0, data, fin);
+                    }
+                }
+            }
+            Frame::Data {
+                flow,
+                offset,
+                fin,
+                data,
+            } => {
+                let Some(id) = self.peer_or_local_flow(flow) else {
+                    return;
+                };
+                let reference = self.flows.get(&id).map_or(0, |f| f.recv.contiguous());
+                self.on_stream_data(id, offset.expand(reference), data, fin);
+            }
+            Frame::FlowReset {
+                flow,
+                reason,
+                final_offset,
+            } => {
+                if self.flows.contains_key(&flow) {
+                    self.on_peer_reset(flow, reason, final_offset);
+                } else {
+                    self.on_reset_without_state(flow, reason, final_offset);
+                }
+            }
+            Frame::FlowCredit { flow, max_offset } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    let cap = f.send.acked_base().saturating_add(MAX_WINDOW);
+                    f.send.raise_credit(max_offset.min(cap));
+                    self.queue_send(flow);
+                }
+            }
+            Frame::AssocCredit { max_bytes } => {
+                if max_bytes > self.assoc_send_limit {
+                    self.assoc_send_limit = max_bytes;
+                    let ids: Vec<FlowId> = self
+                        .flows
+                        .iter()
+                        .filter(|(_, f)| !f.in_send_queue)
+                        .map(|(&id, _)| id)
+                        .collect();
+                    for id in ids {
+                        self.queue_send(id);
+                    }
+                }
+            }
+            Frame::StreamSnack { flow, ranges } => {
+                let Some(f) = self.flows.get_mut(&flow) else {
+                    // We finished with this flow, so the bytes the peer lacks are gone: tell
+                    // it to give up. Stateless: a lost RESET is answered again on its next
+                    // SNACK.
+                    if self.orphan_resets.len() < MAX_ORPHAN_RESETS {
+                        self.orphan_resets.push((flow, ResetReason::Protocol));
+                    }
+                    return;
+                };
+                if f.reset.is_some() {
+                    return;
+                }
+                let repairable = ranges.into_iter().all(|r| f.send.on_stream_snack(r));
+                if repairable {
+                    self.queue_send(flow);
+                } else {
+                    // Bytes the peer lacks were released as acknowledged: the stream cannot
+                    // be completed, so end it cleanly instead of stalling.
+                    self.abort_flow(flow, ResetReason::Protocol);
+                }
+            }
+            Frame::Close { code, reason } => {
+                self.restart_association(ResetReason::PeerRestart);
+                self.events.push_back(Event::AssociationLost {
+                    reason: LostReason::PeerClosed { code, reason },
+                });
+            }
+        }
+    }
+
+    /// Resolves a flow id named by the peer for a frame that may create a peer flow.
+    pub(super) fn peer_flow(&mut self, flow: FlowId) -> Option<FlowId> {
+        if self.flows.contains_key(&flow) {
+            return Some(flow);
+        }
+        if flow % 2 == self.role.parity() || self.peer_closed.contains(flow / 2) {
+            // Ours and gone, or theirs and closed: a late frame.
+            return None;
+        }
+        let credit = self.peer_params.map_or(0, |p| p.initial_flow_window);
+        let f = Flow::new(
+            None,
+            OpenState::Remote,
+            credit,
+            self.cfg.send_buffer,
+            self.cfg.flow_window,
+        );
+        self.flows.insert(flow, f);
+        self.stats.flows_opened_total += 1;
+        if self.flows.len() > self.cfg.max_flows {
+            self.abort_flow(flow, ResetReason::ResourceLimit);
+        }
+        Some(flow)
+    }
+
+    pub(super) fn peer_or_local_flow(&mut self, flow: FlowId) -> Option<FlowId> {
+        if flow % 2 == self.role.parity() {
+            self.flows.contains_key(&flow).then_some(flow)
+        } else {
+            self.peer_flow(flow)
+        }
+    }
+
+    pub(super) fn on_stream_data(&mut self, id: FlowId, offset: u64, data: &[u8], fin: bool) {
+        let Some(f) = self.flows.get_mut(&id) else {
+            return;
+        };
+        if f.reset.is_some() {
+            // Discarding: charge and free at once so the peer's credit stays in step.
+            let extra = f
+                .recv
+                .raise_highest(offset.saturating_add(data.len() as u64));
+            self.assoc_charged += extra;
+            self.assoc_consumed += extra;
+            return;
+        }
+        match f.recv.on_data(offset, data, fin) {
+            Ok(charged) if self.assoc_charged + charged > self.assoc_limit_advertised => {
+                // Beyond the association-wide credit we granted.
+                self.assoc_charged += charged;
+                self.abort_flow(id, ResetReason::Protocol);
+            }
+            Ok(charged) => {
+                self.assoc_charged += charged;
+                let contiguous = f.recv.contiguous();
+                f.gap_since = match f.gap_since {
+                    _ if !f.recv.has_gap() => None,
+                    Some((c, t)) if c == contiguous => Some((c, t)),
+                    _ => Some((contiguous, self.last_input)),
+                };
+                let arm_sweep = f.gap_since.is_some() && self.gap_sweep_at.is_none();
+                if f.recv.has_readable() && !f.readable_signaled {
+                    f.readable_signaled = true;
+                    self.events.push_back(Event::FlowReadable { flow: id });
+                }
+                if arm_sweep {
+                    self.gap_sweep_at = Some(self.last_input + self.stall_timeout() / 2);
+                }
+            }
+            Err(_) => self.abort_flow(id, ResetReason::Protocol),
+        }
+    }
+
+    /// A RESET for a flow we have no state for: closed here already, or never seen (its
+    /// FLOW_OPEN lost or still on the way). The peer waits for our RESET to release its
+    /// side, so answer, unless this is itself such an answer.
+    pub(super) fn on_reset_without_state(
+        &mut self,
+        flow: FlowId,
+        reason: ResetReason,
+        final_offset: u64,
+    ) {
+        let peer_id = flow % 2 != self.role.parity();
+        if peer_id && !self.peer_closed.contains(flow / 2) {
+            // Never seen: none of its bytes were charged here, and none will be now.
+            self.peer_closed.insert(flow / 2..flow / 2 + 1);
+            self.assoc_charged += final_offset;
+            self.assoc_consumed += final_offset;
+            self.maybe_assoc_credit();
+        }
+        if reason != ResetReason::Closed && self.orphan_resets.len() < MAX_ORPHAN_RESETS {
+            self.orphan_resets.push((flow, ResetReason::Closed));
+        }
+    }
+
+    pub(super) fn on_peer_reset(&mut self, id: FlowId, reason: ResetReason, final_offset: u64) {
+        let Some(f) = self.flows.get_mut(&id) else {
+            return;
+        };
+        let first = f.reset.is_none();
+        if first {
+            self.assoc_consumed += f.recv.highest() - f.recv.read_offset();
+            f.reset = Some(ResetState {
+                reason,
+                needs_send: true,
+                acked: false,
+                peer_final: None,
+            });
+            self.stats.flows_reset += 1;
+            self.events.push_back(Event::FlowReset { flow: id, reason });
+        }
+        let state = f.reset.as_mut().expect("set above");
+        if state.peer_final.is_none() {
+            state.peer_final = Some(final_offset);
+            let extra = f.recv.raise_highest(final_offset);
+            self.assoc_charged += extra;
+            self.assoc_consumed += extra;
+        }
+        if first {
+            self.queue_control(id);
+        }
+        self.maybe_assoc_credit();
+        self.maybe_close_flow(id);
+    }
+}
+
+/// Parses a short packet's payload completely before anything is applied, so a malformed
+/// packet changes no state.
+pub(super) fn parse_frames<'a>(
+    payload: &'a [u8],
+    header: ShortHeader,
+) -> Result<Vec<Frame<'a>>, crate::codec::DecodeError> {
+    let mut r = Reader::new(payload);
+    let mut frames = Vec::new();
+    if let Some(d) = header.implicit_data {
+        frames.push(Frame::decode_implicit_data(&mut r, d.fin, d.offset_len)?);
+        return Ok(frames);
+    }
+    while !r.is_empty() {
+        frames.push(Frame::decode(&mut r)?);
+    }
+    if frames.is_empty() {
+        return Err(crate::codec::DecodeError::Invalid("empty packet"));
+    }
+    Ok(frames)
+}

@@ -1,0 +1,361 @@
+//! Acknowledgements, loss detection and repair, and every timer.
+
+use super::*;
+
+impl Association {
+    pub(super) fn on_ack(&mut self, now: Instant, ack: &AckFrame) {
+        self.stats.acks_received += 1;
+        if ack.has_holes() {
+            self.stats.snacks_received += 1;
+        }
+        let Some(mut largest) = ack.largest() else {
+            return;
+        };
+        if largest >= self.next_pn {
+            // Names packets never sent (a misread packet number at the peer, or forgery):
+            // use only the part that can be true.
+            self.stats.protocol_violations += 1;
+            largest = match self.next_pn.checked_sub(1) {
+                Some(l) => l,
+                None => return,
+            };
+        }
+        let mut newly: Vec<u64> = Vec::new();
+        for r in ack.ranges.iter().rev() {
+            newly.extend(self.sent.outstanding_in(r.start, r.end.min(largest + 1)));
+        }
+        if newly.is_empty() {
+            return;
+        }
+        self.largest_acked = Some(self.largest_acked.map_or(largest, |l| l.max(largest)));
+        let mut rtt_sample = None;
+        if let Some(p) = self.sent.get(largest) {
+            let ack_delay = Duration::from_micros(ack.delay_us).min(self.cfg.ack.max_delay * 4);
+            let raw = now.saturating_duration_since(p.time);
+            let sample = if raw >= self.rtt.min() + ack_delay {
+                raw - ack_delay
+            } else {
+                raw
+            };
+            self.rtt.on_sample(now, sample);
+            rtt_sample = Some(sample);
+        }
+        self.last_ack_at = Some(now);
+        self.pto_count = 0;
+        if let Some(since) = self.outage_since.take() {
+            // Everything still unacknowledged went into the outage.
+            self.events.push_back(Event::OutageEnded {
+                duration: now.saturating_duration_since(since),
+            });
+            let lost: Vec<u64> = self
+                .sent
+                .outstanding_in(0, self.next_pn)
+                .into_iter()
+                .filter(|pn| !newly.contains(pn))
+                .collect();
+            for pn in lost {
+                self.declare_lost(now, pn, Some(LossCause::Outage));
+            }
+        }
+        for &pn in &newly {
+            let Some(p) = self.sent.remove(pn) else {
+                continue;
+            };
+            for fr in &p.frames {
+                self.on_frame_acked(*fr);
+            }
+            let acked = AckedPacket {
+                pn,
+                bytes: p.wire_bytes,
+                rtt_sample: if pn == largest { rtt_sample } else { None },
+                next_pn: self.next_pn,
+            };
+            self.cc.on_ack(now, acked, &self.rtt);
+        }
+        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
+        self.detect_lost(now);
+    }
+
+    pub(super) fn on_frame_acked(&mut self, fr: SentFrame) {
+        match fr {
+            SentFrame::Data {
+                flow,
+                offset,
+                len,
+                fin,
+            } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    let before = f.send.acked_base();
+                    f.send.on_acked(offset, len as usize, fin);
+                    self.stats.stream_bytes_acked += f.send.acked_base() - before;
+                    if f.write_blocked && f.send.has_room() && f.reset.is_none() {
+                        f.write_blocked = false;
+                        self.events.push_back(Event::FlowWritable { flow });
+                    }
+                    self.maybe_close_flow(flow);
+                }
+            }
+            SentFrame::Open { flow } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    f.open = OpenState::Acked;
+                    self.maybe_close_flow(flow);
+                }
+            }
+            SentFrame::Reset { flow, .. } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    if let Some(r) = f.reset.as_mut() {
+                        r.acked = true;
+                    }
+                    self.maybe_close_flow(flow);
+                }
+            }
+            SentFrame::FlowCredit { .. }
+            | SentFrame::AssocCredit
+            | SentFrame::StreamSnack
+            | SentFrame::Ping => {}
+        }
+    }
+
+    pub(super) fn detect_lost(&mut self, now: Instant) {
+        self.loss_time = None;
+        let Some(largest) = self.largest_acked else {
+            return;
+        };
+        let delay = self
+            .rtt
+            .smoothed()
+            .max(self.rtt.latest())
+            .mul_f64(9.0 / 8.0);
+        for pn in self.sent.outstanding_in(0, largest) {
+            let Some(p) = self.sent.get(pn) else {
+                continue;
+            };
+            if largest - pn >= self.cfg.reorder_threshold || p.time + delay <= now {
+                self.declare_lost(now, pn, None);
+            } else {
+                let t = p.time + delay;
+                self.loss_time = Some(self.loss_time.map_or(t, |l| l.min(t)));
+            }
+        }
+    }
+
+    pub(super) fn declare_lost(&mut self, now: Instant, pn: u64, cause: Option<LossCause>) {
+        let Some(p) = self.sent.remove(pn) else {
+            return;
+        };
+        let cause = cause.unwrap_or_else(|| {
+            let evidence = self
+                .rtt
+                .has_samples()
+                .then(|| self.rtt.latest().saturating_sub(self.rtt.min()));
+            let packet_time = self.pacer.transmission_time(self.cfg.mtu as u64);
+            self.classifier.classify(evidence, packet_time)
+        });
+        self.stats.lost.add(cause);
+        if cause == LossCause::Congestion && pn >= self.recovery_start_pn {
+            self.cc.on_congestion(now);
+            self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
+            self.recovery_start_pn = self.next_pn;
+            self.stats.congestion_events += 1;
+        }
+        // Redundant copies carry only DATA: while another member of the group is outstanding
+        // its data may still arrive, but everything else needs repair now.
+        let data_covered = p.group.is_some_and(|g| self.sent.group_outstanding(g));
+        for fr in p.frames {
+            if !(data_covered && matches!(fr, SentFrame::Data { .. })) {
+                self.requeue(fr);
+            }
+        }
+    }
+
+    pub(super) fn requeue(&mut self, fr: SentFrame) {
+        match fr {
+            SentFrame::Data {
+                flow,
+                offset,
+                len,
+                fin,
+            } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    if f.reset.is_none() {
+                        f.send.on_lost(offset, len as usize, fin);
+                        self.queue_send(flow);
+                    }
+                }
+            }
+            SentFrame::Open { flow } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    if f.open == OpenState::Sent {
+                        f.open = OpenState::Lost;
+                        self.queue_control(flow);
+                    }
+                }
+            }
+            SentFrame::Reset { flow, .. } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    if let Some(r) = f.reset.as_mut() {
+                        if !r.acked {
+                            r.needs_send = true;
+                            self.queue_control(flow);
+                        }
+                    }
+                }
+            }
+            SentFrame::FlowCredit { flow } => {
+                if let Some(f) = self.flows.get_mut(&flow) {
+                    f.credit_dirty = true;
+                    self.queue_control(flow);
+                }
+            }
+            SentFrame::AssocCredit => self.assoc_credit_pending = true,
+            SentFrame::StreamSnack => {}
+            SentFrame::Ping => {}
+        }
+    }
+
+    // ---- timers ---------------------------------------------------------------------------
+
+    pub(super) fn pto_interval(&self) -> Duration {
+        let base = self.rtt.pto(self.cfg.ack.max_delay);
+        let backed_off = base.saturating_mul(1u32 << self.pto_count.min(16));
+        backed_off.min(self.cfg.max_probe_interval.max(base))
+    }
+
+    /// Probe timer: runs from the last ACK (data may keep flowing in rate mode while nothing
+    /// comes back, and that silence is what reveals an outage), then backs off from each firing.
+    pub(super) fn pto_deadline(&self) -> Option<Instant> {
+        if self.sent.is_empty() || !self.established {
+            return None;
+        }
+        let from = match (self.pto_fired_at, self.last_ack_at) {
+            (Some(fired), _) if self.pto_count > 0 => fired,
+            (_, Some(ack)) => ack.max(self.sent_since?),
+            (_, None) => self.sent_since?,
+        };
+        Some(from + self.pto_interval())
+    }
+
+    /// How long a flow's cumulative point may sit behind a gap before the receiver names the
+    /// missing bytes itself. Packet-level SNACK normally repairs holes within a round trip or
+    /// two; this is the safety net.
+    pub(super) fn stall_timeout(&self) -> Duration {
+        (self.rtt.smoothed() * 4).max(Duration::from_secs(1))
+    }
+
+    pub(super) fn sweep_stalled_gaps(&mut self, now: Instant) {
+        let timeout = self.stall_timeout();
+        let mut any = false;
+        let mut due = Vec::new();
+        for (&id, f) in self.flows.iter_mut() {
+            if let Some((c, since)) = f.gap_since {
+                any = true;
+                if now.saturating_duration_since(since) >= timeout {
+                    f.gap_since = Some((c, now));
+                    f.stream_snack_due = true;
+                    due.push(id);
+                }
+            }
+        }
+        for id in due {
+            self.queue_control(id);
+        }
+        self.gap_sweep_at = any.then(|| now + timeout / 2);
+    }
+
+    pub(super) fn keepalive_deadline(&self) -> Option<Instant> {
+        if !self.established || !self.sent.is_empty() {
+            return None;
+        }
+        let last = self
+            .last_eliciting_sent
+            .or(self.last_ack_at)
+            .or(self.established_at)?;
+        Some(last + self.cfg.keepalive_interval)
+    }
+
+    pub(super) fn outage_deadline(&self) -> Option<Instant> {
+        self.outage_since.map(|s| s + self.cfg.outage_limit)
+    }
+
+    /// The earliest time `handle_timeout` or `poll_transmit` has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        let mut consider = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |c| c.min(x)));
+            }
+        };
+        if !self.established || self.hello_reply_needed {
+            consider(if self.hello_reply_needed {
+                Some(self.last_input)
+            } else {
+                self.hello_due
+            });
+        }
+        consider(self.loss_time);
+        consider(self.pto_deadline());
+        if self.probes_pending == 0 {
+            consider(self.keepalive_deadline());
+        }
+        consider(self.outage_deadline());
+        consider(self.gap_sweep_at);
+        if self.close_pending.is_some() {
+            consider(Some(self.last_input));
+        }
+        // Sending waits for the pacer, whatever made it due.
+        let pacer = self.pacer.delay_until_or_now();
+        let later_of = |d: Instant| Some(pacer.map_or(d, |p| p.max(d)));
+        if self.established {
+            if let Some(d) = self.acks.deadline() {
+                consider(later_of(d));
+            }
+            if self.has_paced_work() {
+                consider(pacer.or(self.last_eliciting_sent));
+            }
+        }
+        t
+    }
+
+    pub(super) fn has_paced_work(&self) -> bool {
+        self.established
+            && (self.probes_pending > 0
+                || !self.control_queue.is_empty()
+                || !self.orphan_resets.is_empty()
+                || self.assoc_credit_pending
+                || (self.outage_since.is_none()
+                    && self.window_allows()
+                    && (!self.send_queue.is_empty() || self.redundancy_available())))
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_input = self.last_input.max(now);
+        if self.loss_time.is_some_and(|t| t <= now) {
+            self.detect_lost(now);
+        }
+        if self.pto_deadline().is_some_and(|t| t <= now) {
+            self.pto_fired_at = Some(now);
+            self.pto_count += 1;
+            self.probes_pending = 1;
+            if self.pto_count >= OUTAGE_PTO_COUNT && self.outage_since.is_none() {
+                self.outage_since = Some(self.last_ack_at.unwrap_or(now).min(now));
+                self.stats.outages += 1;
+                self.events.push_back(Event::OutageStarted);
+            }
+        }
+        if self.keepalive_deadline().is_some_and(|t| t <= now) {
+            self.probes_pending = 1;
+        }
+        if self.gap_sweep_at.is_some_and(|t| t <= now) {
+            self.sweep_stalled_gaps(now);
+        }
+        if self.outage_deadline().is_some_and(|t| t <= now) {
+            self.restart_association(ResetReason::OutageLimit);
+            // A fresh epoch makes the peer drop its side of the flows too.
+            self.local_epoch = self.local_epoch.wrapping_add(1).max(1);
+            self.hello_due = Some(now);
+            self.events.push_back(Event::AssociationLost {
+                reason: LostReason::OutageLimit,
+            });
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! Output: what the next datagram carries, built under the pacer and the window.
+
+use super::*;
+
+/// A frame picked for the packet being built.
+enum Planned {
+    Data {
+        flow: FlowId,
+        offset: u64,
+        len: usize,
+        fin: bool,
+        offset_len: usize,
+    },
+}
+
+impl Association {
+    pub(super) fn window_allows(&self) -> bool {
+        self.sent.bytes_in_flight() + self.cfg.mtu as u64 <= self.cc.window()
+    }
+
+    pub(super) fn redundancy_available(&self) -> bool {
+        self.cfg.idle_redundancy && self.send_queue.is_empty() && self.next_to_copy().is_some()
+    }
+
+    /// The original to copy next: newest first, one copy each per pass, at most
+    /// `MAX_REDUNDANT_COPIES` passes while the link stays idle.
+    pub(super) fn next_to_copy(&self) -> Option<(u64, u8)> {
+        let round = self.redundancy_round;
+        if let Some(pn) = self
+            .sent
+            .newest_to_copy_below(self.redundancy_cursor, round)
+        {
+            return Some((pn, round));
+        }
+        (round < MAX_REDUNDANT_COPIES)
+            .then(|| self.sent.newest_to_copy_below(self.next_pn, round + 1))
+            .flatten()
+            .map(|pn| (pn, round + 1))
+    }
+
+    pub(super) fn queue_send(&mut self, id: FlowId) {
+        if let Some(f) = self.flows.get_mut(&id) {
+            if !f.in_send_queue && f.reset.is_none() {
+                f.in_send_queue = true;
+                self.send_queue.push_back(id);
+            }
+        }
+    }
+
+    pub(super) fn queue_control(&mut self, id: FlowId) {
+        if let Some(f) = self.flows.get_mut(&id) {
+            if !f.in_control_queue {
+                f.in_control_queue = true;
+                self.control_queue.push_back(id);
+            }
+        }
+    }
+
+    pub(super) fn maybe_assoc_credit(&mut self) {
+        let target = self.assoc_consumed + self.cfg.assoc_window;
+        if target >= self.assoc_limit_advertised + self.cfg.assoc_window / 8 {
+            self.assoc_credit_pending = true;
+        }
+    }
+
+    pub(super) fn maybe_close_flow(&mut self, id: FlowId) {
+        let Some(f) = self.flows.get(&id) else {
+            return;
+        };
+        if !f.is_closed() {
+            return;
+        }
+        self.flows.remove(&id);
+        if id % 2 != self.role.parity() {
+            self.peer_closed.insert(id / 2..id / 2 + 1);
+        }
+        self.events.push_back(Event::FlowClosed { flow: id });
+    }
+
+    pub(super) fn assoc_allowance(&self) -> u64 {
+        self.assoc_send_limit.saturating_sub(self.assoc_sent)
+    }
+
+    /// Writes the next datagram into `out` if one may leave now. Call until it returns false.
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        self.last_input = self.last_input.max(now);
+        out.clear();
+        if let Some((pn, code, reason)) = self.close_pending.take() {
+            let header = ShortHeader {
+                pn_truncated: pn & mask(4),
+                pn_len: 4,
+                key_phase: false,
+                implicit_data: None,
+            };
+            header.encode(out);
+            frame::encode_close(out, code, &reason);
+            self.protection.seal(pn, header.encoded_len(), out);
+            self.stats.packets_sent += 1;
+            self.stats.wire_bytes_sent += (out.len() + self.cfg.wire_overhead) as u64;
+            return true;
+        }
+        if self.hello_reply_needed
+            || (!self.established && self.hello_due.is_some_and(|t| t <= now))
+        {
+            let hello = Hello {
+                version: PROTOCOL_VERSION,
+                established: self.established,
+                epoch: self.local_epoch,
+                echo: self.peer_epoch.unwrap_or(0),
+                params: HelloParams {
+                    initial_flow_window: self.cfg.flow_window,
+                    initial_assoc_window: self.cfg.assoc_window,
+                    max_ack_delay_us: self.cfg.ack.max_delay.as_micros() as u64,
+                },
+            };
+            hello.encode(out);
+            self.hello_echo_sent = hello.echo;
+            self.hello_reply_needed = false;
+            if !self.established {
+                self.hello_due = Some(now + self.cfg.hello_interval);
+            }
+            self.stats.packets_sent += 1;
+            self.stats.wire_bytes_sent += (out.len() + self.cfg.wire_overhead) as u64;
+            return true;
+        }
+        if !self.established || self.pacer.delay_until(now).is_some() {
+            return false;
+        }
+        let ack_due = self.acks.is_due(now);
+        if !(ack_due || self.has_paced_work()) {
+            return false;
+        }
+        self.build_packet(now, out)
+    }
+
+    pub(super) fn build_packet(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        let pn = self.next_pn;
+        let unacked = pn - self.largest_acked.map_or(0, |l| l + 1) + 1;
+        // Never fewer than 2 bytes: a 1-byte number is misread after reordering by more than
+        // 128 packets (an ACK-only sender is never acknowledged, so the span rule alone
+        // would allow it).
+        let pn_len = truncation_len(unacked, 4).max(MIN_PN_LEN);
+        let budget = self.cfg.max_datagram() - 1 - pn_len - self.protection.tag_len();
+        let mut payload = std::mem::take(&mut self.payload);
+        payload.clear();
+        let mut frames: Vec<SentFrame> = Vec::new();
+
+        if self.acks.has_pending() {
+            if let Some(mut ack) = self.acks.build(now) {
+                // Keep the newest ranges if they would crowd out everything else.
+                while ack.ranges.len() > 2 && frame::ack_len(&ack) > budget / 2 {
+                    ack.ranges.pop();
+                }
+                frame::encode_ack(&mut payload, &ack);
+                self.stats.acks_sent += 1;
+                if ack.has_holes() {
+                    self.stats.snacks_sent += 1;
+                }
+            }
+        }
+        self.write_control(&mut payload, budget, &mut frames);
+
+        let data_ok = self.outage_since.is_none() && self.window_allows();
+        let mut planned: Vec<Planned> = Vec::new();
+        let mut used = payload.len();
+        if data_ok {
+            self.plan_data(budget, &mut used, &mut planned, payload.is_empty());
+        }
+        let mut copy_of = None;
+        if data_ok && planned.is_empty() && frames.is_empty() && self.redundancy_available() {
+            copy_of = self.plan_copy(budget, &mut used, &mut planned, payload.is_empty());
+        }
+        if frames.is_empty() && planned.is_empty() && self.probes_pending > 0 {
+            frame::encode_ping(&mut payload);
+            frames.push(SentFrame::Ping);
+            self.stats.probes_sent += 1;
+        }
+        self.probes_pending = 0;
+
+        // A FIN always travels with an explicit length, so a truncated datagram can never
+        // pass for a shorter stream.
+        let implicit = payload.is_empty()
+            && planned.len() == 1
+            && planned
+                .first()
+                .is_some_and(|p| matches!(p, Planned::Data { fin: false, .. }));
+        let count = planned.len();
+        let mut implicit_data = None;
+        for (i, p) in planned.into_iter().enumerate() {
+            let Planned::Data {
+                flow,
+                offset,
+                len,
+                fin,
+                offset_len,
+            } = p;
+            let Some(f) = self.flows.get(&flow) else {
+                continue;
+            };
+            let masked = offset & mask(offset_len);
+            if implicit {
+                implicit_data = Some(ImplicitData { fin, offset_len });
+                crate::codec::put_varint(&mut payload, flow);
+                crate::codec::put_uint(&mut payload, masked, offset_len);
+            } else {
+                let mut ty = frame::TYPE_DATA_BASE | ((offset_len as u8 - 1) << 2);
+                if fin {
+                    ty |= 0x01;
+                }
+                let explicit_len = i + 1 < count || fin;
+                if explicit_len {
+                    ty |= 0x02;
+                }
+                payload.push(ty);
+                crate::codec::put_varint(&mut payload, flow);
+                crate::codec::put_uint(&mut payload, masked, offset_len);
+                if explicit_len {
+                    crate::codec::put_varint(&mut payload, len as u64);
+                }
+            }
+            f.send.copy_to(offset, len, &mut payload);
+            frames.push(SentFrame::Data {
+                flow,
+                offset,
+                len: len as u32,
+                fin,
+            });
+        }
+
+        if payload.is_empty() {
+            self.payload = payload;
+            return false;
+        }
+        let header = ShortHeader {
+            pn_truncated: pn & mask(pn_len),
+            pn_len,
+            key_phase: false,
+            implicit_data,
+        };
+        header.encode(out);
+        out.extend_from_slice(&payload);
+        self.payload = payload;
+        self.protection.seal(pn, header.encoded_len(), out);
+        self.next_pn += 1;
+
+        let wire = (out.len() + self.cfg.wire_overhead - self.protection.tag_len()) as u64;
+        self.stats.packets_sent += 1;
+        self.stats.wire_bytes_sent += wire;
+        self.pacer.on_sent(now, wire);
+        if !frames.is_empty() {
+            let has_data = frames.iter().any(|f| matches!(f, SentFrame::Data { .. }));
+            if self.sent.is_empty() {
+                self.sent_since = Some(now);
+            }
+            let group = copy_of.and_then(|(orig, complete)| self.sent.note_copy(orig, complete));
+            self.sent.insert(
+                pn,
+                SentPacket {
+                    time: now,
+                    wire_bytes: wire,
+                    frames,
+                    group,
+                    is_copy: copy_of.is_some(),
+                    copies: 0,
+                    has_data,
+                },
+            );
+            if copy_of.is_none() && has_data {
+                // Copies go newest first: restart the search above the new original.
+                self.redundancy_cursor = self.next_pn;
+                self.redundancy_round = 1;
+            }
+            self.last_eliciting_sent = Some(now);
+        }
+        true
+    }
+
+    pub(super) fn write_control(
+        &mut self,
+        payload: &mut Vec<u8>,
+        budget: usize,
+        frames: &mut Vec<SentFrame>,
+    ) {
+        if self.assoc_credit_pending && budget - payload.len() > 12 {
+            let limit = self.assoc_consumed + self.cfg.assoc_window;
+            frame::encode_assoc_credit(payload, limit);
+            self.assoc_limit_advertised = self.assoc_limit_advertised.max(limit);
+            self.assoc_credit_pending = false;
+            frames.push(SentFrame::AssocCredit);
+        }
+        while budget.saturating_sub(payload.len()) > 24 {
+            let Some((flow, reason)) = self.orphan_resets.pop() else {
+                break;
+            };
+            frame::encode_reset(payload, flow, reason, 0);
+            frames.push(SentFrame::Ping);
+        }
+        while let Some(id) = self.control_queue.pop_front() {
+            let room = budget.saturating_sub(payload.len());
+            let allowance = self.assoc_allowance();
+            let Some(f) = self.flows.get_mut(&id) else {
+                continue;
+            };
+            let meta = f.meta;
+            let needed = match (f.open, meta) {
+                (OpenState::Pending | OpenState::Lost, Some(m)) => {
+                    frame::open_header_len(id, &m, 0)
+                }
+                _ => 0,
+            } + 24;
+            if room < needed + 8 {
+                self.control_queue.push_front(id);
+                break;
+            }
+            f.in_control_queue = false;
+            if let (OpenState::Pending | OpenState::Lost, Some(m)) = (f.open, meta) {
+                let mut chunk = None;
+                if f.open == OpenState::Pending && f.reset.is_none() {
+                    let max = room - frame::open_header_len(id, &m, room) - 24;
+                    chunk = f.send.next_chunk(max, allowance).filter(|c| c.offset == 0);
+                }
+                let start = payload.len();
+                let (len, fin) = chunk.map_or((0, false), |c| (c.len, c.fin));
+                frame::encode_open(payload, id, &m, &[], fin);
+                if len > 0 {
+                    // Re-encode with the first bytes inline.
+                    payload.truncate(start);
+                    let mut data = Vec::with_capacity(len);
+                    f.send.copy_to(0, len, &mut data);
+                    frame::encode_open(payload, id, &m, &data, fin);
+                }
+                f.open = OpenState::Sent;
+                frames.push(SentFrame::Open { flow: id });
+                if let Some(c) = chunk {
+                    self.assoc_sent += c.len as u64;
+                    self.stats.stream_bytes_sent += c.len as u64;
+                    frames.push(SentFrame::Data {
+                        flow: id,
+                        offset: 0,
+                        len: c.len as u32,
+                        fin: c.fin,
+                    });
+                }
+            }
+            if let Some(r) = f.reset.as_mut() {
+                if r.needs_send {
+                    frame::encode_reset(payload, id, r.reason, f.send.next_new());
+                    r.needs_send = false;
+                    frames.push(SentFrame::Reset {
+                        flow: id,
+                        reason: r.reason,
+                    });
+                }
+            } else if f.stream_snack_due {
+                let gaps = f.recv.gaps(frame::MAX_STREAM_SNACK_RANGES);
+                f.stream_snack_due = false;
+                if !gaps.is_empty() {
+                    frame::encode_stream_snack(payload, id, &gaps);
+                    frames.push(SentFrame::StreamSnack);
+                }
+                if f.credit_dirty {
+                    f.in_control_queue = true;
+                    self.control_queue.push_back(id);
+                }
+            } else if f.credit_dirty {
+                let limit = f
+                    .recv
+                    .current_limit()
+                    .max(f.recv.read_offset() + self.cfg.flow_window);
+                frame::encode_flow_credit(payload, id, limit);
+                f.recv.set_advertised(limit);
+                f.credit_dirty = false;
+                frames.push(SentFrame::FlowCredit { flow: id });
+            }
+            let more_data = f
+                .send
+                .has_sendable(self.assoc_send_limit.saturating_sub(self.assoc_sent));
+            if more_data {
+                self.queue_send(id);
+            }
+        }
+    }
+
+    /// Picks DATA frames round-robin across flows until the packet is full.
+    fn plan_data(
+        &mut self,
+        budget: usize,
+        used: &mut usize,
+        planned: &mut Vec<Planned>,
+        empty: bool,
+    ) {
+        let mut rounds = self.send_queue.len();
+        while rounds > 0 {
+            rounds -= 1;
+            let Some(id) = self.send_queue.pop_front() else {
+                break;
+            };
+            let allowance = self.assoc_allowance();
+            let others = !self.send_queue.is_empty();
+            let Some(f) = self.flows.get_mut(&id) else {
+                continue;
+            };
+            let room = budget.saturating_sub(*used);
+            let span_max = (f.send.next_new() + room as u64) - f.send.acked_base();
+            let offset_len = truncation_len(span_max, 4);
+            // Room for a type byte and a length when the frame may carry the FIN.
+            let may_fin = f.send.is_finished_by_app();
+            let implicit = empty && planned.is_empty() && !others && !may_fin;
+            let overhead = crate::codec::varint_len(id)
+                + offset_len
+                + if implicit { 0 } else { 1 }
+                + if others || may_fin { 2 } else { 0 };
+            if room <= overhead {
+                self.send_queue.push_front(id);
+                break;
+            }
+            let chunk = if f.reset.is_none() && f.open != OpenState::Pending {
+                f.send.next_chunk(room - overhead, allowance)
+            } else {
+                None
+            };
+            let Some(c) = chunk else {
+                f.in_send_queue = false;
+                continue;
+            };
+            if c.retransmit {
+                self.stats.stream_bytes_retransmitted += c.len as u64;
+            } else {
+                self.assoc_sent += c.len as u64;
+                self.stats.stream_bytes_sent += c.len as u64;
+            }
+            *used += overhead + c.len;
+            planned.push(Planned::Data {
+                flow: id,
+                offset: c.offset,
+                len: c.len,
+                fin: c.fin,
+                offset_len,
+            });
+            if f.send
+                .has_sendable(self.assoc_send_limit.saturating_sub(self.assoc_sent))
+            {
+                self.send_queue.push_back(id);
+            } else {
+                f.in_send_queue = false;
+            }
+            if budget.saturating_sub(*used) < 32 {
+                break;
+            }
+        }
+    }
+
+    /// Plans a redundant copy of an outstanding packet's unacknowledged data (and FIN).
+    /// Returns the original and whether the copy covers all of it: only a complete copy
+    /// may stand in for the original's repair.
+    fn plan_copy(
+        &mut self,
+        budget: usize,
+        used: &mut usize,
+        planned: &mut Vec<Planned>,
+        empty: bool,
+    ) -> Option<(u64, bool)> {
+        let (orig, round) = self.next_to_copy()?;
+        self.redundancy_cursor = orig;
+        self.redundancy_round = round;
+        let frames = self.sent.get(orig)?.frames.clone();
+        // (flow, offset, len, fin)
+        let mut pieces: Vec<(FlowId, u64, usize, bool)> = Vec::new();
+        for fr in frames {
+            let SentFrame::Data {
+                flow,
+                offset,
+                len,
+                fin,
+            } = fr
+            else {
+                continue;
+            };
+            let Some(f) = self.flows.get(&flow).filter(|f| f.reset.is_none()) else {
+                continue;
+            };
+            let end = offset + u64::from(len);
+            let ranges = f.send.unacked_within(offset, len as usize);
+            let fin_pending = fin && !f.send.fin_acked();
+            for r in &ranges {
+                let piece_fin = fin_pending && r.end == end;
+                pieces.push((flow, r.start, (r.end - r.start) as usize, piece_fin));
+            }
+            if fin_pending && ranges.last().is_none_or(|r| r.end != end) {
+                pieces.push((flow, end, 0, true));
+            }
+        }
+        let count = pieces.len();
+        let mut complete = true;
+        for (flow, offset, len, fin) in pieces {
+            let Some(f) = self.flows.get(&flow) else {
+                continue;
+            };
+            let span = (offset + len as u64).max(f.send.next_new()) - f.send.acked_base();
+            let offset_len = truncation_len(span, 4);
+            let implicit = empty && count == 1 && !fin;
+            let overhead =
+                crate::codec::varint_len(flow) + offset_len + if implicit { 0 } else { 3 };
+            let room = budget.saturating_sub(*used);
+            if room <= overhead {
+                complete = false;
+                break;
+            }
+            let take = len.min(room - overhead);
+            complete &= take == len;
+            self.stats.stream_bytes_redundant += take as u64;
+            *used += overhead + take;
+            planned.push(Planned::Data {
+                flow,
+                offset,
+                len: take,
+                fin: fin && take == len,
+                offset_len,
+            });
+        }
+        (!planned.is_empty()).then_some((orig, complete))
+    }
+}
+
+pub(super) fn mask(bytes: usize) -> u64 {
+    if bytes >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * bytes)) - 1
+    }
+}
