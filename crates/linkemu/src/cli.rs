@@ -12,16 +12,19 @@ pub struct LinkArgs {
     /// Serialisation rate in bit/s (0: unlimited).
     #[arg(long)]
     pub rate_bps: Option<f64>,
+    /// --rate-bps for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_rate_bps: Option<f64>,
     /// One-way delay in milliseconds.
     #[arg(long)]
     pub delay_ms: Option<f64>,
+    /// --delay-ms for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_delay_ms: Option<f64>,
     /// Delay varies uniformly within ±jitter.
     #[arg(long)]
     pub jitter_ms: Option<f64>,
+    /// --jitter-ms for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_jitter_ms: Option<f64>,
     /// Let jitter reorder packets.
@@ -30,45 +33,36 @@ pub struct LinkArgs {
     /// Drop-tail queue limit in bytes.
     #[arg(long)]
     pub queue_bytes: Option<usize>,
+    /// --queue-bytes for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_queue_bytes: Option<usize>,
     /// Bit error rate, applied per packet by its length.
     #[arg(long)]
     pub ber: Option<f64>,
+    /// --ber for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_ber: Option<f64>,
     /// Independent packet loss probability.
     #[arg(long)]
     pub loss: Option<f64>,
+    /// --loss for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_loss: Option<f64>,
     /// Gilbert-Elliott bursts: p,r[,h[,k]].
     #[arg(long)]
     pub ge: Option<GilbertElliott>,
+    /// --ge for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_ge: Option<GilbertElliott>,
     /// Outage window START_S+DURATION_S (both directions; repeatable).
     #[arg(long)]
     pub outage: Vec<Outage>,
     /// Periodic outage PERIOD_S+DURATION_S, first one at PERIOD_S.
-    #[arg(long, value_parser = parse_periodic)]
+    #[arg(long)]
     pub outage_every: Option<PeriodicOutage>,
     /// Seed of the impairment generators.
     #[arg(long)]
     pub seed: Option<u64>,
-}
-
-fn parse_periodic(s: &str) -> Result<PeriodicOutage, String> {
-    let o: Outage = s
-        .parse()
-        .map_err(|e: pep_sim::channel::ParseError| e.to_string())?;
-    if o.start.is_zero() {
-        return Err("period must be positive".into());
-    }
-    Ok(PeriodicOutage {
-        period: o.start,
-        duration: o.duration,
-    })
 }
 
 fn ms(v: f64) -> Result<Duration, crate::Error> {

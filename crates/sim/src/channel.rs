@@ -126,6 +126,32 @@ pub struct PeriodicOutage {
     pub duration: Duration,
 }
 
+impl FromStr for PeriodicOutage {
+    type Err = ParseError;
+
+    /// `PERIOD_S+DURATION_S`: down for DURATION every PERIOD, the first time at PERIOD.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        const OPT: &str = "--outage-every";
+        let o: Outage = s
+            .parse()
+            .map_err(|_| ParseError::new(OPT, s, "expected PERIOD_S+DURATION_S"))?;
+        if o.start.is_zero() {
+            return Err(ParseError::new(OPT, s, "period must be positive"));
+        }
+        if o.duration >= o.start {
+            return Err(ParseError::new(
+                OPT,
+                s,
+                "duration must be shorter than the period",
+            ));
+        }
+        Ok(PeriodicOutage {
+            period: o.start,
+            duration: o.duration,
+        })
+    }
+}
+
 impl OutageSchedule {
     pub fn is_down(&self, t: Duration) -> bool {
         if self.windows.iter().any(|w| w.contains(t)) {
@@ -345,6 +371,17 @@ mod tests {
         assert!(!sched.is_down(Duration::from_secs_f64(15.2)));
         assert!(sched.is_down(Duration::from_secs_f64(30.01)));
         assert!(!sched.is_down(Duration::from_secs_f64(0.05)));
+    }
+
+    #[test]
+    fn periodic_outage_parses_and_rejects_nonsense() {
+        let p: PeriodicOutage = "15+0.1".parse().unwrap();
+        assert_eq!(p.period, Duration::from_secs(15));
+        assert_eq!(p.duration, Duration::from_millis(100));
+        for bad in ["0+1", "1+2", "x"] {
+            let e = bad.parse::<PeriodicOutage>().unwrap_err().to_string();
+            assert!(e.contains("--outage-every"), "{e}");
+        }
     }
 
     #[test]

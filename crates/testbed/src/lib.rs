@@ -1,5 +1,16 @@
 //! pep-testbed: the `client — gw-a ═[linkemu]═ gw-b — server` topology in network namespaces,
-//! named link profiles, a verifying traffic tool and a scenario runner.
+//! named link profiles, a verifying traffic tool and a scenario runner. Needs root.
+//!
+//! ```text
+//! pep-testbed run --profile lawson --ber 1e-6 --mode plain-cubic --workload download --seconds 30 --json
+//! pep-testbed up --profile geo            # keeps the topology up until Ctrl-C; prints the names
+//! ip netns exec NAME-sv pep-testbed xfer server
+//! ip netns exec NAME-cl pep-testbed xfer client --connect 198.18.3.2:5001 --workload page
+//! pep-testbed down                        # removes namespaces left by dead processes
+//! ```
+//!
+//! Addresses: client 198.18.1.2 / fd00:198:18:1::2, server 198.18.3.2 / fd00:198:18:3::2
+//! (see [`addr`]). The link's forward direction is gw-b → gw-a, towards the client.
 
 pub mod addr;
 pub mod cmd;

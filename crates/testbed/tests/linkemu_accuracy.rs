@@ -198,3 +198,23 @@ fn nothing_passes_during_an_outage() {
         "only {outside} of ~1000 outside the window arrived"
     );
 }
+
+#[test]
+fn sustains_100_mbps_with_250_ms_delay() {
+    // The nasa link: 100 Mb/s, 250 ms one-way. Offer exactly the link rate in 1500-byte
+    // packets for 2 s; the emulator must deliver all of it at the configured rate.
+    let payload = 1472;
+    let pps = 100e6 / ((payload + udp::IPV4_UDP_OVERHEAD) as f64 * 8.0);
+    let (sent, arrivals, stats) =
+        probe(Profile::Nasa.link(), payload, (pps * 2.0) as u64, pps, IDLE);
+    let rate = udp::ip_rate_bps(&arrivals);
+    eprintln!(
+        "100 Mb/s: sent {sent}, received {}, {rate:.0} b/s, {} in flight at peak, emulator {:.3} CPU-s",
+        arrivals.len(),
+        stats.ret.in_flight_peak_packets,
+        stats.cpu_s
+    );
+    assert_eq!(arrivals.len() as u64, sent, "{stats:?}");
+    assert!((rate / 100e6 - 1.0).abs() <= 0.02, "rate {rate}");
+    assert!(stats.ret.in_flight_peak_packets > 2000, "{stats:?}");
+}

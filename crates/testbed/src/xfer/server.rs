@@ -1,5 +1,6 @@
 //! The traffic tool's server: accepts connections and does what each header asks.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +20,8 @@ const CHUNK: usize = 64 * 1024;
 pub struct Server {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
+    /// Clones of open connections, so stopping can cut them; each removes itself when done.
+    conns: Conns,
     acceptor: Option<JoinHandle<()>>,
 }
 
@@ -40,7 +42,7 @@ impl Server {
         let listener: TcpListener = sock.into();
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(Vec::new()));
+        let conns = Arc::new(Mutex::new(HashMap::new()));
         let (s, c) = (stop.clone(), conns.clone());
         let acceptor = thread::Builder::new()
             .name("xfer-accept".into())
@@ -68,12 +70,7 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        for c in self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
+        for (_, c) in self.conns.lock().unwrap_or_else(|p| p.into_inner()).drain() {
             let _ = c.shutdown(Shutdown::Both);
         }
         if let Some(h) = self.acceptor.take() {
@@ -82,20 +79,29 @@ impl Drop for Server {
     }
 }
 
-fn accept_loop(listener: &TcpListener, stop: &Arc<AtomicBool>, conns: &Mutex<Vec<TcpStream>>) {
+type Conns = Arc<Mutex<HashMap<u64, TcpStream>>>;
+
+fn accept_loop(listener: &TcpListener, stop: &Arc<AtomicBool>, conns: &Conns) {
+    let mut next_id = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let Ok((stream, _)) = listener.accept() else {
             continue;
         };
+        let id = next_id;
+        next_id += 1;
         if let Ok(c) = stream.try_clone() {
-            conns.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+            conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, c);
         }
-        let stop = stop.clone();
+        let (stop, conns) = (stop.clone(), conns.clone());
         let _ = thread::Builder::new()
             .name("xfer-conn".into())
             .spawn(move || {
                 // A client that misbehaves or vanishes only ends its own connection.
                 let _ = serve(stream, &stop);
+                conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             });
     }
 }
