@@ -167,11 +167,11 @@ fn summarise(xs: &[f64]) -> (f64, f64, f64) {
 /// per-request latency (rr) or the whole page's load time (page).
 fn metric(r: &RunResult, short: bool) -> f64 {
     match (&r.workload, short) {
-        (_, false) => r.goodput_bps,
-        (Workload::Rr { .. }, true) if !r.latencies_s.is_empty() => {
-            r.latencies_s.iter().sum::<f64>() / r.latencies_s.len() as f64
+        (_, false) => r.outcome.goodput_bps,
+        (Workload::Rr { .. }, true) if !r.outcome.latencies_s.is_empty() => {
+            r.outcome.latencies_s.iter().sum::<f64>() / r.outcome.latencies_s.len() as f64
         }
-        _ => r.completion_s,
+        _ => r.outcome.completion_s,
     }
 }
 
@@ -191,30 +191,30 @@ fn write_csv(suite: &str, res: &Results, short: bool) -> anyhow::Result<()> {
     );
     for (label, mode, rs) in res {
         for (i, r) in rs.iter().enumerate() {
-            let mut lat = r.latencies_s.clone();
+            let mut lat = r.outcome.latencies_s.clone();
             lat.sort_by(f64::total_cmp);
             let median = lat.get(lat.len() / 2).copied().unwrap_or(f64::NAN);
             writeln!(
                 runs,
                 "{suite},{label},{},{i},{:.0},{:.0},{:.4},{:.3},{},{},{},{:.3}",
                 mode.as_str(),
-                r.goodput_bps,
+                r.outcome.goodput_bps,
                 r.ref_bps,
                 r.efficiency,
-                r.completion_s,
-                r.bytes,
-                r.intact.map_or("unknown".into(), |b| b.to_string()),
-                r.capped,
+                r.outcome.completion_s,
+                r.outcome.bytes,
+                r.outcome.intact.map_or("unknown".into(), |b| b.to_string()),
+                r.outcome.capped,
                 median
             )?;
         }
         let xs: Vec<f64> = rs.iter().map(|r| metric(r, short)).collect();
         let (mean, sd, ci) = summarise(&xs);
         let eff = rs.iter().map(|r| r.efficiency).sum::<f64>() / rs.len() as f64;
-        let capped = rs.iter().filter(|r| r.capped).count();
+        let capped = rs.iter().filter(|r| r.outcome.capped).count();
         let failed = rs
             .iter()
-            .filter(|r| r.intact == Some(false) || r.error.is_some())
+            .filter(|r| r.outcome.intact == Some(false) || r.outcome.error.is_some())
             .count();
         writeln!(
             summary,

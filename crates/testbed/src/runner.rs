@@ -104,18 +104,12 @@ pub struct RunResult {
     pub workload: Workload,
     pub ipv6: bool,
     pub seed: u64,
-    pub goodput_bps: f64,
+    /// What the traffic tool measured (flattened into the JSON object).
+    #[serde(flatten)]
+    pub outcome: Outcome,
     /// Rate of the data direction × (1−BER)^(8·1500) × 1460/1500.
     pub ref_bps: f64,
     pub efficiency: f64,
-    pub completion_s: f64,
-    pub bytes: u64,
-    pub intact: Option<bool>,
-    pub capped: bool,
-    pub latencies_s: Vec<f64>,
-    pub flows_bps: Vec<f64>,
-    pub jain_fairness: Option<f64>,
-    pub error: Option<String>,
     pub forward: LinkSummary,
     #[serde(rename = "return")]
     pub ret: LinkSummary,
@@ -152,21 +146,13 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         workload: spec.workload.clone(),
         ipv6: spec.ipv6,
         seed: spec.seed,
-        goodput_bps: outcome.goodput_bps,
         ref_bps,
         efficiency: if ref_bps > 0.0 {
             outcome.goodput_bps / ref_bps
         } else {
             0.0
         },
-        completion_s: outcome.completion_s,
-        bytes: outcome.bytes,
-        intact: outcome.intact,
-        capped: outcome.capped,
-        latencies_s: outcome.latencies_s,
-        flows_bps: outcome.flows_bps,
-        jain_fairness: outcome.jain_fairness,
-        error: outcome.error,
+        outcome,
         forward: (&spec.link.forward).into(),
         ret: (&spec.link.ret).into(),
         emulator,

@@ -30,9 +30,9 @@ fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
     };
     let r = runner::run(&spec).expect("run");
     eprintln!("{}", serde_json::to_string(&r).expect("json"));
-    assert_eq!(r.error, None);
-    assert_eq!(r.intact, Some(true));
-    assert!(!r.capped);
+    assert_eq!(r.outcome.error, None);
+    assert_eq!(r.outcome.intact, Some(true));
+    assert!(!r.outcome.capped);
     r
 }
 
@@ -43,11 +43,11 @@ fn download_verifies_every_byte_cubic_ipv4() {
         Workload::Download(Amount::Bytes(2_000_000)),
         false,
     );
-    assert_eq!(r.bytes, 2_000_000);
+    assert_eq!(r.outcome.bytes, 2_000_000);
     assert!(
-        r.goodput_bps > 1e6 && r.goodput_bps < r.ref_bps * 1.01,
+        r.outcome.goodput_bps > 1e6 && r.outcome.goodput_bps < r.ref_bps * 1.01,
         "{}",
-        r.goodput_bps
+        r.outcome.goodput_bps
     );
 }
 
@@ -58,7 +58,7 @@ fn upload_over_ipv6_with_bbr() {
         Workload::Upload(Amount::Bytes(500_000)),
         true,
     );
-    assert_eq!(r.bytes, 500_000);
+    assert_eq!(r.outcome.bytes, 500_000);
     // Uploads use the 2 Mb/s return direction.
     assert!(r.ref_bps < 2e6);
 }
@@ -71,9 +71,9 @@ fn timed_download_runs_for_its_duration() {
         false,
     );
     assert!(
-        r.completion_s > 1.0 && r.completion_s < 2.0,
+        r.outcome.completion_s > 1.0 && r.outcome.completion_s < 2.0,
         "{}",
-        r.completion_s
+        r.outcome.completion_s
     );
 }
 
@@ -88,20 +88,20 @@ fn request_response_reports_each_latency() {
         },
         false,
     );
-    assert_eq!(r.latencies_s.len(), 3);
+    assert_eq!(r.outcome.latencies_s.len(), 3);
     // At least one round trip (20 ms) each.
     assert!(
-        r.latencies_s.iter().all(|l| *l > 0.02),
+        r.outcome.latencies_s.iter().all(|l| *l > 0.02),
         "{:?}",
-        r.latencies_s
+        r.outcome.latencies_s
     );
 }
 
 #[test]
 fn page_fetches_all_sixteen_objects() {
     let r = quick(Mode::PlainBbr, Workload::Page, false);
-    assert_eq!(r.latencies_s.len(), 16);
-    assert_eq!(r.bytes, 10_710 + 15 * 7_758);
+    assert_eq!(r.outcome.latencies_s.len(), 16);
+    assert_eq!(r.outcome.bytes, 10_710 + 15 * 7_758);
 }
 
 #[test]
@@ -114,8 +114,8 @@ fn flows_report_jain_fairness() {
         },
         false,
     );
-    assert_eq!(r.flows_bps.len(), 3);
-    let j = r.jain_fairness.expect("fairness");
+    assert_eq!(r.outcome.flows_bps.len(), 3);
+    let j = r.outcome.jain_fairness.expect("fairness");
     assert!(j > 0.0 && j <= 1.0);
 }
 
@@ -129,7 +129,7 @@ fn half_close_delivers_the_reply_after_eof() {
         },
         false,
     );
-    assert_eq!(r.bytes, 60_000);
+    assert_eq!(r.outcome.bytes, 60_000);
 }
 
 #[test]
