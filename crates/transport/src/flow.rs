@@ -43,7 +43,6 @@ pub struct Flow {
     pub in_control_queue: bool,
     pub readable_signaled: bool,
     pub write_blocked: bool,
-    pub fin_reported: bool,
     /// Since when the receive side has had a gap at an unchanged cumulative point.
     pub gap_since: Option<(u64, std::time::Instant)>,
     pub stream_snack_due: bool,
@@ -68,7 +67,6 @@ impl Flow {
             in_control_queue: false,
             readable_signaled: false,
             write_blocked: false,
-            fin_reported: false,
             gap_since: None,
             stream_snack_due: false,
         }

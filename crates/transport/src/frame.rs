@@ -379,9 +379,20 @@ pub fn encode_ack(out: &mut Vec<u8>, ack: &AckFrame) {
 
 /// Encoded size of an ACK frame.
 pub fn ack_len(ack: &AckFrame) -> usize {
-    let mut v = Vec::with_capacity(16 + 4 * ack.ranges.len());
-    encode_ack(&mut v, ack);
-    v.len()
+    let Some(first) = ack.ranges.first() else {
+        return 0;
+    };
+    let mut n = 1
+        + varint_len(first.end - 1)
+        + varint_len(ack.delay_us)
+        + varint_len(ack.ranges.len() as u64 - 1)
+        + varint_len(first.end - 1 - first.start);
+    let mut prev_smallest = first.start;
+    for r in &ack.ranges[1..] {
+        n += varint_len(prev_smallest - r.end - 1) + varint_len(r.end - 1 - r.start);
+        prev_smallest = r.start;
+    }
+    n
 }
 
 /// Bytes a FLOW_OPEN needs before its data.
@@ -432,7 +443,8 @@ pub fn data_header_len(flow: u64, offset_len: usize, len: Option<usize>) -> usiz
     1 + varint_len(flow) + offset_len + len.map_or(0, |l| varint_len(l as u64))
 }
 
-/// Encodes a typed DATA frame; with `explicit_len` false it must be the packet's last frame.
+/// Encodes a typed DATA frame; with `explicit_len` false it must be the packet's last frame
+/// (and must not carry FIN).
 pub fn encode_data(
     out: &mut Vec<u8>,
     flow: u64,
@@ -442,33 +454,46 @@ pub fn encode_data(
     data: &[u8],
     explicit_len: bool,
 ) {
-    let mut ty = TYPE_DATA_BASE | ((offset_len as u8 - 1) << 2);
-    if fin {
-        ty |= DATA_FIN;
-    }
-    if explicit_len {
-        ty |= DATA_LEN;
-    }
-    out.push(ty);
-    put_varint(out, flow);
-    put_uint(out, offset, offset_len);
-    if explicit_len {
-        put_varint(out, data.len() as u64);
-    }
+    encode_data_header(
+        out,
+        flow,
+        offset,
+        offset_len,
+        fin,
+        explicit_len.then_some(data.len()),
+    );
     out.extend_from_slice(data);
 }
 
-/// Encodes a DATA frame body (flow, offset, payload) whose flags travel in the header.
-pub fn encode_implicit_data(
+/// Writes a typed DATA frame up to its payload, which the caller appends: `len` is written
+/// when given (always with FIN). `offset` is truncated to its low `offset_len` bytes.
+pub fn encode_data_header(
     out: &mut Vec<u8>,
     flow: u64,
     offset: u64,
     offset_len: usize,
-    data: &[u8],
+    fin: bool,
+    len: Option<usize>,
 ) {
+    let mut ty = TYPE_DATA_BASE | ((offset_len as u8 - 1) << 2);
+    if fin {
+        ty |= DATA_FIN;
+    }
+    if len.is_some() {
+        ty |= DATA_LEN;
+    }
+    out.push(ty);
+    encode_implicit_data_header(out, flow, offset, offset_len);
+    if let Some(len) = len {
+        put_varint(out, len as u64);
+    }
+}
+
+/// Writes the start of a DATA frame whose flags travel in the packet header (flow and
+/// truncated offset); the payload follows to the end of the packet.
+pub fn encode_implicit_data_header(out: &mut Vec<u8>, flow: u64, offset: u64, offset_len: usize) {
     put_varint(out, flow);
     put_uint(out, offset, offset_len);
-    out.extend_from_slice(data);
 }
 
 pub fn encode_reset(out: &mut Vec<u8>, flow: u64, reason: ResetReason, final_offset: u64) {

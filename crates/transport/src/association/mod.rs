@@ -412,7 +412,6 @@ impl Association {
             return Ok(ReadOutcome::Data(chunk));
         }
         if f.recv.take_fin() {
-            f.fin_reported = true;
             self.maybe_close_flow(flow);
             return Ok(ReadOutcome::Finished);
         }

@@ -15,7 +15,7 @@ impl Association {
             }
         };
         let short = match header {
-            Header::Hello(h) => return self.on_hello(now, h),
+            Header::Hello(h) => return self.on_hello(h),
             Header::Short(s) => s,
         };
         if self.peer_epoch.is_none() {
@@ -74,7 +74,7 @@ impl Association {
         self.rx_buf = rx;
     }
 
-    pub(super) fn on_hello(&mut self, now: Instant, h: Hello) {
+    pub(super) fn on_hello(&mut self, h: Hello) {
         if h.version != PROTOCOL_VERSION {
             self.stats.malformed_dropped += 1;
             return;
@@ -113,7 +113,6 @@ impl Association {
         if !h.established || h.echo != self.local_epoch || self.hello_echo_sent != h.epoch {
             self.hello_reply_needed = true;
         }
-        let _ = now;
     }
 
     pub(super) fn set_established(&mut self) {

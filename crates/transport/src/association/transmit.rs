@@ -197,26 +197,13 @@ impl Association {
             let Some(f) = self.flows.get(&flow) else {
                 continue;
             };
-            let masked = offset & mask(offset_len);
             if implicit {
                 implicit_data = Some(ImplicitData { fin, offset_len });
-                crate::codec::put_varint(&mut payload, flow);
-                crate::codec::put_uint(&mut payload, masked, offset_len);
+                frame::encode_implicit_data_header(&mut payload, flow, offset, offset_len);
             } else {
-                let mut ty = frame::TYPE_DATA_BASE | ((offset_len as u8 - 1) << 2);
-                if fin {
-                    ty |= 0x01;
-                }
-                let explicit_len = i + 1 < count || fin;
-                if explicit_len {
-                    ty |= 0x02;
-                }
-                payload.push(ty);
-                crate::codec::put_varint(&mut payload, flow);
-                crate::codec::put_uint(&mut payload, masked, offset_len);
-                if explicit_len {
-                    crate::codec::put_varint(&mut payload, len as u64);
-                }
+                // FIN always travels with an explicit length; so does every frame but the last.
+                let len_field = (i + 1 < count || fin).then_some(len);
+                frame::encode_data_header(&mut payload, flow, offset, offset_len, fin, len_field);
             }
             f.send.copy_to(offset, len, &mut payload);
             frames.push(SentFrame::Data {
