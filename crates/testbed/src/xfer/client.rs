@@ -71,6 +71,14 @@ fn connect(o: &ClientOpts, deadline: Instant) -> io::Result<TcpStream> {
     Ok(s)
 }
 
+/// Stamps the completion time and folds the transfer's error, if any, into the outcome.
+fn conclude(out: &mut Outcome, t0: Instant, r: io::Result<()>) {
+    out.completion_s = t0.elapsed().as_secs_f64();
+    if let Err(e) = r {
+        fail(out, &e);
+    }
+}
+
 fn fail(out: &mut Outcome, e: &io::Error) {
     if xio::is_capped(e) {
         out.capped = true;
@@ -120,11 +128,8 @@ fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome 
         }
         Ok(())
     })();
-    out.completion_s = t0.elapsed().as_secs_f64();
     out.intact = Some(ok);
-    if let Err(e) = r {
-        fail(&mut out, &e);
-    }
+    conclude(&mut out, t0, r);
     out
 }
 
@@ -255,10 +260,7 @@ fn rr(
         }
         Ok(())
     })();
-    out.completion_s = t0.elapsed().as_secs_f64();
-    if let Err(e) = r {
-        fail(&mut out, &e);
-    }
+    conclude(&mut out, t0, r);
     out
 }
 
@@ -426,10 +428,7 @@ fn half_close(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome 
         ok &= out.bytes == down;
         Ok(())
     })();
-    out.completion_s = t0.elapsed().as_secs_f64();
     out.intact = Some(ok);
-    if let Err(e) = r {
-        fail(&mut out, &e);
-    }
+    conclude(&mut out, t0, r);
     out
 }
