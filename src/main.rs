@@ -1,7 +1,13 @@
-//! pepd: the daemon. Until the relay lands (issue 4) it only reports its version and the
-//! protocol version it speaks, so packaging and CI have a real binary to build.
+//! The `pepd` command line: run the gateway or check a config.
 
-use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use pepd::config::PepdConfig;
+use pepd::daemon;
 
 #[derive(Parser)]
 #[command(
@@ -9,14 +15,85 @@ use clap::Parser;
     version,
     about = "Performance-enhancing proxy for satellite links"
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    println!(
-        "pepd {} (wire protocol version {})",
-        env!("CARGO_PKG_VERSION"),
-        pep_transport::PROTOCOL_VERSION
-    );
-    Ok(())
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Run {
+        /// Configuration file (TOML).
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and print the effective settings.
+    CheckConfig {
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { config } => check_config(&config),
+        Command::Run { config } => match run(&config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("pepd: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn check_config(path: &std::path::Path) -> ExitCode {
+    match PepdConfig::load(path) {
+        Ok(cfg) => {
+            println!("{}: ok", path.display());
+            println!("{}", cfg.summary());
+            for w in cfg.warnings() {
+                println!("warning: {w}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pepd: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(path: &std::path::Path) -> anyhow::Result<()> {
+    // Nothing starts on a bad config.
+    let cfg = PepdConfig::load(path)?;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&cfg.log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    for w in cfg.warnings() {
+        tracing::warn!("config: {w}");
+    }
+    raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(daemon::Daemon::new(cfg).run())
+}
+
+/// Every proxied connection holds a descriptor; the soft limit (1024 by default) is raised
+/// to the hard limit, as systemd recommends for daemons that need many.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_err() {
+            tracing::warn!(soft, hard, "could not raise the open-file limit");
+        }
+    }
 }

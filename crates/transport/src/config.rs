@@ -109,6 +109,10 @@ pub struct Config {
     pub idle_redundancy: bool,
     /// RTT assumed before the first sample (sets the first probe timeout).
     pub initial_rtt: Duration,
+    /// How far the pacer may fall behind schedule and catch up back to back (never less
+    /// than two packets). An event loop whose timers fire late by up to a millisecond
+    /// needs about that much; a deterministic simulator needs none.
+    pub pacing_burst: Duration,
 }
 
 impl Config {
@@ -138,6 +142,7 @@ impl Config {
             reorder_threshold: 3,
             idle_redundancy: true,
             initial_rtt: Duration::from_millis(600),
+            pacing_burst: Duration::ZERO,
         }
     }
 

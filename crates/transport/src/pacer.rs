@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-/// The pacer may fall behind schedule by this many packets' worth (a late timer in a real
-/// event loop) and catch up back to back; more would be a burst.
+/// The pacer may always fall behind schedule by this many packets' worth and catch up back
+/// to back; the configured burst time can allow more (a coarse timer in a real event loop).
 const CATCH_UP_PACKETS: u64 = 2;
 
 #[derive(Debug, Clone)]
@@ -12,6 +12,7 @@ pub struct Pacer {
     next_send: Option<Instant>,
     rate_bps: u64,
     packet_bytes: u64,
+    burst: Duration,
 }
 
 impl Pacer {
@@ -20,7 +21,14 @@ impl Pacer {
             next_send: None,
             rate_bps: rate_bps.max(1),
             packet_bytes: packet_bytes as u64,
+            burst: Duration::ZERO,
         }
+    }
+
+    /// Lets the schedule lag by up to `burst` (at least two packets) before it slips.
+    pub fn with_burst(mut self, burst: Duration) -> Self {
+        self.burst = burst;
+        self
     }
 
     pub fn set_rate(&mut self, rate_bps: u64) {
@@ -49,7 +57,9 @@ impl Pacer {
 
     /// Books `wire_bytes` on the schedule.
     pub fn on_sent(&mut self, now: Instant, wire_bytes: u64) {
-        let slack = self.transmission_time(self.packet_bytes * CATCH_UP_PACKETS);
+        let slack = self
+            .transmission_time(self.packet_bytes * CATCH_UP_PACKETS)
+            .max(self.burst);
         let earliest = now.checked_sub(slack).unwrap_or(now);
         let start = self.next_send.map_or(now, |t| t.max(earliest));
         self.next_send = Some(start + self.transmission_time(wire_bytes));
@@ -78,6 +88,34 @@ mod tests {
         }
         let rate = sent as f64 * 1500.0 * 8.0 / 0.010;
         assert!((rate / 1e10 - 1.0).abs() < 0.01, "{rate}");
+    }
+
+    #[test]
+    fn a_burst_allowance_keeps_the_rate_under_a_millisecond_timer() {
+        // 100 Mb/s is 8.3 packets per millisecond; a loop that can only wake on whole
+        // milliseconds loses most of the rate with a two-packet catch-up.
+        let rate_with = |burst: Duration| {
+            let mut p = Pacer::new(100_000_000, 1500).with_burst(burst);
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut sent = 0u64;
+            while now < t0 + Duration::from_millis(100) {
+                match p.delay_until(now) {
+                    Some(t) => {
+                        let ms = (t - t0).as_nanos().div_ceil(1_000_000) as u64;
+                        now = t0 + Duration::from_millis(ms);
+                    }
+                    None => {
+                        p.on_sent(now, 1500);
+                        sent += 1;
+                    }
+                }
+            }
+            sent as f64 * 1500.0 * 8.0 / 0.1 / 1e8
+        };
+        assert!(rate_with(Duration::ZERO) < 0.5);
+        let with_burst = rate_with(Duration::from_millis(2));
+        assert!(with_burst > 0.99 && with_burst < 1.02, "{with_burst}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Round-trip time estimation: smoothed RTT and variance (RFC 6298) and an ageing minimum
 //! that serves as Vegas's base RTT and the zero point of queueing-delay evidence.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// The minimum is kept over two alternating windows of this length, so a path change that
@@ -16,7 +17,13 @@ pub struct RttEstimator {
     min_current: Duration,
     min_previous: Duration,
     window_start: Option<Instant>,
+    /// Samples of the last quarter round trip, increasing in RTT (sliding-window minimum).
+    recent: VecDeque<(Instant, Duration)>,
 }
+
+/// Shortest span of the recent minimum: a standing queue outlasts it, a scheduling hiccup
+/// of the endpoints does not.
+const RECENT_MIN_SPAN: Duration = Duration::from_millis(20);
 
 impl RttEstimator {
     pub fn new(initial: Duration) -> Self {
@@ -28,6 +35,7 @@ impl RttEstimator {
             min_current: Duration::MAX,
             min_previous: Duration::MAX,
             window_start: None,
+            recent: VecDeque::new(),
         }
     }
 
@@ -48,6 +56,18 @@ impl RttEstimator {
             }
         }
         self.min_current = self.min_current.min(rtt);
+        while self.recent.back().is_some_and(|&(_, r)| r >= rtt) {
+            self.recent.pop_back();
+        }
+        self.recent.push_back((now, rtt));
+        let span = (self.smoothed() / 4).max(RECENT_MIN_SPAN);
+        while self
+            .recent
+            .front()
+            .is_some_and(|&(t, _)| now.saturating_duration_since(t) > span)
+        {
+            self.recent.pop_front();
+        }
         match self.smoothed {
             None => {
                 self.smoothed = Some(rtt);
@@ -63,6 +83,12 @@ impl RttEstimator {
 
     pub fn latest(&self) -> Duration {
         self.latest
+    }
+
+    /// Lowest sample of the last quarter round trip (at least 20 ms): queueing delay shows
+    /// in every sample of such a span, a delayed ACK or a late timer only in some.
+    pub fn recent_min(&self) -> Duration {
+        self.recent.front().map_or(self.latest, |&(_, r)| r)
     }
 
     pub fn smoothed(&self) -> Duration {
@@ -92,6 +118,24 @@ impl RttEstimator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recent_min_ignores_a_lone_spike_but_follows_a_standing_queue() {
+        let mut r = RttEstimator::new(Duration::from_millis(600));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        for i in 0..100u64 {
+            r.on_sample(t0 + ms(i), ms(500));
+        }
+        r.on_sample(t0 + ms(100), ms(530));
+        assert_eq!(r.latest(), ms(530));
+        assert_eq!(r.recent_min(), ms(500));
+        // A queue that holds for a quarter round trip raises every sample.
+        for i in 101..400u64 {
+            r.on_sample(t0 + ms(i), ms(520));
+        }
+        assert_eq!(r.recent_min(), ms(520));
+    }
 
     #[test]
     fn min_ages_out_after_two_windows() {

@@ -260,7 +260,7 @@ impl Association {
             last_eliciting_sent: None,
             rtt: RttEstimator::new(cfg.initial_rtt),
             cc: new_controller(&cfg),
-            pacer: Pacer::new(cfg.rate_bps, cfg.mtu),
+            pacer: Pacer::new(cfg.rate_bps, cfg.mtu).with_burst(cfg.pacing_burst),
             classifier,
             recovery_start_pn: 0,
             loss_time: None,
@@ -325,6 +325,24 @@ impl Association {
         s
     }
 
+    /// Bytes written by the application and not yet acknowledged, over all flows: what a
+    /// memory budget on the sending side has to count.
+    pub fn send_buffered(&self) -> u64 {
+        self.flows
+            .values()
+            .map(|f| f.send.end() - f.send.acked_base())
+            .sum()
+    }
+
+    /// Bytes received and not yet read by the application, over all flows (bounded by the
+    /// association window this side advertises).
+    pub fn recv_buffered(&self) -> u64 {
+        self.flows
+            .values()
+            .map(|f| f.recv.highest() - f.recv.read_offset())
+            .sum()
+    }
+
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -376,8 +394,20 @@ impl Association {
         Ok(n)
     }
 
-    /// Bytes `write` would accept now.
-    pub fn send_capacity(&self, flow: FlowId) -> usize {
+    /// Bytes `write` would accept now. When that is nothing, a `FlowWritable` event follows
+    /// once room frees, as after a short write.
+    pub fn send_capacity(&mut self, flow: FlowId) -> usize {
+        let room = self.peek_send_capacity(flow);
+        if room == 0 {
+            if let Some(f) = self.flows.get_mut(&flow) {
+                f.write_blocked = true;
+            }
+        }
+        room
+    }
+
+    /// Bytes `write` would accept now, without asking for a `FlowWritable` event.
+    pub fn peek_send_capacity(&self, flow: FlowId) -> usize {
         self.flows
             .get(&flow)
             .filter(|f| f.reset.is_none() && !f.send.is_finished_by_app())

@@ -147,7 +147,7 @@ impl Association {
             let evidence = self
                 .rtt
                 .has_samples()
-                .then(|| self.rtt.latest().saturating_sub(self.rtt.min()));
+                .then(|| self.rtt.recent_min().saturating_sub(self.rtt.min()));
             let packet_time = self.pacer.transmission_time(self.cfg.mtu as u64);
             self.classifier.classify(evidence, packet_time)
         });

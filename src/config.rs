@@ -1,0 +1,346 @@
+//! pepd's TOML configuration: the schema, its defaults, and conversion into the transport's
+//! [`pep_transport::Config`]. Unknown keys are rejected; every error names the key and line.
+//! docs/CONFIG.md describes every key for operators.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+mod error;
+mod report;
+mod source;
+mod units;
+mod validate;
+
+pub use error::{ConfigError, Diagnostic};
+pub use source::SourceMap;
+pub use units::{BitRate, ByteSize};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PepdConfig {
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub intercept: InterceptConfig,
+    pub peer: PeerConfig,
+    pub link: LinkConfig,
+    #[serde(default)]
+    pub transport: TransportConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub timeouts: TimeoutsConfig,
+    #[serde(default)]
+    pub upstream: UpstreamConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    /// Where each key was written, so validation and warnings can name lines. Empty for a
+    /// config built in code.
+    #[serde(skip)]
+    pub source_map: SourceMap,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// tracing env-filter directive, e.g. "info" or "pepd=debug,info". `RUST_LOG` overrides.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InterceptConfig {
+    /// TPROXY listener addresses (one socket each; IPv6 ones are v6-only).
+    pub listen: Vec<SocketAddr>,
+    /// Mark carried by every socket pepd itself opens (tunnel UDP, upstream TCP), so the
+    /// rules can exclude pepd's own traffic from interception.
+    pub own_mark: u32,
+}
+
+impl Default for InterceptConfig {
+    fn default() -> Self {
+        InterceptConfig {
+            listen: vec![
+                SocketAddr::from(([0, 0, 0, 0], DEFAULT_TPROXY_PORT)),
+                SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, DEFAULT_TPROXY_PORT)),
+            ],
+            own_mark: 0x2,
+        }
+    }
+}
+
+pub const DEFAULT_TPROXY_PORT: u16 = 7000;
+pub const DEFAULT_TUNNEL_PORT: u16 = 7400;
+
+/// Which end of the hop this gateway is. Decides the flow-id parity; the two ends of an
+/// association must differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    Terminal,
+    Hub,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The peer gateway's tunnel address (UDP).
+    pub address: SocketAddr,
+    /// Local tunnel address; defaults to the unspecified address of the peer's family on
+    /// port 7400.
+    pub bind: Option<SocketAddr>,
+    pub side: Side,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    /// Rate this gateway sends at over the satellite hop.
+    pub tx_rate: BitRate,
+    /// Rate the peer sends at towards us; sizes the receive windows.
+    pub rx_rate: BitRate,
+    /// Largest IP packet on the satellite hop.
+    #[serde(default = "default_mtu")]
+    pub mtu: usize,
+}
+
+fn default_mtu() -> usize {
+    1500
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CcModeName {
+    Rate,
+    Vegas,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossDefault {
+    Corruption,
+    Congestion,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportConfig {
+    pub cc: CcModeName,
+    pub vegas_alpha: f64,
+    pub vegas_beta: f64,
+    pub vegas_gamma: f64,
+    /// Cause assumed for a loss without outage or delay evidence.
+    pub loss_default: LossDefault,
+    pub ack_every_packets: u32,
+    #[serde(with = "humantime_serde")]
+    pub ack_max_delay: Duration,
+    /// How long flows survive a link outage.
+    #[serde(with = "humantime_serde")]
+    pub outage_limit: Duration,
+    #[serde(with = "humantime_serde")]
+    pub keepalive: Duration,
+    /// How far the pacer may fall behind (a late timer) and catch up back to back.
+    #[serde(with = "humantime_serde")]
+    pub pacing_burst: Duration,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        let t = pep_transport::Config::for_rate(1_000_000);
+        TransportConfig {
+            cc: CcModeName::Rate,
+            vegas_alpha: t.vegas.alpha,
+            vegas_beta: t.vegas.beta,
+            vegas_gamma: t.vegas.gamma,
+            loss_default: LossDefault::Corruption,
+            ack_every_packets: t.ack.every_packets,
+            ack_max_delay: t.ack.max_delay,
+            outage_limit: t.outage_limit,
+            keepalive: t.keepalive_interval,
+            pacing_burst: Duration::from_millis(2),
+        }
+    }
+}
+
+/// What happens to a new connection when `max_flows` are open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverLimit {
+    /// The client gets a reset.
+    Refuse,
+    /// pepd relays it as plain TCP over the routed path, without the satellite transport.
+    Bypass,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub max_flows: usize,
+    pub over_limit: OverLimit,
+    /// Bytes buffered per flow and direction; `None` sizes it from the link (4.8 s of rate,
+    /// at least 4 MiB).
+    pub flow_buffer: Option<ByteSize>,
+    /// All flow buffers together, both directions.
+    pub memory_budget: ByteSize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_flows: 4096,
+            over_limit: OverLimit::Refuse,
+            flow_buffer: None,
+            memory_budget: ByteSize(512 << 20),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutsConfig {
+    /// Upstream connect on the far side; on expiry the client gets a reset.
+    #[serde(with = "humantime_serde")]
+    pub connect: Duration,
+    /// A flow with no bytes either way for this long is reset. 0 disables.
+    #[serde(with = "humantime_serde")]
+    pub idle: Duration,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig {
+            connect: Duration::from_secs(10),
+            idle: Duration::from_secs(2 * 3600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Connect to the destination from the client's own address (`IP_TRANSPARENT` bind).
+    pub transparent_source: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Prometheus scrape endpoint (HTTP).
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_METRICS_PORT)),
+        }
+    }
+}
+
+pub const DEFAULT_METRICS_PORT: u16 = 9464;
+
+impl PepdConfig {
+    /// Reads, parses and validates `path`; diagnostics name the file as given.
+    pub fn load(path: &std::path::Path) -> Result<PepdConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        PepdConfig::parse_named(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates config text that did not come from a file.
+    pub fn parse(text: &str) -> Result<PepdConfig, ConfigError> {
+        PepdConfig::parse_named(text, "")
+    }
+
+    /// Parses and validates `text`; `origin` (a file name) prefixes every diagnostic.
+    pub fn parse_named(text: &str, origin: &str) -> Result<PepdConfig, ConfigError> {
+        let root = toml::de::DeTable::parse(text).map_err(|e| {
+            let (partial, _) = toml::de::DeTable::parse_recoverable(text);
+            ConfigError::Parse(SourceMap::explain_syntax(
+                origin,
+                &e,
+                text,
+                partial.get_ref(),
+            ))
+        })?;
+        let source_map = SourceMap::build(origin, text, root.get_ref());
+        let mut config = PepdConfig::deserialize(toml::de::Deserializer::from(root))
+            .map_err(|e| ConfigError::Parse(source_map.explain(&e, text)))?;
+        config.source_map = source_map;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn tunnel_bind(&self) -> SocketAddr {
+        self.peer.bind.unwrap_or_else(|| match self.peer.address {
+            SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], DEFAULT_TUNNEL_PORT)),
+            SocketAddr::V6(_) => {
+                SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, DEFAULT_TUNNEL_PORT))
+            }
+        })
+    }
+
+    pub fn role(&self) -> pep_transport::Role {
+        match self.peer.side {
+            Side::Terminal => pep_transport::Role::Initiator,
+            Side::Hub => pep_transport::Role::Responder,
+        }
+    }
+
+    /// The transport settings this config asks for.
+    pub fn transport(&self) -> pep_transport::Config {
+        let mut c = pep_transport::Config::for_rate(self.link.tx_rate.bps());
+        let rx = pep_transport::Config::for_rate(self.link.rx_rate.bps());
+        // What we advertise as receiver is sized by what the peer sends; what we buffer
+        // for sending by our own rate.
+        c.flow_window = rx.flow_window;
+        c.assoc_window = rx.assoc_window;
+        if let Some(b) = self.limits.flow_buffer {
+            c.flow_window = b.bytes();
+            c.send_buffer = b.bytes();
+        }
+        let half_budget = self.limits.memory_budget.bytes() / 2;
+        c.assoc_window = c.assoc_window.min(half_budget).max(c.flow_window);
+        let t = &self.transport;
+        c.cc = match t.cc {
+            CcModeName::Rate => pep_transport::CcMode::Rate,
+            CcModeName::Vegas => pep_transport::CcMode::Vegas,
+        };
+        c.vegas = pep_transport::VegasParams {
+            alpha: t.vegas_alpha,
+            beta: t.vegas_beta,
+            gamma: t.vegas_gamma,
+        };
+        c.loss_default = match t.loss_default {
+            LossDefault::Corruption => pep_transport::LossCause::Corruption,
+            LossDefault::Congestion => pep_transport::LossCause::Congestion,
+        };
+        c.ack.every_packets = t.ack_every_packets;
+        c.ack.max_delay = t.ack_max_delay;
+        c.outage_limit = t.outage_limit;
+        c.keepalive_interval = t.keepalive;
+        c.pacing_burst = t.pacing_burst;
+        c.mtu = self.link.mtu;
+        c.wire_overhead = match self.peer.address {
+            SocketAddr::V4(_) => 20 + 8,
+            SocketAddr::V6(_) => 40 + 8,
+        } + 16;
+        c.max_flows = self.limits.max_flows;
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,253 @@
+//! What `pepd check-config` prints: the effective settings, and the legal settings an
+//! operator most likely did not mean.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::error::sort_by_position;
+use super::{CcModeName, LossDefault, OverLimit, PepdConfig, Side};
+
+/// The round trip a flow buffer must cover to keep a GEO link busy (two hops up and down,
+/// plus ground segments and ACK delay).
+const GEO_RTT: Duration = Duration::from_millis(600);
+
+/// Idle timeouts below this reset quiet interactive sessions (ssh, database pools).
+const SHORT_IDLE: Duration = Duration::from_secs(60);
+
+fn dur(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// "5.7 MiB": sizes computed from rates are rarely round, and exact bytes are noise here.
+pub(super) fn approx(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (unit, name) in UNITS {
+        if bytes >= unit {
+            let tenths = (u128::from(bytes) * 10 + u128::from(unit) / 2) / u128::from(unit);
+            return match tenths % 10 {
+                0 => format!("{} {name}", tenths / 10),
+                t => format!("{}.{t} {name}", tenths / 10),
+            };
+        }
+    }
+    format!("{bytes} B")
+}
+
+impl PepdConfig {
+    /// A short human summary of the effective settings, defaults filled in.
+    pub fn summary(&self) -> String {
+        let t = self.transport();
+        let mut s = String::new();
+        // Writing to a String cannot fail; the results are discarded for that reason.
+        let side = match self.peer.side {
+            Side::Terminal => "terminal (initiator)",
+            Side::Hub => "hub (responder)",
+        };
+        let _ = writeln!(s, "side:       {side}");
+        let _ = writeln!(
+            s,
+            "peer:       {} over UDP, tunnel bound to {}",
+            self.peer.address,
+            self.tunnel_bind()
+        );
+        let listen: Vec<String> = self
+            .intercept
+            .listen
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let _ = writeln!(
+            s,
+            "intercept:  {} (own mark {:#x})",
+            listen.join(", "),
+            self.intercept.own_mark
+        );
+        let _ = writeln!(
+            s,
+            "link:       tx {}, rx {}, MTU {} ({}-byte datagrams)",
+            self.link.tx_rate,
+            self.link.rx_rate,
+            t.mtu,
+            t.mtu.saturating_sub(t.wire_overhead)
+        );
+        let tr = &self.transport;
+        let cc = match tr.cc {
+            CcModeName::Rate => "rate".to_owned(),
+            CcModeName::Vegas => format!(
+                "vegas (alpha {}, beta {}, gamma {})",
+                tr.vegas_alpha, tr.vegas_beta, tr.vegas_gamma
+            ),
+        };
+        let loss = match tr.loss_default {
+            LossDefault::Corruption => "corruption",
+            LossDefault::Congestion => "congestion",
+        };
+        let _ = writeln!(
+            s,
+            "transport:  cc {cc}, unexplained loss = {loss}, pacing burst {}",
+            dur(tr.pacing_burst)
+        );
+        let _ = writeln!(
+            s,
+            "acks:       every {} packets or {}",
+            tr.ack_every_packets,
+            dur(tr.ack_max_delay)
+        );
+        let buffer = match self.limits.flow_buffer {
+            Some(_) => "",
+            None => ", sized from the link rates",
+        };
+        let _ = writeln!(
+            s,
+            "windows:    flow {}, association {}, send buffer {}{buffer}",
+            approx(t.flow_window),
+            approx(t.assoc_window),
+            approx(t.send_buffer)
+        );
+        let over = match self.limits.over_limit {
+            OverLimit::Refuse => "refuse",
+            OverLimit::Bypass => "bypass",
+        };
+        let _ = writeln!(
+            s,
+            "limits:     {} flows (then {over}), memory budget {}",
+            self.limits.max_flows, self.limits.memory_budget
+        );
+        let idle = match self.timeouts.idle {
+            Duration::ZERO => "never".to_owned(),
+            d => dur(d),
+        };
+        let _ = writeln!(
+            s,
+            "timeouts:   connect {}, idle {idle}, outage {}, keepalive {}",
+            dur(self.timeouts.connect),
+            dur(tr.outage_limit),
+            dur(tr.keepalive)
+        );
+        let source = if self.upstream.transparent_source {
+            "the client's address (transparent)"
+        } else {
+            "this gateway's address"
+        };
+        let _ = writeln!(s, "upstream:   connects from {source}");
+        let _ = writeln!(s, "log:        {}", self.log.level);
+        let _ = write!(s, "metrics:    {}", self.metrics.listen);
+        s
+    }
+
+    /// Settings that are legal but probably not what the operator meant, each prefixed with
+    /// where it is set. Empty for the example configs.
+    pub fn warnings(&self) -> Vec<String> {
+        let map = &self.source_map;
+        let mut found = Vec::new();
+        let mut warn = |key: &str, why: String| {
+            found.push(map.diagnostic(key, format!("`{key}` {why}")));
+        };
+        let tr = &self.transport;
+
+        if tr.loss_default == LossDefault::Congestion {
+            warn(
+                "transport.loss_default",
+                "= \"congestion\" slows down on every loss the delay does not explain; on a \
+                 satellite link most such losses are bit errors (\"corruption\")"
+                    .into(),
+            );
+        }
+        if tr.cc == CcModeName::Rate {
+            for key in [
+                "transport.vegas_alpha",
+                "transport.vegas_beta",
+                "transport.vegas_gamma",
+            ] {
+                if map.contains(key) {
+                    warn(key, "has no effect with `transport.cc = \"rate\"`".into());
+                }
+            }
+        }
+        if tr.pacing_burst.is_zero() {
+            warn(
+                "transport.pacing_burst",
+                "= 0 lets the pacer never catch up after a late timer, so the link runs \
+                 below `link.tx_rate`"
+                    .into(),
+            );
+        }
+        if tr.keepalive > tr.outage_limit / 3 {
+            warn(
+                "transport.keepalive",
+                format!(
+                    "({}) leaves fewer than three probes before `transport.outage_limit` ({}): \
+                     an outage on an idle link is noticed late",
+                    dur(tr.keepalive),
+                    dur(tr.outage_limit)
+                ),
+            );
+        }
+        if let Some(b) = self.limits.flow_buffer {
+            let bdp = u128::from(self.link.tx_rate.bytes_per_sec()) * GEO_RTT.as_millis() / 1000;
+            if u128::from(b.bytes()) < bdp {
+                warn(
+                    "limits.flow_buffer",
+                    format!(
+                        "({b}) is less than one bandwidth-delay product of `link.tx_rate` at \
+                         600 ms RTT ({}): a single flow cannot fill the link",
+                        approx(u64::try_from(bdp).unwrap_or(u64::MAX))
+                    ),
+                );
+            }
+        }
+        match self.timeouts.idle {
+            Duration::ZERO => warn(
+                "timeouts.idle",
+                "= 0 never resets idle flows: clients that vanish without FIN or RST hold \
+                 their buffers and a flow slot forever"
+                    .into(),
+            ),
+            d if d < SHORT_IDLE => warn(
+                "timeouts.idle",
+                format!(
+                    "({}) resets interactive sessions (ssh, database pools) that stay quiet \
+                     that long",
+                    dur(d)
+                ),
+            ),
+            _ => {}
+        }
+        if self.link.mtu > 1500 {
+            warn(
+                "link.mtu",
+                format!(
+                    "({}) is above Ethernet's 1500: every hop between the gateways, modems \
+                     included, must carry it or datagrams are lost",
+                    self.link.mtu
+                ),
+            );
+        }
+        if !self.metrics.listen.ip().is_loopback() {
+            warn(
+                "metrics.listen",
+                format!(
+                    "({}) serves metrics beyond this host; they reveal traffic volumes",
+                    self.metrics.listen
+                ),
+            );
+        }
+        sort_by_position(&mut found);
+        found.iter().map(ToString::to_string).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::approx;
+
+    #[test]
+    fn approx_rounds_to_a_tenth() {
+        assert_eq!(approx(0), "0 B");
+        assert_eq!(approx(1023), "1023 B");
+        assert_eq!(approx(1024), "1 KiB");
+        assert_eq!(approx(6_000_000), "5.7 MiB");
+        assert_eq!(approx(4 << 20), "4 MiB");
+        assert_eq!(approx(u64::MAX), "17179869184 GiB");
+    }
+}

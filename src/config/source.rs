@@ -1,0 +1,340 @@
+//! Where each key sits in the config text. The toml crate reports errors as byte spans;
+//! this map turns a span back into the dotted key an operator would search for, and lets
+//! the validator point at the line of a key long after parsing.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::error::{Diagnostic, Position};
+
+/// Dotted key path → location, for every key and array element in one config text.
+#[derive(Clone, Default)]
+pub struct SourceMap {
+    origin: String,
+    entries: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    key_span: Range<usize>,
+    value_span: Range<usize>,
+    key_at: Position,
+    is_table: bool,
+}
+
+impl fmt::Debug for SourceMap {
+    // The full map would drown the config in `{:?}` output; the origin is what matters.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceMap")
+            .field("origin", &self.origin)
+            .field("keys", &self.entries.len())
+            .finish()
+    }
+}
+
+impl SourceMap {
+    pub(super) fn build(origin: &str, text: &str, root: &DeTable<'_>) -> SourceMap {
+        let lines = LineIndex::new(text);
+        let mut map = SourceMap {
+            origin: origin.to_owned(),
+            entries: BTreeMap::new(),
+        };
+        map.add_table("", root, &lines);
+        map
+    }
+
+    /// Where `key` (a dotted path like `link.mtu`) is written, or `Position::Default` when
+    /// the file leaves it out.
+    pub fn position(&self, key: &str) -> Position {
+        self.entries
+            .get(key)
+            .map_or(Position::Default, |e| e.key_at)
+    }
+
+    pub fn line(&self, key: &str) -> Option<usize> {
+        self.position(key).line()
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// "line 12", or "default" for a key the file does not set; for messages that refer to
+    /// a second key.
+    pub fn describe(&self, key: &str) -> String {
+        match self.line(key) {
+            Some(line) => format!("line {line}"),
+            None => "default".to_owned(),
+        }
+    }
+
+    pub(super) fn diagnostic(&self, key: &str, message: String) -> Diagnostic {
+        Diagnostic {
+            origin: self.origin.clone(),
+            key: Some(key.to_owned()),
+            position: self.position(key),
+            message,
+        }
+    }
+
+    fn add_table(&mut self, prefix: &str, table: &DeTable<'_>, lines: &LineIndex) {
+        for (key, value) in table {
+            let path = if prefix.is_empty() {
+                key.get_ref().to_string()
+            } else {
+                format!("{prefix}.{}", key.get_ref())
+            };
+            self.add_value(path, key.span(), value, lines);
+        }
+    }
+
+    fn add_value(
+        &mut self,
+        path: String,
+        key_span: Range<usize>,
+        value: &Spanned<DeValue<'_>>,
+        lines: &LineIndex,
+    ) {
+        match value.get_ref() {
+            DeValue::Table(t) => self.add_table(&path, t, lines),
+            DeValue::Array(a) => {
+                for (i, element) in a.iter().enumerate() {
+                    // An array element has no key of its own: point at the element.
+                    self.add_value(format!("{path}[{i}]"), element.span(), element, lines);
+                }
+            }
+            _ => {}
+        }
+        let entry = Entry {
+            key_at: lines.position(key_span.start),
+            key_span,
+            value_span: value.span(),
+            is_table: value.get_ref().is_table(),
+        };
+        self.entries.insert(path, entry);
+    }
+
+    /// The innermost key whose span satisfies `pred`: the smallest value span wins, so a
+    /// value inside an inline table is preferred over the table.
+    fn innermost(&self, pred: impl Fn(&Entry) -> bool) -> Option<(&str, &Entry)> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| pred(e))
+            .min_by_key(|(path, e)| (e.value_span.len(), std::cmp::Reverse(path.len())))
+            .map(|(path, e)| (path.as_str(), e))
+    }
+
+    /// For a duplicate key at `span`: the closest earlier key of the same name, which is
+    /// the one the recovered table kept.
+    fn first_definition(&self, text: &str, span: &Range<usize>) -> Option<(&str, &Entry)> {
+        let name = text
+            .get(span.clone())?
+            .trim_matches(|c| c == '"' || c == '\'');
+        self.entries
+            .iter()
+            .filter(|(path, e)| {
+                e.key_span.start < span.start && path.rsplit('.').next() == Some(name)
+            })
+            .max_by_key(|(_, e)| e.key_span.start)
+            .map(|(path, e)| (path.as_str(), e))
+    }
+
+    /// Turns an error from deserializing this text into one naming the key and line.
+    pub(super) fn explain(&self, error: &toml::de::Error, text: &str) -> Diagnostic {
+        let lines = LineIndex::new(text);
+        let span = error.span().unwrap_or(0..0);
+        let message = error.message();
+        let at = lines.position(span.start);
+        let diag = |key: Option<String>, position: Position, message: String| Diagnostic {
+            origin: self.origin.clone(),
+            key,
+            position,
+            message,
+        };
+
+        if let Some((field, rest)) = backquoted_after(message, "unknown field `") {
+            let path = self
+                .innermost(|e| e.key_span == span)
+                .map_or_else(|| field.to_owned(), |(p, _)| p.to_owned());
+            let expected = rest.trim_start_matches(", ");
+            let hint = if expected.is_empty() || expected.starts_with("there are no") {
+                String::new()
+            } else {
+                format!(" ({expected})")
+            };
+            return diag(
+                Some(path.clone()),
+                at,
+                format!("unknown key `{path}`{hint}"),
+            );
+        }
+
+        if let Some((field, _)) = backquoted_after(message, "missing field `") {
+            // Serde reports a missing field at the table that lacks it.
+            return match self.innermost(|e| e.is_table && e.value_span == span) {
+                Some((table, entry)) => {
+                    let key = format!("{table}.{field}");
+                    diag(
+                        Some(key.clone()),
+                        entry.key_at,
+                        format!("missing required key `{key}` in `[{table}]`"),
+                    )
+                }
+                None => diag(
+                    Some(field.to_owned()),
+                    Position::Document,
+                    format!("missing required section `[{field}]`"),
+                ),
+            };
+        }
+
+        let found = self
+            .innermost(|e| e.value_span == span)
+            .or_else(|| self.innermost(|e| e.key_span == span))
+            .or_else(|| {
+                self.innermost(|e| e.value_span.start <= span.start && span.end <= e.value_span.end)
+            });
+        let message = plain_types(&message.replace("unknown variant", "unknown value"));
+        match found {
+            Some((path, _)) => diag(Some(path.to_owned()), at, format!("`{path}`: {message}")),
+            None => diag(None, at, message),
+        }
+    }
+
+    /// Turns a TOML syntax error into a diagnostic; `partial` is what the parser recovered,
+    /// which still names the first definition of a duplicate key.
+    pub(super) fn explain_syntax(
+        origin: &str,
+        error: &toml::de::Error,
+        text: &str,
+        partial: &DeTable<'_>,
+    ) -> Diagnostic {
+        let span = error.span().unwrap_or(0..0);
+        let position = LineIndex::new(text).position(span.start);
+        // Other syntax errors are best found by line and column; naming a key for them
+        // would be a guess.
+        let duplicate = match error.message() {
+            "duplicate key" => {
+                let map = SourceMap::build(origin, text, partial);
+                map.first_definition(text, &span)
+                    .map(|(path, _)| path.to_owned())
+            }
+            _ => None,
+        };
+        let message = match &duplicate {
+            Some(key) => format!("duplicate key `{key}`"),
+            None => format!("invalid TOML: {}", error.message()),
+        };
+        Diagnostic {
+            origin: origin.to_owned(),
+            key: duplicate,
+            position,
+            message,
+        }
+    }
+}
+
+/// Serde names Rust types ("expected u32"); operators think in ranges.
+fn plain_types(message: &str) -> String {
+    const NAMES: [(&str, &str); 8] = [
+        ("expected u8", "expected an integer from 0 to 255"),
+        ("expected u16", "expected an integer from 0 to 65535"),
+        ("expected u32", "expected an integer from 0 to 4294967295"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected usize", "expected a non-negative integer"),
+        ("expected i64", "expected an integer"),
+        ("expected f64", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+    ];
+    NAMES
+        .iter()
+        .find_map(|(rust, plain)| {
+            let head = message.strip_suffix(rust)?;
+            Some(format!("{head}{plain}"))
+        })
+        .unwrap_or_else(|| message.to_owned())
+}
+
+/// Splits "{prefix}NAME\`REST" into (NAME, REST): serde quotes names in backticks.
+fn backquoted_after<'m>(message: &'m str, prefix: &str) -> Option<(&'m str, &'m str)> {
+    let after = message.strip_prefix(prefix)?;
+    let end = after.find('`')?;
+    Some((&after[..end], &after[end + 1..]))
+}
+
+/// Byte offset → line and column.
+struct LineIndex<'t> {
+    text: &'t str,
+    starts: Vec<usize>,
+}
+
+impl<'t> LineIndex<'t> {
+    fn new(text: &'t str) -> Self {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        LineIndex { text, starts }
+    }
+
+    fn position(&self, offset: usize) -> Position {
+        let offset = offset.min(self.text.len());
+        let line = self.starts.partition_point(|&s| s <= offset);
+        let start = self
+            .starts
+            .get(line.saturating_sub(1))
+            .copied()
+            .unwrap_or(0);
+        // Columns count characters, as editors do; a span inside a character (never
+        // produced by the parser) falls back to bytes.
+        let column = self
+            .text
+            .get(start..offset)
+            .map_or(offset - start, |s| s.chars().count());
+        Position::At {
+            line,
+            column: column + 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(line: usize, column: usize) -> Position {
+        Position::At { line, column }
+    }
+
+    #[test]
+    fn line_index_counts_from_one_in_characters() {
+        let idx = LineIndex::new("ab\nçd\n\nx");
+        assert_eq!(idx.position(0), at(1, 1));
+        assert_eq!(idx.position(2), at(1, 3));
+        assert_eq!(idx.position(3), at(2, 1));
+        assert_eq!(idx.position(5), at(2, 2)); // after the two-byte 'ç'
+        assert_eq!(idx.position(7), at(3, 1));
+        assert_eq!(idx.position(8), at(4, 1));
+        assert_eq!(idx.position(100), at(4, 2));
+    }
+
+    #[test]
+    fn map_names_nested_keys_and_elements() {
+        let text = "a = 1\n[t]\nb = 2\nl = [\n  1,\n  2,\n]\n[t.u]\nc = { d = 3 }\n";
+        let root = DeTable::parse(text).expect("valid toml");
+        let map = SourceMap::build("x.toml", text, root.get_ref());
+        assert_eq!(map.line("a"), Some(1));
+        assert_eq!(map.line("t"), Some(2));
+        assert_eq!(map.line("t.b"), Some(3));
+        assert_eq!(map.line("t.l"), Some(4));
+        assert_eq!(map.line("t.l[1]"), Some(6));
+        assert_eq!(map.line("t.u.c.d"), Some(9));
+        assert_eq!(map.position("t.nope"), Position::Default);
+        assert_eq!(map.describe("t.b"), "line 3");
+        assert_eq!(map.describe("t.nope"), "default");
+        assert!(format!("{map:?}").contains("x.toml"));
+    }
+}

@@ -1,0 +1,723 @@
+//! Config parsing and validation as an operator meets it: the example files, defaults,
+//! and one test per rule asserting the exact key and line reported.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::error::Position;
+use super::*;
+
+const TERMINAL: &str = include_str!("../../config/terminal.toml");
+const HUB: &str = include_str!("../../config/hub.toml");
+
+/// The smallest valid config: six lines, so an appended section starts on line 7.
+const MIN: &str = "[peer]
+address = \"198.18.0.1:7400\"
+side = \"terminal\"
+[link]
+tx_rate = \"2M\"
+rx_rate = \"10M\"
+";
+
+fn parse_err(text: &str) -> Diagnostic {
+    match PepdConfig::parse_named(text, "test.toml") {
+        Err(ConfigError::Parse(d)) => d,
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+}
+
+fn invalid(text: &str) -> Vec<Diagnostic> {
+    match PepdConfig::parse_named(text, "test.toml") {
+        Err(ConfigError::Invalid(ds)) => ds,
+        other => panic!("expected validation errors, got {other:?}"),
+    }
+}
+
+fn at(line: usize) -> Option<usize> {
+    Some(line)
+}
+
+/// Exactly one problem, at `key` on `line` (`None`: left at its default).
+#[track_caller]
+fn assert_only(problems: &[Diagnostic], key: &str, line: Option<usize>) {
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert_one(&problems[0], key, line);
+}
+
+#[track_caller]
+fn assert_one(d: &Diagnostic, key: &str, line: Option<usize>) {
+    assert_eq!(d.key.as_deref(), Some(key), "{d}");
+    assert_eq!(d.position.line(), line, "{d}");
+    let text = d.to_string();
+    assert!(text.contains(&format!("`{key}`")), "{text}");
+    match line {
+        Some(n) => assert!(text.starts_with(&format!("test.toml line {n}: ")), "{text}"),
+        None => assert!(text.starts_with("test.toml (default): "), "{text}"),
+    }
+}
+
+/// `MIN` plus `extra`, which starts on line 7.
+fn min_with(extra: &str) -> String {
+    format!("{MIN}{extra}")
+}
+
+#[test]
+fn example_configs_parse_validate_and_are_quiet() {
+    let t = PepdConfig::parse_named(TERMINAL, "terminal.toml").expect("terminal.toml");
+    let h = PepdConfig::parse_named(HUB, "hub.toml").expect("hub.toml");
+    assert_eq!(t.peer.side, Side::Terminal);
+    assert_eq!(h.peer.side, Side::Hub);
+    assert_eq!(t.role(), pep_transport::Role::Initiator);
+    assert_eq!(h.role(), pep_transport::Role::Responder);
+    // Mirror images: each side's rx is the other's tx, and each names the other's bind.
+    assert_eq!(t.link.tx_rate, h.link.rx_rate);
+    assert_eq!(t.link.rx_rate, h.link.tx_rate);
+    assert_eq!(h.link.tx_rate, BitRate(10_000_000));
+    assert_eq!(t.link.tx_rate, BitRate(2_000_000));
+    assert_eq!(Some(t.peer.address), h.peer.bind);
+    assert_eq!(Some(h.peer.address), t.peer.bind);
+    for c in [&t, &h] {
+        assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+        c.transport().validate().expect("transport config");
+        let in_test_net = |a: SocketAddr| match a {
+            SocketAddr::V4(v4) => (v4.ip().octets()[0], v4.ip().octets()[1] & 0xfe) == (198, 18),
+            SocketAddr::V6(_) => false,
+        };
+        assert!(in_test_net(c.peer.address) && in_test_net(c.tunnel_bind()));
+    }
+}
+
+#[test]
+fn load_names_the_file() {
+    let path = std::env::temp_dir().join(format!("pepd-config-{}.toml", std::process::id()));
+    std::fs::write(&path, min_with("[link.x]\n")).expect("write temp file");
+    let e = PepdConfig::load(&path).unwrap_err();
+    std::fs::remove_file(&path).expect("remove temp file");
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{} line 7: unknown key `link.x`", path.display())),
+        "{e}"
+    );
+    let missing = PepdConfig::load(std::path::Path::new("/nonexistent/pepd.toml")).unwrap_err();
+    assert!(matches!(missing, ConfigError::Read { .. }), "{missing}");
+}
+
+#[test]
+fn defaults() {
+    let c = PepdConfig::parse(MIN).expect("minimal config");
+    assert_eq!(c.log.level, "info");
+    assert_eq!(
+        c.intercept.listen,
+        vec![
+            "0.0.0.0:7000".parse::<SocketAddr>().expect("addr"),
+            "[::]:7000".parse().expect("addr")
+        ]
+    );
+    assert_eq!(c.intercept.own_mark, 0x2);
+    assert_eq!(c.peer.bind, None);
+    assert_eq!(c.tunnel_bind(), "0.0.0.0:7400".parse().expect("addr"));
+    assert_eq!(c.link.mtu, 1500);
+    let t = &c.transport;
+    assert_eq!(t.cc, CcModeName::Rate);
+    assert_eq!(t.loss_default, LossDefault::Corruption);
+    assert_eq!(
+        (t.vegas_alpha, t.vegas_beta, t.vegas_gamma),
+        (2.0, 4.0, 1.0)
+    );
+    assert_eq!(t.ack_every_packets, 8);
+    assert_eq!(t.ack_max_delay, Duration::from_millis(50));
+    assert_eq!(t.outage_limit, Duration::from_secs(120));
+    assert_eq!(t.keepalive, Duration::from_secs(5));
+    assert_eq!(t.pacing_burst, Duration::from_millis(2));
+    assert_eq!(c.limits.max_flows, 4096);
+    assert_eq!(c.limits.over_limit, OverLimit::Refuse);
+    assert_eq!(c.limits.flow_buffer, None);
+    assert_eq!(c.limits.memory_budget, ByteSize(512 << 20));
+    assert_eq!(c.timeouts.connect, Duration::from_secs(10));
+    assert_eq!(c.timeouts.idle, Duration::from_secs(7200));
+    assert!(!c.upstream.transparent_source);
+    assert_eq!(c.metrics.listen, "127.0.0.1:9464".parse().expect("addr"));
+    assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+}
+
+#[test]
+fn ipv6_peer_binds_v6_by_default() {
+    let c = PepdConfig::parse(
+        "[peer]\naddress = \"[2001:db8::1]:7400\"\nside = \"hub\"\n\
+         [link]\ntx_rate = 2000000\nrx_rate = 2000000\n",
+    )
+    .expect("v6 config");
+    assert_eq!(c.tunnel_bind(), "[::]:7400".parse().expect("addr"));
+    assert_eq!(c.transport().wire_overhead, 40 + 8 + 16);
+}
+
+#[test]
+fn transport_conversion() {
+    let c = PepdConfig::parse(&min_with(
+        "[transport]\ncc = \"vegas\"\nvegas_alpha = 1.5\nloss_default = \"congestion\"\n\
+         [limits]\nflow_buffer = \"8MiB\"\nmemory_budget = \"64MiB\"\nmax_flows = 10\n",
+    ))
+    .expect("config");
+    let t = c.transport();
+    assert_eq!(t.rate_bps, 2_000_000);
+    assert_eq!(t.cc, pep_transport::CcMode::Vegas);
+    assert_eq!(t.vegas.alpha, 1.5);
+    assert_eq!(t.loss_default, pep_transport::LossCause::Congestion);
+    assert_eq!((t.flow_window, t.send_buffer), (8 << 20, 8 << 20));
+    assert_eq!(t.assoc_window, 32 << 20);
+    assert_eq!(t.max_flows, 10);
+    assert_eq!(t.pacing_burst, Duration::from_millis(2));
+}
+
+// ---- errors from the parser and the schema: key and line -------------------------------
+
+#[test]
+fn unknown_key_names_key_and_exact_line() {
+    let d = parse_err(&min_with("[transport]\ncc = \"rate\"\nfoo = 1\n"));
+    assert_one(&d, "transport.foo", at(9));
+    let text = d.to_string();
+    assert!(
+        text.starts_with("test.toml line 9: unknown key `transport.foo` (expected one of `cc`,"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unknown_section_and_nested_keys() {
+    assert_one(&parse_err(&min_with("\n\n[tuning]\n")), "tuning", at(9));
+    assert_one(
+        &parse_err(&min_with(
+            "[limits]\nmax_flows = 3\n[limits.per_ip]\nx = 1\n",
+        )),
+        "limits.per_ip",
+        at(9),
+    );
+    // Dotted keys and inline tables are found too.
+    assert_one(
+        &parse_err(&format!("log.colour = true\n{MIN}")),
+        "log.colour",
+        at(1),
+    );
+    // After a header, a dotted key belongs to that table.
+    assert_one(
+        &parse_err(&min_with("log.colour = true\n")),
+        "link.log",
+        at(7),
+    );
+    let inline = "peer = { address = \"198.18.0.1:7400\", side = \"hub\",\n\
+                  prot = 1 }\n[link]\ntx_rate = 1\nrx_rate = 1\n";
+    assert_one(&parse_err(inline), "peer.prot", at(2));
+    let top = format!("colour = \"x\"\n{MIN}");
+    assert_one(&parse_err(&top), "colour", at(1));
+}
+
+#[test]
+fn wrong_type_names_key_and_line() {
+    let d = parse_err(&MIN.replace("[link]\n", "[link]\nmtu = \"big\"\n"));
+    assert_one(&d, "link.mtu", at(5));
+    assert!(d.message.contains("invalid type: string \"big\""), "{d}");
+    assert_one(
+        &parse_err(&min_with("[timeouts]\nidle = 3600\n")),
+        "timeouts.idle",
+        at(8),
+    );
+    assert_one(
+        &parse_err(&min_with("[upstream]\ntransparent_source = \"yes\"\n")),
+        "upstream.transparent_source",
+        at(8),
+    );
+    assert_one(
+        &parse_err(&min_with("[intercept]\nlisten = \"0.0.0.0:7000\"\n")),
+        "intercept.listen",
+        at(8),
+    );
+    assert_one(
+        &parse_err(&format!("\ntransport = 5\n{MIN}")),
+        "transport",
+        at(2),
+    );
+}
+
+#[test]
+fn out_of_type_range_names_key_and_line() {
+    let d = parse_err(&min_with("[intercept]\nown_mark = 4294967296\n"));
+    assert_one(&d, "intercept.own_mark", at(8));
+    assert!(
+        d.message
+            .ends_with("integer `4294967296`, expected an integer from 0 to 4294967295"),
+        "{d}"
+    );
+    assert_one(
+        &parse_err(&min_with("[limits]\nmax_flows = -1\n")),
+        "limits.max_flows",
+        at(8),
+    );
+    assert_one(
+        &parse_err(&MIN.replace("[link]\n", "[link]\nmtu = -1500\n")),
+        "link.mtu",
+        at(5),
+    );
+}
+
+#[test]
+fn bad_values_name_key_and_line() {
+    let d = parse_err(&MIN.replace("\"2M\"", "\"2 MB/s\""));
+    assert_one(&d, "link.tx_rate", at(5));
+    assert!(d.message.contains("rates are in bits"), "{d}");
+    assert!(
+        d.message.contains("expected a bit rate like \"1.544Mbit\""),
+        "{d}"
+    );
+    let d = parse_err(&min_with("[limits]\nmemory_budget = \"1 lot\"\n"));
+    assert_one(&d, "limits.memory_budget", at(8));
+    assert!(
+        d.message.contains("expected a byte size like \"64MiB\""),
+        "{d}"
+    );
+    assert_one(
+        &parse_err(&min_with("[transport]\nkeepalive = \"5 parsecs\"\n")),
+        "transport.keepalive",
+        at(8),
+    );
+    let d = parse_err(&MIN.replace("\"terminal\"", "\"satellite\""));
+    assert_one(&d, "peer.side", at(3));
+    assert!(
+        d.message
+            .contains("unknown value `satellite`, expected `terminal` or `hub`"),
+        "{d}"
+    );
+    assert_one(
+        &parse_err(&min_with("[transport]\ncc = \"cubic\"\n")),
+        "transport.cc",
+        at(8),
+    );
+    assert_one(
+        &parse_err(&MIN.replace("198.18.0.1:7400", "198.18.0.1")),
+        "peer.address",
+        at(2),
+    );
+}
+
+#[test]
+fn bad_array_element_names_index_and_its_line() {
+    let d = parse_err(&min_with(
+        "[intercept]\nlisten = [\n  \"0.0.0.0:7000\",\n  \"localhost:7000\",\n]\n",
+    ));
+    assert_one(&d, "intercept.listen[1]", at(10));
+}
+
+#[test]
+fn missing_keys_and_sections() {
+    let d = parse_err(&MIN.replace("side = \"terminal\"\n", ""));
+    assert_one(&d, "peer.side", at(1));
+    assert!(
+        d.message
+            .contains("missing required key `peer.side` in `[peer]`"),
+        "{d}"
+    );
+    let d = parse_err("[peer]\naddress = \"198.18.0.1:7400\"\nside = \"hub\"\n");
+    assert_eq!(d.key.as_deref(), Some("link"));
+    assert_eq!(d.position, Position::Document);
+    assert_eq!(
+        d.to_string(),
+        "test.toml: missing required section `[link]`"
+    );
+}
+
+#[test]
+fn syntax_errors_give_line_and_column() {
+    let d = parse_err(&min_with("[transport\ncc = \"rate\"\n"));
+    assert_eq!(d.key, None);
+    assert_eq!(
+        d.position,
+        Position::At {
+            line: 7,
+            column: 11
+        }
+    );
+    assert!(
+        d.to_string()
+            .starts_with("test.toml line 7, column 11: invalid TOML: "),
+        "{d}"
+    );
+    let d = parse_err(&min_with("[limits]\nmax_flows = 1\nmax_flows = 2\n"));
+    assert_one(&d, "limits.max_flows", at(9));
+    assert!(
+        d.message.contains("duplicate key `limits.max_flows`"),
+        "{d}"
+    );
+}
+
+// ---- semantic validation: one test per rule ---------------------------------------------
+
+#[test]
+fn rates_must_be_8k_to_100g() {
+    assert_only(
+        &invalid(&MIN.replace("\"2M\"", "7999")),
+        "link.tx_rate",
+        at(5),
+    );
+    assert_only(
+        &invalid(&MIN.replace("\"10M\"", "\"100.000000001G\"")),
+        "link.rx_rate",
+        at(6),
+    );
+    let bounds = MIN.replace("\"2M\"", "8000").replace("\"10M\"", "\"100G\"");
+    PepdConfig::parse(&format!("{bounds}[limits]\nmemory_budget = \"2GiB\"\n"))
+        .expect("bounds are inclusive");
+}
+
+#[test]
+fn mtu_range_and_ipv6_minimum() {
+    let with_mtu = |mtu: &str| MIN.replace("[link]\n", &format!("[link]\nmtu = {mtu}\n"));
+    assert_only(&invalid(&with_mtu("575")), "link.mtu", at(5));
+    assert_only(&invalid(&with_mtu("9001")), "link.mtu", at(5));
+    PepdConfig::parse(&with_mtu("576")).expect("576 is the IPv4 minimum");
+    PepdConfig::parse(&with_mtu("9000")).expect("jumbo");
+    let v6 = with_mtu("1000").replace("198.18.0.1:7400", "[2001:db8::1]:7400");
+    let problems = invalid(&v6);
+    assert_only(&problems, "link.mtu", at(5));
+    assert!(problems[0].message.contains("1280"), "{}", problems[0]);
+}
+
+#[test]
+fn ack_every_packets_at_least_one() {
+    let p = invalid(&min_with("[transport]\nack_every_packets = 0\n"));
+    assert_only(&p, "transport.ack_every_packets", at(8));
+}
+
+#[test]
+fn ack_max_delay_at_most_1s() {
+    let p = invalid(&min_with("[transport]\nack_max_delay = \"1s 1ms\"\n"));
+    assert_only(&p, "transport.ack_max_delay", at(8));
+    PepdConfig::parse(&min_with("[transport]\nack_max_delay = \"1s\"\n")).expect("1s is allowed");
+}
+
+#[test]
+fn outage_limit_at_least_1s() {
+    let p = invalid(&min_with(
+        "[transport]\nkeepalive = \"100ms\"\noutage_limit = \"999ms\"\n",
+    ));
+    assert_only(&p, "transport.outage_limit", at(9));
+}
+
+#[test]
+fn keepalive_positive_and_below_outage_limit() {
+    let p = invalid(&min_with("[transport]\nkeepalive = \"0s\"\n"));
+    assert_only(&p, "transport.keepalive", at(8));
+    let p = invalid(&min_with(
+        "[transport]\noutage_limit = \"10s\"\nkeepalive = \"10s\"\n",
+    ));
+    assert_only(&p, "transport.keepalive", at(9));
+    assert!(p[0].message.contains("(10s, line 8)"), "{}", p[0]);
+    // Against the default outage limit (2m) the message says so.
+    let p = invalid(&min_with("[transport]\nkeepalive = \"3m\"\n"));
+    assert_only(&p, "transport.keepalive", at(8));
+    assert!(p[0].message.contains("(2m, default)"), "{}", p[0]);
+}
+
+#[test]
+fn pacing_burst_at_most_100ms() {
+    let p = invalid(&min_with("[transport]\npacing_burst = \"101ms\"\n"));
+    assert_only(&p, "transport.pacing_burst", at(8));
+}
+
+#[test]
+fn vegas_parameters() {
+    let p = invalid(&min_with(
+        "[transport]\ncc = \"vegas\"\nvegas_alpha = 4.0\nvegas_beta = 3.0\n",
+    ));
+    assert_only(&p, "transport.vegas_beta", at(10));
+    assert!(p[0].message.contains("(4, line 9)"), "{}", p[0]);
+    // Only alpha written: alpha is blamed, not the default beta.
+    let p = invalid(&min_with("[transport]\nvegas_alpha = 4.0\n"));
+    assert_only(&p, "transport.vegas_alpha", at(8));
+    let p = invalid(&min_with("[transport]\nvegas_gamma = 0.0\n"));
+    assert_only(&p, "transport.vegas_gamma", at(8));
+    let p = invalid(&min_with("[transport]\nvegas_alpha = nan\n"));
+    assert_only(&p, "transport.vegas_alpha", at(8));
+    let p = invalid(&min_with("[transport]\nvegas_beta = inf\n"));
+    assert_only(&p, "transport.vegas_beta", at(8));
+}
+
+#[test]
+fn max_flows_range() {
+    assert_only(
+        &invalid(&min_with("[limits]\nmax_flows = 0\n")),
+        "limits.max_flows",
+        at(8),
+    );
+    assert_only(
+        &invalid(&min_with("[limits]\nmax_flows = 1_000_001\n")),
+        "limits.max_flows",
+        at(8),
+    );
+    PepdConfig::parse(&min_with("[limits]\nmax_flows = 1_000_000\n")).expect("upper bound");
+}
+
+#[test]
+fn flow_buffer_range() {
+    assert_only(
+        &invalid(&min_with("[limits]\nflow_buffer = \"63KiB\"\n")),
+        "limits.flow_buffer",
+        at(8),
+    );
+    assert_only(
+        &invalid(&min_with(
+            "[limits]\nflow_buffer = \"1025MiB\"\nmemory_budget = \"4GiB\"\n",
+        )),
+        "limits.flow_buffer",
+        at(8),
+    );
+}
+
+#[test]
+fn memory_budget_minimum_and_room_for_one_flow() {
+    let p = invalid(&min_with(
+        "[limits]\nflow_buffer = \"64KiB\"\nmemory_budget = \"1023KiB\"\n",
+    ));
+    assert_only(&p, "limits.memory_budget", at(9));
+    let p = invalid(&min_with(
+        "[limits]\nflow_buffer = \"8MiB\"\nmemory_budget = \"15MiB\"\n",
+    ));
+    assert_only(&p, "limits.memory_budget", at(9));
+    assert!(
+        p[0].message
+            .contains("2 × `limits.flow_buffer` (8 MiB, line 8)"),
+        "{}",
+        p[0]
+    );
+    // Without flow_buffer the buffers are sized from the rates: 4 MiB + 6 MB here.
+    let p = invalid(&min_with("[limits]\nmemory_budget = \"9MiB\"\n"));
+    assert_only(&p, "limits.memory_budget", at(8));
+    assert!(
+        p[0].message
+            .contains("(9.7 MiB: 4 MiB to send, 5.7 MiB to receive)"),
+        "{}",
+        p[0]
+    );
+    // The default budget is blamed as "(default)" when the rates outgrow it.
+    let fast = MIN
+        .replace("\"2M\"", "\"100G\"")
+        .replace("\"10M\"", "\"100G\"");
+    assert_only(&invalid(&fast), "limits.memory_budget", None);
+}
+
+#[test]
+fn connect_timeout_at_least_100ms() {
+    let p = invalid(&min_with("[timeouts]\nconnect = \"99ms\"\n"));
+    assert_only(&p, "timeouts.connect", at(8));
+}
+
+#[test]
+fn intercept_listen_nonempty_unique_with_ports() {
+    let p = invalid(&min_with("[intercept]\nlisten = []\n"));
+    assert_only(&p, "intercept.listen", at(8));
+    let p = invalid(&min_with(
+        "[intercept]\nlisten = [\n  \"0.0.0.0:7000\",\n  \"[::]:7000\",\n  \"0.0.0.0:7000\",\n]\n",
+    ));
+    assert_only(&p, "intercept.listen[2]", at(11));
+    let p = invalid(&min_with("[intercept]\nlisten = [\"0.0.0.0:0\"]\n"));
+    assert_only(&p, "intercept.listen[0]", at(8));
+}
+
+#[test]
+fn own_mark_nonzero() {
+    let p = invalid(&min_with("[intercept]\nown_mark = 0\n"));
+    assert_only(&p, "intercept.own_mark", at(8));
+}
+
+#[test]
+fn peer_address_must_be_a_real_peer() {
+    for bad in [
+        "198.18.0.1:0",
+        "0.0.0.0:7400",
+        "[::]:7400",
+        "224.0.0.1:7400",
+    ] {
+        let p = invalid(&MIN.replace("198.18.0.1:7400", bad));
+        assert_only(&p, "peer.address", at(2));
+    }
+}
+
+#[test]
+fn bind_family_matches_peer() {
+    let text = MIN.replace("side = ", "bind = \"[::]:7400\"\nside = ");
+    assert_only(&invalid(&text), "peer.bind", at(3));
+}
+
+#[test]
+fn log_level_must_be_a_filter() {
+    let p = invalid(&min_with("[log]\nlevel = \"pepd=loud\"\n"));
+    assert_only(&p, "log.level", at(8));
+    let p = invalid(&min_with("[log]\nlevel = \" \"\n"));
+    assert_only(&p, "log.level", at(8));
+    PepdConfig::parse(&min_with("[log]\nlevel = \"pepd=debug,info\"\n")).expect("filter");
+}
+
+#[test]
+fn all_problems_are_reported_in_file_order_defaults_last() {
+    let text = "[transport]
+keepalive = \"0s\"
+[peer]
+address = \"198.18.0.1:0\"
+side = \"terminal\"
+[link]
+tx_rate = 1
+rx_rate = \"10M\"
+[limits]
+flow_buffer = \"1GiB\"
+";
+    let e = PepdConfig::parse_named(text, "test.toml").unwrap_err();
+    let ConfigError::Invalid(problems) = &e else {
+        panic!("expected validation errors, got {e:?}");
+    };
+    let keys: Vec<_> = problems
+        .iter()
+        .map(|d| (d.key.clone().unwrap_or_default(), d.position.line()))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("transport.keepalive".to_owned(), at(2)),
+            ("peer.address".to_owned(), at(4)),
+            ("link.tx_rate".to_owned(), at(7)),
+            ("limits.memory_budget".to_owned(), None),
+        ]
+    );
+    let text = e.to_string();
+    assert_eq!(text.lines().count(), 4, "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("test.toml (default): `limits.memory_budget`")),
+        "{text}"
+    );
+}
+
+// ---- check-config output ---------------------------------------------------------------
+
+#[test]
+fn summary_shows_effective_settings() {
+    let c = PepdConfig::parse_named(TERMINAL, "terminal.toml").expect("terminal.toml");
+    let s = c.summary();
+    for want in [
+        "side:       terminal (initiator)",
+        "peer:       198.18.0.1:7400 over UDP, tunnel bound to 198.19.0.1:7400",
+        "intercept:  0.0.0.0:7000, [::]:7000 (own mark 0x2)",
+        "link:       tx 2 Mbit/s, rx 10 Mbit/s, MTU 1500 (1456-byte datagrams)",
+        "transport:  cc rate, unexplained loss = corruption, pacing burst 2ms",
+        "acks:       every 8 packets or 50ms",
+        "windows:    flow 5.7 MiB, association 64 MiB, send buffer 4 MiB, sized from the link rates",
+        "limits:     4096 flows (then refuse), memory budget 512 MiB",
+        "timeouts:   connect 10s, idle 2h, outage 2m, keepalive 5s",
+        "log:        info",
+        "metrics:    127.0.0.1:9464",
+    ] {
+        assert!(s.lines().any(|l| l == want), "missing {want:?} in\n{s}");
+    }
+}
+
+#[test]
+fn warnings_for_suspicious_settings() {
+    let c = PepdConfig::parse_named(
+        &min_with(
+            "[timeouts]
+idle = \"0s\"
+[transport]
+loss_default = \"congestion\"
+vegas_beta = 5.0
+pacing_burst = \"0s\"
+keepalive = \"1m\"
+[limits]
+flow_buffer = \"64KiB\"
+[metrics]
+listen = \"0.0.0.0:9464\"
+",
+        ),
+        "test.toml",
+    )
+    .expect("legal config");
+    let w = c.warnings();
+    // In file order, like errors.
+    let starts = [
+        "test.toml line 8: `timeouts.idle` = 0 never",
+        "test.toml line 10: `transport.loss_default`",
+        "test.toml line 11: `transport.vegas_beta` has no effect",
+        "test.toml line 12: `transport.pacing_burst`",
+        "test.toml line 13: `transport.keepalive`",
+        "test.toml line 15: `limits.flow_buffer` (64 KiB) is less than one bandwidth-delay \
+         product",
+        "test.toml line 17: `metrics.listen`",
+    ];
+    assert_eq!(w.len(), starts.len(), "{w:#?}");
+    for (w, start) in w.iter().zip(starts) {
+        assert!(w.starts_with(start), "{w:?} does not start with {start:?}");
+    }
+    // 2 Mbit/s for 600 ms is 150 kB: a buffer above that is quiet.
+    let c = PepdConfig::parse(&min_with("[limits]\nflow_buffer = \"150kB\"\n")).expect("ok");
+    assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+    let c = PepdConfig::parse(&min_with("[timeouts]\nidle = \"30s\"\n")).expect("ok");
+    assert_eq!(c.warnings().len(), 1);
+    let c = PepdConfig::parse(&MIN.replace("[link]\n", "[link]\nmtu = 9000\n")).expect("ok");
+    assert_eq!(c.warnings().len(), 1);
+}
+
+#[test]
+fn truncated_or_mangled_files_are_errors_not_panics() {
+    for (i, _) in TERMINAL.char_indices() {
+        let _ = PepdConfig::parse(&TERMINAL[..i]);
+    }
+    let lines: Vec<&str> = TERMINAL.lines().collect();
+    for junk in ["=", "[", "x = ", "\"", "[[link]]", "link = 1", "a.b.c = {"] {
+        for i in 0..lines.len() {
+            let mut mangled = lines.clone();
+            mangled[i] = junk;
+            let e = PepdConfig::parse(&mangled.join("\n"));
+            assert!(e.is_err() || lines[i].trim_start().starts_with('#') || lines[i].is_empty());
+        }
+    }
+}
+
+#[test]
+fn every_key_in_the_example_is_documented() {
+    const DOC: &str = include_str!("../../docs/CONFIG.md");
+    // Commented-out keys ("# flow_buffer = ...") count too: they are documented options.
+    let uncommented: String = TERMINAL
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(rest)
+                if rest
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| !k.contains(' ')) =>
+            {
+                rest
+            }
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let c = PepdConfig::parse(&uncommented).expect("uncommented example");
+    assert!(c.limits.flow_buffer.is_some() && c.source_map.contains("transport.vegas_gamma"));
+    let root = toml::de::DeTable::parse(&uncommented).expect("toml");
+    let mut count = 0;
+    for (section, table) in root.get_ref() {
+        assert!(
+            DOC.contains(&format!("### `[{}]`", section.get_ref())),
+            "section {} undocumented",
+            section.get_ref()
+        );
+        let table = table.get_ref().as_table().expect("sections only");
+        for key in table.keys() {
+            let row = format!("| `{}` |", key.get_ref());
+            assert!(
+                DOC.contains(&row),
+                "{}.{} undocumented",
+                section.get_ref(),
+                key.get_ref()
+            );
+            count += 1;
+        }
+    }
+    assert_eq!(count, 27, "every key of the schema");
+}

@@ -1,0 +1,344 @@
+//! Semantic checks after deserialization: ranges, and settings that contradict each other.
+//! Every problem is collected, so an operator fixes a file in one round rather than one
+//! error per restart.
+
+use std::collections::HashSet;
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::error::sort_by_position;
+use super::report::approx;
+use super::{ConfigError, Diagnostic, PepdConfig, SourceMap};
+
+const MIN_RATE_BPS: u64 = 8_000;
+const MAX_RATE_BPS: u64 = 100_000_000_000;
+const MIN_MTU: usize = 576;
+const MIN_MTU_V6: usize = 1280;
+const MAX_MTU: usize = 9000;
+const MAX_ACK_DELAY: Duration = Duration::from_secs(1);
+const MIN_OUTAGE_LIMIT: Duration = Duration::from_secs(1);
+const MAX_PACING_BURST: Duration = Duration::from_millis(100);
+const MAX_FLOWS: usize = 1_000_000;
+const MIN_FLOW_BUFFER: u64 = 64 << 10;
+/// The transport's receive window limit.
+const MAX_FLOW_BUFFER: u64 = 1 << 30;
+const MIN_MEMORY_BUDGET: u64 = 1 << 20;
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+
+struct Checker<'a> {
+    map: &'a SourceMap,
+    found: Vec<Diagnostic>,
+}
+
+impl Checker<'_> {
+    fn fail(&mut self, key: &str, why: impl Display) {
+        let d = self.map.diagnostic(key, format!("`{key}` {why}"));
+        self.found.push(d);
+    }
+
+    fn check(&mut self, ok: bool, key: &str, why: impl Display) {
+        if !ok {
+            self.fail(key, why);
+        }
+    }
+}
+
+fn ms(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
+}
+
+impl PepdConfig {
+    /// Checks ranges and consistency; `parse` and `load` call it. Errors name every bad key
+    /// with its line, or "(default)" for a key the file leaves out.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut c = Checker {
+            map: &self.source_map,
+            found: Vec::new(),
+        };
+        self.check_log(&mut c);
+        self.check_intercept(&mut c);
+        self.check_peer(&mut c);
+        self.check_link(&mut c);
+        self.check_transport(&mut c);
+        self.check_limits(&mut c);
+        self.check_timeouts(&mut c);
+        if c.found.is_empty() {
+            // Ours are stricter; this catches a rule the transport gains later.
+            if let Err(e) = self.transport().validate() {
+                let key = transport_key(e.key, self);
+                c.fail(key, format!("gives an invalid transport setting: {e}"));
+            }
+        }
+        if c.found.is_empty() {
+            return Ok(());
+        }
+        let mut found = c.found;
+        sort_by_position(&mut found);
+        Err(ConfigError::Invalid(found))
+    }
+
+    fn check_log(&self, c: &mut Checker<'_>) {
+        let level = self.log.level.trim();
+        if level.is_empty() {
+            c.fail("log.level", "must not be empty (e.g. \"info\")");
+        } else if let Err(e) = tracing_subscriber::EnvFilter::try_new(level) {
+            c.fail(
+                "log.level",
+                format!("is not a valid filter like \"info\" or \"pepd=debug,info\": {e}"),
+            );
+        }
+    }
+
+    fn check_intercept(&self, c: &mut Checker<'_>) {
+        let listen = &self.intercept.listen;
+        c.check(
+            !listen.is_empty(),
+            "intercept.listen",
+            "must list at least one address",
+        );
+        let mut seen = HashSet::new();
+        for (i, addr) in listen.iter().enumerate() {
+            let key = format!("intercept.listen[{i}]");
+            if addr.port() == 0 {
+                c.fail(&key, format!("({addr}) needs a port other than 0"));
+            }
+            if !seen.insert(addr) {
+                c.fail(&key, format!("({addr}) is listed twice"));
+            }
+        }
+        c.check(
+            self.intercept.own_mark != 0,
+            "intercept.own_mark",
+            "must not be 0: unmarked traffic is what gets intercepted",
+        );
+    }
+
+    fn check_peer(&self, c: &mut Checker<'_>) {
+        let addr = self.peer.address;
+        c.check(
+            addr.port() != 0,
+            "peer.address",
+            format!("({addr}) needs a port other than 0"),
+        );
+        c.check(
+            !addr.ip().is_unspecified(),
+            "peer.address",
+            format!("({addr}) must be the peer's address, not the unspecified address"),
+        );
+        c.check(
+            !addr.ip().is_multicast(),
+            "peer.address",
+            format!("({addr}) must be a unicast address"),
+        );
+        if let Some(bind) = self.peer.bind {
+            c.check(
+                bind.is_ipv4() == addr.is_ipv4(),
+                "peer.bind",
+                format!("({bind}) must be of the same address family as `peer.address` ({addr})"),
+            );
+        }
+    }
+
+    fn check_link(&self, c: &mut Checker<'_>) {
+        for (key, rate) in [
+            ("link.tx_rate", self.link.tx_rate),
+            ("link.rx_rate", self.link.rx_rate),
+        ] {
+            c.check(
+                rate_in_range(rate),
+                key,
+                format!("must be 8 kbit/s to 100 Gbit/s, not {rate}"),
+            );
+        }
+        let mtu = self.link.mtu;
+        let v6 = matches!(self.peer.address, SocketAddr::V6(_));
+        if !(MIN_MTU..=MAX_MTU).contains(&mtu) {
+            c.fail(
+                "link.mtu",
+                format!("must be {MIN_MTU} to {MAX_MTU} bytes, not {mtu}"),
+            );
+        } else if v6 && mtu < MIN_MTU_V6 {
+            c.fail(
+                "link.mtu",
+                format!("must be at least {MIN_MTU_V6} bytes with an IPv6 peer, not {mtu}"),
+            );
+        }
+    }
+
+    fn check_transport(&self, c: &mut Checker<'_>) {
+        let t = &self.transport;
+        c.check(
+            t.ack_every_packets >= 1,
+            "transport.ack_every_packets",
+            "must be at least 1",
+        );
+        c.check(
+            t.ack_max_delay <= MAX_ACK_DELAY,
+            "transport.ack_max_delay",
+            format!("must be at most 1s, not {}", ms(t.ack_max_delay)),
+        );
+        c.check(
+            t.outage_limit >= MIN_OUTAGE_LIMIT,
+            "transport.outage_limit",
+            format!("must be at least 1s, not {}", ms(t.outage_limit)),
+        );
+        if t.keepalive.is_zero() {
+            c.fail("transport.keepalive", "must be more than 0");
+        } else if t.keepalive >= t.outage_limit {
+            c.fail(
+                "transport.keepalive",
+                format!(
+                    "({}) must be shorter than `transport.outage_limit` ({}, {}), or idle \
+                     outages go unnoticed",
+                    ms(t.keepalive),
+                    ms(t.outage_limit),
+                    c.map.describe("transport.outage_limit"),
+                ),
+            );
+        }
+        c.check(
+            t.pacing_burst <= MAX_PACING_BURST,
+            "transport.pacing_burst",
+            format!("must be at most 100ms, not {}", ms(t.pacing_burst)),
+        );
+        self.check_vegas(c);
+    }
+
+    fn check_vegas(&self, c: &mut Checker<'_>) {
+        let t = &self.transport;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        c.check(
+            positive(t.vegas_alpha),
+            "transport.vegas_alpha",
+            format!("must be a positive number, not {}", t.vegas_alpha),
+        );
+        c.check(
+            positive(t.vegas_beta),
+            "transport.vegas_beta",
+            format!("must be a positive number, not {}", t.vegas_beta),
+        );
+        c.check(
+            positive(t.vegas_gamma),
+            "transport.vegas_gamma",
+            format!("must be a positive number, not {}", t.vegas_gamma),
+        );
+        if positive(t.vegas_alpha) && positive(t.vegas_beta) && t.vegas_alpha >= t.vegas_beta {
+            // Blame the one the operator wrote; beta if both.
+            if c.map.contains("transport.vegas_beta") {
+                c.fail(
+                    "transport.vegas_beta",
+                    format!(
+                        "({}) must be greater than `transport.vegas_alpha` ({}, {})",
+                        t.vegas_beta,
+                        t.vegas_alpha,
+                        c.map.describe("transport.vegas_alpha")
+                    ),
+                );
+            } else {
+                c.fail(
+                    "transport.vegas_alpha",
+                    format!(
+                        "({}) must be less than `transport.vegas_beta` ({}, default)",
+                        t.vegas_alpha, t.vegas_beta
+                    ),
+                );
+            }
+        }
+    }
+
+    fn check_limits(&self, c: &mut Checker<'_>) {
+        let l = &self.limits;
+        c.check(
+            (1..=MAX_FLOWS).contains(&l.max_flows),
+            "limits.max_flows",
+            format!("must be 1 to 1000000, not {}", l.max_flows),
+        );
+        let mut buffer_ok = true;
+        if let Some(b) = l.flow_buffer {
+            buffer_ok = (MIN_FLOW_BUFFER..=MAX_FLOW_BUFFER).contains(&b.bytes());
+            c.check(
+                buffer_ok,
+                "limits.flow_buffer",
+                format!("must be 64 KiB to 1 GiB, not {b}"),
+            );
+        }
+        let budget = l.memory_budget;
+        if budget.bytes() < MIN_MEMORY_BUDGET {
+            c.fail(
+                "limits.memory_budget",
+                format!("must be at least 1 MiB, not {budget}"),
+            );
+        } else if buffer_ok {
+            self.check_budget_holds_a_flow(c);
+        }
+    }
+
+    /// One flow must fit: its buffer in both directions.
+    fn check_budget_holds_a_flow(&self, c: &mut Checker<'_>) {
+        let budget = self.limits.memory_budget;
+        let (need, because) = match self.limits.flow_buffer {
+            Some(b) => (
+                b.bytes().saturating_mul(2),
+                format!(
+                    "2 × `limits.flow_buffer` ({b}, {})",
+                    c.map.describe("limits.flow_buffer")
+                ),
+            ),
+            // Buffers sized from a rate that is already reported would only repeat it.
+            None if !(rate_in_range(self.link.tx_rate) && rate_in_range(self.link.rx_rate)) => {
+                return;
+            }
+            None => {
+                let t = self.transport();
+                let need = t.flow_window.saturating_add(t.send_buffer);
+                (
+                    need,
+                    format!(
+                        "one flow's buffers as sized from the link rates ({}: {} to send, {} \
+                         to receive); set `limits.flow_buffer` to use smaller ones",
+                        approx(need),
+                        approx(t.send_buffer),
+                        approx(t.flow_window)
+                    ),
+                )
+            }
+        };
+        c.check(
+            budget.bytes() >= need,
+            "limits.memory_budget",
+            format!("({budget}) must hold at least {because}"),
+        );
+    }
+
+    fn check_timeouts(&self, c: &mut Checker<'_>) {
+        let connect = self.timeouts.connect;
+        c.check(
+            connect >= MIN_CONNECT_TIMEOUT,
+            "timeouts.connect",
+            format!("must be at least 100ms, not {}", ms(connect)),
+        );
+    }
+}
+
+fn rate_in_range(rate: super::BitRate) -> bool {
+    (MIN_RATE_BPS..=MAX_RATE_BPS).contains(&rate.bps())
+}
+
+/// The config key behind a `pep_transport::Config` field, for the backstop check.
+fn transport_key(field: &str, config: &PepdConfig) -> &'static str {
+    match field {
+        "flow_window" | "send_buffer" if config.limits.flow_buffer.is_some() => {
+            "limits.flow_buffer"
+        }
+        // Unset, the buffers are sized from the rates.
+        "rate_bps" | "send_buffer" => "link.tx_rate",
+        "flow_window" => "link.rx_rate",
+        "mtu" => "link.mtu",
+        "assoc_window" => "limits.memory_budget",
+        "ack.every_packets" => "transport.ack_every_packets",
+        "vegas" => "transport.vegas_alpha",
+        "max_flows" => "limits.max_flows",
+        _ => "transport",
+    }
+}

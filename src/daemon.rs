@@ -1,0 +1,336 @@
+//! `pepd run`: sockets, the association driver, the interception listeners and the relays,
+//! wired together on a tokio runtime.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use pep_transport::{Association, FlowMeta};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::config::{OverLimit, PepdConfig};
+use crate::driver::{Driver, FlowAcceptor};
+use crate::hub::{FlowRef, Hub, OpenRefused};
+use crate::notify::Notifier;
+use crate::relay::{abort_tcp, Relay, RelayEnd};
+use crate::tproxy::{self, Intercepted};
+use crate::upstream::{self, UpstreamOptions};
+use crate::{bypass, sockopt};
+
+/// How long an accepted connection may take to send its first bytes and still have them
+/// ride with the flow's open (clients that speak first do so within a LAN round trip).
+const FIRST_BYTES_WAIT: Duration = Duration::from_millis(2);
+
+/// Largest first read carried in the open.
+const FIRST_BYTES_MAX: usize = 16 * 1024;
+
+/// Socket buffer of the tunnel socket: bursts at the link rate must not overflow it.
+const TUNNEL_SOCKET_BUFFER: usize = 8 << 20;
+
+pub struct Daemon {
+    cfg: PepdConfig,
+}
+
+impl Daemon {
+    pub fn new(cfg: PepdConfig) -> Daemon {
+        Daemon { cfg }
+    }
+
+    pub async fn run(self) -> anyhow::Result<()> {
+        let cfg = self.cfg;
+        let notifier = Notifier;
+        let tcfg = cfg.transport();
+        let epoch = fresh_epoch();
+        let assoc = Association::new(tcfg.clone(), cfg.role(), epoch, Instant::now())
+            .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
+        let send_budget = cfg.limits.memory_budget.bytes() / 2;
+        let hub = Arc::new(Hub::new(assoc, send_budget));
+
+        let bind = cfg.tunnel_bind();
+        let socket = tunnel_socket(bind, cfg.intercept.own_mark)
+            .with_context(|| format!("tunnel socket on {bind}"))?;
+        let upstream = UpstreamOptions {
+            mark: cfg.intercept.own_mark,
+            transparent_source: cfg.upstream.transparent_source,
+            connect_timeout: cfg.timeouts.connect,
+        };
+        let idle = (!cfg.timeouts.idle.is_zero()).then_some(cfg.timeouts.idle);
+        let acceptor = Arc::new(UpstreamAcceptor {
+            opts: upstream.clone(),
+            idle,
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let driver = Driver {
+            hub: hub.clone(),
+            socket,
+            peer: cfg.peer.address,
+            acceptor,
+            notifier,
+            foreign_dropped: 0,
+        };
+        let driver_task = tokio::spawn(driver.run(stop_rx.clone()));
+
+        let mut listeners = Vec::new();
+        for addr in &cfg.intercept.listen {
+            let l = tproxy::listen(*addr).with_context(|| {
+                format!(
+                    "TPROXY listener on {addr} (needs CAP_NET_ADMIN for IP_TRANSPARENT, \
+                     and the address family enabled)"
+                )
+            })?;
+            listeners.push(l);
+        }
+        let ctx = Arc::new(InterceptCtx {
+            hub: hub.clone(),
+            over_limit: cfg.limits.over_limit,
+            upstream,
+            idle,
+        });
+        for l in listeners {
+            tokio::spawn(accept_loop(l, ctx.clone(), stop_rx.clone()));
+        }
+        info!(
+            side = ?cfg.peer.side,
+            peer = %cfg.peer.address,
+            tunnel = %bind,
+            listen = ?cfg.intercept.listen,
+            tx_rate_bps = tcfg.rate_bps,
+            "pepd running"
+        );
+        notifier.ready(&format!(
+            "listening; association with {} connecting",
+            cfg.peer.address
+        ));
+
+        tokio::spawn(log_stats_on_sigusr1(hub.clone()));
+        let end = wait_for_shutdown().await;
+        info!(signal = end, "shutting down");
+        notifier.stopping();
+        let _ = stop_tx.send(true);
+        match driver_task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e).context("tunnel socket failed"),
+            Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
+        }
+    }
+}
+
+/// Stops on SIGTERM or SIGINT; returns which.
+async fn wait_for_shutdown() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        warn!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// SIGUSR1 logs the association's counters (what the metrics endpoint will serve).
+async fn log_stats_on_sigusr1(hub: Arc<Hub>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+        return;
+    };
+    while usr1.recv().await.is_some() {
+        let stats = hub.lock().assoc.stats();
+        info!(?stats, "association statistics");
+    }
+}
+
+/// An epoch that differs on every start, so the peer tells a restart from a late packet.
+fn fresh_epoch() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (nanos ^ (u64::from(std::process::id()) << 48)).max(1)
+}
+
+fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
+    let sock = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
+    if bind.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    if mark != 0 {
+        sock.set_mark(mark)
+            .context("SO_MARK (needs CAP_NET_ADMIN)")?;
+    }
+    // Forcing past rmem_max needs CAP_NET_ADMIN, which pepd has; the plain call is the
+    // fallback when it runs without.
+    for force in [true, false] {
+        let r = if force {
+            sockopt::force_buffers(&sock, TUNNEL_SOCKET_BUFFER)
+        } else {
+            sock.set_recv_buffer_size(TUNNEL_SOCKET_BUFFER)
+                .and_then(|()| sock.set_send_buffer_size(TUNNEL_SOCKET_BUFFER))
+        };
+        if r.is_ok() {
+            break;
+        }
+    }
+    sock.set_nonblocking(true)?;
+    sock.bind(&bind.into())?;
+    Ok(UdpSocket::from_std(sock.into())?)
+}
+
+struct InterceptCtx {
+    hub: Arc<Hub>,
+    over_limit: OverLimit,
+    upstream: UpstreamOptions,
+    idle: Option<Duration>,
+}
+
+async fn accept_loop(l: TcpListener, ctx: Arc<InterceptCtx>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            r = l.accept() => r,
+            _ = stop.changed() => return,
+        };
+        match accepted {
+            Ok((tcp, client)) => match tproxy::inspect(tcp, client) {
+                Ok(conn) => {
+                    tokio::spawn(intercepted(ctx.clone(), conn));
+                }
+                Err(e) => debug!(error = %e, "accepted connection vanished"),
+            },
+            Err(e) => {
+                // Out of descriptors or memory: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
+    let Intercepted {
+        tcp,
+        client,
+        server,
+        dscp,
+    } = conn;
+    let _ = tcp.set_nodelay(true);
+    let mut first = vec![0u8; FIRST_BYTES_MAX];
+    let mut first_len = 0;
+    let mut client_done = false;
+    if tokio::time::timeout(FIRST_BYTES_WAIT, tcp.readable())
+        .await
+        .is_ok()
+    {
+        match tcp.try_read(&mut first) {
+            Ok(0) => client_done = true,
+            Ok(n) => first_len = n,
+            Err(_) => {}
+        }
+    }
+    first.truncate(first_len);
+    let meta = FlowMeta {
+        client,
+        server,
+        dscp,
+    };
+    let flow = match ctx.hub.open(meta, &first) {
+        Ok(f) => f,
+        Err(why) => {
+            over_limit(&ctx, tcp, meta, first, why).await;
+            return;
+        }
+    };
+    debug!(flow = flow.id, %client, %server, dscp, "intercepted; flow opened");
+    if client_done {
+        let _ = ctx.hub.finish(&flow);
+    }
+    let relay = Relay {
+        hub: ctx.hub.clone(),
+        flow,
+        tcp,
+        idle_timeout: ctx.idle,
+        tcp_read_done: client_done,
+    };
+    let id = relay.flow.id;
+    let end = relay.run().await;
+    log_end(id, client, server, end);
+}
+
+async fn over_limit(
+    ctx: &InterceptCtx,
+    tcp: tokio::net::TcpStream,
+    meta: FlowMeta,
+    first: Vec<u8>,
+    why: OpenRefused,
+) {
+    match ctx.over_limit {
+        OverLimit::Refuse => {
+            crate::hub::Counters::add(&ctx.hub.counters.flows_refused, 1);
+            warn!(client = %meta.client, server = %meta.server, ?why, "connection refused");
+            abort_tcp(tcp);
+        }
+        OverLimit::Bypass => {
+            crate::hub::Counters::add(&ctx.hub.counters.flows_bypassed, 1);
+            debug!(client = %meta.client, server = %meta.server, ?why, "relayed unproxied");
+            bypass::run(tcp, meta, first, &ctx.upstream).await;
+        }
+    }
+}
+
+fn log_end(flow: pep_transport::FlowId, client: SocketAddr, server: SocketAddr, end: RelayEnd) {
+    debug!(flow, %client, %server, ?end, "flow ended");
+}
+
+/// Connects flows the peer opened to their destination.
+struct UpstreamAcceptor {
+    opts: UpstreamOptions,
+    idle: Option<Duration>,
+}
+
+impl FlowAcceptor for UpstreamAcceptor {
+    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta) {
+        let opts = self.opts.clone();
+        let idle = self.idle;
+        tokio::spawn(async move {
+            let connected = tokio::select! {
+                r = upstream::connect(&meta, &opts) => r,
+                // The client may give up (reset) while the connect is still pending.
+                () = wait_reset(&flow) => return,
+            };
+            match connected {
+                Ok(tcp) => {
+                    let relay = Relay {
+                        hub,
+                        flow,
+                        tcp,
+                        idle_timeout: idle,
+                        tcp_read_done: false,
+                    };
+                    let id = relay.flow.id;
+                    let end = relay.run().await;
+                    log_end(id, meta.client, meta.server, end);
+                }
+                Err(f) => {
+                    crate::hub::Counters::add(&hub.counters.connect_errors, 1);
+                    debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
+                        "upstream connect failed");
+                    hub.reset(&flow, f.reason);
+                }
+            }
+        });
+    }
+}
+
+async fn wait_reset(flow: &FlowRef) {
+    loop {
+        if flow.signal.reset_reason().is_some() {
+            return;
+        }
+        flow.signal.notify.notified().await;
+    }
+}

@@ -1,0 +1,259 @@
+//! The association shared between its driver and the flow relays: one lock around the
+//! sans-IO core, a slot per live flow with the signal its relay waits on, and the memory
+//! budget that bounds what all relays together may buffer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pep_transport::{
+    Association, FlowError, FlowId, FlowMeta, OpenError, ReadOutcome, ResetReason,
+};
+use tokio::sync::Notify;
+
+/// What a relay waits on: the driver pokes it when its flow becomes readable or writable,
+/// is reset, or is released.
+#[derive(Default)]
+pub struct FlowSignal {
+    pub notify: Notify,
+    reset: Mutex<Option<ResetReason>>,
+}
+
+impl FlowSignal {
+    pub fn reset_reason(&self) -> Option<ResetReason> {
+        *self.reset.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_reset(&self, reason: ResetReason) {
+        let mut r = self.reset.lock().unwrap_or_else(|p| p.into_inner());
+        r.get_or_insert(reason);
+    }
+}
+
+struct FlowSlot {
+    token: u64,
+    signal: Arc<FlowSignal>,
+}
+
+/// A relay's handle on its flow. The token tells this flow from a later one that reuses
+/// the id after the association restarted.
+pub struct FlowRef {
+    pub id: FlowId,
+    token: u64,
+    pub signal: Arc<FlowSignal>,
+}
+
+/// The flow is no longer in the association.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowGone {
+    Reset(ResetReason),
+    /// Released after a clean close in both directions.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenRefused {
+    FlowLimit,
+    MemoryBudget,
+}
+
+pub struct State {
+    pub assoc: Association,
+    flows: HashMap<FlowId, FlowSlot>,
+    next_token: u64,
+    /// Relays waiting for the global send budget.
+    budget_waiters: Vec<Arc<FlowSignal>>,
+}
+
+pub struct Hub {
+    state: Mutex<State>,
+    /// Wakes the driver: something was queued for sending.
+    pub driver_wake: Notify,
+    /// Budget for bytes waiting to be sent (the receive side is bounded by the windows we
+    /// advertise).
+    send_budget: u64,
+    pub counters: Counters,
+}
+
+/// Relay-side counters the metrics read.
+#[derive(Default)]
+pub struct Counters {
+    pub flows_refused: AtomicU64,
+    pub flows_bypassed: AtomicU64,
+    /// Read from local TCP connections into flows.
+    pub bytes_to_peer: AtomicU64,
+    /// Written from flows to local TCP connections.
+    pub bytes_from_peer: AtomicU64,
+    pub connect_errors: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Hub {
+    pub fn new(assoc: Association, send_budget: u64) -> Hub {
+        Hub {
+            state: Mutex::new(State {
+                assoc,
+                flows: HashMap::new(),
+                next_token: 0,
+                budget_waiters: Vec::new(),
+            }),
+            driver_wake: Notify::new(),
+            send_budget,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn send_budget(&self) -> u64 {
+        self.send_budget
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        // A relay that panicked while holding the lock leaves a consistent association (its
+        // calls are all-or-nothing), so the poison is not worth taking the daemon down.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens a flow for an intercepted connection; `first` rides with the open.
+    pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<FlowRef, OpenRefused> {
+        let mut st = self.lock();
+        if st.assoc.send_buffered() + first.len() as u64 > self.send_budget {
+            return Err(OpenRefused::MemoryBudget);
+        }
+        let id = st.assoc.open_flow(meta).map_err(|e| match e {
+            OpenError::TooManyFlows => OpenRefused::FlowLimit,
+        })?;
+        let flow = st.insert_slot(id);
+        if !first.is_empty() {
+            // A new flow's send buffer holds far more than one read.
+            let _ = st.assoc.write(id, first);
+        }
+        drop(st);
+        self.driver_wake.notify_one();
+        Ok(flow)
+    }
+
+    /// Bytes a relay may hand to the flow now: its own room, within the global budget.
+    pub fn write_room(&self, flow: &FlowRef) -> Result<usize, FlowGone> {
+        let mut st = self.lock();
+        st.check(flow)?;
+        let room = st.assoc.send_capacity(flow.id) as u64;
+        let left = self.send_budget.saturating_sub(st.assoc.send_buffered());
+        if left == 0 && room > 0 {
+            // Woken by the driver when acknowledgements free budget.
+            st.budget_waiters.push(flow.signal.clone());
+        }
+        Ok(room.min(left) as usize)
+    }
+
+    pub fn write(&self, flow: &FlowRef, data: &[u8]) -> Result<usize, FlowGone> {
+        let mut st = self.lock();
+        st.check(flow)?;
+        let n = st.assoc.write(flow.id, data).map_err(|e| gone(e, flow))?;
+        drop(st);
+        self.driver_wake.notify_one();
+        Ok(n)
+    }
+
+    pub fn finish(&self, flow: &FlowRef) -> Result<(), FlowGone> {
+        let mut st = self.lock();
+        st.check(flow)?;
+        st.assoc.finish(flow.id).map_err(|e| gone(e, flow))?;
+        drop(st);
+        self.driver_wake.notify_one();
+        Ok(())
+    }
+
+    pub fn read(&self, flow: &FlowRef, max: usize) -> Result<ReadOutcome, FlowGone> {
+        let mut st = self.lock();
+        st.check(flow)?;
+        let r = st.assoc.read(flow.id, max).map_err(|e| gone(e, flow))?;
+        drop(st);
+        if matches!(r, ReadOutcome::Data(_) | ReadOutcome::Finished) {
+            // Reading may have opened credit the peer is waiting for.
+            self.driver_wake.notify_one();
+        }
+        Ok(r)
+    }
+
+    /// Aborts the flow towards the peer (the local TCP side is the caller's to reset).
+    pub fn reset(&self, flow: &FlowRef, reason: ResetReason) {
+        let mut st = self.lock();
+        if st.check(flow).is_ok() {
+            let _ = st.assoc.reset(flow.id, reason);
+        }
+        flow.signal.set_reset(reason);
+        drop(st);
+        self.driver_wake.notify_one();
+    }
+}
+
+fn gone(e: FlowError, flow: &FlowRef) -> FlowGone {
+    match e {
+        FlowError::Reset(r) => FlowGone::Reset(r),
+        FlowError::UnknownFlow | FlowError::Finished => flow
+            .signal
+            .reset_reason()
+            .map_or(FlowGone::Closed, FlowGone::Reset),
+    }
+}
+
+impl State {
+    fn check(&self, flow: &FlowRef) -> Result<(), FlowGone> {
+        if let Some(r) = flow.signal.reset_reason() {
+            return Err(FlowGone::Reset(r));
+        }
+        match self.flows.get(&flow.id) {
+            Some(slot) if slot.token == flow.token => Ok(()),
+            _ => Err(FlowGone::Closed),
+        }
+    }
+
+    /// Registers the relay side of a flow the association knows.
+    pub fn insert_slot(&mut self, id: FlowId) -> FlowRef {
+        let token = self.next_token;
+        self.next_token += 1;
+        let signal = Arc::new(FlowSignal::default());
+        self.flows.insert(
+            id,
+            FlowSlot {
+                token,
+                signal: signal.clone(),
+            },
+        );
+        FlowRef { id, token, signal }
+    }
+
+    pub fn signal_flow(&self, id: FlowId) {
+        if let Some(slot) = self.flows.get(&id) {
+            slot.signal.notify.notify_one();
+        }
+    }
+
+    pub fn flow_reset(&self, id: FlowId, reason: ResetReason) {
+        if let Some(slot) = self.flows.get(&id) {
+            slot.signal.set_reset(reason);
+            slot.signal.notify.notify_one();
+        }
+    }
+
+    pub fn flow_closed(&mut self, id: FlowId) {
+        if let Some(slot) = self.flows.remove(&id) {
+            slot.signal.notify.notify_one();
+        }
+    }
+
+    /// Wakes relays that waited for budget, once a read's worth is free again.
+    pub fn wake_budget_waiters(&mut self, send_budget: u64, chunk: u64) {
+        if self.budget_waiters.is_empty() || self.assoc.send_buffered() + chunk > send_budget {
+            return;
+        }
+        for s in self.budget_waiters.drain(..) {
+            s.notify.notify_one();
+        }
+    }
+}

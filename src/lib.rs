@@ -1,0 +1,14 @@
+//! pepd: the performance-enhancing proxy daemon. This crate is a thin I/O shell around the
+//! sans-IO transport in `pep-transport`: TPROXY interception, the TCP relays, the tunnel
+//! socket and the timers that drive the association.
+
+mod bypass;
+pub mod config;
+pub mod daemon;
+mod driver;
+mod hub;
+mod notify;
+mod relay;
+mod sockopt;
+mod tproxy;
+mod upstream;

@@ -1,0 +1,212 @@
+//! One proxied TCP connection ↔ one flow: bytes both ways with backpressure, half-close
+//! in each direction on its own, resets both ways, and the idle timeout.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pep_transport::{ReadOutcome, ResetReason};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::hub::{Counters, FlowGone, FlowRef, Hub};
+
+/// Largest piece moved per read, either way.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Why a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayEnd {
+    /// Both directions finished with FIN.
+    Closed,
+    /// The peer side reset the flow; the TCP connection was reset too.
+    ResetByPeer(ResetReason),
+    /// The local TCP side failed or reset; the flow was reset towards the peer.
+    ResetLocally(ResetReason),
+}
+
+pub struct Relay {
+    pub hub: Arc<Hub>,
+    pub flow: FlowRef,
+    pub tcp: TcpStream,
+    pub idle_timeout: Option<Duration>,
+    /// The TCP side already sent FIN (and the flow was finished).
+    pub tcp_read_done: bool,
+}
+
+impl Relay {
+    pub async fn run(self) -> RelayEnd {
+        let Relay {
+            hub,
+            flow,
+            tcp,
+            idle_timeout,
+            tcp_read_done,
+        } = self;
+        let mut st = Pump {
+            hub: &hub,
+            flow: &flow,
+            tcp: &tcp,
+            reading_tcp: !tcp_read_done,
+            pending: None,
+            fin_to_tcp: false,
+            last_activity: Instant::now(),
+            buf: vec![0u8; CHUNK],
+        };
+        let end = st.run(idle_timeout).await;
+        match end {
+            RelayEnd::Closed => {}
+            RelayEnd::ResetByPeer(_) | RelayEnd::ResetLocally(_) => abort_tcp(tcp),
+        }
+        end
+    }
+}
+
+/// Closes a TCP connection with RST instead of FIN.
+pub fn abort_tcp(tcp: TcpStream) {
+    let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
+    drop(tcp);
+}
+
+struct Pump<'a> {
+    hub: &'a Hub,
+    flow: &'a FlowRef,
+    tcp: &'a TcpStream,
+    /// The TCP side has not sent FIN yet.
+    reading_tcp: bool,
+    /// Bytes taken from the flow and not yet written to TCP.
+    pending: Option<Bytes>,
+    /// The flow's FIN was passed on to TCP (shutdown of our write side).
+    fin_to_tcp: bool,
+    last_activity: Instant,
+    buf: Vec<u8>,
+}
+
+impl Pump<'_> {
+    async fn run(&mut self, idle_timeout: Option<Duration>) -> RelayEnd {
+        loop {
+            if let Err(end) = self.flow_to_tcp() {
+                return end;
+            }
+            let room = match self.tcp_to_flow() {
+                Ok(room) => room,
+                Err(end) => return end,
+            };
+            if !self.reading_tcp && self.fin_to_tcp && self.pending.is_none() {
+                return RelayEnd::Closed;
+            }
+            let idle_deadline = idle_timeout.map(|t| self.last_activity + t);
+            let idle = async {
+                match idle_deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = self.tcp.readable(), if self.reading_tcp && room > 0 => {
+                    if r.is_err() {
+                        return self.local_reset(ResetReason::Aborted);
+                    }
+                }
+                r = self.tcp.writable(), if self.pending.is_some() => {
+                    if r.is_err() {
+                        return self.local_reset(ResetReason::Aborted);
+                    }
+                }
+                _ = self.flow.signal.notify.notified() => {}
+                _ = idle => {
+                    if idle_deadline.is_some_and(|d| Instant::now() >= d) {
+                        debug!(flow = self.flow.id, "idle timeout");
+                        return self.local_reset(ResetReason::Timeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves what the flow has to the TCP connection until either side blocks.
+    fn flow_to_tcp(&mut self) -> Result<(), RelayEnd> {
+        loop {
+            if let Some(data) = self.pending.as_mut() {
+                match self.tcp.try_write(data) {
+                    Ok(n) => {
+                        self.last_activity = Instant::now();
+                        Counters::add(&self.hub.counters.bytes_from_peer, n as u64);
+                        let _ = data.split_to(n);
+                        if data.is_empty() {
+                            self.pending = None;
+                        }
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(_) => return Err(self.local_reset(ResetReason::Aborted)),
+                }
+            }
+            if self.fin_to_tcp {
+                return Ok(());
+            }
+            match self.hub.read(self.flow, CHUNK) {
+                Ok(ReadOutcome::Data(b)) => self.pending = Some(b),
+                Ok(ReadOutcome::Blocked) => return Ok(()),
+                Ok(ReadOutcome::Finished) | Err(FlowGone::Closed) => {
+                    self.fin_to_tcp = true;
+                    if socket2::SockRef::from(self.tcp)
+                        .shutdown(std::net::Shutdown::Write)
+                        .is_err()
+                    {
+                        return Err(self.local_reset(ResetReason::Aborted));
+                    }
+                    return Ok(());
+                }
+                Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+            }
+        }
+    }
+
+    /// Moves bytes from the TCP connection into the flow while it has room; returns the
+    /// room left (0: wait for the flow to drain).
+    fn tcp_to_flow(&mut self) -> Result<usize, RelayEnd> {
+        while self.reading_tcp {
+            let room = match self.hub.write_room(self.flow) {
+                Ok(r) => r,
+                Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+                Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+            };
+            if room == 0 {
+                return Ok(0);
+            }
+            let want = room.min(self.buf.len());
+            match self.tcp.try_read(&mut self.buf[..want]) {
+                Ok(0) => {
+                    self.reading_tcp = false;
+                    match self.hub.finish(self.flow) {
+                        Ok(()) => {}
+                        Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+                        Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+                    }
+                }
+                Ok(n) => {
+                    self.last_activity = Instant::now();
+                    Counters::add(&self.hub.counters.bytes_to_peer, n as u64);
+                    match self.hub.write(self.flow, &self.buf[..n]) {
+                        // The room was checked under the same budget a moment ago and only
+                        // this relay writes to the flow, so all of it fits.
+                        Ok(_) => {}
+                        Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+                        Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(room),
+                Err(_) => return Err(self.local_reset(ResetReason::Aborted)),
+            }
+        }
+        Ok(0)
+    }
+
+    fn local_reset(&self, reason: ResetReason) -> RelayEnd {
+        self.hub.reset(self.flow, reason);
+        RelayEnd::ResetLocally(reason)
+    }
+}

@@ -1,0 +1,127 @@
+//! Socket options the standard wrappers do not cover: transparent IPv6 sockets, the saved
+//! SYN (to learn the client's DSCP) and the traffic class of outgoing packets.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+use nix::libc;
+
+fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: `fd` is a live socket owned by the caller and the option value is a c_int of
+    // the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Lets the socket accept TPROXY-redirected connections or bind a foreign address.
+pub fn set_transparent(sock: &impl AsRawFd, family_v6: bool) -> io::Result<()> {
+    if family_v6 {
+        set_int(sock.as_raw_fd(), libc::SOL_IPV6, libc::IPV6_TRANSPARENT, 1)
+    } else {
+        set_int(sock.as_raw_fd(), libc::SOL_IP, libc::IP_TRANSPARENT, 1)
+    }
+}
+
+/// Keeps the SYN of each accepted connection so its DSCP can be read after `accept`.
+pub fn set_save_syn(listener: &impl AsRawFd) -> io::Result<()> {
+    set_int(
+        listener.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_SAVE_SYN,
+        1,
+    )
+}
+
+/// The DSCP of the client's SYN (the kernel hands the saved headers out once).
+pub fn saved_syn_dscp(sock: &impl AsRawFd) -> Option<u8> {
+    let mut buf = [0u8; 128];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: the buffer and its length describe valid writable memory.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_SAVED_SYN,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    dscp_of_ip_header(buf.get(..len as usize)?)
+}
+
+/// DSCP from the first bytes of an IPv4 or IPv6 header.
+pub fn dscp_of_ip_header(h: &[u8]) -> Option<u8> {
+    let first = *h.first()?;
+    match first >> 4 {
+        4 => h.get(1).map(|tos| tos >> 2),
+        6 => {
+            let second = *h.get(1)?;
+            let traffic_class = (first << 4) | (second >> 4);
+            Some(traffic_class >> 2)
+        }
+        _ => None,
+    }
+}
+
+/// Marks outgoing packets with `dscp` (ECN bits left to the kernel).
+pub fn set_dscp(sock: &socket2::Socket, addr: &SocketAddr, dscp: u8) -> io::Result<()> {
+    let tos = u32::from(dscp & 0x3f) << 2;
+    match addr {
+        SocketAddr::V4(_) => sock.set_tos(tos),
+        SocketAddr::V6(_) => set_int(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_TCLASS,
+            tos as libc::c_int,
+        ),
+    }
+}
+
+/// Socket buffers beyond `net.core.[rw]mem_max` (needs CAP_NET_ADMIN).
+pub fn force_buffers(sock: &impl AsRawFd, bytes: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v)?;
+    set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v)
+}
+
+/// Lets a transparent bind leave the port to `connect`, so many upstream connections from
+/// one client address do not exhaust ports at bind time.
+pub fn set_bind_address_no_port(sock: &impl AsRawFd) -> io::Result<()> {
+    set_int(
+        sock.as_raw_fd(),
+        libc::SOL_IP,
+        libc::IP_BIND_ADDRESS_NO_PORT,
+        1,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dscp_from_both_ip_versions() {
+        // IPv4, TOS 0xb8 = DSCP 46 (EF).
+        assert_eq!(dscp_of_ip_header(&[0x45, 0xb8, 0, 0]), Some(46));
+        // IPv6, traffic class 0x28 = DSCP 10 (AF11): version 6, TC split over two bytes.
+        assert_eq!(dscp_of_ip_header(&[0x62, 0x80, 0, 0]), Some(10));
+        assert_eq!(dscp_of_ip_header(&[0x15]), None);
+        assert_eq!(dscp_of_ip_header(&[]), None);
+    }
+}
