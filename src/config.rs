@@ -36,6 +36,8 @@ pub struct PepdConfig {
     pub upstream: UpstreamConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub shutdown: ShutdownConfig,
     /// Where each key was written, so validation and warnings can name lines. Empty for a
     /// config built in code.
     #[serde(skip)]
@@ -249,6 +251,22 @@ impl Default for MetricsConfig {
 
 pub const DEFAULT_METRICS_PORT: u16 = 9464;
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// On SIGTERM, open flows get this long to finish before the rest are reset.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            grace: Duration::from_secs(30),
+        }
+    }
+}
+
 impl PepdConfig {
     /// Reads, parses and validates `path`; diagnostics name the file as given.
     pub fn load(path: &std::path::Path) -> Result<PepdConfig, ConfigError> {
@@ -307,11 +325,16 @@ impl PepdConfig {
         // for sending by our own rate.
         c.flow_window = rx.flow_window;
         c.assoc_window = rx.assoc_window;
+        let half_budget = self.limits.memory_budget.bytes() / 2;
         if let Some(b) = self.limits.flow_buffer {
             c.flow_window = b.bytes();
             c.send_buffer = b.bytes();
+        } else {
+            // Sized from a fast link, one flow's buffers could exceed the whole budget; a
+            // flow may use at most half of each direction's share.
+            c.flow_window = c.flow_window.min(half_budget / 2);
+            c.send_buffer = c.send_buffer.min(half_budget / 2);
         }
-        let half_budget = self.limits.memory_budget.bytes() / 2;
         c.assoc_window = c.assoc_window.min(half_budget).max(c.flow_window);
         let t = &self.transport;
         c.cc = match t.cc {

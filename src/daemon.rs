@@ -1,12 +1,13 @@
 //! `pepd run`: sockets, the association driver, the interception listeners and the relays,
-//! wired together on a tokio runtime.
+//! wired together on a tokio runtime; SIGHUP reloads, SIGTERM drains.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use pep_transport::{Association, FlowMeta};
+use pep_transport::{Association, FlowMeta, ResetReason};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
@@ -14,12 +15,12 @@ use tracing::{debug, info, warn};
 
 use crate::config::{OverLimit, PepdConfig};
 use crate::driver::{Driver, FlowAcceptor};
-use crate::hub::{FlowRef, Hub, OpenRefused};
+use crate::hub::{AssocState, Counters, FlowRef, Hub, OpenRefused};
 use crate::notify::Notifier;
 use crate::relay::{abort_tcp, Relay, RelayEnd};
 use crate::tproxy::{self, Intercepted};
 use crate::upstream::{self, UpstreamOptions};
-use crate::{bypass, sockopt};
+use crate::{bypass, reload, sockopt};
 
 /// How long an accepted connection may take to send its first bytes and still have them
 /// ride with the flow's open (clients that speak first do so within a LAN round trip).
@@ -31,49 +32,63 @@ const FIRST_BYTES_MAX: usize = 16 * 1024;
 /// Socket buffer of the tunnel socket: bursts at the link rate must not overflow it.
 const TUNNEL_SOCKET_BUFFER: usize = 8 << 20;
 
+/// Changes the log filter of the running daemon (from the binary's tracing setup).
+pub type LogReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// Settings relays and acceptors read per connection; SIGHUP replaces them.
+#[derive(Debug, Clone)]
+pub struct Live {
+    pub over_limit: OverLimit,
+    pub upstream: UpstreamOptions,
+    pub idle: Option<Duration>,
+    /// SIGTERM received: new connections are refused while open ones finish.
+    pub draining: bool,
+}
+
+impl Live {
+    pub fn from_config(cfg: &PepdConfig) -> Live {
+        Live {
+            over_limit: cfg.limits.over_limit,
+            upstream: UpstreamOptions {
+                mark: cfg.intercept.own_mark,
+                transparent_source: cfg.upstream.transparent_source,
+                connect_timeout: cfg.timeouts.connect,
+            },
+            idle: (!cfg.timeouts.idle.is_zero()).then_some(cfg.timeouts.idle),
+            draining: false,
+        }
+    }
+}
+
+pub type LiveRef = Arc<RwLock<Live>>;
+
+fn read_live(live: &LiveRef) -> Live {
+    live.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 pub struct Daemon {
-    cfg: PepdConfig,
+    pub path: PathBuf,
+    pub cfg: PepdConfig,
+    pub log_reload: LogReload,
 }
 
 impl Daemon {
-    pub fn new(cfg: PepdConfig) -> Daemon {
-        Daemon { cfg }
-    }
-
     pub async fn run(self) -> anyhow::Result<()> {
-        let cfg = self.cfg;
+        let Daemon {
+            path,
+            mut cfg,
+            log_reload,
+        } = self;
         let notifier = Notifier;
         let tcfg = cfg.transport();
-        let epoch = fresh_epoch();
-        let assoc = Association::new(tcfg.clone(), cfg.role(), epoch, Instant::now())
+        let assoc = Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now())
             .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
-        let send_budget = cfg.limits.memory_budget.bytes() / 2;
-        let hub = Arc::new(Hub::new(assoc, send_budget));
+        let hub = Arc::new(Hub::new(assoc, cfg.limits.memory_budget.bytes() / 2));
+        let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
         let socket = tunnel_socket(bind, cfg.intercept.own_mark)
             .with_context(|| format!("tunnel socket on {bind}"))?;
-        let upstream = UpstreamOptions {
-            mark: cfg.intercept.own_mark,
-            transparent_source: cfg.upstream.transparent_source,
-            connect_timeout: cfg.timeouts.connect,
-        };
-        let idle = (!cfg.timeouts.idle.is_zero()).then_some(cfg.timeouts.idle);
-        let acceptor = Arc::new(UpstreamAcceptor {
-            opts: upstream.clone(),
-            idle,
-        });
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let driver = Driver {
-            hub: hub.clone(),
-            socket,
-            peer: cfg.peer.address,
-            acceptor,
-            notifier,
-            foreign_dropped: 0,
-        };
-        let driver_task = tokio::spawn(driver.run(stop_rx.clone()));
-
         let mut listeners = Vec::new();
         for addr in &cfg.intercept.listen {
             let l = tproxy::listen(*addr).with_context(|| {
@@ -84,15 +99,25 @@ impl Daemon {
             })?;
             listeners.push(l);
         }
+
+        let (stop_driver, driver_stop_rx) = watch::channel(false);
+        let (stop_accepting, accept_stop_rx) = watch::channel(false);
+        let driver = Driver {
+            hub: hub.clone(),
+            socket,
+            peer: cfg.peer.address,
+            acceptor: Arc::new(UpstreamAcceptor { live: live.clone() }),
+            notifier,
+        };
+        let driver_task = tokio::spawn(driver.run(driver_stop_rx));
         let ctx = Arc::new(InterceptCtx {
             hub: hub.clone(),
-            over_limit: cfg.limits.over_limit,
-            upstream,
-            idle,
+            live: live.clone(),
         });
         for l in listeners {
-            tokio::spawn(accept_loop(l, ctx.clone(), stop_rx.clone()));
+            tokio::spawn(accept_loop(l, ctx.clone(), accept_stop_rx.clone()));
         }
+        tokio::spawn(log_stats_on_sigusr1(hub.clone()));
         info!(
             side = ?cfg.peer.side,
             peer = %cfg.peer.address,
@@ -106,36 +131,80 @@ impl Daemon {
             cfg.peer.address
         ));
 
-        tokio::spawn(log_stats_on_sigusr1(hub.clone()));
-        let end = wait_for_shutdown().await;
-        info!(signal = end, "shutting down");
+        let signal = loop {
+            match next_signal().await {
+                Signal::Hangup => {
+                    reload::apply(&path, &mut cfg, &hub, &live, &log_reload);
+                }
+                other => break other,
+            }
+        };
+        info!(?signal, grace = ?cfg.shutdown.grace, "stopping: no new connections, draining open flows");
         notifier.stopping();
-        let _ = stop_tx.send(true);
-        match driver_task.await {
+        let _ = stop_accepting.send(true);
+        live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
+        drain(&hub, cfg.shutdown.grace, &notifier).await;
+        let _ = stop_driver.send(true);
+        let result = match driver_task.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e).context("tunnel socket failed"),
             Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
+        };
+        // Closing the association reset what was left; let those relays send their RSTs.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while Counters::get(&hub.counters.relays_active) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        hub.counters.set_state(AssocState::Closed);
+        result
     }
 }
 
-/// Stops on SIGTERM or SIGINT; returns which.
-async fn wait_for_shutdown() -> &'static str {
+/// Waits until every relay has finished or the grace period is over.
+async fn drain(hub: &Hub, grace: Duration, notifier: &Notifier) {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        let open = Counters::get(&hub.counters.relays_active);
+        if open == 0 {
+            info!("all flows finished");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            warn!(open, "grace period over; resetting the flows still open");
+            return;
+        }
+        notifier.status(&format!("draining: {open} flows open"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    Terminate,
+    Interrupt,
+    Hangup,
+}
+
+async fn next_signal() -> Signal {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         warn!("cannot install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };
     tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+        _ = term.recv() => Signal::Terminate,
+        _ = int.recv() => Signal::Interrupt,
+        _ = hup.recv() => Signal::Hangup,
     }
 }
 
-/// SIGUSR1 logs the association's counters (what the metrics endpoint will serve).
+/// SIGUSR1 logs the association's counters.
 async fn log_stats_on_sigusr1(hub: Arc<Hub>) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
@@ -166,16 +235,9 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
     }
     // Forcing past rmem_max needs CAP_NET_ADMIN, which pepd has; the plain call is the
     // fallback when it runs without.
-    for force in [true, false] {
-        let r = if force {
-            sockopt::force_buffers(&sock, TUNNEL_SOCKET_BUFFER)
-        } else {
-            sock.set_recv_buffer_size(TUNNEL_SOCKET_BUFFER)
-                .and_then(|()| sock.set_send_buffer_size(TUNNEL_SOCKET_BUFFER))
-        };
-        if r.is_ok() {
-            break;
-        }
+    if sockopt::force_buffers(&sock, TUNNEL_SOCKET_BUFFER).is_err() {
+        let _ = sock.set_recv_buffer_size(TUNNEL_SOCKET_BUFFER);
+        let _ = sock.set_send_buffer_size(TUNNEL_SOCKET_BUFFER);
     }
     sock.set_nonblocking(true)?;
     sock.bind(&bind.into())?;
@@ -184,9 +246,7 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
 
 struct InterceptCtx {
     hub: Arc<Hub>,
-    over_limit: OverLimit,
-    upstream: UpstreamOptions,
-    idle: Option<Duration>,
+    live: LiveRef,
 }
 
 async fn accept_loop(l: TcpListener, ctx: Arc<InterceptCtx>, mut stop: watch::Receiver<bool>) {
@@ -200,9 +260,13 @@ async fn accept_loop(l: TcpListener, ctx: Arc<InterceptCtx>, mut stop: watch::Re
                 Ok(conn) => {
                     tokio::spawn(intercepted(ctx.clone(), conn));
                 }
-                Err(e) => debug!(error = %e, "accepted connection vanished"),
+                Err(e) => {
+                    Counters::add(&ctx.hub.counters.inspect_errors, 1);
+                    debug!(error = %e, "accepted connection vanished");
+                }
             },
             Err(e) => {
+                Counters::add(&ctx.hub.counters.accept_errors, 1);
                 // Out of descriptors or memory: back off instead of spinning.
                 warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -218,6 +282,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         server,
         dscp,
     } = conn;
+    Counters::add(&ctx.hub.counters.flows_intercepted, 1);
     let _ = tcp.set_nodelay(true);
     let mut first = vec![0u8; FIRST_BYTES_MAX];
     let mut first_len = 0;
@@ -238,10 +303,11 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         server,
         dscp,
     };
+    let live = read_live(&ctx.live);
     let flow = match ctx.hub.open(meta, &first) {
         Ok(f) => f,
         Err(why) => {
-            over_limit(&ctx, tcp, meta, first, why).await;
+            over_limit(&ctx.hub, &live, tcp, meta, first, why).await;
             return;
         }
     };
@@ -253,7 +319,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         hub: ctx.hub.clone(),
         flow,
         tcp,
-        idle_timeout: ctx.idle,
+        idle_timeout: live.idle,
         tcp_read_done: client_done,
     };
     let id = relay.flow.id;
@@ -262,22 +328,23 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
 }
 
 async fn over_limit(
-    ctx: &InterceptCtx,
+    hub: &Hub,
+    live: &Live,
     tcp: tokio::net::TcpStream,
     meta: FlowMeta,
     first: Vec<u8>,
     why: OpenRefused,
 ) {
-    match ctx.over_limit {
+    match live.over_limit {
         OverLimit::Refuse => {
-            crate::hub::Counters::add(&ctx.hub.counters.flows_refused, 1);
+            Counters::add(&hub.counters.flows_refused, 1);
             warn!(client = %meta.client, server = %meta.server, ?why, "connection refused");
             abort_tcp(tcp);
         }
         OverLimit::Bypass => {
-            crate::hub::Counters::add(&ctx.hub.counters.flows_bypassed, 1);
+            Counters::add(&hub.counters.flows_bypassed, 1);
             debug!(client = %meta.client, server = %meta.server, ?why, "relayed unproxied");
-            bypass::run(tcp, meta, first, &ctx.upstream).await;
+            bypass::run(tcp, meta, first, &live.upstream).await;
         }
     }
 }
@@ -288,17 +355,19 @@ fn log_end(flow: pep_transport::FlowId, client: SocketAddr, server: SocketAddr, 
 
 /// Connects flows the peer opened to their destination.
 struct UpstreamAcceptor {
-    opts: UpstreamOptions,
-    idle: Option<Duration>,
+    live: LiveRef,
 }
 
 impl FlowAcceptor for UpstreamAcceptor {
     fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta) {
-        let opts = self.opts.clone();
-        let idle = self.idle;
+        let live = read_live(&self.live);
+        if live.draining {
+            hub.reset(&flow, ResetReason::ResourceLimit);
+            return;
+        }
         tokio::spawn(async move {
             let connected = tokio::select! {
-                r = upstream::connect(&meta, &opts) => r,
+                r = upstream::connect(&meta, &live.upstream) => r,
                 // The client may give up (reset) while the connect is still pending.
                 () = wait_reset(&flow) => return,
             };
@@ -308,7 +377,7 @@ impl FlowAcceptor for UpstreamAcceptor {
                         hub,
                         flow,
                         tcp,
-                        idle_timeout: idle,
+                        idle_timeout: live.idle,
                         tcp_read_done: false,
                     };
                     let id = relay.flow.id;
@@ -316,7 +385,7 @@ impl FlowAcceptor for UpstreamAcceptor {
                     log_end(id, meta.client, meta.server, end);
                 }
                 Err(f) => {
-                    crate::hub::Counters::add(&hub.counters.connect_errors, 1);
+                    hub.counters.connect_errors.add(f.reason);
                     debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
                         "upstream connect failed");
                     hub.reset(&flow, f.reason);

@@ -11,7 +11,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::hub::{FlowRef, Hub};
+use crate::hub::{AssocState, Counters, FlowRef, Hub};
 use crate::notify::Notifier;
 
 /// Datagrams taken from the socket, or produced, per pass under one lock.
@@ -31,8 +31,6 @@ pub struct Driver {
     pub peer: SocketAddr,
     pub acceptor: Arc<dyn FlowAcceptor>,
     pub notifier: Notifier,
-    /// Datagrams from anyone but the peer.
-    pub foreign_dropped: u64,
 }
 
 impl Driver {
@@ -67,7 +65,7 @@ impl Driver {
                 match self.socket.try_recv_from(buf) {
                     Ok((n, from)) if from == self.peer => rx_lens.push(n),
                     Ok((_, from)) => {
-                        self.foreign_dropped += 1;
+                        Counters::add(&self.hub.counters.foreign_datagrams, 1);
                         debug!(%from, "datagram from an address that is not the peer dropped");
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -145,35 +143,44 @@ impl Driver {
     fn dispatch(&self, st: &mut crate::hub::State, ev: Event) {
         match ev {
             Event::Established => {
+                let c = &self.hub.counters;
+                Counters::add(&c.associations_established, 1);
+                c.set_state(AssocState::Established);
                 let rtt = st.assoc.stats().rtt_smoothed;
                 info!(peer = %self.peer, ?rtt, "association established");
                 self.notifier
                     .status(&format!("association established with {}", self.peer));
             }
             Event::PeerRestarted => {
+                self.hub.counters.set_state(AssocState::Connecting);
                 warn!(peer = %self.peer, "peer gateway restarted; its flows were reset");
             }
             Event::FlowOpened { flow, meta } => {
                 debug!(flow, client = %meta.client, server = %meta.server, "flow opened by peer");
+                Counters::add(&self.hub.counters.flows_from_peer, 1);
                 let r = st.insert_slot(flow);
                 self.acceptor.accept(self.hub.clone(), r, meta);
             }
             Event::FlowReadable { flow } | Event::FlowWritable { flow } => st.signal_flow(flow),
             Event::FlowReset { flow, reason } => {
                 debug!(flow, ?reason, "flow reset");
+                self.hub.counters.flow_resets.add(reason);
                 st.flow_reset(flow, reason);
             }
             Event::FlowClosed { flow } => st.flow_closed(flow),
             Event::OutageStarted => {
+                self.hub.counters.set_state(AssocState::Outage);
                 warn!(peer = %self.peer, "satellite link outage: no answer from the peer");
                 self.notifier.status("link outage");
             }
             Event::OutageEnded { duration } => {
+                self.hub.counters.set_state(AssocState::Established);
                 info!(?duration, "satellite link back");
                 self.notifier
                     .status(&format!("association established with {}", self.peer));
             }
             Event::AssociationLost { reason } => {
+                self.hub.counters.set_state(AssocState::Connecting);
                 warn!(
                     ?reason,
                     "association lost; every flow was reset; re-establishing"

@@ -70,26 +70,98 @@ pub struct Hub {
     /// Wakes the driver: something was queued for sending.
     pub driver_wake: Notify,
     /// Budget for bytes waiting to be sent (the receive side is bounded by the windows we
-    /// advertise).
-    send_budget: u64,
+    /// advertise); changes on reload.
+    send_budget: AtomicU64,
     pub counters: Counters,
 }
 
 /// Relay-side counters the metrics read.
 #[derive(Default)]
 pub struct Counters {
+    pub flows_intercepted: AtomicU64,
+    pub flows_from_peer: AtomicU64,
     pub flows_refused: AtomicU64,
     pub flows_bypassed: AtomicU64,
     /// Read from local TCP connections into flows.
     pub bytes_to_peer: AtomicU64,
     /// Written from flows to local TCP connections.
     pub bytes_from_peer: AtomicU64,
-    pub connect_errors: AtomicU64,
+    /// Upstream connects that failed, by the reset they became.
+    pub connect_errors: ByReason,
+    /// Flows reset, by reason (either side's).
+    pub flow_resets: ByReason,
+    /// Relays running (their TCP connection still open).
+    pub relays_active: AtomicU64,
+    pub accept_errors: AtomicU64,
+    pub inspect_errors: AtomicU64,
+    /// Datagrams on the tunnel socket from anyone but the peer.
+    pub foreign_datagrams: AtomicU64,
+    /// Handshakes completed; every one after the first is a re-establishment.
+    pub associations_established: AtomicU64,
+    association_state: std::sync::atomic::AtomicU8,
+}
+
+/// Association state as the metrics show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssocState {
+    Connecting = 0,
+    Established = 1,
+    Outage = 2,
+    Closed = 3,
 }
 
 impl Counters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    pub fn set_state(&self, s: AssocState) {
+        self.association_state.store(s as u8, Ordering::Relaxed);
+    }
+
+    pub fn state(&self) -> AssocState {
+        match self.association_state.load(Ordering::Relaxed) {
+            1 => AssocState::Established,
+            2 => AssocState::Outage,
+            3 => AssocState::Closed,
+            _ => AssocState::Connecting,
+        }
+    }
+}
+
+/// One counter per reset reason code the transport defines.
+#[derive(Default)]
+pub struct ByReason([AtomicU64; 10]);
+
+impl ByReason {
+    pub fn add(&self, reason: ResetReason) {
+        let i = usize::from(reason.code()).min(self.0.len() - 1);
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (label, count) for every known reason; unknown codes count as "other".
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        const LABELS: [&str; 10] = [
+            "aborted",
+            "refused",
+            "unreachable",
+            "timeout",
+            "peer_restart",
+            "outage_limit",
+            "resource_limit",
+            "protocol",
+            "closed",
+            "other",
+        ];
+        LABELS
+            .iter()
+            .zip(&self.0)
+            .map(|(l, c)| (*l, c.load(Ordering::Relaxed)))
+            .collect()
     }
 }
 
@@ -103,13 +175,18 @@ impl Hub {
                 budget_waiters: Vec::new(),
             }),
             driver_wake: Notify::new(),
-            send_budget,
+            send_budget: AtomicU64::new(send_budget),
             counters: Counters::default(),
         }
     }
 
     pub fn send_budget(&self) -> u64 {
-        self.send_budget
+        self.send_budget.load(Ordering::Relaxed)
+    }
+
+    pub fn set_send_budget(&self, bytes: u64) {
+        self.send_budget.store(bytes, Ordering::Relaxed);
+        self.driver_wake.notify_one();
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {
@@ -121,7 +198,7 @@ impl Hub {
     /// Opens a flow for an intercepted connection; `first` rides with the open.
     pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<FlowRef, OpenRefused> {
         let mut st = self.lock();
-        if st.assoc.send_buffered() + first.len() as u64 > self.send_budget {
+        if st.assoc.send_buffered() + first.len() as u64 > self.send_budget() {
             return Err(OpenRefused::MemoryBudget);
         }
         let id = st.assoc.open_flow(meta).map_err(|e| match e {
@@ -142,7 +219,7 @@ impl Hub {
         let mut st = self.lock();
         st.check(flow)?;
         let room = st.assoc.send_capacity(flow.id) as u64;
-        let left = self.send_budget.saturating_sub(st.assoc.send_buffered());
+        let left = self.send_budget().saturating_sub(st.assoc.send_buffered());
         if left == 0 && room > 0 {
             // Woken by the driver when acknowledgements free budget.
             st.budget_waiters.push(flow.signal.clone());
@@ -183,8 +260,8 @@ impl Hub {
     /// Aborts the flow towards the peer (the local TCP side is the caller's to reset).
     pub fn reset(&self, flow: &FlowRef, reason: ResetReason) {
         let mut st = self.lock();
-        if st.check(flow).is_ok() {
-            let _ = st.assoc.reset(flow.id, reason);
+        if st.check(flow).is_ok() && st.assoc.reset(flow.id, reason).is_ok() {
+            self.counters.flow_resets.add(reason);
         }
         flow.signal.set_reset(reason);
         drop(st);

@@ -9,6 +9,7 @@ mod driver;
 mod hub;
 mod notify;
 mod relay;
+mod reload;
 mod sockopt;
 mod tproxy;
 mod upstream;

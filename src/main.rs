@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter};
 
 use pepd::config::PepdConfig;
 use pepd::daemon;
@@ -69,14 +71,23 @@ fn check_config(path: &std::path::Path) -> ExitCode {
 fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // Nothing starts on a bad config.
     let cfg = PepdConfig::load(path)?;
+    // RUST_LOG wins over the config at start; SIGHUP applies the config's level.
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    let (filter, filter_handle) = reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
         .init();
+    let log_reload: daemon::LogReload = Box::new(move |level: &str| {
+        let f = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        filter_handle.reload(f).map_err(|e| e.to_string())
+    });
     for w in cfg.warnings() {
         tracing::warn!("config: {w}");
     }
@@ -84,7 +95,14 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(daemon::Daemon::new(cfg).run())
+    rt.block_on(
+        daemon::Daemon {
+            path: path.to_owned(),
+            cfg,
+            log_reload,
+        }
+        .run(),
+    )
 }
 
 /// Every proxied connection holds a descriptor; the soft limit (1024 by default) is raised

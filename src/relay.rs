@@ -45,6 +45,7 @@ impl Relay {
             idle_timeout,
             tcp_read_done,
         } = self;
+        let _active = ActiveRelay::new(&hub);
         let mut st = Pump {
             hub: &hub,
             flow: &flow,
@@ -61,6 +62,25 @@ impl Relay {
             RelayEnd::ResetByPeer(_) | RelayEnd::ResetLocally(_) => abort_tcp(tcp),
         }
         end
+    }
+}
+
+/// Counts a relay as active for as long as it lives (what a drain waits for).
+struct ActiveRelay<'a>(&'a Hub);
+
+impl<'a> ActiveRelay<'a> {
+    fn new(hub: &'a Hub) -> Self {
+        Counters::add(&hub.counters.relays_active, 1);
+        ActiveRelay(hub)
+    }
+}
+
+impl Drop for ActiveRelay<'_> {
+    fn drop(&mut self) {
+        self.0
+            .counters
+            .relays_active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -309,6 +309,11 @@ impl Association {
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
     }
 
+    /// Changes the flow limit live; flows already open above it stay.
+    pub fn set_max_flows(&mut self, max_flows: usize) {
+        self.cfg.max_flows = max_flows.max(1);
+    }
+
     pub fn set_ack_policy(&mut self, policy: crate::config::AckPolicy) {
         self.cfg.ack = policy;
         self.acks.set_policy(policy);
