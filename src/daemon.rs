@@ -100,6 +100,10 @@ impl Daemon {
             listeners.push(l);
         }
 
+        let metrics_listener = TcpListener::bind(cfg.metrics.listen)
+            .await
+            .with_context(|| format!("metrics endpoint on {}", cfg.metrics.listen))?;
+
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
         let driver = Driver {
@@ -109,7 +113,7 @@ impl Daemon {
             acceptor: Arc::new(UpstreamAcceptor { live: live.clone() }),
             notifier,
         };
-        let driver_task = tokio::spawn(driver.run(driver_stop_rx));
+        let driver_task = tokio::spawn(driver.run(driver_stop_rx.clone()));
         let ctx = Arc::new(InterceptCtx {
             hub: hub.clone(),
             live: live.clone(),
@@ -118,11 +122,26 @@ impl Daemon {
             tokio::spawn(accept_loop(l, ctx.clone(), accept_stop_rx.clone()));
         }
         tokio::spawn(log_stats_on_sigusr1(hub.clone()));
+        let budget = Arc::new(std::sync::atomic::AtomicU64::new(
+            cfg.limits.memory_budget.bytes(),
+        ));
+        let (metrics_hub, metrics_budget) = (hub.clone(), budget.clone());
+        tokio::spawn(crate::metrics::serve(
+            metrics_listener,
+            Arc::new(move || {
+                metrics_hub.snapshot(metrics_budget.load(std::sync::atomic::Ordering::Relaxed))
+            }),
+            driver_stop_rx.clone(),
+        ));
+        if let Some(period) = notifier.watchdog_period() {
+            tokio::spawn(watchdog(hub.clone(), notifier, period));
+        }
         info!(
             side = ?cfg.peer.side,
             peer = %cfg.peer.address,
             tunnel = %bind,
             listen = ?cfg.intercept.listen,
+            metrics = %cfg.metrics.listen,
             tx_rate_bps = tcfg.rate_bps,
             "pepd running"
         );
@@ -135,6 +154,10 @@ impl Daemon {
             match next_signal().await {
                 Signal::Hangup => {
                     reload::apply(&path, &mut cfg, &hub, &live, &log_reload);
+                    budget.store(
+                        cfg.limits.memory_budget.bytes(),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                 }
                 other => break other,
             }
@@ -201,6 +224,20 @@ async fn next_signal() -> Signal {
         _ = term.recv() => Signal::Terminate,
         _ = int.recv() => Signal::Interrupt,
         _ = hup.recv() => Signal::Hangup,
+    }
+}
+
+/// Pings systemd's watchdog at half its period while the association lock is obtainable,
+/// so a deadlocked or wedged daemon gets restarted.
+async fn watchdog(hub: Arc<Hub>, notifier: Notifier, period: Duration) {
+    let mut tick = tokio::time::interval(period / 2);
+    loop {
+        tick.tick().await;
+        let hub = hub.clone();
+        let alive = tokio::task::spawn_blocking(move || drop(hub.lock())).await;
+        if alive.is_ok() {
+            notifier.watchdog();
+        }
     }
 }
 

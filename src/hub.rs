@@ -166,6 +166,49 @@ impl ByReason {
 }
 
 impl Hub {
+    /// What the metrics endpoint serves at this instant.
+    pub fn snapshot(&self, memory_budget: u64) -> crate::metrics::Snapshot {
+        use crate::metrics::{AssociationState, RelaySnapshot, Snapshot};
+        let (stats, memory) = {
+            let st = self.lock();
+            (
+                st.assoc.stats(),
+                st.assoc.send_buffered() + st.assoc.recv_buffered(),
+            )
+        };
+        let c = &self.counters;
+        let get = Counters::get;
+        Snapshot {
+            stats,
+            association: match c.state() {
+                AssocState::Connecting => AssociationState::Connecting,
+                AssocState::Established => AssociationState::Established,
+                AssocState::Outage => AssociationState::Outage,
+                AssocState::Closed => AssociationState::Closed,
+            },
+            association_restarts: get(&c.associations_established).saturating_sub(1),
+            relay: RelaySnapshot {
+                flows_active: get(&c.relays_active),
+                flows_intercepted_total: get(&c.flows_intercepted),
+                flows_from_peer_total: get(&c.flows_from_peer),
+                flows_refused_total: get(&c.flows_refused),
+                flows_bypassed_total: get(&c.flows_bypassed),
+                bytes_to_peer_total: get(&c.bytes_to_peer),
+                bytes_from_peer_total: get(&c.bytes_from_peer),
+                connect_errors: c.connect_errors.snapshot(),
+                intercept_errors: vec![
+                    ("accept", get(&c.accept_errors)),
+                    ("inspect", get(&c.inspect_errors)),
+                ],
+                flow_resets: c.flow_resets.snapshot(),
+            },
+            memory_in_use_bytes: memory,
+            memory_budget_bytes: memory_budget,
+            tunnel_foreign_datagrams: get(&c.foreign_datagrams),
+            build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
+        }
+    }
+
     pub fn new(assoc: Association, send_budget: u64) -> Hub {
         Hub {
             state: Mutex::new(State {
@@ -207,7 +250,9 @@ impl Hub {
         let flow = st.insert_slot(id);
         if !first.is_empty() {
             // A new flow's send buffer holds far more than one read.
-            let _ = st.assoc.write(id, first);
+            if let Ok(n) = st.assoc.write(id, first) {
+                Counters::add(&self.counters.bytes_to_peer, n as u64);
+            }
         }
         drop(st);
         self.driver_wake.notify_one();

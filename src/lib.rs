@@ -7,6 +7,7 @@ pub mod config;
 pub mod daemon;
 mod driver;
 mod hub;
+pub mod metrics;
 mod notify;
 mod relay;
 mod reload;

@@ -18,6 +18,17 @@ impl Notifier {
         self.send(&[sd_notify::NotifyState::Status(status)]);
     }
 
+    pub fn watchdog(&self) {
+        self.send(&[sd_notify::NotifyState::Watchdog]);
+    }
+
+    /// The watchdog period systemd expects pings within, if it set one for us.
+    pub fn watchdog_period(&self) -> Option<std::time::Duration> {
+        let mut usec = 0u64;
+        sd_notify::watchdog_enabled(false, &mut usec)
+            .then(|| std::time::Duration::from_micros(usec))
+    }
+
     pub fn stopping(&self) {
         self.send(&[sd_notify::NotifyState::Stopping]);
     }

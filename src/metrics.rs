@@ -1,0 +1,513 @@
+//! Prometheus metrics: what the daemon reports at one instant ([`Snapshot`]), its encoding in
+//! the OpenMetrics text format, and the small HTTP endpoint that serves it.
+//!
+//! The daemon keeps its own counters (in the transport's `Stats` and the relay's atomics);
+//! this module never counts anything itself. Each scrape asks the daemon for a fresh
+//! [`Snapshot`] and reports those values as they are, so a counter here is exactly as
+//! monotonic as the daemon's counter behind it and nothing is counted twice.
+//!
+//! Every name, label and unit is listed in `docs/METRICS.md`; keep the two in step.
+
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+mod http;
+
+pub use http::{serve, SnapshotSource, CONTENT_TYPE};
+
+/// Prefix of every metric name.
+pub const PREFIX: &str = "pepd";
+
+/// Where the association stands, as the `pepd_association_state` gauge shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AssociationState {
+    /// Handshaking, or re-establishing after the association was lost.
+    #[default]
+    Connecting,
+    Established,
+    /// Established, but the peer has stopped answering (satellite link outage).
+    Outage,
+    /// Shut down for good (the daemon is stopping).
+    Closed,
+}
+
+impl AssociationState {
+    /// Every state, in the order the gauge lists them: a query can rely on each label value
+    /// being present in every scrape.
+    pub const ALL: [AssociationState; 4] = [
+        AssociationState::Connecting,
+        AssociationState::Established,
+        AssociationState::Outage,
+        AssociationState::Closed,
+    ];
+
+    /// The `state` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            AssociationState::Connecting => "connecting",
+            AssociationState::Established => "established",
+            AssociationState::Outage => "outage",
+            AssociationState::Closed => "closed",
+        }
+    }
+}
+
+/// Relay-side counters: the TCP half of the daemon.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelaySnapshot {
+    /// Flows with a live local TCP connection.
+    pub flows_active: u64,
+    /// TCP connections intercepted locally and opened as flows towards the peer.
+    pub flows_intercepted_total: u64,
+    /// Flows the peer opened, connected out from here.
+    pub flows_from_peer_total: u64,
+    /// Intercepted connections refused because a limit was reached (`over_limit = refuse`).
+    pub flows_refused_total: u64,
+    /// Intercepted connections relayed unproxied because a limit was reached
+    /// (`over_limit = bypass`).
+    pub flows_bypassed_total: u64,
+    /// Read from local TCP connections into the tunnel.
+    pub bytes_to_peer_total: u64,
+    /// Written from the tunnel to local TCP connections.
+    pub bytes_from_peer_total: u64,
+    /// Upstream connects that failed, by the reset reason they became (`refused`,
+    /// `unreachable`, `timeout`, `resource_limit`, ...).
+    pub connect_errors: Vec<(&'static str, u64)>,
+    /// Interception failures, by reason (`accept`, `inspect`).
+    pub intercept_errors: Vec<(&'static str, u64)>,
+    /// Flows reset, by reason (`aborted`, `refused`, `unreachable`, `timeout`,
+    /// `peer_restart`, `outage_limit`, `resource_limit`, `protocol`, `closed`, ...).
+    pub flow_resets: Vec<(&'static str, u64)>,
+}
+
+/// Everything the daemon reports at one instant; the daemon fills it at scrape time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub stats: pep_transport::Stats,
+    pub association: AssociationState,
+    /// Times the association was (re)established after a loss or a peer restart.
+    pub association_restarts: u64,
+    pub relay: RelaySnapshot,
+    pub memory_in_use_bytes: u64,
+    pub memory_budget_bytes: u64,
+    /// Datagrams dropped because they did not come from the peer.
+    pub tunnel_foreign_datagrams: u64,
+    /// (daemon version, transport protocol version).
+    pub build_info: (&'static str, u32),
+}
+
+/// Encodes `s` in the OpenMetrics text format, `# EOF` included: the body of a scrape
+/// response, to be sent with [`CONTENT_TYPE`].
+pub fn encode(s: &Snapshot) -> Result<String, fmt::Error> {
+    // A registry per scrape holding one collector over a copy of the snapshot: the
+    // collector has to be `'static`, and building it costs far less than a scrape's
+    // round trip.
+    let mut registry = Registry::with_prefix(PREFIX);
+    registry.register_collector(Box::new(SnapshotCollector(s.clone())));
+    let mut out = String::with_capacity(8 * 1024);
+    prometheus_client::encoding::text::encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+#[derive(Debug)]
+struct SnapshotCollector(Snapshot);
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let s = &self.0;
+        let st = &s.stats;
+        let r = &s.relay;
+        let e = &mut enc;
+        let bytes = Some(&Unit::Bytes);
+        let seconds = Some(&Unit::Seconds);
+
+        // ---- build and association ---------------------------------------------------
+        let (version, protocol) = s.build_info;
+        let protocol = protocol.to_string();
+        let info = Info::new([
+            ("version", version),
+            ("protocol_version", protocol.as_str()),
+        ]);
+        let m = e.encode_descriptor(
+            "build",
+            "Daemon version and transport protocol version",
+            None,
+            info.metric_type(),
+        )?;
+        info.encode(m)?;
+
+        let states: Vec<(&str, u64)> = AssociationState::ALL
+            .iter()
+            .map(|&x| (x.label(), u64::from(x == s.association)))
+            .collect();
+        gauge_family(
+            e,
+            "association_state",
+            "1 for the association's current state, 0 for the others",
+            None,
+            "state",
+            &states,
+        )?;
+        counter(
+            e,
+            "association_restarts",
+            "Times the association was re-established after being lost or after a peer restart",
+            None,
+            s.association_restarts,
+        )?;
+        counter(
+            e,
+            "peer_restarts",
+            "Peer gateway restarts detected (each resets every flow)",
+            None,
+            st.peer_restarts,
+        )?;
+        counter(
+            e,
+            "outages",
+            "Link outages: periods in which the peer stopped answering",
+            None,
+            st.outages,
+        )?;
+
+        // ---- path and congestion control ---------------------------------------------
+        gauge_family(
+            e,
+            "rtt",
+            "Round-trip time: smoothed estimate, and recent minimum (the initial RTT before any sample)",
+            seconds,
+            "kind",
+            &[
+                ("smoothed", st.rtt_smoothed.as_secs_f64()),
+                ("min", st.rtt_min.as_secs_f64()),
+            ],
+        )?;
+        // The transport counts bits; Prometheus' base unit is the byte.
+        let pacing = ConstGauge::new(st.pacing_rate_bps as f64 / 8.0);
+        let per_second = Unit::Other("bytes_per_second".to_owned());
+        let m = e.encode_descriptor(
+            "pacing_rate",
+            "Rate the sender paces packets at, overhead included",
+            Some(&per_second),
+            pacing.metric_type(),
+        )?;
+        pacing.encode(m)?;
+        // u64::MAX means "no window" (rate mode): an absent series says that, a huge number
+        // would wreck every graph it appears on.
+        if st.cwnd_bytes != u64::MAX {
+            gauge(
+                e,
+                "cwnd",
+                "Congestion window (absent in rate mode, which has none)",
+                bytes,
+                st.cwnd_bytes,
+            )?;
+        }
+        gauge(
+            e,
+            "in_flight",
+            "Bytes sent and neither acknowledged nor declared lost",
+            bytes,
+            st.bytes_in_flight,
+        )?;
+        counter(
+            e,
+            "congestion_events",
+            "Congestion responses (at most one per loss epoch)",
+            None,
+            st.congestion_events,
+        )?;
+        counter_family(
+            e,
+            "packets_lost",
+            "Packets declared lost, by attributed cause",
+            None,
+            "cause",
+            &[
+                ("congestion", st.lost.congestion),
+                ("corruption", st.lost.corruption),
+                ("outage", st.lost.outage),
+            ],
+        )?;
+
+        // ---- tunnel wire ---------------------------------------------------------------
+        counter_family(
+            e,
+            "wire",
+            "Tunnel datagram bytes, overhead included",
+            bytes,
+            "direction",
+            &[
+                ("sent", st.wire_bytes_sent),
+                ("received", st.wire_bytes_received),
+            ],
+        )?;
+        counter_family(
+            e,
+            "wire_packets",
+            "Tunnel datagrams",
+            None,
+            "direction",
+            &[("sent", st.packets_sent), ("received", st.packets_received)],
+        )?;
+        counter_family(
+            e,
+            "acks",
+            "Acknowledgements, SNACKs included",
+            None,
+            "direction",
+            &[("sent", st.acks_sent), ("received", st.acks_received)],
+        )?;
+        counter_family(
+            e,
+            "snacks",
+            "Selective negative acknowledgements: ACKs that named at least one hole",
+            None,
+            "direction",
+            &[("sent", st.snacks_sent), ("received", st.snacks_received)],
+        )?;
+        counter(
+            e,
+            "probes_sent",
+            "Probe packets sent (loss or outage detection)",
+            None,
+            st.probes_sent,
+        )?;
+        counter_family(
+            e,
+            "datagrams_dropped",
+            "Received datagrams dropped, by reason",
+            None,
+            "reason",
+            &[
+                ("malformed", st.malformed_dropped),
+                ("unassociated", st.unassociated_dropped),
+                ("duplicate", st.duplicates_dropped),
+                ("foreign", s.tunnel_foreign_datagrams),
+            ],
+        )?;
+        counter(
+            e,
+            "protocol_violations",
+            "Packets from the peer that broke the protocol",
+            None,
+            st.protocol_violations,
+        )?;
+
+        // ---- stream payload ------------------------------------------------------------
+        counter(
+            e,
+            "stream_sent",
+            "Stream payload sent for the first time",
+            bytes,
+            st.stream_bytes_sent,
+        )?;
+        counter(
+            e,
+            "stream_acked",
+            "Stream payload acknowledged by the peer",
+            bytes,
+            st.stream_bytes_acked,
+        )?;
+        counter(
+            e,
+            "stream_retransmitted",
+            "Stream payload sent again after a loss",
+            bytes,
+            st.stream_bytes_retransmitted,
+        )?;
+        counter(
+            e,
+            "stream_redundant",
+            "Stream payload sent as a redundant copy on an otherwise idle link",
+            bytes,
+            st.stream_bytes_redundant,
+        )?;
+
+        // ---- flows ---------------------------------------------------------------------
+        gauge(
+            e,
+            "flows_active",
+            "Flows with a live local TCP connection",
+            None,
+            r.flows_active,
+        )?;
+        counter_family(
+            e,
+            "flows",
+            "Flows opened, by where the TCP connection came from",
+            None,
+            "origin",
+            &[
+                ("intercepted", r.flows_intercepted_total),
+                ("peer", r.flows_from_peer_total),
+            ],
+        )?;
+        counter(
+            e,
+            "flows_refused",
+            "Intercepted connections refused because a limit was reached",
+            None,
+            r.flows_refused_total,
+        )?;
+        counter(
+            e,
+            "flows_bypassed",
+            "Intercepted connections relayed unproxied because a limit was reached",
+            None,
+            r.flows_bypassed_total,
+        )?;
+        counter_family(
+            e,
+            "relay",
+            "Payload relayed between local TCP connections and the tunnel",
+            bytes,
+            "direction",
+            &[
+                ("to_peer", r.bytes_to_peer_total),
+                ("from_peer", r.bytes_from_peer_total),
+            ],
+        )?;
+        counter_family(
+            e,
+            "connect_errors",
+            "Upstream connects that failed, by reason",
+            None,
+            "reason",
+            &merged(&r.connect_errors),
+        )?;
+        counter_family(
+            e,
+            "intercept_errors",
+            "Connections that could not be intercepted, by reason",
+            None,
+            "reason",
+            &merged(&r.intercept_errors),
+        )?;
+        counter_family(
+            e,
+            "flow_resets",
+            "Flows reset, by reason (either side's)",
+            None,
+            "reason",
+            &merged(&r.flow_resets),
+        )?;
+        gauge(
+            e,
+            "association_flows_open",
+            "Flows the transport association holds open (including ones still draining)",
+            None,
+            st.flows_open,
+        )?;
+        counter(
+            e,
+            "association_flows_opened",
+            "Flows the transport association opened, either side's",
+            None,
+            st.flows_opened_total,
+        )?;
+        counter(
+            e,
+            "association_flows_reset",
+            "Flows the transport association reset, either side's",
+            None,
+            st.flows_reset,
+        )?;
+
+        // ---- memory --------------------------------------------------------------------
+        gauge(
+            e,
+            "memory_in_use",
+            "Buffer memory in use",
+            bytes,
+            s.memory_in_use_bytes,
+        )?;
+        gauge(
+            e,
+            "memory_budget",
+            "Buffer memory budget",
+            bytes,
+            s.memory_budget_bytes,
+        )?;
+        Ok(())
+    }
+}
+
+/// Sums entries that share a label, keeping first-seen order: a label repeated in the
+/// daemon's list must still be one series, or the exposition would be invalid.
+fn merged(entries: &[(&'static str, u64)]) -> Vec<(&'static str, u64)> {
+    let mut out: Vec<(&'static str, u64)> = Vec::with_capacity(entries.len());
+    for &(label, n) in entries {
+        match out.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, total)) => *total = total.saturating_add(n),
+            None => out.push((label, n)),
+        }
+    }
+    out
+}
+
+fn counter(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    value: u64,
+) -> fmt::Result {
+    let c = ConstCounter::new(value);
+    let m = e.encode_descriptor(name, help, unit, c.metric_type())?;
+    c.encode(m)
+}
+
+fn gauge(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    value: u64,
+) -> fmt::Result {
+    let g = ConstGauge::new(value);
+    let m = e.encode_descriptor(name, help, unit, g.metric_type())?;
+    g.encode(m)
+}
+
+fn counter_family(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    label: &str,
+    values: &[(&str, u64)],
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, unit, MetricType::Counter)?;
+    for &(value, n) in values {
+        let labels = [(label, value)];
+        ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge_family<V: EncodeGaugeValue + Copy>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    label: &str,
+    values: &[(&str, V)],
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+    for &(value, x) in values {
+        let labels = [(label, value)];
+        ConstGauge::new(x).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
