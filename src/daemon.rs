@@ -121,7 +121,10 @@ impl Daemon {
         for l in listeners {
             tokio::spawn(accept_loop(l, ctx.clone(), accept_stop_rx.clone()));
         }
-        tokio::spawn(log_stats_on_sigusr1(hub.clone()));
+        let mut signals = Signals::install().context("installing signal handlers")?;
+        let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+            .context("installing signal handlers")?;
+        tokio::spawn(log_stats_on_sigusr1(hub.clone(), usr1));
         let budget = Arc::new(std::sync::atomic::AtomicU64::new(
             cfg.limits.memory_budget.bytes(),
         ));
@@ -151,7 +154,7 @@ impl Daemon {
         ));
 
         let signal = loop {
-            match next_signal().await {
+            match signals.next().await {
                 Signal::Hangup => {
                     reload::apply(&path, &mut cfg, &hub, &live, &log_reload);
                     budget.store(
@@ -210,20 +213,30 @@ enum Signal {
     Hangup,
 }
 
-async fn next_signal() -> Signal {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        warn!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => Signal::Terminate,
-        _ = int.recv() => Signal::Interrupt,
-        _ = hup.recv() => Signal::Hangup,
+/// The signals pepd acts on, installed once before it reports ready so none is missed
+/// (the default action of each would kill the process).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::Terminate,
+            _ = self.int.recv() => Signal::Interrupt,
+            _ = self.hup.recv() => Signal::Hangup,
+        }
     }
 }
 
@@ -242,11 +255,7 @@ async fn watchdog(hub: Arc<Hub>, notifier: Notifier, period: Duration) {
 }
 
 /// SIGUSR1 logs the association's counters.
-async fn log_stats_on_sigusr1(hub: Arc<Hub>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
-        return;
-    };
+async fn log_stats_on_sigusr1(hub: Arc<Hub>, mut usr1: tokio::signal::unix::Signal) {
     while usr1.recv().await.is_some() {
         let stats = hub.lock().assoc.stats();
         info!(?stats, "association statistics");

@@ -85,8 +85,11 @@ impl CongestionController for RateControl {
     }
 
     fn set_rate(&mut self, rate_bps: u64) {
+        // The operator changed the link's rate: keep whatever fraction of the old one a
+        // congestion response left us at, rather than climbing to a raised rate slowly.
+        let fraction = self.current / self.cap.max(1) as f64;
         self.cap = rate_bps;
-        self.current = self.current.min(rate_bps as f64);
+        self.current = (rate_bps as f64 * fraction).min(rate_bps as f64);
     }
 }
 

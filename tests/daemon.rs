@@ -1,0 +1,247 @@
+//! The daemon's process-level behaviour, each test in a namespace of its own with only a
+//! loopback: systemd notifications, live reload seen in the metrics, running as a non-root
+//! user with only CAP_NET_ADMIN and CAP_NET_RAW.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const PEPD: &str = env!("CARGO_BIN_EXE_pepd");
+
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+/// A namespace with loopback up, and a scratch directory; both removed on drop.
+struct Sandbox {
+    ns: String,
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
+        let ns = format!("pepd-dt-{}-{n}", std::process::id());
+        run("ip", &["netns", "add", &ns]);
+        let sb = Sandbox {
+            dir: std::env::temp_dir().join(&ns),
+            ns,
+            children: Vec::new(),
+        };
+        run("ip", &["-n", &sb.ns, "link", "set", "lo", "up"]);
+        std::fs::create_dir_all(&sb.dir).expect("scratch dir");
+        // Readable by an unprivileged pepd too.
+        run("chmod", &["755", sb.dir.to_str().expect("utf-8 path")]);
+        sb
+    }
+
+    fn write_config(&self, name: &str, tx_rate: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        let text = format!(
+            r#"
+[peer]
+# Nobody answers here: these tests need no association.
+address = "198.18.0.2:7400"
+bind = "0.0.0.0:7400"
+side = "terminal"
+
+[link]
+tx_rate = "{tx_rate}"
+rx_rate = "10Mbit"
+
+[intercept]
+listen = ["127.0.0.1:7000"]
+
+[shutdown]
+grace = "2s"
+"#
+        );
+        std::fs::write(&path, text).expect("config");
+        run("chmod", &["644", path.to_str().expect("utf-8 path")]);
+        path
+    }
+
+    fn notify_socket(&self) -> (UnixDatagram, PathBuf) {
+        let path = self.dir.join("notify.sock");
+        let sock = UnixDatagram::bind(&path).expect("notify socket");
+        run("chmod", &["777", path.to_str().expect("utf-8 path")]);
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        (sock, path)
+    }
+
+    /// Starts pepd in the namespace, optionally through a command prefix (setpriv).
+    fn start(&mut self, config: &Path, notify: &Path, prefix: &[&str]) -> u32 {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns]).args(prefix).arg(PEPD);
+        cmd.args(["run", "-c", config.to_str().expect("utf-8 path")])
+            .env("NOTIFY_SOCKET", notify)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().expect("spawn pepd");
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+
+    /// Fetches /metrics from inside the namespace.
+    fn metrics(&self) -> String {
+        pep_testbed::in_netns(&self.ns, || {
+            let mut s = std::net::TcpStream::connect("127.0.0.1:9464").expect("metrics connect");
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .expect("request");
+            let mut body = String::new();
+            s.read_to_string(&mut body).expect("response");
+            body
+        })
+        .expect("in namespace")
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn run(prog: &str, args: &[&str]) {
+    let out = Command::new(prog).args(args).output().expect(prog);
+    assert!(
+        out.status.success(),
+        "{prog} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Collects notification datagrams until one contains `want` or the time is up.
+fn wait_for(sock: &UnixDatagram, seen: &mut Vec<String>, want: &str, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < end {
+        if let Ok(n) = sock.recv(&mut buf) {
+            seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            if seen.last().is_some_and(|m| m.contains(want)) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    // `ip netns exec` execs pepd, so the child's pid is pepd's.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).expect("kill");
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn ready_status_and_stopping_reach_the_notify_socket() {
+    let mut sb = Sandbox::new();
+    let cfg = sb.write_config("pepd.toml", "2Mbit");
+    let (sock, path) = sb.notify_socket();
+    let pid = sb.start(&cfg, &path, &[]);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
+        "{seen:?}"
+    );
+    let ready = seen.last().expect("ready message");
+    assert!(ready.contains("STATUS=listening"), "{ready}");
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        wait_for(&sock, &mut seen, "STOPPING=1", Duration::from_secs(5)),
+        "{seen:?}"
+    );
+    let child = sb.children.last_mut().expect("child");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "pepd exit after SIGTERM: {status}");
+}
+
+#[test]
+fn sighup_changes_the_rate_live() {
+    let mut sb = Sandbox::new();
+    let cfg = sb.write_config("pepd.toml", "2Mbit");
+    let (sock, path) = sb.notify_socket();
+    let pid = sb.start(&cfg, &path, &[]);
+    let mut seen = Vec::new();
+    assert!(wait_for(
+        &sock,
+        &mut seen,
+        "READY=1",
+        Duration::from_secs(10)
+    ));
+    let before = metric(&sb.metrics(), "pepd_pacing_rate_bytes_per_second");
+    assert_eq!(before, Some(2_000_000.0 / 8.0));
+
+    sb.write_config("pepd.toml", "5Mbit");
+    signal(pid, nix::sys::signal::Signal::SIGHUP);
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut after = before;
+    while Instant::now() < end && after != Some(5_000_000.0 / 8.0) {
+        std::thread::sleep(Duration::from_millis(50));
+        after = metric(&sb.metrics(), "pepd_pacing_rate_bytes_per_second");
+    }
+    assert_eq!(after, Some(5_000_000.0 / 8.0));
+}
+
+#[test]
+fn runs_as_an_unprivileged_user_with_two_capabilities() {
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        panic!("setpriv (util-linux) is required for this test");
+    }
+    let mut sb = Sandbox::new();
+    let cfg = sb.write_config("pepd.toml", "2Mbit");
+    let (sock, path) = sb.notify_socket();
+    let caps = "-all,+net_admin,+net_raw";
+    let pid = sb.start(
+        &cfg,
+        &path,
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &format!("--inh-caps={caps}"),
+            &format!("--ambient-caps={caps}"),
+            &format!("--bounding-set={caps}"),
+            "--",
+        ],
+    );
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
+        "pepd did not get ready without root: {seen:?}"
+    );
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .expect(name)
+    };
+    assert!(field("Uid:").starts_with("65534"), "{}", field("Uid:"));
+    // CAP_NET_ADMIN is bit 12, CAP_NET_RAW bit 13: nothing else.
+    let eff = u64::from_str_radix(&field("CapEff:"), 16).expect("hex");
+    assert_eq!(
+        eff,
+        (1 << 12) | (1 << 13),
+        "effective capabilities {eff:#x}"
+    );
+    // It serves metrics, so it is really running, not just alive.
+    assert!(sb.metrics().contains("pepd_build_info"));
+}
