@@ -1,6 +1,9 @@
 //! End-to-end benchmark suites over the netns testbed (root needed):
 //!
-//!     cargo bench --bench e2e -- <lawson|nasa|geo-short|emu> [--runs N] [--seconds S] [--max-seconds S]
+//!     cargo bench --bench e2e -- <lawson|nasa|geo-short|emu> [--runs N] [--seconds S] [--max-seconds S] [--modes plain-cubic,plain-bbr,pepd]
+//!
+//! Modes: end-to-end TCP on CUBIC and on BBR (the gateways route), and pepd on both gateways
+//! (the `pepd` Cargo builds with the bench, or `$PEPD_BIN`).
 //!
 //! Each cell (mode × condition) runs several times with different link seeds; the harness
 //! prints every run as a JSON line, then writes `target/bench/<suite>-runs.csv`,
@@ -13,18 +16,32 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use pep_linkemu::cli::LinkArgs;
+use pep_testbed::pepd::PepdOptions;
 use pep_testbed::runner::{self, Mode, RunResult, RunSpec};
 use pep_testbed::xfer::{Amount, Workload};
 use pep_testbed::Profile;
 use plotters::prelude::*;
 
-const MODES: [Mode; 2] = [Mode::PlainCubic, Mode::PlainBbr];
+const MODES: [Mode; 3] = [Mode::PlainCubic, Mode::PlainBbr, Mode::Pepd];
 
 struct Opts {
     suite: String,
     runs: usize,
     seconds: f64,
     max_seconds: f64,
+    modes: Vec<Mode>,
+}
+
+/// The daemon the pepd mode runs: `$PEPD_BIN`, else the one built with this bench.
+fn pepd_options() -> PepdOptions {
+    PepdOptions {
+        binary: Some(
+            std::env::var_os("PEPD_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pepd"))),
+        ),
+        ..Default::default()
+    }
 }
 
 fn parse_args() -> anyhow::Result<Opts> {
@@ -35,6 +52,7 @@ fn parse_args() -> anyhow::Result<Opts> {
         runs: 3,
         seconds: 30.0,
         max_seconds: 60.0,
+        modes: MODES.to_vec(),
     };
     while let Some(a) = args.next() {
         let mut num = |name: &str| -> anyhow::Result<f64> {
@@ -47,15 +65,28 @@ fn parse_args() -> anyhow::Result<Opts> {
             "--runs" => o.runs = num("--runs")? as usize,
             "--seconds" => o.seconds = num("--seconds")?,
             "--max-seconds" => o.max_seconds = num("--max-seconds")?,
+            "--modes" => {
+                let list = args.next().context("--modes needs a value")?;
+                o.modes = list
+                    .split(',')
+                    .map(|m| {
+                        <Mode as clap::ValueEnum>::from_str(m.trim(), true)
+                            .map_err(|e| anyhow::anyhow!("--modes: {e}"))
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+            }
             s if !s.starts_with('-') && o.suite.is_empty() => o.suite = s.to_owned(),
             s => bail!("unknown argument {s:?}"),
         }
     }
     if o.suite.is_empty() {
-        bail!("usage: cargo bench --bench e2e -- <lawson|nasa|geo-short|emu> [--runs N] [--seconds S] [--max-seconds S]");
+        bail!("usage: cargo bench --bench e2e -- <lawson|nasa|geo-short|emu> [--runs N] [--seconds S] [--max-seconds S] [--modes plain-cubic,plain-bbr,pepd]");
     }
     if o.runs == 0 {
         bail!("--runs must be at least 1");
+    }
+    if o.modes.is_empty() {
+        bail!("--modes needs at least one mode");
     }
     Ok(o)
 }
@@ -123,7 +154,7 @@ type Results = Vec<(String, Mode, Vec<RunResult>)>;
 fn run_cells(cells: &[Cell], o: &Opts) -> anyhow::Result<Results> {
     let mut all = Vec::new();
     for cell in cells {
-        for mode in MODES {
+        for &mode in &o.modes {
             let mut runs = Vec::new();
             for run in 0..o.runs {
                 let mut link = cell.link.apply(cell.profile.link())?;
@@ -137,6 +168,7 @@ fn run_cells(cells: &[Cell], o: &Opts) -> anyhow::Result<Results> {
                     max_duration: Duration::from_secs_f64(o.max_seconds),
                     seed: 1 + run as u64,
                     ipv6: false,
+                    pepd: pepd_options(),
                 };
                 let r = runner::run(&spec)?;
                 println!("{}", serde_json::to_string(&r)?);
@@ -311,8 +343,11 @@ fn plot(suite: &str, res: &Results, short: bool, title: &str) -> anyhow::Result<
             .label("reference (ideal TCP)")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK));
     }
-    for (mode, colour) in MODES.into_iter().zip([RED, BLUE]) {
+    for (mode, colour) in MODES.into_iter().zip([RED, BLUE, GREEN]) {
         let pts = points(mode);
+        if pts.is_empty() {
+            continue;
+        }
         chart
             .draw_series(LineSeries::new(
                 pts.iter().map(|p| (p.0, p.1)),

@@ -36,3 +36,37 @@ pub fn sysctl_in(ns: &str, settings: &[&str]) -> Result<(), Error> {
     all.extend_from_slice(settings);
     run("ip", &all).map(drop)
 }
+
+/// Runs `prog args…` with `input` on its stdin (e.g. an `nft -f -` ruleset); returns stdout.
+pub fn run_with_input(prog: &str, args: &[&str], input: &str) -> Result<String, Error> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let line = || format!("{prog} {}", args.join(" "));
+    let spawn_err = |source| Error::Spawn {
+        cmd: line(),
+        source,
+    };
+    let mut child = Command::new(prog)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_err)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).map_err(spawn_err)?;
+    }
+    let out = child.wait_with_output().map_err(spawn_err)?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            cmd: line(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `nft -f -` inside a namespace, the ruleset on stdin.
+pub fn nft_in(ns: &str, ruleset: &str) -> Result<(), Error> {
+    run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], ruleset).map(drop)
+}

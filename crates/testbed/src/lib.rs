@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! pep-testbed run --profile lawson --ber 1e-6 --mode plain-cubic --workload download --seconds 30 --json
+//! pep-testbed run --profile geo --mode pepd --workload bidir --bytes 10000000 # --pepd PATH
 //! pep-testbed up --profile geo            # keeps the topology up until Ctrl-C; prints the names
+//! pep-testbed up --profile geo --with-pepd --pepd-toml '[upstream] transparent_source = true'
 //! ip netns exec NAME-sv pep-testbed xfer server
 //! ip netns exec NAME-cl pep-testbed xfer client --connect 198.18.3.2:5001 --workload page
 //! pep-testbed down                        # removes namespaces left by dead processes
@@ -11,9 +13,15 @@
 //!
 //! Addresses: client 198.18.1.2 / fd00:198:18:1::2, server 198.18.3.2 / fd00:198:18:3::2
 //! (see [`addr`]). The link's forward direction is gw-b → gw-a, towards the client.
+//!
+//! In pepd mode ([`pepd`]) gw-a runs pepd as the terminal and gw-b as the hub, with TPROXY
+//! interception and policy routing installed in their namespaces; [`PepdTestbed`] keeps
+//! such a topology up for tests (kill and restart a gateway, take the hop down).
 
 pub mod addr;
 pub mod cmd;
+pub mod fakepepd;
+pub mod pepd;
 pub mod ping;
 pub mod profile;
 pub mod runner;
@@ -21,6 +29,7 @@ pub mod topology;
 pub mod udp;
 pub mod xfer;
 
+pub use pepd::{PepdOptions, PepdTestbed, Side};
 pub use profile::Profile;
 pub use runner::{Mode, RunResult, RunSpec};
 pub use topology::Topology;
@@ -31,6 +40,15 @@ pub fn in_netns<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Error> {
     Ok(pep_linkemu::netns::run_in(Some(ns), move || Ok(f()))?)
+}
+
+/// Raises this process's soft limit on open files to its hard limit (for tests with many
+/// connections; daemons started afterwards inherit it). Returns the new soft limit.
+pub fn raise_nofile_limit() -> Result<u64, Error> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
+    Ok(hard)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +63,8 @@ pub enum Error {
     Invalid(String),
     #[error("{0}")]
     NotImplemented(&'static str),
+    #[error("pepd: {0}")]
+    Pepd(String),
     #[error("traffic: {0}")]
     Io(#[from] std::io::Error),
 }

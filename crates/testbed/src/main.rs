@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use nix::sys::signal::{SigSet, Signal};
 use pep_linkemu::cli::LinkArgs;
+use pep_testbed::pepd::{Gateways, Interception, PepdOptions};
 use pep_testbed::runner::{self, Mode, RunSpec};
 use pep_testbed::topology::{self, HostTuning, Topology};
 use pep_testbed::xfer::{client, server::Server, WorkloadArgs};
@@ -17,6 +18,54 @@ use pep_testbed::Profile;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// How pepd is run in pepd mode.
+#[derive(Clone, Debug, Default, clap::Args)]
+struct PepdArgs {
+    /// The pepd executable (default: $PEPD_BIN, else `pepd` beside this program).
+    #[arg(long = "pepd", value_name = "PATH")]
+    binary: Option<std::path::PathBuf>,
+    /// TOML merged over both gateways' generated configs, e.g.
+    /// '[upstream] transparent_source = true' (repeatable).
+    #[arg(long = "pepd-toml", value_name = "TOML")]
+    toml: Vec<String>,
+    /// Load the rules `pepd nft-rules` prints for the config instead of the testbed's own.
+    #[arg(long)]
+    pepd_own_rules: bool,
+}
+
+impl PepdArgs {
+    fn options(&self) -> PepdOptions {
+        PepdOptions {
+            binary: self.binary.clone(),
+            // A table header and a key on one line is handy on the command line but not
+            // TOML: split them.
+            extra_toml: self
+                .toml
+                .iter()
+                .map(|t| one_line_table(t))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            interception: if self.pepd_own_rules {
+                Interception::Pepd
+            } else {
+                Interception::Testbed
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// `[a] k = v` → `[a]\nk = v`.
+fn one_line_table(t: &str) -> String {
+    let t = t.trim();
+    match t.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        Some((table, rest)) if !rest.trim().is_empty() && !table.contains('[') => {
+            format!("[{table}]\n{}", rest.trim())
+        }
+        _ => t.to_owned(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -30,6 +79,11 @@ enum Cmd {
         /// Congestion control of client and server.
         #[arg(long, default_value = "cubic")]
         cc: String,
+        /// Also run pepd on both gateways (TPROXY interception), as `run --mode pepd` does.
+        #[arg(long)]
+        with_pepd: bool,
+        #[command(flatten)]
+        pepd: PepdArgs,
     },
     /// Remove testbed namespaces whose creator is gone (all of them with --all).
     Down {
@@ -63,6 +117,15 @@ enum Cmd {
         /// One compact JSON line (default: pretty-printed).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        pepd: PepdArgs,
+    },
+    /// A stand-in for pepd that relays intercepted TCP over the routed path (tests the
+    /// testbed's interception plumbing): `fake-pepd run -c FILE`.
+    #[command(hide = true)]
+    FakePepd {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -94,7 +157,13 @@ fn secs(v: f64) -> anyhow::Result<Duration> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
-        Cmd::Up { profile, link, cc } => {
+        Cmd::Up {
+            profile,
+            link,
+            cc,
+            with_pepd,
+            pepd,
+        } => {
             let cfg = link.apply(profile.link())?;
             let mut signals = SigSet::empty();
             signals.add(Signal::SIGINT);
@@ -106,9 +175,21 @@ fn main() -> anyhow::Result<()> {
                     congestion_control: cc,
                 },
             )?;
+            let gateways = if with_pepd {
+                Some(Gateways::start(&topo.names, &cfg, &pepd.options())?)
+            } else {
+                None
+            };
             println!("{}", serde_json::to_string(&topo.names)?);
+            if let Some(g) = &gateways {
+                eprintln!(
+                    "pep-testbed: pepd up on both gateways; configs and logs in {}",
+                    g.dir().display()
+                );
+            }
             eprintln!("pep-testbed: up; SIGINT or SIGTERM tears it down");
             signals.wait()?;
+            drop(gateways);
             if let Some(stats) = topo.stop_emulator() {
                 println!("{}", serde_json::to_string(&stats)?);
             }
@@ -154,6 +235,7 @@ fn main() -> anyhow::Result<()> {
             traffic_seed,
             ipv6,
             json,
+            pepd,
         } => {
             let spec = RunSpec {
                 profile,
@@ -163,6 +245,7 @@ fn main() -> anyhow::Result<()> {
                 max_duration: secs(max_seconds)?,
                 seed: traffic_seed,
                 ipv6,
+                pepd: pepd.options(),
             };
             let r = runner::run(&spec)?;
             if json {
@@ -171,6 +254,7 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             }
         }
+        Cmd::FakePepd { args } => pep_testbed::fakepepd::main(&args)?,
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! One scenario: build the testbed for a profile, run a workload between client and server
 //! under a mode, tear down, and report one JSON-serialisable result.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use pep_linkemu::{DirectionConfig, LinkConfig, LinkStats};
 use pep_sim::channel::reference_goodput_bps;
 use serde::Serialize;
 
+use crate::pepd::{Gateways, PepdOptions};
 use crate::topology::{HostTuning, Topology};
 use crate::xfer::{client, server::Server, Outcome, Workload};
 use crate::{addr, in_netns, Error, Profile};
@@ -22,7 +24,8 @@ pub enum Mode {
     PlainCubic,
     /// End-to-end TCP, endpoints on BBR; the gateways only route.
     PlainBbr,
-    /// pepd on both gateways (issue 4).
+    /// pepd on both gateways, intercepting with TPROXY; endpoints on the kernel default
+    /// (CUBIC), talking to their local gateway only.
     Pepd,
 }
 
@@ -36,30 +39,26 @@ impl Mode {
     }
 
     /// How the end hosts are set up in this mode.
-    fn host_tuning(self) -> Result<HostTuning, Error> {
+    fn host_tuning(self) -> HostTuning {
         let cc = match self {
             Mode::PlainCubic => "cubic",
             Mode::PlainBbr => "bbr",
-            Mode::Pepd => return Err(Error::NotImplemented(PEPD_PENDING)),
+            // Each host's TCP only spans its LAN to the gateway: the kernel default will do.
+            Mode::Pepd => "cubic",
         };
-        Ok(HostTuning {
+        HostTuning {
             congestion_control: cc.to_owned(),
-        })
+        }
     }
 }
 
-const PEPD_PENDING: &str = "--mode pepd is not implemented yet: it arrives with the daemon \
-     (issue 4), which will start `pepd run -c FILE` on gw-a and gw-b with TPROXY rules";
-
-/// Starts what a mode runs on the gateways. Plain modes run nothing: the gateways route.
-///
-/// Issue 4 adds `Mode::Pepd` here: write a config per gateway, install the nftables TPROXY
-/// rules in gw-a and gw-b (`crate::cmd::run("ip", ["netns", "exec", ns, "nft", ...])`) and
-/// start `pepd run -c FILE` in each with `Topology::spawn_in`, which kills it on teardown.
-fn start_gateways(mode: Mode, _topo: &mut Topology) -> Result<(), Error> {
-    match mode {
-        Mode::PlainCubic | Mode::PlainBbr => Ok(()),
-        Mode::Pepd => Err(Error::NotImplemented(PEPD_PENDING)),
+/// Starts what a mode runs on the gateways: nothing in the plain modes (the gateways
+/// route), pepd on both in `Mode::Pepd` (see [`crate::pepd`]), up and associated when this
+/// returns. Dropping the result stops the daemons.
+fn start_gateways(spec: &RunSpec, topo: &Topology) -> Result<Option<Gateways>, Error> {
+    match spec.mode {
+        Mode::PlainCubic | Mode::PlainBbr => Ok(None),
+        Mode::Pepd => Gateways::start(&topo.names, &spec.link, &spec.pepd).map(Some),
     }
 }
 
@@ -74,6 +73,8 @@ pub struct RunSpec {
     pub max_duration: Duration,
     pub seed: u64,
     pub ipv6: bool,
+    /// How pepd runs in `Mode::Pepd` (ignored otherwise).
+    pub pepd: PepdOptions,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -114,12 +115,15 @@ pub struct RunResult {
     #[serde(rename = "return")]
     pub ret: LinkSummary,
     pub emulator: Option<LinkStats>,
+    /// In pepd mode, when the transfer failed: the tail of each gateway's pepd log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pepd_log_tail: Option<BTreeMap<String, String>>,
 }
 
 pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
-    let hosts = spec.mode.host_tuning()?;
+    let hosts = spec.mode.host_tuning();
     let mut topo = Topology::up(&spec.link, &hosts)?;
-    start_gateways(spec.mode, &mut topo)?;
+    let gateways = start_gateways(spec, &topo)?;
     let target = SocketAddr::new(addr::server(spec.ipv6), XFER_PORT);
     let cc = hosts.congestion_control.clone();
     let server = in_netns(&topo.names.server, move || Server::bind(target, Some(&cc)))??;
@@ -132,6 +136,12 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     let w = spec.workload.clone();
     let outcome: Outcome = in_netns(&topo.names.client, move || client::run(&w, &opts))?;
     drop(server);
+    let failed = outcome.error.is_some() || outcome.intact == Some(false);
+    let pepd_log_tail = gateways
+        .as_ref()
+        .filter(|_| failed)
+        .map(|g| g.log_tails(30));
+    drop(gateways);
     let emulator = topo.stop_emulator();
     drop(topo);
     let data_dir = if spec.workload.data_goes_up() {
@@ -156,5 +166,6 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         forward: (&spec.link.forward).into(),
         ret: (&spec.link.ret).into(),
         emulator,
+        pepd_log_tail,
     })
 }

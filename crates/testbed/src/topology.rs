@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use pep_linkemu::{Emulator, Endpoint, LinkConfig, LinkStats};
 
 use crate::addr::*;
-use crate::cmd::{ip_in, run, sysctl_in};
+use crate::cmd::{ip_in, nft_in, run, sysctl_in};
 use crate::Error;
 
 /// Every namespace this tool creates starts with this.
@@ -41,7 +41,24 @@ impl Names {
     pub fn all(&self) -> [&str; 4] {
         [&self.client, &self.gw_a, &self.gw_b, &self.server]
     }
+
+    /// `peptb-PID-N`: the part the four names share, for naming the instance's other
+    /// resources (e.g. its temporary directory).
+    pub fn base(&self) -> &str {
+        self.client.strip_suffix("-cl").unwrap_or(&self.client)
+    }
 }
+
+/// `ip netns exec NS program`, to be completed with arguments, environment and stdio. The
+/// child execs `program` directly (no extra process), so its pid is the program's.
+pub fn command_in(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(program);
+    c
+}
+
+/// Table that blackholes the satellite hop (see [`Topology::set_link_down`]).
+const OUTAGE_TABLE: &str = "peptb_outage";
 
 /// Interface names inside the namespaces (namespace-local, so they can be fixed).
 pub const LAN_DEV: &str = "lan0";
@@ -200,15 +217,52 @@ impl Topology {
     /// Starts `program args…` inside namespace `ns`; it is killed on teardown. For daemons
     /// such as pepd on the gateways.
     pub fn spawn_in(&mut self, ns: &str, program: &str, args: &[&str]) -> Result<(), Error> {
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns, program])
+        self.spawn_in_env(ns, program, args, &[])
+    }
+
+    /// [`Topology::spawn_in`] with extra environment variables.
+    pub fn spawn_in_env(
+        &mut self,
+        ns: &str,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<(), Error> {
+        let child = command_in(ns, program)
             .args(args)
+            .envs(env.iter().copied())
             .spawn()
             .map_err(|source| Error::Spawn {
                 cmd: format!("{program} {}", args.join(" ")),
                 source,
             })?;
         self.children.push(child);
+        Ok(())
+    }
+
+    /// Takes the satellite hop down (nothing passes either way) or brings it back, at once
+    /// and for as long as the caller likes, unlike the emulator's outage windows, which are
+    /// fixed when it starts. Each gateway drops whatever arrives on its satellite interface
+    /// before anything else sees it, so senders get no error: as on a real link, packets
+    /// simply vanish.
+    pub fn set_link_down(&self, down: bool) -> Result<(), Error> {
+        for ns in [&self.names.gw_a, &self.names.gw_b] {
+            // Declaring the table first makes both directions idempotent (this nft has no
+            // `destroy`, and `delete` of a missing table fails).
+            let mut rules =
+                format!("table inet {OUTAGE_TABLE} {{}}\ndelete table inet {OUTAGE_TABLE}\n");
+            if down {
+                rules.push_str(&format!(
+                    "table inet {OUTAGE_TABLE} {{\n\
+                     \tchain prerouting {{\n\
+                     \t\ttype filter hook prerouting priority raw - 10; policy accept;\n\
+                     \t\tiifname \"{SAT_DEV}\" drop\n\
+                     \t}}\n\
+                     }}\n"
+                ));
+            }
+            nft_in(ns, &rules)?;
+        }
         Ok(())
     }
 
@@ -247,23 +301,35 @@ fn remove_namespace(ns: &str) {
     let _ = run("ip", &["netns", "del", ns]);
 }
 
-/// Removes testbed namespaces left behind (e.g. by a killed process): those whose creating
-/// process is gone, or all of them with `all`. Returns the names removed.
+/// Whether the process that created testbed resource `name` (`peptb-PID-…`) still runs.
+fn owner_alive(name: &str) -> bool {
+    name.strip_prefix(PREFIX)
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Removes testbed namespaces left behind (e.g. by a killed process), and the pepd
+/// temporary directories with them: those whose creating process is gone, or all of them
+/// with `all`. Returns the names removed.
 pub fn down(all: bool) -> Result<Vec<String>, Error> {
     let list = run("ip", &["netns", "list"])?;
     let mut removed = Vec::new();
     for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let owner_alive = rest
-            .split('-')
-            .next()
-            .and_then(|p| p.parse::<u32>().ok())
-            .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
-        if all || !owner_alive {
+        if name.starts_with(PREFIX) && (all || !owner_alive(name)) {
             remove_namespace(name);
             removed.push(name.to_owned());
+        }
+    }
+    let tmp = std::env::temp_dir();
+    for entry in std::fs::read_dir(&tmp)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(PREFIX)
+            && name.ends_with("-pepd")
+            && (all || !owner_alive(&name))
+            && std::fs::remove_dir_all(entry.path()).is_ok()
+        {
+            removed.push(tmp.join(&name).display().to_string());
         }
     }
     Ok(removed)

@@ -8,8 +8,9 @@ use std::time::Duration;
 use pep_linkemu::cli::LinkArgs;
 use pep_testbed::runner::{self, Mode, RunResult, RunSpec};
 use pep_testbed::topology::{self, HostTuning, Topology};
+use pep_testbed::xfer::pattern::expected_digest;
 use pep_testbed::xfer::{Amount, Workload};
-use pep_testbed::{addr, in_netns, Profile};
+use pep_testbed::{addr, in_netns, PepdOptions, Profile};
 
 /// A quick link (geo rates, 10 ms one-way) so each scenario takes about a second.
 fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
@@ -27,6 +28,7 @@ fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
         max_duration: Duration::from_secs(30),
         seed: 7,
         ipv6,
+        pepd: Default::default(),
     };
     let r = runner::run(&spec).expect("run");
     eprintln!("{}", serde_json::to_string(&r).expect("json"));
@@ -44,6 +46,10 @@ fn download_verifies_every_byte_cubic_ipv4() {
         false,
     );
     assert_eq!(r.outcome.bytes, 2_000_000);
+    assert_eq!(
+        r.outcome.down_digest,
+        Some(expected_digest(7, 1, 2_000_000).hex())
+    );
     assert!(
         r.outcome.goodput_bps > 1e6 && r.outcome.goodput_bps < r.ref_bps * 1.01,
         "{}",
@@ -120,6 +126,28 @@ fn flows_report_jain_fairness() {
 }
 
 #[test]
+fn bidir_carries_both_directions_at_once_with_matching_digests() {
+    let r = quick(
+        Mode::PlainCubic,
+        Workload::Bidir {
+            up: 300_000,
+            down: 1_000_000,
+        },
+        false,
+    );
+    assert_eq!(r.outcome.bytes, 1_300_000);
+    // The digests are recomputed here from the pattern, independently of the receivers.
+    assert_eq!(
+        r.outcome.down_digest,
+        Some(expected_digest(7, 1, 1_000_000).hex())
+    );
+    assert_eq!(
+        r.outcome.up_digest,
+        Some(expected_digest(7, 0, 300_000).hex())
+    );
+}
+
+#[test]
 fn half_close_delivers_the_reply_after_eof() {
     let r = quick(
         Mode::PlainCubic,
@@ -133,7 +161,7 @@ fn half_close_delivers_the_reply_after_eof() {
 }
 
 #[test]
-fn pepd_mode_says_it_is_not_there_yet() {
+fn pepd_mode_without_the_daemon_says_where_it_looked() {
     let spec = RunSpec {
         profile: Profile::Lawson,
         link: Profile::Lawson.link(),
@@ -142,11 +170,15 @@ fn pepd_mode_says_it_is_not_there_yet() {
         max_duration: Duration::from_secs(1),
         seed: 1,
         ipv6: false,
+        pepd: PepdOptions {
+            binary: Some("/nonexistent/pepd".into()),
+            ..Default::default()
+        },
     };
     let e = runner::run(&spec)
-        .expect_err("pepd mode is issue 4")
+        .expect_err("there is no daemon at that path")
         .to_string();
-    assert!(e.contains("not implemented"), "{e}");
+    assert!(e.contains("/nonexistent/pepd"), "{e}");
 }
 
 fn cubic() -> HostTuning {

@@ -40,6 +40,8 @@ pub struct Flow {
     pub reset: Option<ResetState>,
     pub credit_dirty: bool,
     pub in_send_queue: bool,
+    /// Stream bytes sent in this flow's current turn at the head of the send queue.
+    pub turn_bytes: usize,
     pub in_control_queue: bool,
     pub readable_signaled: bool,
     pub write_blocked: bool,
@@ -64,6 +66,7 @@ impl Flow {
             reset: None,
             credit_dirty: false,
             in_send_queue: false,
+            turn_bytes: 0,
             in_control_queue: false,
             readable_signaled: false,
             write_blocked: false,

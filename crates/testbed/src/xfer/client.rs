@@ -12,7 +12,7 @@ use nix::libc;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::io::{self as xio, Limit};
-use super::pattern::Pattern;
+use super::pattern::{Digest, Pattern};
 use super::proto::{decode_report, Header, Op, REPORT_LEN};
 use super::server::send;
 use super::{Amount, Outcome, Workload, PAGE_OBJECTS, PAGE_OBJECT_BYTES, PAGE_PARALLEL};
@@ -44,6 +44,7 @@ pub fn run(w: &Workload, o: &ClientOpts) -> Outcome {
         Workload::Page => page(o, deadline),
         Workload::Flows { count, amount } => flows(o, *count, *amount, deadline),
         Workload::HalfClose { up, down } => half_close(o, *up, *down, deadline),
+        Workload::Bidir { up, down } => bidir(o, *up, *down, deadline),
     };
     if out.completion_s > 0.0 {
         out.goodput_bps = out.bytes as f64 * 8.0 / out.completion_s;
@@ -99,6 +100,7 @@ fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome 
     let t0 = Instant::now();
     let mut out = Outcome::default();
     let mut ok = true;
+    let mut digest = Digest::default();
     let r = (|| -> io::Result<()> {
         let mut s = connect(o, deadline)?;
         let (down, duration_ms) = match a {
@@ -121,6 +123,7 @@ fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome 
                 break;
             }
             ok &= p.verify(&buf[..n]);
+            digest.update(&buf[..n]);
             out.bytes += n as u64;
         }
         if let Amount::Bytes(n) = a {
@@ -129,6 +132,7 @@ fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome 
         Ok(())
     })();
     out.intact = Some(ok);
+    out.down_digest = Some(digest.hex());
     conclude(&mut out, t0, r);
     out
 }
@@ -185,9 +189,10 @@ fn upload(o: &ClientOpts, a: Amount, deadline: Instant) -> Outcome {
         s.shutdown(Shutdown::Write)?;
         let mut rep = [0u8; REPORT_LEN];
         xio::read_exact(s, &mut rep, limit(deadline))?;
-        let (n, intact) = decode_report(&rep);
-        out.bytes = n;
-        out.intact = Some(intact);
+        let report = decode_report(&rep);
+        out.bytes = report.received;
+        out.intact = Some(report.intact);
+        out.up_digest = Some(report.digest.hex());
         Ok(())
     })();
     out.completion_s = t0.elapsed().as_secs_f64();
@@ -397,6 +402,7 @@ fn half_close(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome 
     let t0 = Instant::now();
     let mut out = Outcome::default();
     let mut ok = true;
+    let mut digest = Digest::default();
     let r = (|| -> io::Result<()> {
         let mut s = connect(o, deadline)?;
         let h = Header {
@@ -423,12 +429,82 @@ fn half_close(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome 
                 break;
             }
             ok &= p.verify(&buf[..n]);
+            digest.update(&buf[..n]);
             out.bytes += n as u64;
         }
         ok &= out.bytes == down;
         Ok(())
     })();
     out.intact = Some(ok);
+    out.down_digest = Some(digest.hex());
+    conclude(&mut out, t0, r);
+    out
+}
+
+/// `up` bytes to the server while `down` bytes come back on the same connection.
+fn bidir(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome {
+    let t0 = Instant::now();
+    let mut out = Outcome::default();
+    let mut ok = true;
+    let mut digest = Digest::default();
+    let mut received = 0u64;
+    let r = (|| -> io::Result<()> {
+        let mut s = connect(o, deadline)?;
+        let h = Header {
+            op: Op::Bidir,
+            seed: o.seed,
+            up,
+            down,
+            duration_ms: 0,
+        };
+        xio::write_all(&mut s, &h.encode(), limit(deadline))?;
+        let mut tx = s.try_clone()?;
+        let seed = o.seed;
+        thread::scope(|sc| -> io::Result<()> {
+            let sender = sc.spawn(move || -> io::Result<()> {
+                let mut buf = vec![0u8; CHUNK];
+                send(
+                    &mut tx,
+                    &mut Pattern::new(seed, 0),
+                    up,
+                    &mut buf,
+                    limit(deadline),
+                )?;
+                tx.shutdown(Shutdown::Write)
+            });
+            let mut p = Pattern::new(seed, 1);
+            let mut buf = vec![0u8; CHUNK];
+            // The download, then the server's report on the upload, then EOF.
+            while received < down {
+                let want = (down - received).min(CHUNK as u64) as usize;
+                let n = xio::read_some(&mut s, &mut buf[..want], limit(deadline))?;
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                ok &= p.verify(&buf[..n]);
+                digest.update(&buf[..n]);
+                received += n as u64;
+            }
+            sender
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("sender panicked")))?;
+            let mut rep = [0u8; REPORT_LEN];
+            xio::read_exact(&mut s, &mut rep, limit(deadline))?;
+            let report = decode_report(&rep);
+            ok &= report.intact && report.received == up;
+            out.up_digest = Some(report.digest.hex());
+            out.bytes = received + report.received;
+            if xio::read_some(&mut s, &mut buf, limit(deadline))? != 0 {
+                ok = false;
+            }
+            Ok(())
+        })
+    })();
+    if out.up_digest.is_none() {
+        out.bytes = received;
+    }
+    out.intact = Some(ok);
+    out.down_digest = Some(digest.hex());
     conclude(&mut out, t0, r);
     out
 }

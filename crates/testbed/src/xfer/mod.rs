@@ -47,6 +47,11 @@ pub enum Workload {
         up: u64,
         down: u64,
     },
+    /// Bulk both ways on one connection at the same time.
+    Bidir {
+        up: u64,
+        down: u64,
+    },
 }
 
 impl Workload {
@@ -65,6 +70,7 @@ pub enum WorkloadKind {
     Page,
     Flows,
     Halfclose,
+    Bidir,
 }
 
 /// Workload selection and sizes on the command line.
@@ -72,7 +78,8 @@ pub enum WorkloadKind {
 pub struct WorkloadArgs {
     #[arg(long, value_enum)]
     pub workload: WorkloadKind,
-    /// Bulk size (upload/download/flows: per flow; halfclose: bytes the client sends).
+    /// Bulk size (upload/download/flows: per flow; halfclose: bytes the client sends; bidir:
+    /// each way).
     #[arg(long, conflicts_with = "seconds")]
     pub bytes: Option<u64>,
     /// Bulk duration instead of a size.
@@ -116,6 +123,13 @@ impl WorkloadArgs {
                 up: self.bytes.unwrap_or(100_000),
                 down: self.response_bytes as u64,
             },
+            WorkloadKind::Bidir => {
+                let each = self.bytes.unwrap_or(10_000_000);
+                Workload::Bidir {
+                    up: each,
+                    down: each,
+                }
+            }
         }
     }
 }
@@ -123,7 +137,7 @@ impl WorkloadArgs {
 /// What a client run measured.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Outcome {
-    /// Verified payload bytes in the measured direction.
+    /// Verified payload bytes in the measured direction (bidir: both directions together).
     pub bytes: u64,
     pub completion_s: f64,
     pub goodput_bps: f64,
@@ -135,4 +149,10 @@ pub struct Outcome {
     pub flows_bps: Vec<f64>,
     pub jain_fairness: Option<f64>,
     pub error: Option<String>,
+    /// FNV-1a digest (hex) of what the client received (download, halfclose, bidir).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub down_digest: Option<String>,
+    /// FNV-1a digest (hex) of what the server reported receiving (upload, bidir).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub up_digest: Option<String>,
 }

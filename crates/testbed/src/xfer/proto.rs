@@ -3,6 +3,8 @@
 
 use std::io::{self, Read};
 
+use super::pattern::Digest;
+
 const MAGIC: u32 = 0x5054_4258; // "PTBX"
 pub const HEADER_LEN: usize = 40;
 
@@ -18,6 +20,10 @@ pub enum Op {
     /// Client sends `up` bytes and shuts down its write side; after EOF the server sends
     /// `down` bytes and closes.
     HalfClose = 4,
+    /// Both at once: the client sends `up` bytes and shuts down its write side while the
+    /// server sends `down` bytes; after both the server answers with a [`Report`] on the
+    /// upload and closes.
+    Bidir = 5,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +62,7 @@ impl Header {
             2 => Op::Download,
             3 => Op::Rr,
             4 => Op::HalfClose,
+            5 => Op::Bidir,
             _ => return Err(bad("unknown op")),
         };
         Ok(Header {
@@ -74,20 +81,36 @@ impl Header {
     }
 }
 
-/// Server's verdict on an upload: bytes received and whether they were all intact.
-pub const REPORT_LEN: usize = 9;
+/// Server's verdict on an upload: bytes received, whether they were all intact, and the
+/// digest of what it received.
+pub const REPORT_LEN: usize = 17;
 
-pub fn encode_report(received: u64, intact: bool) -> [u8; REPORT_LEN] {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub received: u64,
+    pub intact: bool,
+    pub digest: Digest,
+}
+
+pub fn encode_report(r: &Report) -> [u8; REPORT_LEN] {
     let mut b = [0u8; REPORT_LEN];
-    b[..8].copy_from_slice(&received.to_be_bytes());
-    b[8] = intact as u8;
+    b[..8].copy_from_slice(&r.received.to_be_bytes());
+    b[8] = r.intact as u8;
+    b[9..17].copy_from_slice(&r.digest.value().to_be_bytes());
     b
 }
 
-pub fn decode_report(b: &[u8; REPORT_LEN]) -> (u64, bool) {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    (u64::from_be_bytes(a), b[8] == 1)
+pub fn decode_report(b: &[u8; REPORT_LEN]) -> Report {
+    let u64_at = |i: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[i..i + 8]);
+        u64::from_be_bytes(a)
+    };
+    Report {
+        received: u64_at(0),
+        intact: b[8] == 1,
+        digest: Digest::from_value(u64_at(9)),
+    }
 }
 
 #[cfg(test)]
@@ -107,5 +130,13 @@ mod tests {
         let mut junk = h.encode();
         junk[0] = 0;
         assert!(Header::decode(&junk).is_err());
+        let mut d = Digest::default();
+        d.update(b"xyz");
+        let r = Report {
+            received: 123_456_789,
+            intact: true,
+            digest: d,
+        };
+        assert_eq!(decode_report(&encode_report(&r)), r);
     }
 }

@@ -11,10 +11,14 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::io::{self as xio, Limit};
-use super::pattern::Pattern;
-use super::proto::{encode_report, Header, Op};
+use super::pattern::{Digest, Pattern};
+use super::proto::{encode_report, Header, Op, Report};
 
 const CHUNK: usize = 64 * 1024;
+
+/// Accept backlog: large enough that a thousand clients connecting at once (through a proxy
+/// that opens them all together) are not dropped and left to SYN retransmission.
+const BACKLOG: i32 = 4096;
 
 /// A running server; dropping it stops accepting and cuts open connections.
 pub struct Server {
@@ -22,6 +26,10 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     /// Clones of open connections, so stopping can cut them; each removes itself when done.
     conns: Conns,
+    /// Peer address of every connection accepted, in order.
+    accepted: Arc<Mutex<Vec<SocketAddr>>>,
+    /// Connections that ended in an error, and the error.
+    failures: Failures,
     acceptor: Option<JoinHandle<()>>,
 }
 
@@ -36,27 +44,54 @@ impl Server {
         }
         sock.set_nodelay(true)?;
         sock.bind(&addr.into())?;
-        sock.listen(128)?;
+        sock.listen(BACKLOG)?;
         // accept() honours the receive timeout, which lets the acceptor see the stop flag.
         sock.set_read_timeout(Some(xio::TICK))?;
         let listener: TcpListener = sock.into();
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(HashMap::new()));
-        let (s, c) = (stop.clone(), conns.clone());
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let (s, c, a, f) = (
+            stop.clone(),
+            conns.clone(),
+            accepted.clone(),
+            failures.clone(),
+        );
         let acceptor = thread::Builder::new()
             .name("xfer-accept".into())
-            .spawn(move || accept_loop(&listener, &s, &c))?;
+            .spawn(move || accept_loop(&listener, &s, &c, &a, &f))?;
         Ok(Server {
             addr,
             stop,
             conns,
+            accepted,
+            failures,
             acceptor: Some(acceptor),
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The peer address of every connection accepted so far: through a proxy it shows whose
+    /// address the server sees (the proxy's, or the client's with a transparent source).
+    pub fn accepted(&self) -> Vec<SocketAddr> {
+        self.accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Connections that ended in an error (peer address and error), in the order they
+    /// ended: the server's side of a failed transfer.
+    pub fn failures(&self) -> Vec<(SocketAddr, String)> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Serves until the process ends (for the command-line server).
@@ -80,13 +115,24 @@ impl Drop for Server {
 }
 
 type Conns = Arc<Mutex<HashMap<u64, TcpStream>>>;
+type Failures = Arc<Mutex<Vec<(SocketAddr, String)>>>;
 
-fn accept_loop(listener: &TcpListener, stop: &Arc<AtomicBool>, conns: &Conns) {
+fn accept_loop(
+    listener: &TcpListener,
+    stop: &Arc<AtomicBool>,
+    conns: &Conns,
+    accepted: &Mutex<Vec<SocketAddr>>,
+    failures: &Failures,
+) {
     let mut next_id = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let Ok((stream, _)) = listener.accept() else {
+        let Ok((stream, peer)) = listener.accept() else {
             continue;
         };
+        accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(peer);
         let id = next_id;
         next_id += 1;
         if let Ok(c) = stream.try_clone() {
@@ -95,12 +141,17 @@ fn accept_loop(listener: &TcpListener, stop: &Arc<AtomicBool>, conns: &Conns) {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, c);
         }
-        let (stop, conns) = (stop.clone(), conns.clone());
+        let (stop, conns, failures) = (stop.clone(), conns.clone(), failures.clone());
         let _ = thread::Builder::new()
             .name("xfer-conn".into())
             .spawn(move || {
                 // A client that misbehaves or vanishes only ends its own connection.
-                let _ = serve(stream, &stop);
+                if let Err(e) = serve(stream, &stop) {
+                    failures
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((peer, e.to_string()));
+                }
                 conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             });
     }
@@ -120,9 +171,35 @@ fn serve(mut s: TcpStream, stop: &AtomicBool) -> io::Result<()> {
     let mut buf = vec![0u8; CHUNK];
     match h.op {
         Op::Upload => {
-            let (n, ok) = receive_to_eof(&mut s, &mut up, &mut buf, limit)?;
-            let intact = ok && (h.up == 0 || n == h.up);
-            xio::write_all(&mut s, &encode_report(n, intact), limit)?;
+            let (n, ok, digest) = receive_to_eof(&mut s, &mut up, &mut buf, limit)?;
+            let report = Report {
+                received: n,
+                intact: ok && (h.up == 0 || n == h.up),
+                digest,
+            };
+            xio::write_all(&mut s, &encode_report(&report), limit)?;
+        }
+        Op::Bidir => {
+            let mut tx = s.try_clone()?;
+            let (received, sent) = thread::scope(|sc| {
+                let sender = sc.spawn(|| {
+                    let mut b = vec![0u8; CHUNK];
+                    send(&mut tx, &mut down, h.down, &mut b, limit)
+                });
+                let r = receive_to_eof(&mut s, &mut up, &mut buf, limit);
+                let sent = sender
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("sender panicked")));
+                (r, sent)
+            });
+            let (n, ok, digest) = received?;
+            sent?;
+            let report = Report {
+                received: n,
+                intact: ok && n == h.up,
+                digest,
+            };
+            xio::write_all(&mut s, &encode_report(&report), limit)?;
         }
         Op::Download => {
             let until = (h.duration_ms > 0)
@@ -165,7 +242,7 @@ fn serve(mut s: TcpStream, stop: &AtomicBool) -> io::Result<()> {
             send(&mut s, &mut down, resp_len, &mut buf, limit)?;
         },
         Op::HalfClose => {
-            let (n, ok) = receive_to_eof(&mut s, &mut up, &mut buf, limit)?;
+            let (n, ok, _) = receive_to_eof(&mut s, &mut up, &mut buf, limit)?;
             // Replying only to a complete, intact request makes a broken half-close visible.
             if ok && n == h.up {
                 send(&mut s, &mut down, h.down, &mut buf, limit)?;
@@ -180,14 +257,15 @@ fn receive_to_eof(
     p: &mut Pattern,
     buf: &mut [u8],
     limit: Limit,
-) -> io::Result<(u64, bool)> {
-    let (mut n, mut ok) = (0u64, true);
+) -> io::Result<(u64, bool, Digest)> {
+    let (mut n, mut ok, mut digest) = (0u64, true, Digest::default());
     loop {
         let got = xio::read_some(s, buf, limit)?;
         if got == 0 {
-            return Ok((n, ok));
+            return Ok((n, ok, digest));
         }
         ok &= p.verify(&buf[..got]);
+        digest.update(&buf[..got]);
         n += got as u64;
     }
 }

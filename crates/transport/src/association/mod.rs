@@ -186,6 +186,8 @@ pub struct Association {
     // Flows.
     flows: BTreeMap<FlowId, Flow>,
     send_queue: VecDeque<FlowId>,
+    /// Recent packet loss rate; idle redundancy only pays when losses are common.
+    loss_rate: crate::loss::LossRate,
     control_queue: VecDeque<FlowId>,
     next_local_flow: FlowId,
     /// Peer-opened flow ids (halved) that are closed, so late frames are not mistaken for
@@ -275,6 +277,7 @@ impl Association {
             acks: AckTracker::new(cfg.ack),
             flows: BTreeMap::new(),
             send_queue: VecDeque::new(),
+            loss_rate: crate::loss::LossRate::default(),
             control_queue: VecDeque::new(),
             next_local_flow: role.parity(),
             peer_closed: RangeSet::new(),

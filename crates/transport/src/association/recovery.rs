@@ -61,6 +61,7 @@ impl Association {
             let Some(p) = self.sent.remove(pn) else {
                 continue;
             };
+            self.loss_rate.on_delivered();
             for fr in &p.frames {
                 self.on_frame_acked(*fr);
             }
@@ -143,6 +144,9 @@ impl Association {
         let Some(p) = self.sent.remove(pn) else {
             return;
         };
+        if cause != Some(LossCause::Outage) {
+            self.loss_rate.on_lost();
+        }
         let cause = cause.unwrap_or_else(|| {
             let evidence = self
                 .rtt

@@ -13,13 +13,21 @@ enum Planned {
     },
 }
 
+/// Stream bytes a flow may send per turn before the next flow's: a typical web object, so
+/// short responses are not interleaved packet by packet with each other, while bulk flows
+/// still share the link in turns of a few packets.
+const SCHEDULING_QUANTUM: usize = 8 * 1024;
+
 impl Association {
     pub(super) fn window_allows(&self) -> bool {
         self.sent.bytes_in_flight() + self.cfg.mtu as u64 <= self.cc.window()
     }
 
     pub(super) fn redundancy_available(&self) -> bool {
-        self.cfg.idle_redundancy && self.send_queue.is_empty() && self.next_to_copy().is_some()
+        self.cfg.idle_redundancy
+            && self.loss_rate.worth_redundancy()
+            && self.send_queue.is_empty()
+            && self.next_to_copy().is_some()
     }
 
     /// The original to copy next: newest first, one copy each per pass, at most
@@ -368,7 +376,8 @@ impl Association {
         }
     }
 
-    /// Picks DATA frames round-robin across flows until the packet is full.
+    /// Picks DATA frames across flows until the packet is full: deficit round robin with a
+    /// quantum of [`SCHEDULING_QUANTUM`] stream bytes per turn.
     fn plan_data(
         &mut self,
         budget: usize,
@@ -424,12 +433,20 @@ impl Association {
                 fin: c.fin,
                 offset_len,
             });
-            if f.send
+            f.turn_bytes += c.len;
+            if !f
+                .send
                 .has_sendable(self.assoc_send_limit.saturating_sub(self.assoc_sent))
             {
-                self.send_queue.push_back(id);
-            } else {
                 f.in_send_queue = false;
+                f.turn_bytes = 0;
+            } else if f.turn_bytes < SCHEDULING_QUANTUM {
+                // A short response goes out whole before the next flow's turn, so its
+                // connection can ask again a little sooner than under per-packet turns.
+                self.send_queue.push_front(id);
+            } else {
+                f.turn_bytes = 0;
+                self.send_queue.push_back(id);
             }
             if budget.saturating_sub(*used) < 32 {
                 break;

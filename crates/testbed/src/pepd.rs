@@ -1,0 +1,851 @@
+//! pepd on the two gateways, for `--mode pepd` and the relay tests: a config file per
+//! gateway, TPROXY interception with policy routing, the daemons themselves, and their
+//! readiness reported over the systemd notify protocol.
+//!
+//! How a flow reaches pepd, per gateway namespace (the same recipe as a deployment):
+//!
+//! * nftables, table `inet pepd`, chain `prerouting` (hook prerouting, priority mangle):
+//!   1. `meta l4proto tcp socket transparent 1 meta mark set 0x1 accept` — a packet that
+//!      belongs to a socket with IP_TRANSPARENT (an intercepted connection pepd accepted, or
+//!      an upstream connection pepd opened from the client's address) gets mark 1;
+//!   2. `iifname "lan0" meta l4proto tcp ct direction original tproxy to :7000 meta mark
+//!      set 0x1 accept` — any other TCP a LAN host originates is handed to pepd's listener
+//!      on port 7000 (one rule in an `inet` table covers IPv4 and IPv6), its destination
+//!      left untouched, mark 1. `ct direction original` keeps the *replies* of TCP that
+//!      crosses the gateway on the routed path (pepd's `over_limit = "bypass"`, connections
+//!      older than pepd) away from the listener: without it the server's SYN-ACK to such a
+//!      connection is diverted to port 7000 and answered with a reset.
+//! * Policy routing: `ip rule add fwmark 0x1 lookup 100` and `ip route add local 0.0.0.0/0
+//!   dev lo table 100` (and the same with `ip -6`, `local ::/0`): a marked packet is
+//!   delivered locally whatever its destination address, instead of being forwarded.
+//!
+//! Rule 1 is what makes `transparent_source = true` work on the hub: pepd connects to the
+//! server *from* the client's address (198.18.1.2), so the server's SYN-ACK, addressed to
+//! the client, arrives on gw-b's lan0 and would be routed on over the satellite interface;
+//! the socket lookup finds pepd's transparent socket, the mark routes it to `lo`, and the
+//! connection completes locally. No sysctl is needed for it: reverse-path filtering checks
+//! the *source* (the server, reached through lan0, the interface the reply came in on), so
+//! it passes with rp_filter 0, 1 (strict) or 2, and `accept_local` only concerns packets
+//! whose source is a local address, which never happens here. pepd's own sockets carry
+//! `own_mark = 2`, which must differ from the interception mark: `fwmark 0x1` matches mark
+//! 1 exactly, so pepd's own packets are never diverted to `lo`.
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use pep_linkemu::LinkConfig;
+
+use crate::addr::{GW_A_SAT_V4, GW_B_SAT_V4};
+use crate::cmd::{ip_in, nft_in};
+use crate::topology::{command_in, HostTuning, Names, Topology, LAN_DEV};
+use crate::xfer::{client, server::Server, Outcome, Workload};
+use crate::{addr, in_netns, Error};
+
+/// pepd's TPROXY listener port on both gateways.
+pub const TPROXY_PORT: u16 = 7000;
+/// pepd's tunnel (UDP) port on both gateways.
+pub const TUNNEL_PORT: u16 = 7400;
+/// Mark the interception rules give packets that are to be delivered to pepd.
+pub const INTERCEPT_MARK: u32 = 0x1;
+/// Mark pepd puts on its own sockets (`[intercept] own_mark`).
+pub const OWN_MARK: u32 = 0x2;
+/// Routing table holding the `local` routes for intercepted packets.
+pub const INTERCEPT_TABLE: &str = "100";
+
+/// What pepd sends on the notify socket once its listeners are bound.
+pub const READY: &str = "READY=1";
+/// What pepd sends when its tunnel association with the peer is up.
+pub const ASSOCIATION_ESTABLISHED: &str = "STATUS=association established";
+/// What pepd sends when it loses the association.
+pub const ASSOCIATION_DOWN: &str = "STATUS=association down";
+
+/// Keeps the temporary directory (configs, logs) after teardown when set.
+pub const KEEP_ENV: &str = "PEPTB_KEEP";
+/// Overrides `[log] level` of the generated configs.
+pub const LOG_ENV: &str = "PEPD_LOG";
+/// Where the pepd executable is, unless given explicitly.
+pub const BIN_ENV: &str = "PEPD_BIN";
+
+/// Lines of each gateway's log printed when a test panics with the gateways up.
+const TAIL_ON_PANIC: usize = 60;
+
+/// Which gateway: gw-a is the terminal (client side), gw-b the hub (server side).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Side {
+    Terminal,
+    Hub,
+}
+
+impl Side {
+    pub const BOTH: [Side; 2] = [Side::Terminal, Side::Hub];
+
+    /// The `[peer] side` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Terminal => "terminal",
+            Side::Hub => "hub",
+        }
+    }
+
+    /// The gateway's name in the topology.
+    pub fn gateway(self) -> &'static str {
+        match self {
+            Side::Terminal => "gw-a",
+            Side::Hub => "gw-b",
+        }
+    }
+
+    pub fn namespace(self, names: &Names) -> &str {
+        match self {
+            Side::Terminal => &names.gw_a,
+            Side::Hub => &names.gw_b,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Side::Terminal => 0,
+            Side::Hub => 1,
+        }
+    }
+
+    /// (own satellite address, peer's) — tunnels run over IPv4 on the hop.
+    fn sat_addrs(self) -> (SocketAddr, SocketAddr) {
+        let a = SocketAddr::from((GW_A_SAT_V4, TUNNEL_PORT));
+        let b = SocketAddr::from((GW_B_SAT_V4, TUNNEL_PORT));
+        match self {
+            Side::Terminal => (a, b),
+            Side::Hub => (b, a),
+        }
+    }
+
+    /// (tx, rx) rates in bit/s: the link's forward direction is gw-b → gw-a.
+    fn rates(self, link: &LinkConfig) -> (f64, f64) {
+        match self {
+            Side::Terminal => (link.ret.rate_bps, link.forward.rate_bps),
+            Side::Hub => (link.forward.rate_bps, link.ret.rate_bps),
+        }
+    }
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.gateway(), self.as_str())
+    }
+}
+
+/// Which interception rules and policy routing the gateways get.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Interception {
+    /// The testbed's own (see the module comment and [`intercept_ruleset`]).
+    #[default]
+    Testbed,
+    /// What the daemon prints for its config: `pepd nft-rules -c FILE` and `--routes`,
+    /// with `[rules] interfaces = ["lan0"]` put in the config (under any overrides) — the
+    /// rules a deployment would load.
+    Pepd,
+}
+
+/// How to run pepd on the gateways.
+#[derive(Clone, Debug, Default)]
+pub struct PepdOptions {
+    /// The executable; otherwise `$PEPD_BIN`, otherwise `pepd` beside the running
+    /// executable (or one directory up, for test and bench executables in `target/*/deps`).
+    pub binary: Option<PathBuf>,
+    /// Arguments put before `run -c FILE` (for stand-ins such as `pep-testbed fake-pepd`).
+    pub binary_args: Vec<String>,
+    /// TOML merged over both generated configs, table by table and key by key, e.g.
+    /// `"[upstream]\ntransparent_source = true"`.
+    pub extra_toml: String,
+    /// TOML merged over gw-a's (terminal) config only, after `extra_toml`.
+    pub terminal_toml: String,
+    /// TOML merged over gw-b's (hub) config only, after `extra_toml`.
+    pub hub_toml: String,
+    /// Extra environment for the daemons.
+    pub env: Vec<(String, String)>,
+    /// Drop TCP the gateways would forward, so nothing reaches the far side unless pepd
+    /// carried it: a test then cannot pass on the routed path by accident. Leave it off
+    /// with `over_limit = "bypass"`, which relays over the routed path by design.
+    pub forbid_routed_tcp: bool,
+    pub interception: Interception,
+    /// How long both gateways get to report the association; default 10 s + 4 RTT.
+    pub ready_timeout: Option<Duration>,
+}
+
+impl PepdOptions {
+    fn side_toml(&self, side: Side) -> &str {
+        match side {
+            Side::Terminal => &self.terminal_toml,
+            Side::Hub => &self.hub_toml,
+        }
+    }
+}
+
+/// One notify-socket datagram and when it arrived.
+#[derive(Clone, Debug)]
+pub struct Notification {
+    pub at: Instant,
+    pub text: String,
+}
+
+impl Notification {
+    /// Whether one of its `KEY=VALUE` lines starts with `needle`.
+    pub fn has(&self, needle: &str) -> bool {
+        self.text.lines().any(|l| l.starts_with(needle))
+    }
+}
+
+/// Finds pepd: `explicit`, else `$PEPD_BIN`, else beside the current executable.
+pub fn locate_pepd(explicit: Option<&Path>) -> Result<PathBuf, Error> {
+    let check = |p: PathBuf, how: &str| {
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::Pepd(format!("{how} {} is not a file", p.display())))
+        }
+    };
+    if let Some(p) = explicit {
+        return check(p.to_owned(), "pepd binary");
+    }
+    if let Some(p) = std::env::var_os(BIN_ENV) {
+        return check(PathBuf::from(p), BIN_ENV);
+    }
+    let exe = std::env::current_exe()?;
+    let mut tried = Vec::new();
+    if let Some(dir) = exe.parent() {
+        let mut dirs = vec![dir.to_owned()];
+        if dir.file_name().is_some_and(|n| n == "deps") {
+            dirs.extend(dir.parent().map(Path::to_owned));
+        }
+        for d in dirs {
+            let p = d.join("pepd");
+            if p.is_file() {
+                return Ok(p);
+            }
+            tried.push(p.display().to_string());
+        }
+    }
+    Err(Error::Pepd(format!(
+        "cannot find the pepd executable (looked at {}); build it with `cargo build --release \
+         --bin pepd`, or pass --pepd PATH or set {BIN_ENV}",
+        tried.join(", ")
+    )))
+}
+
+fn rate_bps(v: f64, what: &str) -> Result<i64, Error> {
+    if (1.0..9.0e18).contains(&v) {
+        Ok(v.round() as i64)
+    } else {
+        Err(Error::Invalid(format!(
+            "pepd needs a finite, positive {what} rate; the link has {v} bit/s"
+        )))
+    }
+}
+
+/// Merges `over` into `base`: tables recursively, anything else replaced.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// The config the testbed gives the pepd of `side`, with `overrides` (TOML texts) merged
+/// over it in order.
+pub fn config_toml(
+    side: Side,
+    link: &LinkConfig,
+    log_level: &str,
+    overrides: &[&str],
+) -> Result<String, Error> {
+    let (bind, peer) = side.sat_addrs();
+    let (tx, rx) = side.rates(link);
+    let mut t = toml::Table::new();
+    let mut table = |name: &str, entries: Vec<(&str, toml::Value)>| {
+        let mut sub = toml::Table::new();
+        for (k, v) in entries {
+            sub.insert(k.to_owned(), v);
+        }
+        t.insert(name.to_owned(), toml::Value::Table(sub));
+    };
+    table(
+        "peer",
+        vec![
+            ("address", peer.to_string().into()),
+            ("bind", bind.to_string().into()),
+            ("side", side.as_str().into()),
+        ],
+    );
+    table(
+        "link",
+        vec![
+            ("tx_rate", rate_bps(tx, "transmit")?.into()),
+            ("rx_rate", rate_bps(rx, "receive")?.into()),
+        ],
+    );
+    table(
+        "intercept",
+        vec![
+            (
+                "listen",
+                toml::Value::Array(vec![
+                    format!("0.0.0.0:{TPROXY_PORT}").into(),
+                    format!("[::]:{TPROXY_PORT}").into(),
+                ]),
+            ),
+            ("own_mark", i64::from(OWN_MARK).into()),
+        ],
+    );
+    table("log", vec![("level", log_level.into())]);
+    for text in overrides.iter().filter(|t| !t.trim().is_empty()) {
+        let over: toml::Table = text
+            .parse()
+            .map_err(|e| Error::Invalid(format!("pepd config override {text:?}: {e}")))?;
+        merge(&mut t, over);
+    }
+    toml::to_string(&t).map_err(|e| Error::Invalid(format!("writing the pepd config: {e}")))
+}
+
+/// The testbed's nftables ruleset for a gateway (see the module comment).
+pub fn intercept_ruleset() -> String {
+    let mark = format!("{INTERCEPT_MARK:#x}");
+    // Declaring the table and deleting it first replaces any earlier version at once.
+    format!(
+        "table inet pepd {{}}\n\
+         delete table inet pepd\n\
+         table inet pepd {{\n\
+         \tchain prerouting {{\n\
+         \t\ttype filter hook prerouting priority mangle; policy accept;\n\
+         \t\tmeta l4proto tcp socket transparent 1 meta mark set {mark} accept\n\
+         \t\tiifname \"{LAN_DEV}\" meta l4proto tcp ct direction original \
+         tproxy to :{TPROXY_PORT} meta mark set {mark} accept\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// A table of its own, so it goes with either kind of interception rules.
+const FORBID_ROUTED_TCP: &str = "table inet peptb_forward {}\n\
+     delete table inet peptb_forward\n\
+     table inet peptb_forward {\n\
+     \tchain forward {\n\
+     \t\ttype filter hook forward priority filter; policy accept;\n\
+     \t\tmeta l4proto tcp drop\n\
+     \t}\n\
+     }\n";
+
+/// Installs the testbed's interception rules and policy routing in gateway namespace `ns`.
+pub fn install_interception(ns: &str) -> Result<(), Error> {
+    nft_in(ns, &intercept_ruleset())?;
+    let mark = format!("{INTERCEPT_MARK:#x}");
+    for (fam, local) in [("-4", "0.0.0.0/0"), ("-6", "::/0")] {
+        ip_in(
+            ns,
+            &[
+                fam,
+                "rule",
+                "add",
+                "fwmark",
+                &mark,
+                "lookup",
+                INTERCEPT_TABLE,
+            ],
+        )?;
+        ip_in(
+            ns,
+            &[
+                fam,
+                "route",
+                "add",
+                "local",
+                local,
+                "dev",
+                "lo",
+                "table",
+                INTERCEPT_TABLE,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// What the testbed adds to the config when pepd writes the rules: only the LAN is
+/// intercepted, as with the testbed's own rules.
+const PEPD_RULES_TOML: &str = "[rules]\ninterfaces = [\"lan0\"]\n";
+
+/// Loads what `pepd nft-rules` prints for `config` (ruleset, then the `--routes` script)
+/// into gateway namespace `ns`.
+fn install_pepd_rules(ns: &str, program: &Path, config: &Path) -> Result<(), Error> {
+    let print = |extra: &[&str]| -> Result<String, Error> {
+        let mut args = vec!["nft-rules", "-c"];
+        let c = config
+            .to_str()
+            .ok_or_else(|| Error::Invalid(format!("{} is not UTF-8", config.display())))?;
+        args.push(c);
+        args.extend_from_slice(extra);
+        let prog = program
+            .to_str()
+            .ok_or_else(|| Error::Invalid(format!("{} is not UTF-8", program.display())))?;
+        crate::cmd::run(prog, &args)
+    };
+    nft_in(ns, &print(&[])?)?;
+    let routes = print(&["--routes"])?;
+    crate::cmd::run_with_input("ip", &["netns", "exec", ns, "sh", "-s"], &routes).map(drop)
+}
+
+#[derive(Default)]
+struct Notes {
+    list: Mutex<Vec<Notification>>,
+    changed: Condvar,
+    stop: AtomicBool,
+}
+
+fn read_notifications(sock: &UnixDatagram, notes: &Notes) {
+    let mut buf = vec![0u8; 4096];
+    while !notes.stop.load(Ordering::Relaxed) {
+        match sock.recv(&mut buf) {
+            Ok(n) => {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                notes
+                    .list
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Notification {
+                        at: Instant::now(),
+                        text,
+                    });
+                notes.changed.notify_all();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            // Not expected on a bound datagram socket; back off rather than spin.
+            Err(_) => thread::sleep(crate::xfer::io::TICK),
+        }
+    }
+}
+
+struct Gateway {
+    ns: String,
+    config: PathBuf,
+    log: PathBuf,
+    notify: PathBuf,
+    notes: Arc<Notes>,
+    reader: Option<JoinHandle<()>>,
+    child: Option<Child>,
+}
+
+impl Gateway {
+    fn append_log(&self, line: &str) {
+        if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(&self.log) {
+            let _ = writeln!(f, "=== pep-testbed: {line}");
+        }
+    }
+}
+
+/// pepd running on both gateways of a topology. Dropping it kills the daemons and removes
+/// the temporary directory (kept when `PEPTB_KEEP` is set); when that happens during a
+/// panic, it first prints the tail of both daemons' logs.
+pub struct Gateways {
+    dir: PathBuf,
+    keep: bool,
+    gws: Vec<Gateway>,
+    program: PathBuf,
+    program_args: Vec<String>,
+    env: Vec<(String, String)>,
+    ready_timeout: Duration,
+}
+
+impl Gateways {
+    /// Writes the configs, installs interception in both gateway namespaces, starts pepd on
+    /// both and waits until both report the association established.
+    pub fn start(names: &Names, link: &LinkConfig, opts: &PepdOptions) -> Result<Gateways, Error> {
+        let program = locate_pepd(opts.binary.as_deref())?;
+        let dir = std::env::temp_dir().join(format!("{}-pepd", names.base()));
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        fs::create_dir_all(&dir)?;
+        let rtt = link.forward.delay + link.ret.delay;
+        let mut g = Gateways {
+            dir,
+            keep: std::env::var_os(KEEP_ENV).is_some(),
+            gws: Vec::new(),
+            program,
+            program_args: opts.binary_args.clone(),
+            env: opts.env.clone(),
+            ready_timeout: opts
+                .ready_timeout
+                .unwrap_or(Duration::from_secs(10) + 4 * rtt),
+        };
+        // From here on an error drops `g`, which kills what started and removes the dir.
+        let level = std::env::var(LOG_ENV).unwrap_or_else(|_| "info".into());
+        let rules_base = match opts.interception {
+            Interception::Testbed => "",
+            Interception::Pepd => PEPD_RULES_TOML,
+        };
+        for side in Side::BOTH {
+            let ns = side.namespace(names).to_owned();
+            let text = config_toml(
+                side,
+                link,
+                &level,
+                &[rules_base, &opts.extra_toml, opts.side_toml(side)],
+            )?;
+            let config = g.dir.join(format!("{}.toml", side.gateway()));
+            fs::write(&config, text)?;
+            match opts.interception {
+                Interception::Testbed => install_interception(&ns)?,
+                Interception::Pepd => install_pepd_rules(&ns, &g.program, &config)?,
+            }
+            if opts.forbid_routed_tcp {
+                nft_in(&ns, FORBID_ROUTED_TCP)?;
+            }
+            let notify = g.dir.join(format!("{}.notify", side.gateway()));
+            let sock = UnixDatagram::bind(&notify)?;
+            sock.set_read_timeout(Some(crate::xfer::io::TICK))?;
+            let notes = Arc::new(Notes::default());
+            let n = notes.clone();
+            let reader = thread::Builder::new()
+                .name(format!("notify-{}", side.gateway()))
+                .spawn(move || read_notifications(&sock, &n))?;
+            g.gws.push(Gateway {
+                ns,
+                config,
+                log: g.dir.join(format!("{}.log", side.gateway())),
+                notify,
+                notes,
+                reader: Some(reader),
+                child: None,
+            });
+        }
+        let mut since = Vec::new();
+        for side in Side::BOTH {
+            since.push(g.spawn(side)?);
+        }
+        let deadline = Instant::now() + g.ready_timeout;
+        for (side, t) in Side::BOTH.into_iter().zip(since) {
+            g.wait_for(side, READY, t, deadline)?;
+            g.wait_for(side, ASSOCIATION_ESTABLISHED, t, deadline)?;
+        }
+        Ok(g)
+    }
+
+    fn gw(&self, side: Side) -> &Gateway {
+        &self.gws[side.index()]
+    }
+
+    fn gw_mut(&mut self, side: Side) -> &mut Gateway {
+        &mut self.gws[side.index()]
+    }
+
+    /// Starts pepd on `side` (which must not be running) and returns when it was started.
+    fn spawn(&mut self, side: Side) -> Result<Instant, Error> {
+        let (program, pre, env) = (&self.program, &self.program_args, &self.env);
+        let gw = &mut self.gws[side.index()];
+        let mut cmd = command_in(&gw.ns, program);
+        cmd.args(pre)
+            .arg("run")
+            .arg("-c")
+            .arg(&gw.config)
+            .env("NOTIFY_SOCKET", &gw.notify)
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        gw.append_log(&format!("starting {:?}", cmd));
+        let log = OpenOptions::new().create(true).append(true).open(&gw.log)?;
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let started = Instant::now();
+        let child = cmd.spawn().map_err(|source| Error::Spawn {
+            cmd: format!("{cmd:?}"),
+            source,
+        })?;
+        gw.child = Some(child);
+        Ok(started)
+    }
+
+    /// Waits until `side` sent a notification with a line starting with `needle`, at or
+    /// after `since`. Fails when the deadline passes or pepd exits first, quoting its log.
+    pub fn wait_for(
+        &mut self,
+        side: Side,
+        needle: &str,
+        since: Instant,
+        deadline: Instant,
+    ) -> Result<Notification, Error> {
+        loop {
+            let notes = self.gw(side).notes.clone();
+            {
+                let list = notes.list.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(n) = list.iter().find(|n| n.at >= since && n.has(needle)) {
+                    return Ok(n.clone());
+                }
+                // Short waits: the child's exit is polled, not signalled.
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _ = notes
+                    .changed
+                    .wait_timeout(list, left.min(Duration::from_millis(50)));
+            }
+            if let Some(status) = self.exit_status(side) {
+                return Err(self.failure(
+                    side,
+                    &format!("exited ({status}) before sending `{needle}`"),
+                ));
+            }
+            if Instant::now() >= deadline {
+                let got: Vec<String> = self
+                    .notifications(side)
+                    .iter()
+                    .map(|n| format!("{:?}", n.text))
+                    .collect();
+                return Err(self.failure(
+                    side,
+                    &format!(
+                        "sent no `{needle}` within {:?} (notifications so far: [{}])",
+                        self.ready_timeout,
+                        got.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+
+    fn failure(&self, side: Side, what: &str) -> Error {
+        Error::Pepd(format!(
+            "pepd on {side} {what}; log {}:\n{}",
+            self.log_path(side).display(),
+            self.log_tail(side, 40)
+        ))
+    }
+
+    /// Exit status of `side`'s pepd if it has exited (None while running or never started).
+    pub fn exit_status(&mut self, side: Side) -> Option<ExitStatus> {
+        self.gw_mut(side)
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    pub fn pid(&self, side: Side) -> Option<u32> {
+        self.gw(side).child.as_ref().map(Child::id)
+    }
+
+    /// Kills `side`'s pepd with SIGKILL (no chance to clean up) and reaps it.
+    pub fn kill(&mut self, side: Side) -> Result<ExitStatus, Error> {
+        let gw = self.gw_mut(side);
+        let mut child = gw
+            .child
+            .take()
+            .ok_or_else(|| Error::Pepd(format!("pepd on {side} is not running")))?;
+        gw.append_log("SIGKILL");
+        // Child::kill sends SIGKILL.
+        child.kill()?;
+        Ok(child.wait()?)
+    }
+
+    /// Starts `side`'s pepd again with the same config and waits for `READY=1` and the
+    /// association; returns when the new process was started.
+    pub fn restart(&mut self, side: Side) -> Result<Instant, Error> {
+        if let Some(status) = self.exit_status(side) {
+            self.gw_mut(side).child = None;
+            self.gw(side)
+                .append_log(&format!("exited earlier: {status}"));
+        }
+        if self.gw(side).child.is_some() {
+            return Err(Error::Pepd(format!("pepd on {side} is still running")));
+        }
+        let started = self.spawn(side)?;
+        let deadline = started + self.ready_timeout;
+        self.wait_for(side, READY, started, deadline)?;
+        self.wait_for(side, ASSOCIATION_ESTABLISHED, started, deadline)?;
+        Ok(started)
+    }
+
+    /// Every notification `side` has sent so far, oldest first.
+    pub fn notifications(&self, side: Side) -> Vec<Notification> {
+        self.gw(side)
+            .notes
+            .list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The daemon's stdout and stderr (with the testbed's `===` lines between runs).
+    pub fn log_path(&self, side: Side) -> &Path {
+        &self.gw(side).log
+    }
+
+    pub fn config_path(&self, side: Side) -> &Path {
+        &self.gw(side).config
+    }
+
+    /// The temporary directory with configs, logs and notify sockets.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The last `lines` lines of `side`'s log.
+    pub fn log_tail(&self, side: Side, lines: usize) -> String {
+        let text = match fs::read(self.log_path(side)) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(e) => return format!("(cannot read the log: {e})"),
+        };
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The tails of both logs, keyed by gateway name.
+    pub fn log_tails(&self, lines: usize) -> BTreeMap<String, String> {
+        Side::BOTH
+            .into_iter()
+            .map(|s| (s.gateway().to_owned(), self.log_tail(s, lines)))
+            .collect()
+    }
+}
+
+impl Drop for Gateways {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            for side in Side::BOTH
+                .into_iter()
+                .filter(|s| s.index() < self.gws.len())
+            {
+                eprintln!(
+                    "---- pepd on {side}, last {TAIL_ON_PANIC} lines of {} ----\n{}",
+                    self.log_path(side).display(),
+                    self.log_tail(side, TAIL_ON_PANIC)
+                );
+            }
+        }
+        for gw in &mut self.gws {
+            if let Some(mut c) = gw.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            gw.notes.stop.store(true, Ordering::Relaxed);
+            if let Some(h) = gw.reader.take() {
+                let _ = h.join();
+            }
+        }
+        if self.keep {
+            eprintln!("pep-testbed: kept {}", self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A topology with pepd up on both gateways, for tests: end hosts on the kernel default
+/// (CUBIC), both daemons reporting the association before `up` returns.
+pub struct PepdTestbed {
+    // Declared first so it drops first: the daemons stop before their namespaces go.
+    gateways: Gateways,
+    topo: Topology,
+    link: LinkConfig,
+}
+
+impl PepdTestbed {
+    pub fn up(link: &LinkConfig, opts: &PepdOptions) -> Result<PepdTestbed, Error> {
+        let topo = Topology::up(
+            link,
+            &HostTuning {
+                congestion_control: "cubic".into(),
+            },
+        )?;
+        let gateways = Gateways::start(&topo.names, link, opts)?;
+        Ok(PepdTestbed {
+            gateways,
+            topo,
+            link: link.clone(),
+        })
+    }
+
+    pub fn names(&self) -> &Names {
+        &self.topo.names
+    }
+
+    pub fn link(&self) -> &LinkConfig {
+        &self.link
+    }
+
+    /// Propagation round trip of the satellite hop.
+    pub fn rtt(&self) -> Duration {
+        self.link.forward.delay + self.link.ret.delay
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    pub fn gateways(&self) -> &Gateways {
+        &self.gateways
+    }
+
+    pub fn gateways_mut(&mut self) -> &mut Gateways {
+        &mut self.gateways
+    }
+
+    /// Runs `f` on a thread in the client's namespace.
+    pub fn in_client<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        in_netns(&self.topo.names.client, f)
+    }
+
+    /// Runs `f` on a thread in the server's namespace.
+    pub fn in_server<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        in_netns(&self.topo.names.server, f)
+    }
+
+    /// An xfer server on the server at `port` (IPv4 or IPv6 address of the server).
+    pub fn xfer_server(&self, ipv6: bool, port: u16) -> Result<Server, Error> {
+        let at = SocketAddr::new(addr::server(ipv6), port);
+        Ok(self.in_server(move || Server::bind(at, None))??)
+    }
+
+    /// Runs workload `w` from the client (blocking).
+    pub fn xfer(&self, w: &Workload, opts: &client::ClientOpts) -> Result<Outcome, Error> {
+        let (w, o) = (w.clone(), opts.clone());
+        self.in_client(move || client::run(&w, &o))
+    }
+
+    /// SIGKILLs the pepd of `side`.
+    pub fn kill_gateway(&mut self, side: Side) -> Result<ExitStatus, Error> {
+        self.gateways.kill(side)
+    }
+
+    /// Starts the pepd of `side` again (after [`PepdTestbed::kill_gateway`]), waits for it
+    /// to be ready and associated, and returns when it was started.
+    pub fn restart_gateway(&mut self, side: Side) -> Result<Instant, Error> {
+        self.gateways.restart(side)
+    }
+
+    /// Takes the satellite hop down or up at once (see [`Topology::set_link_down`]).
+    pub fn set_link_down(&self, down: bool) -> Result<(), Error> {
+        self.topo.set_link_down(down)
+    }
+
+    pub fn log_tail(&self, side: Side, lines: usize) -> String {
+        self.gateways.log_tail(side, lines)
+    }
+}
