@@ -9,6 +9,7 @@ need_pkgs=()
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v nft >/dev/null 2>&1 || need_pkgs+=(nftables)
 command -v ping >/dev/null 2>&1 || need_pkgs+=(iputils-ping)
+command -v setpriv >/dev/null 2>&1 || need_pkgs+=(util-linux)
 if ((${#need_pkgs[@]})); then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
@@ -23,3 +24,5 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
 # The transport's performance targets, checked in the deterministic simulator (~15 s).
 ./scripts/sim-acceptance.sh
+# The systemd units: `systemd-analyze verify` and the sandboxing score (installs systemd).
+./scripts/check-unit.sh

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod cidr;
 mod error;
 mod report;
 mod source;
 mod units;
 mod validate;
 
+pub use cidr::{Cidr, CidrError};
 pub use error::{ConfigError, Diagnostic};
 pub use source::SourceMap;
 pub use units::{BitRate, ByteSize};
@@ -24,6 +26,10 @@ pub struct PepdConfig {
     pub log: LogConfig,
     #[serde(default)]
     pub intercept: InterceptConfig,
+    /// What the generated nftables rules send to the listeners; pepd only reads it for
+    /// `pepd nft-rules` and the start-up self-check.
+    #[serde(default)]
+    pub rules: RulesConfig,
     pub peer: PeerConfig,
     pub link: LinkConfig,
     #[serde(default)]
@@ -82,6 +88,57 @@ impl Default for InterceptConfig {
 }
 
 pub const DEFAULT_TPROXY_PORT: u16 = 7000;
+
+/// What happens to TCP the rules select while no pepd listener takes it (pepd stopped or
+/// restarting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailMode {
+    /// It is routed as if there were no pepd, without acceleration.
+    Open,
+    /// It is dropped; clients retry their SYNs until pepd is back.
+    Closed,
+}
+
+/// Which TCP connections the interception rules (`pepd nft-rules`) divert to the
+/// `[intercept] listen` sockets, and the policy routing that delivers them locally.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RulesConfig {
+    /// Interfaces whose incoming TCP is intercepted (nftables `iifname`; a trailing `*` is a
+    /// wildcard). Empty: every interface.
+    pub interfaces: Vec<String>,
+    /// TCP destination ports to intercept. Empty: every port.
+    pub ports: Vec<u16>,
+    /// Destinations and sources never intercepted.
+    pub bypass_subnets: Vec<Cidr>,
+    /// If not empty, only connections to these destinations are intercepted.
+    pub proxy_subnets: Vec<Cidr>,
+    /// Firewall mark the rules put on intercepted packets; the policy-routing rule sends
+    /// packets with it to `route_table`.
+    pub tproxy_mark: u32,
+    /// Routing table holding the `local` default route that delivers intercepted packets to
+    /// this host.
+    pub route_table: u32,
+    pub fail: FailMode,
+}
+
+impl Default for RulesConfig {
+    fn default() -> Self {
+        RulesConfig {
+            interfaces: Vec::new(),
+            ports: Vec::new(),
+            bypass_subnets: Vec::new(),
+            proxy_subnets: Vec::new(),
+            tproxy_mark: DEFAULT_TPROXY_MARK,
+            route_table: DEFAULT_ROUTE_TABLE,
+            fail: FailMode::Open,
+        }
+    }
+}
+
+pub const DEFAULT_TPROXY_MARK: u32 = 0x1;
+pub const DEFAULT_ROUTE_TABLE: u32 = 100;
 pub const DEFAULT_TUNNEL_PORT: u16 = 7400;
 
 /// Which end of the hop this gateway is. Decides the flow-id parity; the two ends of an

@@ -11,6 +11,8 @@ pub mod metrics;
 mod notify;
 mod relay;
 mod reload;
+pub mod rules;
+pub mod selfcheck;
 mod sockopt;
 mod tproxy;
 mod upstream;

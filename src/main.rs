@@ -1,4 +1,5 @@
-//! The `pepd` command line: run the gateway or check a config.
+//! The `pepd` command line: run the gateway, check a config, or print the interception
+//! rules for it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +10,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter};
 
 use pepd::config::PepdConfig;
-use pepd::daemon;
+use pepd::{daemon, rules};
 
 #[derive(Parser)]
 #[command(
@@ -35,12 +36,29 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Print the nftables ruleset that sends the TCP selected by `[rules]` to pepd, for
+    /// `nft -f -`; with `--routes`, the policy-routing commands as a shell script.
+    NftRules {
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Print the `ip rule`/`ip route` script instead of the nftables ruleset.
+        #[arg(long)]
+        routes: bool,
+        /// Print what removes the rules (or, with `--routes`, the policy routing) instead.
+        #[arg(long)]
+        remove: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { config } => check_config(&config),
+        Command::NftRules {
+            config,
+            routes,
+            remove,
+        } => nft_rules(&config, routes, remove),
         Command::Run { config } => match run(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -68,6 +86,24 @@ fn check_config(path: &std::path::Path) -> ExitCode {
     }
 }
 
+fn nft_rules(path: &std::path::Path, routes: bool, remove: bool) -> ExitCode {
+    let cfg = match PepdConfig::load(path) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("pepd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let text = match (routes, remove) {
+        (false, false) => rules::nft_ruleset(&cfg),
+        (false, true) => rules::nft_teardown(),
+        (true, false) => rules::routes_script(&cfg),
+        (true, true) => rules::routes_teardown_script(&cfg),
+    };
+    print!("{text}");
+    ExitCode::SUCCESS
+}
+
 fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // Nothing starts on a bad config.
     let cfg = PepdConfig::load(path)?;
@@ -90,6 +126,10 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
     });
     for w in cfg.warnings() {
         tracing::warn!("config: {w}");
+    }
+    // The usual reasons SYNs never reach pepd, said at start rather than found later.
+    for w in pepd::selfcheck::startup_checks(&cfg) {
+        tracing::warn!("self-check: {w}");
     }
     raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()

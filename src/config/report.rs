@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::error::sort_by_position;
-use super::{CcModeName, LossDefault, OverLimit, PepdConfig, Side};
+use super::{CcModeName, FailMode, LossDefault, OverLimit, PepdConfig, Side};
 
 /// The round trip a flow buffer must cover to keep a GEO link busy (two hops up and down,
 /// plus ground segments and ACK delay).
@@ -62,6 +62,7 @@ impl PepdConfig {
             listen.join(", "),
             self.intercept.own_mark
         );
+        let _ = writeln!(s, "rules:      {}", self.rules_summary());
         let _ = writeln!(
             s,
             "link:       tx {}, rx {}, MTU {} ({}-byte datagrams)",
@@ -133,6 +134,44 @@ impl PepdConfig {
         let _ = writeln!(s, "log:        {}", self.log.level);
         let _ = write!(s, "metrics:    {}", self.metrics.listen);
         s
+    }
+
+    /// One line on what `pepd nft-rules` intercepts, e.g. "TCP from lan0 to ports 80, 443;
+    /// bypass 1 subnet; mark 0x1, table 100; fail open".
+    fn rules_summary(&self) -> String {
+        let r = &self.rules;
+        let list = |items: Vec<String>| items.join(", ");
+        let from = match r.interfaces.len() {
+            0 => "any interface".to_owned(),
+            _ => list(r.interfaces.clone()),
+        };
+        let ports = match r.ports.as_slice() {
+            [] => "any port".to_owned(),
+            [one] => format!("port {one}"),
+            many => format!(
+                "ports {}",
+                list(many.iter().map(ToString::to_string).collect())
+            ),
+        };
+        let to = match r.proxy_subnets.len() {
+            0 => String::new(),
+            _ => format!(
+                " in {}",
+                list(r.proxy_subnets.iter().map(ToString::to_string).collect())
+            ),
+        };
+        let bypass = match r.bypass_subnets.len() {
+            0 => String::new(),
+            n => format!("; bypass {n} subnet{}", if n == 1 { "" } else { "s" }),
+        };
+        let fail = match r.fail {
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+        };
+        format!(
+            "TCP from {from} to {ports}{to}{bypass}; mark {:#x}, table {}; fail {fail}",
+            r.tproxy_mark, r.route_table
+        )
     }
 
     /// Settings that are legal but probably not what the operator meant, each prefixed with

@@ -487,20 +487,20 @@ fn memory_budget_minimum_and_room_for_one_flow() {
         "{}",
         p[0]
     );
-    // Without flow_buffer the buffers are sized from the rates: 4 MiB + 6 MB here.
-    let p = invalid(&min_with("[limits]\nmemory_budget = \"9MiB\"\n"));
-    assert_only(&p, "limits.memory_budget", at(8));
-    assert!(
-        p[0].message
-            .contains("(9.7 MiB: 4 MiB to send, 5.7 MiB to receive)"),
-        "{}",
-        p[0]
+    // Without flow_buffer the link-sized buffers shrink to fit: a quarter of the budget
+    // each way at most, so a small budget or a fast link is never rejected for them.
+    let small =
+        PepdConfig::parse(&min_with("[limits]\nmemory_budget = \"9MiB\"\n")).expect("small budget");
+    let t = small.transport();
+    assert_eq!(
+        (t.flow_window, t.send_buffer),
+        ((9 << 20) / 4, (9 << 20) / 4)
     );
-    // The default budget is blamed as "(default)" when the rates outgrow it.
     let fast = MIN
         .replace("\"2M\"", "\"100G\"")
         .replace("\"10M\"", "\"100G\"");
-    assert_only(&invalid(&fast), "limits.memory_budget", None);
+    let t = PepdConfig::parse(&fast).expect("fast link").transport();
+    assert_eq!(t.flow_window, 128 << 20);
 }
 
 #[test]
@@ -719,5 +719,144 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 27, "every key of the schema");
+    assert_eq!(count, 34, "every key of the schema");
+}
+
+// ---- [rules] ---------------------------------------------------------------------------
+
+#[test]
+fn rules_defaults_and_example() {
+    let c = PepdConfig::parse(MIN).expect("minimal config");
+    let r = &c.rules;
+    assert!(r.interfaces.is_empty() && r.ports.is_empty());
+    assert!(r.bypass_subnets.is_empty() && r.proxy_subnets.is_empty());
+    assert_eq!(
+        (r.tproxy_mark, r.route_table, r.fail),
+        (0x1, 100, FailMode::Open)
+    );
+    let t = PepdConfig::parse(TERMINAL).expect("terminal.toml");
+    assert_eq!(t.rules.interfaces, ["lan0"]);
+    assert_eq!(
+        t.rules.bypass_subnets,
+        [Cidr {
+            addr: "198.19.255.0".parse().expect("addr"),
+            prefix: 24
+        }]
+    );
+    let c = PepdConfig::parse(&min_with(
+        "[rules]\ninterfaces = [\"lan0\", \"vlan*\"]\nports = [80, 443]\n\
+         bypass_subnets = [\"fd00:198:18::/48\", \"198.18.0.7\"]\n\
+         proxy_subnets = [\"198.18.0.0/15\"]\ntproxy_mark = 0x10\nroute_table = 4242\n\
+         fail = \"closed\"\n",
+    ))
+    .expect("full [rules]");
+    assert_eq!(c.rules.ports, [80, 443]);
+    assert_eq!(c.rules.bypass_subnets[1].to_string(), "198.18.0.7/32");
+    assert_eq!(c.rules.fail, FailMode::Closed);
+    assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+    assert!(
+        c.summary().lines().any(|l| l
+            == "rules:      TCP from lan0, vlan* to ports 80, 443 in 198.18.0.0/15; bypass 2 \
+                subnets; mark 0x10, table 4242; fail closed"),
+        "{}",
+        c.summary()
+    );
+    let s = PepdConfig::parse(&min_with("[rules]\nports = [22]\n")).expect("ok");
+    assert!(s
+        .summary()
+        .lines()
+        .any(|l| l
+            == "rules:      TCP from any interface to port 22; mark 0x1, table 100; fail open"));
+}
+
+#[test]
+fn rules_parse_errors_name_the_element() {
+    let d = parse_err(&min_with(
+        "[rules]\nbypass_subnets = [\n  \"198.18.0.0/15\",\n  \"198.18.0.0/33\",\n]\n",
+    ));
+    assert_one(&d, "rules.bypass_subnets[1]", at(10));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 10: `rules.bypass_subnets[1]`: prefix length 33 is longer than the 32 \
+         bits of the address; expected a subnet like \"198.18.0.0/15\" or \"fd00:198:18::/48\""
+    );
+    assert_one(
+        &parse_err(&min_with("[rules]\nproxy_subnets = [\"lan\"]\n")),
+        "rules.proxy_subnets[0]",
+        at(8),
+    );
+    assert_one(
+        &parse_err(&min_with("[rules]\nports = [70000]\n")),
+        "rules.ports[0]",
+        at(8),
+    );
+    let d = parse_err(&min_with("[rules]\nfail = \"shut\"\n"));
+    assert_one(&d, "rules.fail", at(8));
+    assert!(
+        d.message
+            .contains("unknown value `shut`, expected `open` or `closed`"),
+        "{d}"
+    );
+}
+
+#[test]
+fn rules_validation() {
+    let p = invalid(&min_with(
+        "[rules]
+interfaces = [\"lan0\", \"lan0\", \"a very long name\", \"*\", \"l\\\"n\", \"a*b\"]
+ports = [0, 80, 80]
+bypass_subnets = [\"198.18.0.1/15\", \"fd00:198:18::1/48\"]
+proxy_subnets = [\"198.18.0.0/15\", \"198.18.0.1/31\"]
+tproxy_mark = 2
+route_table = 254
+",
+    ));
+    let got: Vec<String> = p.iter().map(ToString::to_string).collect();
+    // All on line 8 to 13, reported in the order found within a line.
+    assert_eq!(
+        got,
+        [
+            "test.toml line 8: `rules.interfaces[1]` (\"lan0\") is listed twice",
+            "test.toml line 8: `rules.interfaces[2]` (\"a very long name\") is longer than the \
+             15 bytes of an interface name",
+            "test.toml line 8: `rules.interfaces[3]` (\"*\") must name an interface (a trailing \
+             `*` matches several)",
+            "test.toml line 8: `rules.interfaces[4]` (\"l\\\"n\") must not contain white space, \
+             quotes, '/', ':', '\\' or a '*' before the end",
+            "test.toml line 8: `rules.interfaces[5]` (\"a*b\") must not contain white space, \
+             quotes, '/', ':', '\\' or a '*' before the end",
+            "test.toml line 9: `rules.ports[0]` must be a port from 1 to 65535, not 0",
+            "test.toml line 9: `rules.ports[2]` (80) is listed twice",
+            "test.toml line 10: `rules.bypass_subnets[0]` (198.18.0.1/15) has bits set after \
+             the prefix: write 198.18.0.0/15",
+            "test.toml line 10: `rules.bypass_subnets[1]` (fd00:198:18::1/48) has bits set \
+             after the prefix: write fd00:198:18::/48",
+            "test.toml line 11: `rules.proxy_subnets[1]` (198.18.0.1/31) has bits set after the \
+             prefix: write 198.18.0.0/31",
+            "test.toml line 12: `rules.tproxy_mark` (0x2) must differ from `intercept.own_mark` \
+             (0x2, default): pepd's own packets would be delivered to itself",
+            "test.toml line 13: `rules.route_table` must not be 0 or a system table (253 \
+             default, 254 main, 255 local), not 254",
+        ]
+    );
+    assert_only(
+        &invalid(&min_with("[rules]\ntproxy_mark = 0\n")),
+        "rules.tproxy_mark",
+        at(8),
+    );
+    assert_only(
+        &invalid(&min_with("[rules]\nroute_table = 0\n")),
+        "rules.route_table",
+        at(8),
+    );
+    // Only IPv6 subnets to proxy, and only an IPv4 listener: nothing would be intercepted.
+    let p = invalid(&min_with(
+        "[intercept]\nlisten = [\"0.0.0.0:7000\"]\n\
+         [rules]\nproxy_subnets = [\"fd00:198:18::/48\"]\n",
+    ));
+    assert_only(&p, "rules.proxy_subnets", at(10));
+    PepdConfig::parse(&min_with(
+        "[rules]\nproxy_subnets = [\"fd00:198:18::/48\"]\ninterfaces = [\"vlan*\"]\n",
+    ))
+    .expect("an IPv6 subnet with the default dual-stack listeners");
 }

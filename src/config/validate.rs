@@ -58,6 +58,7 @@ impl PepdConfig {
         };
         self.check_log(&mut c);
         self.check_intercept(&mut c);
+        self.check_rules(&mut c);
         self.check_peer(&mut c);
         self.check_link(&mut c);
         self.check_transport(&mut c);
@@ -111,6 +112,77 @@ impl PepdConfig {
             self.intercept.own_mark != 0,
             "intercept.own_mark",
             "must not be 0: unmarked traffic is what gets intercepted",
+        );
+    }
+
+    fn check_rules(&self, c: &mut Checker<'_>) {
+        let r = &self.rules;
+        let mut seen = HashSet::new();
+        for (i, name) in r.interfaces.iter().enumerate() {
+            let key = format!("rules.interfaces[{i}]");
+            if let Err(why) = check_interface_name(name) {
+                c.fail(&key, format!("({name:?}) {why}"));
+            } else if !seen.insert(name) {
+                c.fail(&key, format!("({name:?}) is listed twice"));
+            }
+        }
+        let mut seen = HashSet::new();
+        for (i, port) in r.ports.iter().enumerate() {
+            let key = format!("rules.ports[{i}]");
+            if *port == 0 {
+                c.fail(&key, "must be a port from 1 to 65535, not 0");
+            } else if !seen.insert(port) {
+                c.fail(&key, format!("({port}) is listed twice"));
+            }
+        }
+        for (list, subnets) in [
+            ("rules.bypass_subnets", &r.bypass_subnets),
+            ("rules.proxy_subnets", &r.proxy_subnets),
+        ] {
+            for (i, subnet) in subnets.iter().enumerate() {
+                c.check(
+                    !subnet.has_host_bits(),
+                    &format!("{list}[{i}]"),
+                    format!(
+                        "({subnet}) has bits set after the prefix: write {}/{}",
+                        subnet.network(),
+                        subnet.prefix
+                    ),
+                );
+            }
+        }
+        let listened = |v4: bool| self.intercept.listen.iter().any(|a| a.is_ipv4() == v4);
+        if !r.proxy_subnets.is_empty() && !r.proxy_subnets.iter().any(|c| listened(c.is_ipv4())) {
+            c.fail(
+                "rules.proxy_subnets",
+                "lists no subnet of an address family `intercept.listen` has a listener for, \
+                 so nothing would be intercepted",
+            );
+        }
+        if r.tproxy_mark == 0 {
+            c.fail(
+                "rules.tproxy_mark",
+                "must not be 0: the policy-routing rule needs a mark to match",
+            );
+        } else if r.tproxy_mark == self.intercept.own_mark {
+            c.fail(
+                "rules.tproxy_mark",
+                format!(
+                    "({:#x}) must differ from `intercept.own_mark` ({:#x}, {}): pepd's own \
+                     packets would be delivered to itself",
+                    r.tproxy_mark,
+                    self.intercept.own_mark,
+                    c.map.describe("intercept.own_mark")
+                ),
+            );
+        }
+        c.check(
+            !RESERVED_TABLES.contains(&r.route_table),
+            "rules.route_table",
+            format!(
+                "must not be 0 or a system table (253 default, 254 main, 255 local), not {}",
+                r.route_table
+            ),
         );
     }
 
@@ -319,6 +391,28 @@ impl PepdConfig {
             format!("must be at least 100ms, not {}", ms(connect)),
         );
     }
+}
+
+/// Routing tables the kernel and iproute2 use themselves: unspec, default, main, local.
+const RESERVED_TABLES: [u32; 4] = [0, 253, 254, 255];
+
+/// Names the kernel accepts (at most 15 bytes, no '/', ':' or white space) and that are safe
+/// inside a quoted nftables string; a trailing `*` is nftables' wildcard.
+fn check_interface_name(name: &str) -> Result<(), &'static str> {
+    const IFNAMSIZ: usize = 16;
+    let base = name.strip_suffix('*').unwrap_or(name);
+    if name.is_empty() || name == "*" {
+        return Err("must name an interface (a trailing `*` matches several)");
+    }
+    if name.len() >= IFNAMSIZ {
+        return Err("is longer than the 15 bytes of an interface name");
+    }
+    if base.chars().any(|ch| {
+        ch.is_whitespace() || ch.is_control() || matches!(ch, '/' | ':' | '"' | '\\' | '*')
+    }) {
+        return Err("must not contain white space, quotes, '/', ':', '\\' or a '*' before the end");
+    }
+    Ok(())
 }
 
 fn rate_in_range(rate: super::BitRate) -> bool {
