@@ -50,7 +50,7 @@ pub struct PepdConfig {
     pub source_map: SourceMap,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// tracing env-filter directive, e.g. "info" or "pepd=debug,info". `RUST_LOG` overrides.
@@ -65,7 +65,7 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct InterceptConfig {
     /// TPROXY listener addresses (one socket each; IPv6 ones are v6-only).
@@ -102,7 +102,7 @@ pub enum FailMode {
 
 /// Which TCP connections the interception rules (`pepd nft-rules`) divert to the
 /// `[intercept] listen` sockets, and the policy routing that delivers them locally.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RulesConfig {
     /// Interfaces whose incoming TCP is intercepted (nftables `iifname`; a trailing `*` is a
@@ -150,7 +150,7 @@ pub enum Side {
     Hub,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PeerConfig {
     /// The peer gateway's tunnel address (UDP).
@@ -161,7 +161,7 @@ pub struct PeerConfig {
     pub side: Side,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LinkConfig {
     /// Rate this gateway sends at over the satellite hop.
@@ -191,7 +191,7 @@ pub enum LossDefault {
     Congestion,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportConfig {
     pub cc: CcModeName,
@@ -241,7 +241,7 @@ pub enum OverLimit {
     Bypass,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     pub max_flows: usize,
@@ -264,7 +264,7 @@ impl Default for LimitsConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimeoutsConfig {
     /// Upstream connect on the far side; on expiry the client gets a reset.
@@ -284,14 +284,14 @@ impl Default for TimeoutsConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// Connect to the destination from the client's own address (`IP_TRANSPARENT` bind).
     pub transparent_source: bool,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Prometheus scrape endpoint (HTTP).
@@ -308,7 +308,7 @@ impl Default for MetricsConfig {
 
 pub const DEFAULT_METRICS_PORT: u16 = 9464;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
     /// On SIGTERM, open flows get this long to finish before the rest are reset.

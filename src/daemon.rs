@@ -15,7 +15,8 @@ use tracing::{debug, info, warn};
 
 use crate::config::{OverLimit, PepdConfig};
 use crate::driver::{Driver, FlowAcceptor};
-use crate::hub::{AssocState, Counters, FlowRef, Hub, OpenRefused};
+use crate::hub::{Counters, FlowRef, Hub, OpenRefused};
+use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::relay::{abort_tcp, Relay, RelayEnd};
 use crate::tproxy::{self, Intercepted};
@@ -183,7 +184,7 @@ impl Daemon {
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        hub.counters.set_state(AssocState::Closed);
+        hub.counters.set_state(AssociationState::Closed);
         result
     }
 }

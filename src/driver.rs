@@ -11,7 +11,8 @@ use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::hub::{AssocState, Counters, FlowRef, Hub};
+use crate::hub::{Counters, FlowRef, Hub};
+use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 
 /// Datagrams taken from the socket, or produced, per pass under one lock.
@@ -145,14 +146,14 @@ impl Driver {
             Event::Established => {
                 let c = &self.hub.counters;
                 Counters::add(&c.associations_established, 1);
-                c.set_state(AssocState::Established);
+                c.set_state(AssociationState::Established);
                 let rtt = st.assoc.stats().rtt_smoothed;
                 info!(peer = %self.peer, ?rtt, "association established");
                 self.notifier
                     .status(&format!("association established with {}", self.peer));
             }
             Event::PeerRestarted => {
-                self.hub.counters.set_state(AssocState::Connecting);
+                self.hub.counters.set_state(AssociationState::Connecting);
                 warn!(peer = %self.peer, "peer gateway restarted; its flows were reset");
             }
             Event::FlowOpened { flow, meta } => {
@@ -169,18 +170,18 @@ impl Driver {
             }
             Event::FlowClosed { flow } => st.flow_closed(flow),
             Event::OutageStarted => {
-                self.hub.counters.set_state(AssocState::Outage);
+                self.hub.counters.set_state(AssociationState::Outage);
                 warn!(peer = %self.peer, "satellite link outage: no answer from the peer");
                 self.notifier.status("link outage");
             }
             Event::OutageEnded { duration } => {
-                self.hub.counters.set_state(AssocState::Established);
+                self.hub.counters.set_state(AssociationState::Established);
                 info!(?duration, "satellite link back");
                 self.notifier
                     .status(&format!("association established with {}", self.peer));
             }
             Event::AssociationLost { reason } => {
-                self.hub.counters.set_state(AssocState::Connecting);
+                self.hub.counters.set_state(AssociationState::Connecting);
                 warn!(
                     ?reason,
                     "association lost; every flow was reset; re-establishing"

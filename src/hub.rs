@@ -11,6 +11,8 @@ use pep_transport::{
 };
 use tokio::sync::Notify;
 
+use crate::metrics::AssociationState;
+
 /// What a relay waits on: the driver pokes it when its flow becomes readable or writable,
 /// is reset, or is released.
 #[derive(Default)]
@@ -101,15 +103,6 @@ pub struct Counters {
     association_state: std::sync::atomic::AtomicU8,
 }
 
-/// Association state as the metrics show it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AssocState {
-    Connecting = 0,
-    Established = 1,
-    Outage = 2,
-    Closed = 3,
-}
-
 impl Counters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
@@ -119,17 +112,13 @@ impl Counters {
         c.load(Ordering::Relaxed)
     }
 
-    pub fn set_state(&self, s: AssocState) {
+    pub fn set_state(&self, s: AssociationState) {
         self.association_state.store(s as u8, Ordering::Relaxed);
     }
 
-    pub fn state(&self) -> AssocState {
-        match self.association_state.load(Ordering::Relaxed) {
-            1 => AssocState::Established,
-            2 => AssocState::Outage,
-            3 => AssocState::Closed,
-            _ => AssocState::Connecting,
-        }
+    pub fn state(&self) -> AssociationState {
+        let i = usize::from(self.association_state.load(Ordering::Relaxed));
+        AssociationState::ALL.get(i).copied().unwrap_or_default()
     }
 }
 
@@ -168,7 +157,7 @@ impl ByReason {
 impl Hub {
     /// What the metrics endpoint serves at this instant.
     pub fn snapshot(&self, memory_budget: u64) -> crate::metrics::Snapshot {
-        use crate::metrics::{AssociationState, RelaySnapshot, Snapshot};
+        use crate::metrics::{RelaySnapshot, Snapshot};
         let (stats, memory) = {
             let st = self.lock();
             (
@@ -180,12 +169,7 @@ impl Hub {
         let get = Counters::get;
         Snapshot {
             stats,
-            association: match c.state() {
-                AssocState::Connecting => AssociationState::Connecting,
-                AssocState::Established => AssociationState::Established,
-                AssocState::Outage => AssociationState::Outage,
-                AssocState::Closed => AssociationState::Closed,
-            },
+            association: c.state(),
             association_restarts: get(&c.associations_established).saturating_sub(1),
             relay: RelaySnapshot {
                 flows_active: get(&c.relays_active),

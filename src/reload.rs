@@ -19,9 +19,6 @@ pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, l
     };
     let mut changed: Vec<&str> = Vec::new();
     let mut needs_restart: Vec<&str> = Vec::new();
-    // Sections are compared by their debug rendering: every field is plain data.
-    let differs =
-        |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
 
     if new.log.level != running.log.level {
         match log(&new.log.level) {
@@ -62,15 +59,15 @@ pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, l
         running.limits.over_limit = new.limits.over_limit;
         changed.push("limits.over_limit");
     }
-    if differs(&new.timeouts, &running.timeouts) {
+    if new.timeouts != running.timeouts {
         running.timeouts = new.timeouts.clone();
         changed.push("timeouts");
     }
-    if differs(&new.upstream, &running.upstream) {
+    if new.upstream != running.upstream {
         running.upstream = new.upstream.clone();
         changed.push("upstream");
     }
-    if differs(&new.shutdown, &running.shutdown) {
+    if new.shutdown != running.shutdown {
         running.shutdown = new.shutdown.clone();
         changed.push("shutdown");
     }
@@ -87,29 +84,23 @@ pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, l
     if new.limits.flow_buffer != running.limits.flow_buffer {
         needs_restart.push("limits.flow_buffer");
     }
-    let t_rest = |t: &crate::config::TransportConfig| {
-        (
-            t.cc,
-            t.loss_default,
-            t.vegas_alpha.to_bits(),
-            t.vegas_beta.to_bits(),
-            t.vegas_gamma.to_bits(),
-            t.outage_limit,
-            t.keepalive,
-            t.pacing_burst,
-        )
+    // The ACK policy was applied above; everything else in [transport] is fixed at start.
+    let rest = crate::config::TransportConfig {
+        ack_every_packets: running.transport.ack_every_packets,
+        ack_max_delay: running.transport.ack_max_delay,
+        ..new.transport.clone()
     };
-    if t_rest(&new.transport) != t_rest(&running.transport) {
+    if rest != running.transport {
         needs_restart
             .push("transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst)");
     }
-    if differs(&new.peer, &running.peer) {
+    if new.peer != running.peer {
         needs_restart.push("peer");
     }
-    if differs(&new.intercept, &running.intercept) {
+    if new.intercept != running.intercept {
         needs_restart.push("intercept");
     }
-    if differs(&new.metrics, &running.metrics) {
+    if new.metrics != running.metrics {
         needs_restart.push("metrics");
     }
     if changed.is_empty() && needs_restart.is_empty() {
