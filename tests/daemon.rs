@@ -2,12 +2,15 @@
 //! loopback: systemd notifications, live reload seen in the metrics, running as a non-root
 //! user with only CAP_NET_ADMIN and CAP_NET_RAW.
 
-use std::io::{Read, Write};
+mod support;
+
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use support::{metric_value, scrape_metrics};
 
 const PEPD: &str = env!("CARGO_BIN_EXE_pepd");
 
@@ -86,19 +89,6 @@ grace = "2s"
         self.children.push(child);
         pid
     }
-
-    /// Fetches /metrics from inside the namespace.
-    fn metrics(&self) -> String {
-        pep_testbed::in_netns(&self.ns, || {
-            let mut s = std::net::TcpStream::connect("127.0.0.1:9464").expect("metrics connect");
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                .expect("request");
-            let mut body = String::new();
-            s.read_to_string(&mut body).expect("response");
-            body
-        })
-        .expect("in namespace")
-    }
 }
 
 impl Drop for Sandbox {
@@ -141,11 +131,12 @@ fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).expect("kill");
 }
 
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
+fn pacing_rate(sb: &Sandbox) -> Option<f64> {
+    metric_value(
+        &scrape_metrics(&sb.ns),
+        "pepd_pacing_rate_bytes_per_second",
+        None,
+    )
 }
 
 #[test]
@@ -184,7 +175,7 @@ fn sighup_changes_the_rate_live() {
         "READY=1",
         Duration::from_secs(10)
     ));
-    let before = metric(&sb.metrics(), "pepd_pacing_rate_bytes_per_second");
+    let before = pacing_rate(&sb);
     assert_eq!(before, Some(2_000_000.0 / 8.0));
 
     sb.write_config("pepd.toml", "5Mbit");
@@ -193,7 +184,7 @@ fn sighup_changes_the_rate_live() {
     let mut after = before;
     while Instant::now() < end && after != Some(5_000_000.0 / 8.0) {
         std::thread::sleep(Duration::from_millis(50));
-        after = metric(&sb.metrics(), "pepd_pacing_rate_bytes_per_second");
+        after = pacing_rate(&sb);
     }
     assert_eq!(after, Some(5_000_000.0 / 8.0));
 }
@@ -243,5 +234,5 @@ fn runs_as_an_unprivileged_user_with_two_capabilities() {
         "effective capabilities {eff:#x}"
     );
     // It serves metrics, so it is really running, not just alive.
-    assert!(sb.metrics().contains("pepd_build_info"));
+    assert!(metric_value(&scrape_metrics(&sb.ns), "pepd_build_info", None).is_some());
 }

@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -12,34 +11,8 @@ use pep_testbed::xfer::proto::{HEADER_LEN, REPORT_LEN};
 use pep_testbed::xfer::Workload;
 use support::*;
 
-/// Scrapes /metrics inside `ns` and parses it with a Prometheus text parser.
-fn scrape(ns: &str) -> prometheus_parse::Scrape {
-    let body = pep_testbed::in_netns(ns, || {
-        let mut s = std::net::TcpStream::connect("127.0.0.1:9464").expect("connect");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("request");
-        let mut r = String::new();
-        s.read_to_string(&mut r).expect("response");
-        r
-    })
-    .expect("namespace");
-    let (_, text) = body.split_once("\r\n\r\n").expect("http body");
-    let lines = text.lines().map(|l| Ok(l.to_owned()));
-    prometheus_parse::Scrape::parse(lines).expect("metrics parse")
-}
-
 fn value(s: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
-    let sample = s
-        .samples
-        .iter()
-        .find(|m| m.metric == name && label.is_none_or(|(k, v)| m.labels.get(k) == Some(v)))
-        .unwrap_or_else(|| panic!("{name} {label:?} missing"));
-    match sample.value {
-        prometheus_parse::Value::Counter(v)
-        | prometheus_parse::Value::Gauge(v)
-        | prometheus_parse::Value::Untyped(v) => v,
-        ref other => panic!("{name}: unexpected {other:?}"),
-    }
+    metric_value(s, name, label).unwrap_or_else(|| panic!("{name} {label:?} missing"))
 }
 
 #[test]
@@ -62,7 +35,10 @@ fn byte_and_flow_counters_match_the_traffic_sent() {
     assert_eq!(out.intact, Some(true), "{out:?}");
     // Let both relays see the close before reading the counters.
     std::thread::sleep(Duration::from_millis(500));
-    let (a, b) = (scrape(&tb.names().gw_a), scrape(&tb.names().gw_b));
+    let (a, b) = (
+        scrape_metrics(&tb.names().gw_a),
+        scrape_metrics(&tb.names().gw_b),
+    );
     // What the client wrote (request header + payload) entered the tunnel at gw-a and left
     // it at gw-b; the server's payload and report went the other way.
     let client_sent = (HEADER_LEN as u64 + up_n) as f64;

@@ -229,3 +229,38 @@ pub fn write_pattern(s: &mut TcpStream, seed: u64, lane: u64, len: u64) -> io::R
     }
     Ok(())
 }
+
+/// Scrapes pepd's /metrics (127.0.0.1:9464) inside namespace `ns` and parses the text with
+/// a Prometheus parser.
+pub fn scrape_metrics(ns: &str) -> prometheus_parse::Scrape {
+    let body = pep_testbed::in_netns(ns, || {
+        let mut s = TcpStream::connect("127.0.0.1:9464").expect("metrics connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("request");
+        let mut r = String::new();
+        s.read_to_string(&mut r).expect("response");
+        r
+    })
+    .expect("namespace");
+    let (_, text) = body.split_once("\r\n\r\n").expect("http body");
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    prometheus_parse::Scrape::parse(lines).expect("metrics parse")
+}
+
+/// The value of sample `name` (with `label` = value, if given) in a scrape.
+pub fn metric_value(
+    s: &prometheus_parse::Scrape,
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> Option<f64> {
+    let sample = s
+        .samples
+        .iter()
+        .find(|m| m.metric == name && label.is_none_or(|(k, v)| m.labels.get(k) == Some(v)))?;
+    match sample.value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => Some(v),
+        _ => None,
+    }
+}
