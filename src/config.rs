@@ -3,6 +3,7 @@
 //! docs/CONFIG.md describes every key for operators.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -10,12 +11,14 @@ use serde::Deserialize;
 mod cidr;
 mod error;
 mod report;
+mod security;
 mod source;
 mod units;
 mod validate;
 
 pub use cidr::{Cidr, CidrError};
 pub use error::{ConfigError, Diagnostic};
+pub use security::LoadedSecurity;
 pub use source::SourceMap;
 pub use units::{BitRate, ByteSize};
 
@@ -44,6 +47,10 @@ pub struct PepdConfig {
     pub metrics: MetricsConfig,
     #[serde(default)]
     pub shutdown: ShutdownConfig,
+    /// How the tunnel is authenticated and encrypted. Key files are read by
+    /// [`PepdConfig::security`], not when the config is parsed.
+    #[serde(default)]
+    pub security: SecuritySection,
     /// Where each key was written, so validation and warnings can name lines. Empty for a
     /// config built in code.
     #[serde(skip)]
@@ -323,6 +330,52 @@ impl Default for ShutdownConfig {
         }
     }
 }
+
+/// Whether the tunnel is protected by pepd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SecurityMode {
+    /// Noise IK handshake with static keys, then ChaCha20-Poly1305 on every packet.
+    Noise,
+    /// No authentication or encryption: only for a link already encrypted below pepd.
+    None,
+}
+
+/// The `[security]` section as written. Named apart from
+/// `pep_transport::security::SecurityConfig`, which [`PepdConfig::security`] builds from it
+/// once the key files are read.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecuritySection {
+    pub mode: SecurityMode,
+    /// This gateway's X25519 private key (`pepd genkey`); required with `mode = "noise"`.
+    pub private_key_file: Option<PathBuf>,
+    /// The peer gateway's public key, base64 (`pepd pubkey` there); required with noise.
+    pub peer_public_key: Option<String>,
+    /// Optional pre-shared key (`pepd genpsk`), the same file on both gateways.
+    pub psk_file: Option<PathBuf>,
+    /// Session keys older than this are replaced by a new handshake.
+    #[serde(with = "humantime_serde")]
+    pub rekey_interval: Duration,
+    /// Packets under one session key before it is replaced.
+    pub rekey_after_packets: u64,
+}
+
+impl Default for SecuritySection {
+    fn default() -> Self {
+        SecuritySection {
+            mode: SecurityMode::Noise,
+            private_key_file: None,
+            peer_public_key: None,
+            psk_file: None,
+            rekey_interval: DEFAULT_REKEY_INTERVAL,
+            rekey_after_packets: DEFAULT_REKEY_AFTER_PACKETS,
+        }
+    }
+}
+
+pub const DEFAULT_REKEY_INTERVAL: Duration = Duration::from_secs(120);
+pub const DEFAULT_REKEY_AFTER_PACKETS: u64 = 1 << 30;
 
 impl PepdConfig {
     /// Reads, parses and validates `path`; diagnostics name the file as given.

@@ -82,8 +82,31 @@ impl Daemon {
         } = self;
         let notifier = Notifier;
         let tcfg = cfg.transport();
-        let assoc = Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now())
-            .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
+        let security = cfg.load_security().map_err(|e| anyhow::anyhow!("{e}"))?;
+        for w in &security.warnings {
+            warn!("{w}");
+        }
+        let assoc = match security.config {
+            Some(sec) => {
+                let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
+                Association::new_secure(
+                    tcfg.clone(),
+                    cfg.role(),
+                    fresh_epoch(),
+                    Instant::now(),
+                    sec,
+                    seed,
+                )
+            }
+            None => {
+                warn!(
+                    "security.mode = \"none\": the tunnel is neither authenticated nor \
+                     encrypted; only the peer address is checked"
+                );
+                Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now())
+            }
+        }
+        .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
         let hub = Arc::new(Hub::new(assoc, cfg.limits.memory_budget.bytes() / 2));
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
@@ -264,11 +287,13 @@ async fn log_stats_on_sigusr1(hub: Arc<Hub>, mut usr1: tokio::signal::unix::Sign
 }
 
 /// An epoch that differs on every start, so the peer tells a restart from a late packet.
+/// It grows from one start to the next (nanoseconds of wall time), which lets the peer act
+/// on an authenticated handshake of a newer start at once (see the transport).
 fn fresh_epoch() -> u64 {
-    let nanos = std::time::SystemTime::now()
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    (nanos ^ (u64::from(std::process::id()) << 48)).max(1)
+        .map_or(1, |d| d.as_nanos() as u64)
+        .max(1)
 }
 
 fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
@@ -409,7 +434,9 @@ impl FlowAcceptor for UpstreamAcceptor {
     fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta) {
         let live = read_live(&self.live);
         if live.draining {
-            hub.reset(&flow, ResetReason::ResourceLimit);
+            // `accept` runs under the hub lock (from the driver's dispatch); resetting
+            // needs that lock, so it happens right after, on its own task.
+            tokio::spawn(async move { hub.reset(&flow, ResetReason::ResourceLimit) });
             return;
         }
         tokio::spawn(async move {

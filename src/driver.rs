@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,6 +42,7 @@ impl Driver {
         let mut rx_lens: Vec<usize> = Vec::with_capacity(BATCH);
         let mut tx: Vec<Vec<u8>> = Vec::with_capacity(BATCH);
         let mut spare: Vec<Vec<u8>> = Vec::new();
+        let mut drop_log = crate::droplog::DropLog::default();
         loop {
             let deadline = self.hub.lock().assoc.poll_timeout();
             let sleep = async {
@@ -82,6 +84,12 @@ impl Driver {
                 let mut st = hub.lock();
                 for (buf, &n) in rx.iter().zip(&rx_lens) {
                     st.assoc.handle_datagram(now, &buf[..n]);
+                }
+                if drop_log.is_due(now) {
+                    let foreign = self.hub.counters.foreign_datagrams.load(Ordering::Relaxed);
+                    if let Some(s) = drop_log.summary(now, &st.assoc.stats(), foreign) {
+                        warn!("dropped datagrams: {s}");
+                    }
                 }
                 if st.assoc.poll_timeout().is_some_and(|t| t <= now) {
                     st.assoc.handle_timeout(now);

@@ -1,8 +1,11 @@
-//! The `pepd` command line: run the gateway, check a config, or print the interception
-//! rules for it.
+//! The `pepd` command line: run the gateway, check a config, print the interception
+//! rules for it, or make and inspect the tunnel's keys.
 
-use std::path::PathBuf;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::Context as _;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::layer::SubscriberExt;
@@ -10,7 +13,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter};
 
 use pepd::config::PepdConfig;
-use pepd::{daemon, rules};
+use pepd::{daemon, keys, rules};
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +51,18 @@ enum Command {
         #[arg(long)]
         remove: bool,
     },
+    /// Write a new private key to FILE (mode 0600; an existing file is never overwritten)
+    /// and print its public key, for the other gateway's `security.peer_public_key`.
+    Genkey {
+        /// Where to write the key, e.g. /etc/pepd/private.key.
+        file: PathBuf,
+    },
+    /// Print the public key of the private key in FILE (standard input without FILE or
+    /// with "-").
+    Pubkey { file: Option<PathBuf> },
+    /// Write a new random pre-shared key to FILE (mode 0600) for `security.psk_file`; copy
+    /// it to the other gateway over a secure channel.
+    Genpsk { file: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -59,22 +74,79 @@ fn main() -> ExitCode {
             routes,
             remove,
         } => nft_rules(&config, routes, remove),
-        Command::Run { config } => match run(&config) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("pepd: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Run { config } => report(run(&config)),
+        Command::Genkey { file } => report(genkey(&file)),
+        Command::Pubkey { file } => report(pubkey(file.as_deref())),
+        Command::Genpsk { file } => report(genpsk(&file)),
     }
 }
 
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pepd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn genkey(file: &Path) -> anyhow::Result<()> {
+    let private = keys::write_private_key(file)?;
+    let public = pep_transport::security::public_key(&private);
+    // Only the key on stdout, so `pepd genkey FILE > FILE.pub` works; the rest is for
+    // the person at the terminal.
+    println!("{}", keys::encode_key(&public));
+    eprintln!(
+        "pepd: wrote a private key to {} (mode 0600); the line above is its public key, for \
+         `security.peer_public_key` on the other gateway",
+        file.display()
+    );
+    Ok(())
+}
+
+fn pubkey(file: Option<&Path>) -> anyhow::Result<()> {
+    let private = match file {
+        Some(path) if path != Path::new("-") => keys::read_key_file(path)?,
+        _ => {
+            let mut text = String::new();
+            std::io::stdin()
+                .take(4096)
+                .read_to_string(&mut text)
+                .context("cannot read a private key from standard input")?;
+            keys::decode_key(&text)
+                .map_err(|why| anyhow::anyhow!("standard input {why}; expected a private key"))?
+        }
+    };
+    let public = pep_transport::security::public_key(&private);
+    println!("{}", keys::encode_key(&public));
+    Ok(())
+}
+
+fn genpsk(file: &Path) -> anyhow::Result<()> {
+    keys::write_psk(file)?;
+    eprintln!(
+        "pepd: wrote a pre-shared key to {} (mode 0600); copy it to the other gateway over a \
+         secure channel and set `security.psk_file` on both",
+        file.display()
+    );
+    Ok(())
+}
+
 fn check_config(path: &std::path::Path) -> ExitCode {
-    match PepdConfig::load(path) {
-        Ok(cfg) => {
+    // The key files are loaded too: a config is only good if pepd could start on it.
+    let loaded = PepdConfig::load(path).and_then(|cfg| {
+        let security = cfg.load_security()?;
+        Ok((cfg, security))
+    });
+    match loaded {
+        Ok((cfg, security)) => {
             println!("{}: ok", path.display());
             println!("{}", cfg.summary());
-            for w in cfg.warnings() {
+            if let Some(key) = security.local_public_key() {
+                println!("public key: {key} (this gateway's, for the peer's config)");
+            }
+            for w in cfg.warnings().iter().chain(&security.warnings) {
                 println!("warning: {w}");
             }
             ExitCode::SUCCESS
@@ -107,6 +179,9 @@ fn nft_rules(path: &std::path::Path, routes: bool, remove: bool) -> ExitCode {
 fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // Nothing starts on a bad config.
     let cfg = PepdConfig::load(path)?;
+    // Keys are read here as well as where the tunnel is set up, so that a bad key file
+    // stops pepd before it takes any connection, and its warnings are logged once.
+    let security = cfg.load_security()?;
     // RUST_LOG wins over the config at start; SIGHUP applies the config's level.
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log.level))
@@ -124,7 +199,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
         let f = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
         filter_handle.reload(f).map_err(|e| e.to_string())
     });
-    for w in cfg.warnings() {
+    for w in cfg.warnings().iter().chain(&security.warnings) {
         tracing::warn!("config: {w}");
     }
     // The usual reasons SYNs never reach pepd, said at start rather than found later.

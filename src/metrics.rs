@@ -286,12 +286,28 @@ impl Collector for SnapshotCollector {
             "Received datagrams dropped, by reason",
             None,
             "reason",
-            &[
-                ("malformed", st.malformed_dropped),
-                ("unassociated", st.unassociated_dropped),
-                ("duplicate", st.duplicates_dropped),
-                ("foreign", s.tunnel_foreign_datagrams),
-            ],
+            &dropped_by_reason(st, s.tunnel_foreign_datagrams),
+        )?;
+        counter(
+            e,
+            "handshakes",
+            "Noise handshakes completed (association starts and rekeys)",
+            None,
+            st.handshakes_completed,
+        )?;
+        counter(
+            e,
+            "nonce_refusals",
+            "Sends refused because their packet number was already used under the current key (never expected: a guard against nonce reuse)",
+            None,
+            st.security.nonce_refused,
+        )?;
+        counter(
+            e,
+            "rekeys",
+            "Session key changes within a running association",
+            None,
+            st.rekeys,
         )?;
         counter(
             e,
@@ -511,3 +527,15 @@ fn gauge_family<V: EncodeGaugeValue + Copy>(
 
 #[cfg(test)]
 mod tests;
+
+/// Every reason a received datagram is dropped, with its count.
+fn dropped_by_reason(st: &pep_transport::Stats, foreign: u64) -> Vec<(&'static str, u64)> {
+    let mut v = vec![
+        ("malformed", st.malformed_dropped),
+        ("unassociated", st.unassociated_dropped),
+        ("duplicate", st.duplicates_dropped),
+        ("foreign", foreign),
+    ];
+    v.extend(st.security.by_reason());
+    v
+}

@@ -103,6 +103,10 @@ pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, l
     if new.metrics != running.metrics {
         needs_restart.push("metrics");
     }
+    // Keys are read once at start; a changed file at the same path needs a restart too.
+    if new.security != running.security {
+        needs_restart.push("security");
+    }
     if changed.is_empty() && needs_restart.is_empty() {
         info!(path = %path.display(), "configuration reloaded: nothing changed");
     } else {

@@ -40,8 +40,45 @@ impl Sandbox {
         sb
     }
 
+    /// A private key made with `pepd genkey` (owned by `owner`, mode 0600, as pepd wants)
+    /// and a second gateway's public key; returns the `[security]` section naming them.
+    fn security_toml(&self, owner: &str) -> String {
+        let key = self.dir.join("private.key");
+        if !key.exists() {
+            let out = Command::new(PEPD)
+                .args(["genkey", key.to_str().expect("utf-8 path")])
+                .output()
+                .expect("pepd genkey");
+            assert!(out.status.success(), "genkey: {out:?}");
+            run("chown", &[owner, key.to_str().expect("utf-8 path")]);
+        }
+        let peer = self.dir.join("peer.key");
+        if !peer.exists() {
+            Command::new(PEPD)
+                .args(["genkey", peer.to_str().expect("utf-8 path")])
+                .output()
+                .expect("pepd genkey");
+        }
+        let out = Command::new(PEPD)
+            .args(["pubkey", peer.to_str().expect("utf-8 path")])
+            .output()
+            .expect("pepd pubkey");
+        let peer_public = String::from_utf8(out.stdout).expect("utf-8");
+        format!(
+            "[security]\nprivate_key_file = {:?}\npeer_public_key = {:?}\n",
+            key.display().to_string(),
+            peer_public.trim()
+        )
+    }
+
     fn write_config(&self, name: &str, tx_rate: &str) -> PathBuf {
+        self.write_config_owned(name, tx_rate, "root")
+    }
+
+    /// As `write_config`, with the key file owned by `owner` (the user pepd runs as).
+    fn write_config_owned(&self, name: &str, tx_rate: &str, owner: &str) -> PathBuf {
         let path = self.dir.join(name);
+        let security = self.security_toml(owner);
         let text = format!(
             r#"
 [peer]
@@ -59,7 +96,8 @@ listen = ["127.0.0.1:7000"]
 
 [shutdown]
 grace = "2s"
-"#
+
+{security}"#
         );
         std::fs::write(&path, text).expect("config");
         run("chmod", &["644", path.to_str().expect("utf-8 path")]);
@@ -195,7 +233,8 @@ fn runs_as_an_unprivileged_user_with_two_capabilities() {
         panic!("setpriv (util-linux) is required for this test");
     }
     let mut sb = Sandbox::new();
-    let cfg = sb.write_config("pepd.toml", "2Mbit");
+    // The key belongs to the user pepd runs as, as the package installs it.
+    let cfg = sb.write_config_owned("pepd.toml", "2Mbit", "65534:65534");
     let (sock, path) = sb.notify_socket();
     let caps = "-all,+net_admin,+net_raw";
     let pid = sb.start(

@@ -5,11 +5,15 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::error::sort_by_position;
-use super::{CcModeName, FailMode, LossDefault, OverLimit, PepdConfig, Side};
+use super::{CcModeName, FailMode, LossDefault, OverLimit, PepdConfig, SecurityMode, Side};
 
 /// The round trip a flow buffer must cover to keep a GEO link busy (two hops up and down,
 /// plus ground segments and ACK delay).
 const GEO_RTT: Duration = Duration::from_millis(600);
+
+/// Rekeying more often than this spends link time on handshakes for no gain in secrecy;
+/// shorter intervals are for tests.
+const SHORT_REKEY: Duration = Duration::from_secs(10);
 
 /// Idle timeouts below this reset quiet interactive sessions (ssh, database pools).
 const SHORT_IDLE: Duration = Duration::from_secs(60);
@@ -131,9 +135,34 @@ impl PepdConfig {
             "this gateway's address"
         };
         let _ = writeln!(s, "upstream:   connects from {source}");
+        let _ = writeln!(s, "security:   {}", self.security_summary());
         let _ = writeln!(s, "log:        {}", self.log.level);
         let _ = write!(s, "metrics:    {}", self.metrics.listen);
         s
+    }
+
+    /// One line on how the tunnel is protected, e.g. "noise (peer key hSDw…), no psk;
+    /// rekey every 2m or 1073741824 packets".
+    fn security_summary(&self) -> String {
+        let sec = &self.security;
+        match sec.mode {
+            SecurityMode::None => "none: the tunnel is not authenticated or encrypted".to_owned(),
+            SecurityMode::Noise => {
+                let peer = match &sec.peer_public_key {
+                    Some(k) => format!("peer key {}", k.trim()),
+                    None => "no peer key".to_owned(),
+                };
+                let psk = match &sec.psk_file {
+                    Some(p) => format!("psk from {}", p.display()),
+                    None => "no psk".to_owned(),
+                };
+                format!(
+                    "noise IK ({peer}), {psk}; rekey every {} or {} packets",
+                    dur(sec.rekey_interval),
+                    sec.rekey_after_packets
+                )
+            }
+        }
     }
 
     /// One line on what `pepd nft-rules` intercepts, e.g. "TCP from lan0 to ports 80, 443;
@@ -270,6 +299,38 @@ impl PepdConfig {
                     self.metrics.listen
                 ),
             );
+        }
+        let sec = &self.security;
+        match sec.mode {
+            SecurityMode::None => {
+                warn(
+                    "security.mode",
+                    "= \"none\" leaves the tunnel unauthenticated and unencrypted: pepd only \
+                     checks that packets come from `peer.address`, which anyone on the path \
+                     can forge. Use it only on a link already encrypted below pepd"
+                        .into(),
+                );
+                for key in [
+                    "security.private_key_file",
+                    "security.peer_public_key",
+                    "security.psk_file",
+                    "security.rekey_interval",
+                    "security.rekey_after_packets",
+                ] {
+                    if map.contains(key) {
+                        warn(key, "has no effect with `security.mode = \"none\"`".into());
+                    }
+                }
+            }
+            SecurityMode::Noise if sec.rekey_interval < SHORT_REKEY => warn(
+                "security.rekey_interval",
+                format!(
+                    "({}) is below 10s: every rekey is a handshake across the link; this \
+                     short is meant for tests",
+                    dur(sec.rekey_interval)
+                ),
+            ),
+            SecurityMode::Noise => {}
         }
         sort_by_position(&mut found);
         found.iter().map(ToString::to_string).collect()

@@ -72,6 +72,22 @@ impl SourceMap {
         }
     }
 
+    /// A diagnostic about `key` placed at `position`, for a key that is missing from a
+    /// section the file does have (point at the section) or from the whole file.
+    pub(super) fn diagnostic_at(
+        &self,
+        key: &str,
+        position: Position,
+        message: String,
+    ) -> Diagnostic {
+        Diagnostic {
+            origin: self.origin.clone(),
+            key: Some(key.to_owned()),
+            position,
+            message,
+        }
+    }
+
     pub(super) fn diagnostic(&self, key: &str, message: String) -> Diagnostic {
         Diagnostic {
             origin: self.origin.clone(),

@@ -137,6 +137,15 @@ fn defaults() {
     assert_eq!(c.timeouts.idle, Duration::from_secs(7200));
     assert!(!c.upstream.transparent_source);
     assert_eq!(c.metrics.listen, "127.0.0.1:9464".parse().expect("addr"));
+    let sec = &c.security;
+    assert_eq!(sec.mode, SecurityMode::Noise);
+    assert_eq!(
+        (&sec.private_key_file, &sec.peer_public_key),
+        (&None, &None)
+    );
+    assert_eq!(sec.psk_file, None);
+    assert_eq!(sec.rekey_interval, Duration::from_secs(120));
+    assert_eq!(sec.rekey_after_packets, 1 << 30);
     assert!(c.warnings().is_empty(), "{:?}", c.warnings());
 }
 
@@ -613,6 +622,8 @@ fn summary_shows_effective_settings() {
         "timeouts:   connect 10s, idle 2h, outage 2m, keepalive 5s",
         "log:        info",
         "metrics:    127.0.0.1:9464",
+        "security:   noise IK (peer key REPLACE+with+output+of+pepd+pubkey+on+peer0=), no psk; \
+         rekey every 2m or 1073741824 packets",
     ] {
         assert!(s.lines().any(|l| l == want), "missing {want:?} in\n{s}");
     }
@@ -719,7 +730,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 34, "every key of the schema");
+    assert_eq!(count, 40, "every key of the schema");
 }
 
 // ---- [rules] ---------------------------------------------------------------------------
@@ -859,4 +870,321 @@ route_table = 254
         "[rules]\nproxy_subnets = [\"fd00:198:18::/48\"]\ninterfaces = [\"vlan*\"]\n",
     ))
     .expect("an IPv6 subnet with the default dual-stack listeners");
+}
+
+// ---- [security] ------------------------------------------------------------------------
+
+/// A fresh directory for key files, removed on drop.
+struct KeyDir(std::path::PathBuf);
+
+impl KeyDir {
+    fn new(name: &str) -> KeyDir {
+        let dir = std::env::temp_dir().join(format!("pepd-config-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        KeyDir(dir)
+    }
+
+    /// A new private key file with `mode`; returns its path and public key (base64).
+    fn private_key(&self, name: &str, mode: u32) -> (std::path::PathBuf, String) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.0.join(name);
+        let key = crate::keys::write_private_key(&path).expect("write key");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let public = pep_transport::security::public_key(&key);
+        (path, crate::keys::encode_key(&public))
+    }
+}
+
+impl Drop for KeyDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A peer's public key that is none of ours.
+fn peer_key() -> String {
+    crate::keys::encode_key(&pep_transport::security::public_key(&[7; 32]))
+}
+
+/// `MIN` plus a `[security]` section (line 7) with `body` from line 8.
+fn with_security(body: &str) -> String {
+    min_with(&format!("[security]\n{body}"))
+}
+
+fn security_err(text: &str) -> Vec<Diagnostic> {
+    let c = PepdConfig::parse_named(text, "test.toml").expect("parses");
+    match c.load_security() {
+        Err(ConfigError::Invalid(ds)) => ds,
+        other => panic!("expected key errors, got {other:?}"),
+    }
+}
+
+#[test]
+fn security_loads_keys_and_psk() {
+    let dir = KeyDir::new("load");
+    let (key, public) = dir.private_key("private.key", 0o600);
+    let psk = dir.0.join("psk");
+    crate::keys::write_psk(&psk).expect("psk");
+    let c = PepdConfig::parse_named(
+        &with_security(&format!(
+            "private_key_file = {key:?}\npeer_public_key = \"{}\"\npsk_file = {psk:?}\n\
+             rekey_interval = \"30s\"\nrekey_after_packets = 5000\n",
+            peer_key()
+        )),
+        "test.toml",
+    )
+    .expect("config");
+    let loaded = c.load_security().expect("keys");
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    assert_eq!(loaded.local_public_key(), Some(public));
+    let sec = c.security().expect("keys").expect("noise");
+    assert_eq!(
+        sec.local_private_key,
+        crate::keys::read_key_file(&key).expect("key")
+    );
+    assert_eq!(
+        sec.peer_public_key,
+        pep_transport::security::public_key(&[7; 32])
+    );
+    assert_eq!(
+        sec.psk,
+        Some(crate::keys::read_key_file(&psk).expect("psk"))
+    );
+    assert_eq!(sec.rekey_interval, Duration::from_secs(30));
+    assert_eq!(sec.rekey_after_packets, 5000);
+    assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+    let want = format!(
+        "security:   noise IK (peer key {}), psk from {}; rekey every 30s or 5000 packets",
+        peer_key(),
+        psk.display()
+    );
+    assert!(c.summary().lines().any(|l| l == want), "{}", c.summary());
+}
+
+#[test]
+fn security_is_required_unless_mode_none() {
+    // No [security] at all: parsing succeeds (nft-rules needs no keys), loading names
+    // both keys without a line.
+    let c = PepdConfig::parse_named(MIN, "test.toml").expect("parses");
+    let Err(ConfigError::Invalid(p)) = c.load_security() else {
+        panic!("keys are required");
+    };
+    let keys: Vec<_> = p
+        .iter()
+        .map(|d| d.key.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        keys,
+        ["security.private_key_file", "security.peer_public_key"]
+    );
+    assert!(p.iter().all(|d| d.position == Position::Document));
+    let text = p[0].to_string();
+    assert!(
+        text.starts_with("test.toml: `security.private_key_file` is required with"),
+        "{text}"
+    );
+    assert!(text.contains("pepd genkey"), "{text}");
+    // With the section present, they point at its header.
+    let p = security_err(&with_security("rekey_interval = \"1m\"\n"));
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert!(p.iter().all(|d| d.position.line() == Some(7)), "{p:#?}");
+    // mode = "none" needs nothing and gives nothing.
+    let c = PepdConfig::parse(&with_security("mode = \"none\"\n")).expect("none");
+    assert_eq!(c.security().expect("no keys needed"), None);
+}
+
+#[test]
+fn key_file_problems_name_key_line_and_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = KeyDir::new("problems");
+    let peer = peer_key();
+    let config = |path: &std::path::Path| {
+        with_security(&format!(
+            "private_key_file = {path:?}\npeer_public_key = \"{peer}\"\n"
+        ))
+    };
+    // Missing: says how to make one.
+    let missing = dir.0.join("missing.key");
+    let p = security_err(&config(&missing));
+    assert_only(&p, "security.private_key_file", at(8));
+    assert_eq!(
+        p[0].to_string(),
+        format!(
+            "test.toml line 8: `security.private_key_file`: {0} does not exist; create it \
+             with `pepd genkey {0}`",
+            missing.display()
+        )
+    );
+    // Readable by others: refused, with the fix.
+    let (open, _) = dir.private_key("open.key", 0o644);
+    let p = security_err(&config(&open));
+    assert_only(&p, "security.private_key_file", at(8));
+    let text = p[0].to_string();
+    assert!(
+        text.contains("readable by other users (mode 0644)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("chmod 600 {}", open.display())),
+        "{text}"
+    );
+    // Not a key.
+    let garbage = dir.0.join("garbage.key");
+    std::fs::write(&garbage, "-----BEGIN PRIVATE KEY-----\n").expect("write");
+    std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let p = security_err(&config(&garbage));
+    assert_only(&p, "security.private_key_file", at(8));
+    assert!(p[0].message.contains("is not a key file"), "{}", p[0]);
+    // Group-readable: loads, with a warning naming the key.
+    let (group, _) = dir.private_key("group.key", 0o640);
+    let c = PepdConfig::parse_named(&config(&group), "test.toml").expect("config");
+    let loaded = c.load_security().expect("group-readable is allowed");
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].starts_with("test.toml line 8: `security.private_key_file`: ")
+            && loaded.warnings[0].contains("readable by its group (mode 0640)"),
+        "{:?}",
+        loaded.warnings
+    );
+    // A psk file is held to the same rules and named as such; problems are all listed.
+    let (ok, _) = dir.private_key("ok.key", 0o600);
+    let p = security_err(&with_security(&format!(
+        "private_key_file = {ok:?}\npsk_file = {:?}\npeer_public_key = \"{}\"\n",
+        dir.0.join("no.psk"),
+        crate::keys::PLACEHOLDER_PUBLIC_KEY
+    )));
+    let got: Vec<_> = p
+        .iter()
+        .map(|d| (d.key.clone().unwrap_or_default(), d.position.line()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("security.psk_file".to_owned(), at(9)),
+            ("security.peer_public_key".to_owned(), at(10)),
+        ]
+    );
+    assert!(p[0].message.contains("pepd genpsk"), "{}", p[0]);
+    assert!(p[1].message.contains("placeholder"), "{}", p[1]);
+}
+
+#[test]
+fn peer_key_must_be_base64_of_32_bytes_and_not_our_own() {
+    let p = invalid(&with_security("peer_public_key = \"abc\"\n"));
+    assert_only(&p, "security.peer_public_key", at(8));
+    assert!(p[0].message.contains("is not base64"), "{}", p[0]);
+    let short = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHg==";
+    let p = invalid(&with_security(&format!("peer_public_key = \"{short}\"\n")));
+    assert_only(&p, "security.peer_public_key", at(8));
+    assert!(
+        p[0].message.contains("decodes to 31 bytes, not 32"),
+        "{}",
+        p[0]
+    );
+    let zeros = crate::keys::encode_key(&[0; 32]);
+    let p = invalid(&with_security(&format!("peer_public_key = \"{zeros}\"\n")));
+    assert_only(&p, "security.peer_public_key", at(8));
+    let dir = KeyDir::new("own");
+    let (key, public) = dir.private_key("private.key", 0o600);
+    let p = security_err(&with_security(&format!(
+        "private_key_file = {key:?}\npeer_public_key = \"{public}\"\n"
+    )));
+    assert_only(&p, "security.peer_public_key", at(9));
+    assert!(p[0].message.contains("own public key"), "{}", p[0]);
+}
+
+#[test]
+fn security_ranges_and_paths() {
+    let p = invalid(&with_security("rekey_interval = \"999ms\"\n"));
+    assert_only(&p, "security.rekey_interval", at(8));
+    let p = invalid(&with_security("rekey_interval = \"24h 1s\"\n"));
+    assert_only(&p, "security.rekey_interval", at(8));
+    PepdConfig::parse(&with_security("rekey_interval = \"24h\"\n")).expect("upper bound");
+    let p = invalid(&with_security("rekey_after_packets = 999\n"));
+    assert_only(&p, "security.rekey_after_packets", at(8));
+    assert_one(
+        &parse_err(&with_security("rekey_after_packets = -1\n")),
+        "security.rekey_after_packets",
+        at(8),
+    );
+    let p = invalid(&with_security(
+        "private_key_file = \"private.key\"\npsk_file = \"./psk\"\n",
+    ));
+    let keys: Vec<_> = p
+        .iter()
+        .map(|d| d.key.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(keys, ["security.private_key_file", "security.psk_file"]);
+    assert!(
+        p[0].message.contains("must be an absolute path"),
+        "{}",
+        p[0]
+    );
+    assert_one(
+        &parse_err(&with_security("mode = \"tls\"\n")),
+        "security.mode",
+        at(8),
+    );
+    assert_one(
+        &parse_err(&with_security("private_key = \"x\"\n")),
+        "security.private_key",
+        at(8),
+    );
+}
+
+#[test]
+fn security_warnings() {
+    let c = PepdConfig::parse_named(
+        &with_security("mode = \"none\"\npeer_public_key = \"x\"\n").replace(
+            "peer_public_key = \"x\"",
+            &format!("peer_public_key = \"{}\"", peer_key()),
+        ),
+        "test.toml",
+    )
+    .expect("legal");
+    let w = c.warnings();
+    assert_eq!(w.len(), 2, "{w:#?}");
+    assert!(
+        w[0].starts_with("test.toml line 8: `security.mode` = \"none\" leaves the tunnel")
+            && w[0].contains("`peer.address`"),
+        "{w:?}"
+    );
+    assert!(
+        w[1].starts_with("test.toml line 9: `security.peer_public_key` has no effect"),
+        "{w:?}"
+    );
+    assert!(c
+        .summary()
+        .lines()
+        .any(|l| l.starts_with("security:   none")));
+    let c = PepdConfig::parse_named(&with_security("rekey_interval = \"5s\"\n"), "test.toml")
+        .expect("legal");
+    let w = c.warnings();
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert!(
+        w[0].starts_with("test.toml line 8: `security.rekey_interval` (5s) is below 10s"),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn example_configs_name_the_installed_key_and_a_placeholder() {
+    for text in [TERMINAL, HUB] {
+        let c = PepdConfig::parse(text).expect("example");
+        let sec = &c.security;
+        assert_eq!(sec.mode, SecurityMode::Noise);
+        assert_eq!(
+            sec.private_key_file.as_deref(),
+            Some(std::path::Path::new("/etc/pepd/private.key"))
+        );
+        assert_eq!(
+            sec.peer_public_key.as_deref(),
+            Some(crate::keys::PLACEHOLDER_PUBLIC_KEY)
+        );
+        assert_eq!(
+            (sec.rekey_interval, sec.rekey_after_packets),
+            (DEFAULT_REKEY_INTERVAL, DEFAULT_REKEY_AFTER_PACKETS)
+        );
+    }
 }

@@ -25,6 +25,11 @@ const MIN_FLOW_BUFFER: u64 = 64 << 10;
 const MAX_FLOW_BUFFER: u64 = 1 << 30;
 const MIN_MEMORY_BUDGET: u64 = 1 << 20;
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Short enough for tests to watch several rekeys; below 10 s is warned about.
+const MIN_REKEY_INTERVAL: Duration = Duration::from_secs(1);
+const MAX_REKEY_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+/// Fewer packets per key would spend a good part of the link on handshakes.
+const MIN_REKEY_PACKETS: u64 = 1000;
 
 struct Checker<'a> {
     map: &'a SourceMap,
@@ -64,6 +69,7 @@ impl PepdConfig {
         self.check_transport(&mut c);
         self.check_limits(&mut c);
         self.check_timeouts(&mut c);
+        self.check_security(&mut c);
         if c.found.is_empty() {
             // Ours are stricter; this catches a rule the transport gains later.
             if let Err(e) = self.transport().validate() {
@@ -390,6 +396,62 @@ impl PepdConfig {
             "timeouts.connect",
             format!("must be at least 100ms, not {}", ms(connect)),
         );
+    }
+}
+
+impl PepdConfig {
+    /// The settings that need no file: ranges, the peer's key, path forms. Key files are
+    /// read, and required keys insisted on, by `security()`, so a config can be checked for
+    /// everything else (e.g. by `pepd nft-rules`) on a host that holds no keys.
+    fn check_security(&self, c: &mut Checker<'_>) {
+        let s = &self.security;
+        c.check(
+            (MIN_REKEY_INTERVAL..=MAX_REKEY_INTERVAL).contains(&s.rekey_interval),
+            "security.rekey_interval",
+            format!("must be 1s to 24h, not {}", ms(s.rekey_interval)),
+        );
+        c.check(
+            s.rekey_after_packets >= MIN_REKEY_PACKETS,
+            "security.rekey_after_packets",
+            format!(
+                "must be at least {MIN_REKEY_PACKETS}, not {}",
+                s.rekey_after_packets
+            ),
+        );
+        if let Some(key) = &s.peer_public_key {
+            match crate::keys::decode_key(key) {
+                Ok(k) if k == [0; crate::keys::KEY_LEN] => c.fail(
+                    "security.peer_public_key",
+                    "is all zeros, which is no one's public key; use the output of `pepd \
+                     pubkey` on the other gateway",
+                ),
+                Ok(_) => {}
+                Err(why) => c.fail(
+                    "security.peer_public_key",
+                    format!(
+                        "{why}; expected base64 of a 32-byte key, as `pepd pubkey` prints on the \
+                         other gateway"
+                    ),
+                ),
+            }
+        }
+        for (key, path) in [
+            ("security.private_key_file", &s.private_key_file),
+            ("security.psk_file", &s.psk_file),
+        ] {
+            if let Some(path) = path {
+                // Relative paths would be resolved against whatever directory pepd or
+                // check-config happens to run in, which differ.
+                c.check(
+                    path.is_absolute(),
+                    key,
+                    format!(
+                        "must be an absolute path, not {:?}",
+                        path.display().to_string()
+                    ),
+                );
+            }
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! `pep-testbed`: build the satellite testbed, move verified traffic through it, run scenarios.
 
+mod demo;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -120,6 +122,9 @@ enum Cmd {
         #[command(flatten)]
         pepd: PepdArgs,
     },
+    /// Plain TCP against pepd on an emulated GEO link: downloads and a page load, timed
+    /// side by side (table on stdout, demo.json and demo.svg in --out).
+    Demo(demo::DemoArgs),
     /// A stand-in for pepd that relays intercepted TCP over the routed path (tests the
     /// testbed's interception plumbing): `fake-pepd run -c FILE`.
     #[command(hide = true)]
@@ -254,6 +259,7 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             }
         }
+        Cmd::Demo(args) => demo::run(&args)?,
         Cmd::FakePepd { args } => pep_testbed::fakepepd::main(&args)?,
     }
     Ok(())

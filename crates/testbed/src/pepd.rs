@@ -179,6 +179,92 @@ pub struct PepdOptions {
     pub interception: Interception,
     /// How long both gateways get to report the association; default 10 s + 4 RTT.
     pub ready_timeout: Option<Duration>,
+    /// The tunnel's security; `$PEPTB_SECURITY` (`noise`, `none`) overrides the default.
+    pub security: TunnelSecurity,
+    /// Start without waiting for the association (for gateways that must not associate).
+    pub skip_association_wait: bool,
+}
+
+/// How the testbed keys the two gateways.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TunnelSecurity {
+    /// Noise with a fresh key pair per gateway, each naming the other's public key.
+    #[default]
+    Noise,
+    /// Noise, but the hub expects a public key the terminal does not hold.
+    NoiseWrongPeerKey,
+    /// `security.mode = "none"`.
+    None,
+}
+
+/// Environment variable that picks the tunnel security when the options leave the default.
+pub const SECURITY_ENV: &str = "PEPTB_SECURITY";
+
+impl TunnelSecurity {
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        match s {
+            "noise" => Ok(TunnelSecurity::Noise),
+            "none" => Ok(TunnelSecurity::None),
+            other => Err(Error::Invalid(format!(
+                "tunnel security {other:?}: expected \"noise\" or \"none\""
+            ))),
+        }
+    }
+
+    fn effective(self) -> Result<Self, Error> {
+        match (self, std::env::var(SECURITY_ENV)) {
+            (TunnelSecurity::Noise, Ok(v)) => TunnelSecurity::parse(&v),
+            (s, _) => Ok(s),
+        }
+    }
+}
+
+fn random_key() -> Result<[u8; 32], Error> {
+    let mut k = [0u8; 32];
+    getrandom::fill(&mut k).map_err(|e| Error::Invalid(format!("no OS randomness: {e}")))?;
+    Ok(k)
+}
+
+/// Writes a fresh private key for each gateway (mode 0600, as `pepd genkey` does) and
+/// returns the `[security]` TOML for each side.
+fn security_toml(dir: &Path, security: TunnelSecurity) -> Result<[String; 2], Error> {
+    use pep_transport::security::{private_key_from_random, public_key};
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if security == TunnelSecurity::None {
+        let none = "[security]\nmode = \"none\"\n".to_owned();
+        return Ok([none.clone(), none]);
+    }
+    let b64 = |k: &[u8; 32]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, k);
+    let mut files = Vec::new();
+    let mut publics = Vec::new();
+    for side in Side::BOTH {
+        let private = private_key_from_random(random_key()?);
+        let path = dir.join(format!("{}.key", side.gateway()));
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        writeln!(f, "{}", b64(&private))?;
+        files.push(path);
+        publics.push(public_key(&private));
+    }
+    if security == TunnelSecurity::NoiseWrongPeerKey {
+        publics[Side::Terminal.index()] = public_key(&private_key_from_random(random_key()?));
+    }
+    let toml_for = |side: Side| {
+        let peer = match side {
+            Side::Terminal => Side::Hub,
+            Side::Hub => Side::Terminal,
+        };
+        format!(
+            "[security]\nprivate_key_file = {:?}\npeer_public_key = {:?}\n",
+            files[side.index()].display().to_string(),
+            b64(&publics[peer.index()])
+        )
+    };
+    Ok([toml_for(Side::Terminal), toml_for(Side::Hub)])
 }
 
 impl PepdOptions {
@@ -499,13 +585,19 @@ impl Gateways {
             Interception::Testbed => "",
             Interception::Pepd => PEPD_RULES_TOML,
         };
+        let security = security_toml(&g.dir, opts.security.effective()?)?;
         for side in Side::BOTH {
             let ns = side.namespace(names).to_owned();
             let text = config_toml(
                 side,
                 link,
                 &level,
-                &[rules_base, &opts.extra_toml, opts.side_toml(side)],
+                &[
+                    rules_base,
+                    &security[side.index()],
+                    &opts.extra_toml,
+                    opts.side_toml(side),
+                ],
             )?;
             let config = g.dir.join(format!("{}.toml", side.gateway()));
             fs::write(&config, text)?;
@@ -541,7 +633,9 @@ impl Gateways {
         let deadline = Instant::now() + g.ready_timeout;
         for (side, t) in Side::BOTH.into_iter().zip(since) {
             g.wait_for(side, READY, t, deadline)?;
-            g.wait_for(side, ASSOCIATION_ESTABLISHED, t, deadline)?;
+            if !opts.skip_association_wait {
+                g.wait_for(side, ASSOCIATION_ESTABLISHED, t, deadline)?;
+            }
         }
         Ok(g)
     }

@@ -201,7 +201,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(key: &'static str, why: &'static str) -> Self {
+    pub(crate) fn new(key: &'static str, why: &'static str) -> Self {
         ConfigError { key, why }
     }
 }

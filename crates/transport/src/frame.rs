@@ -4,6 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 
 use crate::codec::{expand_truncated, put_uint, put_varint, varint_len, DecodeError, Reader};
+use crate::packet::ShortHeader;
 
 pub const TYPE_PADDING: u8 = 0x00;
 pub const TYPE_PING: u8 = 0x01;
@@ -273,6 +274,33 @@ impl Frame<'_> {
             data: r.rest(),
         })
     }
+}
+
+/// Decodes a short packet's whole (already unprotected) payload with the receive path's
+/// rules: an implicit-data header means the payload is that one DATA frame; otherwise at
+/// least one frame, each complete. Everything is parsed before anything is applied, so a
+/// packet that fails here changes no state. Public so fuzzers and tests reach exactly the
+/// parser hostile datagrams reach.
+pub fn decode_payload<'a>(
+    payload: &'a [u8],
+    header: &ShortHeader,
+) -> Result<Vec<Frame<'a>>, DecodeError> {
+    let mut r = Reader::new(payload);
+    if let Some(d) = header.implicit_data {
+        return Ok(vec![Frame::decode_implicit_data(
+            &mut r,
+            d.fin,
+            d.offset_len,
+        )?]);
+    }
+    let mut frames = Vec::new();
+    while !r.is_empty() {
+        frames.push(Frame::decode(&mut r)?);
+    }
+    if frames.is_empty() {
+        return Err(DecodeError::Invalid("empty packet"));
+    }
+    Ok(frames)
 }
 
 fn decode_ack(r: &mut Reader<'_>) -> Result<AckFrame, DecodeError> {

@@ -15,8 +15,8 @@ pub mod frame;
 pub mod loss;
 mod pacer;
 pub mod packet;
-pub mod protection;
 pub mod range_set;
+pub mod security;
 mod rtt;
 mod sent;
 pub mod stats;
@@ -27,7 +27,7 @@ pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, VegasParams}
 pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};
 pub use loss::LossCounts;
-pub use stats::Stats;
+pub use stats::{SecurityCounts, Stats};
 
 /// Version carried in HELLO; peers with another version do not associate.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -2,11 +2,16 @@
 //! long header carries the association handshake (HELLO). Layout: docs/PROTOCOL.md.
 
 use crate::codec::{put_uint, put_varint, DecodeError, Reader};
+use crate::frame::{decode_payload, Frame};
 
 /// First-byte flag: long header (handshake) when set.
 pub const LONG_HEADER_BIT: u8 = 0x80;
-/// Long-header packet type: HELLO.
+/// Long-header packet type: HELLO (only when security is off).
 pub const LONG_TYPE_HELLO: u8 = 0x01;
+/// Long-header packet type: Noise handshake initiation (security on).
+pub const LONG_TYPE_HANDSHAKE_INIT: u8 = 0x02;
+/// Long-header packet type: Noise handshake reply (security on).
+pub const LONG_TYPE_HANDSHAKE_REPLY: u8 = 0x03;
 
 const PN_LEN_SHIFT: u8 = 5;
 const PN_LEN_MASK: u8 = 0x60;
@@ -141,6 +146,9 @@ impl Hello {
 pub enum Header {
     Short(ShortHeader),
     Hello(Hello),
+    /// A Noise handshake message follows (`r` is left at the version field).
+    HandshakeInit,
+    HandshakeReply,
 }
 
 /// Parses the header at the start of `datagram`; `r` is left at the payload.
@@ -151,8 +159,24 @@ pub fn decode_header(r: &mut Reader<'_>) -> Result<Header, DecodeError> {
     }
     match first & !LONG_HEADER_BIT {
         LONG_TYPE_HELLO => Hello::decode(r).map(Header::Hello),
+        LONG_TYPE_HANDSHAKE_INIT => Ok(Header::HandshakeInit),
+        LONG_TYPE_HANDSHAKE_REPLY => Ok(Header::HandshakeReply),
         _ => Err(DecodeError::Invalid("unknown long header type")),
     }
+}
+
+/// Decodes a whole datagram sent without packet protection (`security = "none"`): its
+/// header and, for a short packet, every frame of its payload. A HELLO carries no frames.
+/// This is the decoding `Association::handle_datagram` does before it touches any state,
+/// exposed so fuzzers and property tests can drive it directly.
+pub fn parse_packet(datagram: &[u8]) -> Result<(Header, Vec<Frame<'_>>), DecodeError> {
+    let mut r = Reader::new(datagram);
+    let header = decode_header(&mut r)?;
+    let frames = match &header {
+        Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply => Vec::new(),
+        Header::Short(s) => decode_payload(r.rest(), s)?,
+    };
+    Ok((header, frames))
 }
 
 #[cfg(test)]
@@ -209,6 +233,28 @@ mod tests {
         out.clear();
         zero.encode(&mut out);
         assert!(decode_header(&mut Reader::new(&out)).is_err());
+    }
+
+    #[test]
+    fn parse_packet_decodes_header_and_every_frame() {
+        let h = ShortHeader {
+            pn_truncated: 7,
+            pn_len: 2,
+            key_phase: false,
+            implicit_data: None,
+        };
+        let mut out = Vec::new();
+        h.encode(&mut out);
+        // A header alone is an empty packet, which the receive path drops.
+        assert!(parse_packet(&out).is_err());
+        crate::frame::encode_ping(&mut out);
+        crate::frame::encode_assoc_credit(&mut out, 99);
+        let (header, frames) = parse_packet(&out).unwrap();
+        assert_eq!(header, Header::Short(h));
+        assert_eq!(
+            frames,
+            vec![Frame::Ping, Frame::AssocCredit { max_bytes: 99 }]
+        );
     }
 
     #[test]

@@ -46,4 +46,47 @@ pub struct Stats {
     pub unassociated_dropped: u64,
     pub duplicates_dropped: u64,
     pub protocol_violations: u64,
+    /// Datagrams the security layer dropped, by reason.
+    pub security: SecurityCounts,
+    /// Noise handshakes completed (association starts and rekeys).
+    pub handshakes_completed: u64,
+    /// Key changes within a running association.
+    pub rekeys: u64,
+}
+
+/// Datagrams dropped by the security layer. None of them gets a reply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SecurityCounts {
+    /// Failed authentication, or no key to open it with.
+    pub unauthenticated: u64,
+    /// Authenticated before, or older than the replay window.
+    pub replayed: u64,
+    /// A plaintext HELLO while security is on, or a handshake while it is off.
+    pub wrong_mode: u64,
+    /// A handshake message that did not verify or parse.
+    pub handshake_invalid: u64,
+    /// A valid handshake from a static key other than the configured peer's.
+    pub handshake_unknown_peer: u64,
+    /// Handshake initiations over the processing rate limit.
+    pub handshake_rate_limited: u64,
+    /// A handshake initiation seen before (same ephemeral key).
+    pub handshake_replayed: u64,
+    /// Sends refused because the packet number was already used under the current key
+    /// (never expected; a guard against nonce reuse).
+    pub nonce_refused: u64,
+}
+
+impl SecurityCounts {
+    /// Each reason with its metric label, for exporters.
+    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
+        [
+            ("unauthenticated", self.unauthenticated),
+            ("replayed", self.replayed),
+            ("wrong_mode", self.wrong_mode),
+            ("handshake_invalid", self.handshake_invalid),
+            ("handshake_unknown_peer", self.handshake_unknown_peer),
+            ("handshake_rate_limited", self.handshake_rate_limited),
+            ("handshake_replayed", self.handshake_replayed),
+        ]
+    }
 }

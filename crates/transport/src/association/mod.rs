@@ -19,7 +19,7 @@ use crate::frame::{self, AckFrame, FlowMeta, Frame, ResetReason};
 use crate::loss::LossClassifier;
 use crate::pacer::Pacer;
 use crate::packet::{decode_header, Header, Hello, HelloParams, ImplicitData, ShortHeader};
-use crate::protection::{NullProtection, PacketProtection};
+use crate::security::{Security, SecurityConfig};
 use crate::range_set::RangeSet;
 use crate::rtt::RttEstimator;
 use crate::sent::{SentFrame, SentPacket, SentPackets};
@@ -149,9 +149,10 @@ pub struct Association {
     hello_due: Option<Instant>,
     hello_echo_sent: u64,
     hello_reply_needed: bool,
-    /// A CLOSE to send, numbered in the packet-number space of the association it ends.
-    close_pending: Option<(u64, u8, String)>,
-    protection: Box<dyn PacketProtection>,
+    /// A CLOSE to send, sealed in the packet-number space and keys of the association it ends.
+    close_pending: Option<Vec<u8>>,
+    /// Noise authentication and packet keys; `None` when security is off.
+    security: Option<Box<Security>>,
 
     // Sending.
     next_pn: u64,
@@ -224,16 +225,39 @@ impl std::fmt::Debug for Association {
 
 impl Association {
     /// `epoch`: a random non-zero number chosen by the caller for this start of the gateway.
+    /// An association without security: plaintext HELLO, no packet protection. Only for
+    /// links already protected below us.
     pub fn new(cfg: Config, role: Role, epoch: u64, now: Instant) -> Result<Self, ConfigError> {
-        Self::with_protection(cfg, role, epoch, now, Box::new(NullProtection))
+        Self::build(cfg, role, epoch, now, None)
     }
 
-    pub fn with_protection(
+    /// An association that authenticates the peer with a Noise IK handshake and protects
+    /// every packet. `rng_seed`: 32 random bytes from the caller, the source of every
+    /// ephemeral key (the core reads no entropy of its own).
+    pub fn new_secure(
         cfg: Config,
         role: Role,
         epoch: u64,
         now: Instant,
-        protection: Box<dyn PacketProtection>,
+        security: SecurityConfig,
+        rng_seed: [u8; 32],
+    ) -> Result<Self, ConfigError> {
+        if security.rekey_after_packets == 0 || security.rekey_interval.is_zero() {
+            return Err(ConfigError::new(
+                "security.rekey",
+                "rekey interval and packet count must be positive",
+            ));
+        }
+        let sec = Security::new(security, rng_seed);
+        Self::build(cfg, role, epoch, now, Some(Box::new(sec)))
+    }
+
+    fn build(
+        cfg: Config,
+        role: Role,
+        epoch: u64,
+        now: Instant,
+        security: Option<Box<Security>>,
     ) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let epoch = epoch.max(1);
@@ -254,7 +278,7 @@ impl Association {
             hello_echo_sent: 0,
             hello_reply_needed: false,
             close_pending: None,
-            protection,
+            security,
             next_pn: 0,
             sent: SentPackets::default(),
             largest_acked: None,
@@ -493,12 +517,50 @@ impl Association {
     /// Ends the association now: every flow is reset, a new epoch is taken and the peer is
     /// told with one best-effort CLOSE (if it is lost, our next HELLO's new epoch tells it).
     pub fn close(&mut self, code: u8, reason: &str) {
-        let old_pn = self.next_pn;
-        let was_established = self.established;
+        // Sealed now: the restart below forgets the keys and packet numbers it needs.
+        let datagram = if self.established {
+            self.sealed_close(code, reason)
+        } else {
+            None
+        };
         self.restart_association(ResetReason::Aborted);
         self.local_epoch = self.local_epoch.wrapping_add(1).max(1);
-        if was_established {
-            self.close_pending = Some((old_pn, code, reason.to_owned()));
+        self.close_pending = datagram;
+    }
+
+    /// Whether this association authenticates its peer and protects its packets.
+    pub fn is_secure(&self) -> bool {
+        self.security.is_some()
+    }
+
+    /// Bytes protection adds to each short packet.
+    pub(super) fn tag_len(&self) -> usize {
+        if self.security.is_some() {
+            crate::security::TAG_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Whether packet number `pn` may go out now (under security: never twice per key).
+    pub(super) fn may_seal(&mut self, pn: u64) -> bool {
+        match &self.security {
+            None => true,
+            Some(s) if s.may_seal(pn) => true,
+            Some(_) => {
+                self.stats.security.nonce_refused += 1;
+                false
+            }
+        }
+    }
+
+    pub(super) fn key_phase(&self) -> bool {
+        self.security.as_ref().is_some_and(|s| s.key_phase())
+    }
+
+    pub(super) fn seal(&mut self, pn: u64, header_len: usize, out: &mut Vec<u8>) {
+        if let Some(s) = self.security.as_mut() {
+            s.seal(pn, header_len, out);
         }
     }
 }

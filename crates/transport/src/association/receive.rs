@@ -1,9 +1,11 @@
 //! Input: datagrams, the handshake, and the frames they carry.
 
 use super::*;
+use crate::security::InitiationRead;
 
 impl Association {
-    /// Processes one received datagram. Anything malformed is dropped and counted.
+    /// Processes one received datagram. Anything malformed, unauthenticated or replayed is
+    /// dropped and counted, never answered.
     pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
         self.last_input = self.last_input.max(now);
         let mut r = Reader::new(datagram);
@@ -14,40 +16,96 @@ impl Association {
                 return;
             }
         };
+        let secure = self.security.is_some();
         let short = match header {
-            Header::Hello(h) => return self.on_hello(h),
             Header::Short(s) => s,
+            Header::Hello(h) if !secure => return self.on_hello(h),
+            Header::HandshakeInit if secure => return self.on_handshake_init(now, datagram),
+            Header::HandshakeReply if secure => return self.on_handshake_reply(now, datagram),
+            Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply => {
+                self.stats.security.wrong_mode += 1;
+                return;
+            }
         };
+        let mut rx = std::mem::take(&mut self.rx_buf);
+        rx.clear();
+        rx.extend_from_slice(datagram);
+        let opened = if secure {
+            self.open_secure(now, &short, &mut rx)
+        } else {
+            self.open_plain(&short, &rx)
+        };
+        if let Some((pn, payload_len)) = opened {
+            let header_len = short.encoded_len();
+            self.on_packet(now, pn, short, &rx[header_len..header_len + payload_len], datagram.len());
+        }
+        self.rx_buf = rx;
+    }
+
+    /// The packet number of a short packet without protection, if it is to be processed.
+    fn open_plain(&mut self, short: &ShortHeader, rx: &[u8]) -> Option<(u64, usize)> {
         if self.peer_epoch.is_none() {
             self.stats.unassociated_dropped += 1;
             // A peer that still thinks we are associated needs our HELLO to notice.
             self.hello_reply_needed = true;
-            return;
+            return None;
         }
         let expected = self.acks.largest().map_or(0, |l| l + 1);
         let pn = expand_truncated(short.pn_truncated, short.pn_len, expected);
         if self.acks.is_duplicate(pn) {
             self.stats.duplicates_dropped += 1;
-            return;
+            return None;
         }
-        let header_len = short.encoded_len();
-        let mut rx = std::mem::take(&mut self.rx_buf);
-        rx.clear();
-        rx.extend_from_slice(datagram);
-        let payload_len = match self.protection.open(pn, header_len, &mut rx) {
-            Ok(n) => n,
-            Err(_) => {
-                self.stats.malformed_dropped += 1;
-                self.rx_buf = rx;
-                return;
+        Some((pn, rx.len() - short.encoded_len()))
+    }
+
+    /// Authenticates and decrypts a short packet in place; a packet under the keys of our
+    /// pending reply confirms the handshake and puts them in use first.
+    fn open_secure(
+        &mut self,
+        now: Instant,
+        short: &ShortHeader,
+        rx: &mut [u8],
+    ) -> Option<(u64, usize)> {
+        let expected = self.acks.largest().map_or(0, |l| l + 1);
+        let sec = self.security.as_mut()?;
+        let opened = match sec.open(short, expected, rx) {
+            Ok(o) => o,
+            Err(drop) => {
+                drop.count(&mut self.stats.security);
+                return None;
             }
         };
-        let parsed = parse_frames(&rx[header_len..header_len + payload_len], short);
-        match parsed {
+        if let Some(reply) = opened.confirmed {
+            let h = reply.peer_hello;
+            let rekey = self.established && self.peer_epoch == Some(h.epoch);
+            if !rekey {
+                self.apply_peer_hello(h);
+            }
+            let keys = reply.into_keys();
+            if let Some(sec) = self.security.as_mut() {
+                sec.install(keys, short.key_phase, rekey, now, self.next_pn);
+                sec.record(opened.pn);
+            }
+            self.on_handshake_complete(rekey);
+        }
+        Some((opened.pn, opened.payload_len))
+    }
+
+    /// Frames of a packet that passed protection and duplicate checks.
+    fn on_packet(
+        &mut self,
+        now: Instant,
+        pn: u64,
+        short: ShortHeader,
+        payload: &[u8],
+        datagram_len: usize,
+    ) {
+        match parse_frames(payload, short) {
             Ok(frames) => {
                 self.stats.packets_received += 1;
                 self.stats.wire_bytes_received +=
-                    (datagram.len() + self.cfg.wire_overhead - self.protection.tag_len()) as u64;
+                    (datagram_len + self.cfg.wire_overhead - self.tag_len()) as u64;
                 if !self.established {
                     // Only a peer that knows our epoch sends short packets.
                     self.set_established();
@@ -71,7 +129,100 @@ impl Association {
             }
             Err(_) => self.stats.malformed_dropped += 1,
         }
-        self.rx_buf = rx;
+    }
+
+    /// A peer's Noise initiation: answered if it authenticates, whatever our state.
+    fn on_handshake_init(&mut self, now: Instant, datagram: &[u8]) {
+        let Some(sec) = self.security.as_mut() else {
+            return;
+        };
+        let (responder, ephemeral, hello) = match sec.read_initiation(now, datagram) {
+            InitiationRead::Answer {
+                responder,
+                ephemeral,
+                hello,
+            } => (responder, ephemeral, hello),
+            InitiationRead::Repeated | InitiationRead::Collision => return,
+            InitiationRead::Dropped(d) => {
+                d.count(&mut self.stats.security);
+                return;
+            }
+        };
+        let Some(h) = self.authenticated_hello(&hello) else {
+            return;
+        };
+        // Epochs grow with every start (the daemon takes them from the clock), so an
+        // authenticated initiation with a greater epoch than the one we hold is the peer
+        // having restarted, not a replay: drop the old association now rather than a round
+        // trip later at confirmation, so no new flow starts in it. A smaller new epoch
+        // (a clock stepped back) waits for the confirmation instead.
+        if self.established && self.peer_epoch.is_some_and(|p| h.epoch > p) {
+            self.apply_peer_hello(h);
+        }
+        let rekey = self.established && self.peer_epoch == Some(h.epoch);
+        let mut ours = self.local_hello();
+        ours.echo = h.epoch;
+        let mut encoded = Vec::new();
+        ours.encode(&mut encoded);
+        let Some(sec) = self.security.as_mut() else {
+            return;
+        };
+        if let Err(d) = sec.answer(now, responder, ephemeral, &encoded, h, !rekey) {
+            d.count(&mut self.stats.security);
+        }
+    }
+
+    /// The reply to our initiation: the peer is authenticated and the keys are ready.
+    fn on_handshake_reply(&mut self, now: Instant, datagram: &[u8]) {
+        let Some(sec) = self.security.as_mut() else {
+            return;
+        };
+        let (hello, keys) = match sec.read_reply(now, datagram) {
+            Ok(r) => r,
+            Err(d) => {
+                d.count(&mut self.stats.security);
+                return;
+            }
+        };
+        let Some(h) = self.authenticated_hello(&hello) else {
+            return;
+        };
+        let rekey = self.established && self.peer_epoch == Some(h.epoch);
+        if !rekey {
+            self.apply_peer_hello(h);
+        }
+        let next_pn = self.next_pn;
+        if let Some(sec) = self.security.as_mut() {
+            let phase = if rekey { sec.next_phase() } else { false };
+            sec.install(keys, phase, rekey, now, next_pn);
+        }
+        self.on_handshake_complete(rekey);
+        // The responder uses the keys once it sees them in use: confirm at once.
+        self.probes_pending = self.probes_pending.max(1);
+    }
+
+    /// The HELLO a handshake message carried, if it is one we can associate with.
+    fn authenticated_hello(&mut self, encoded: &[u8]) -> Option<Hello> {
+        let h = match decode_header(&mut Reader::new(encoded)) {
+            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => h,
+            _ => {
+                self.stats.security.handshake_invalid += 1;
+                return None;
+            }
+        };
+        if self.retired_peer_epochs.contains(&h.epoch) {
+            self.stats.security.handshake_replayed += 1;
+            return None;
+        }
+        Some(h)
+    }
+
+    fn on_handshake_complete(&mut self, rekey: bool) {
+        self.stats.handshakes_completed += 1;
+        if rekey {
+            self.stats.rekeys += 1;
+        }
+        self.set_established();
     }
 
     pub(super) fn on_hello(&mut self, h: Hello) {
@@ -84,6 +235,21 @@ impl Association {
             self.stats.malformed_dropped += 1;
             return;
         }
+        self.apply_peer_hello(h);
+        if h.echo == self.local_epoch {
+            self.set_established();
+        }
+        // A peer that is not established is waiting for our echo; answer every such HELLO
+        // (ours may have been lost). Established peers' HELLOs need no answer unless they
+        // lack our epoch, so replies never ping-pong.
+        if !h.established || h.echo != self.local_epoch || self.hello_echo_sent != h.epoch {
+            self.hello_reply_needed = true;
+        }
+    }
+
+    /// Takes the peer's epoch and parameters; a new epoch means the peer restarted and
+    /// every flow of the old association is reset.
+    pub(super) fn apply_peer_hello(&mut self, h: Hello) {
         match self.peer_epoch {
             Some(p) if p != h.epoch => {
                 self.restart_association(ResetReason::PeerRestart);
@@ -104,15 +270,6 @@ impl Association {
             initial_assoc_window: h.params.initial_assoc_window,
             max_ack_delay_us: h.params.max_ack_delay_us,
         });
-        if h.echo == self.local_epoch {
-            self.set_established();
-        }
-        // A peer that is not established is waiting for our echo; answer every such HELLO
-        // (ours may have been lost). Established peers' HELLOs need no answer unless they
-        // lack our epoch, so replies never ping-pong.
-        if !h.established || h.echo != self.local_epoch || self.hello_echo_sent != h.epoch {
-            self.hello_reply_needed = true;
-        }
     }
 
     pub(super) fn set_established(&mut self) {
@@ -178,6 +335,9 @@ impl Association {
         self.assoc_limit_advertised = self.cfg.assoc_window;
         self.assoc_credit_pending = false;
         self.orphan_resets.clear();
+        if let Some(sec) = self.security.as_mut() {
+            sec.reset_session();
+        }
     }
 
     pub(super) fn on_frame(&mut self, now: Instant, f: Frame<'_>) {

@@ -296,6 +296,12 @@ impl Association {
                 self.hello_due
             });
         }
+        if let Some(sec) = &self.security {
+            consider(sec.deadline(self.established));
+            if sec.has_outbox() {
+                consider(Some(self.last_input));
+            }
+        }
         consider(self.loss_time);
         consider(self.pto_deadline());
         if self.probes_pending == 0 {

@@ -93,42 +93,27 @@ impl Association {
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         self.last_input = self.last_input.max(now);
         out.clear();
-        if let Some((pn, code, reason)) = self.close_pending.take() {
-            let header = ShortHeader {
-                pn_truncated: pn & mask(4),
-                pn_len: 4,
-                key_phase: false,
-                implicit_data: None,
-            };
-            header.encode(out);
-            frame::encode_close(out, code, &reason);
-            self.protection.seal(pn, header.encoded_len(), out);
-            self.stats.packets_sent += 1;
-            self.stats.wire_bytes_sent += (out.len() + self.cfg.wire_overhead) as u64;
+        if let Some(datagram) = self.close_pending.take() {
+            out.extend_from_slice(&datagram);
+            self.count_sent_unpaced(out.len());
             return true;
         }
-        if self.hello_reply_needed
+        if self.security.is_some() {
+            if self.poll_handshake(now, out) {
+                self.count_sent_unpaced(out.len());
+                return true;
+            }
+        } else if self.hello_reply_needed
             || (!self.established && self.hello_due.is_some_and(|t| t <= now))
         {
-            let hello = Hello {
-                version: PROTOCOL_VERSION,
-                established: self.established,
-                epoch: self.local_epoch,
-                echo: self.peer_epoch.unwrap_or(0),
-                params: HelloParams {
-                    initial_flow_window: self.cfg.flow_window,
-                    initial_assoc_window: self.cfg.assoc_window,
-                    max_ack_delay_us: self.cfg.ack.max_delay.as_micros() as u64,
-                },
-            };
+            let hello = self.local_hello();
             hello.encode(out);
             self.hello_echo_sent = hello.echo;
             self.hello_reply_needed = false;
             if !self.established {
                 self.hello_due = Some(now + self.cfg.hello_interval);
             }
-            self.stats.packets_sent += 1;
-            self.stats.wire_bytes_sent += (out.len() + self.cfg.wire_overhead) as u64;
+            self.count_sent_unpaced(out.len());
             return true;
         }
         if !self.established || self.pacer.delay_until(now).is_some() {
@@ -141,14 +126,98 @@ impl Association {
         self.build_packet(now, out)
     }
 
+    fn count_sent_unpaced(&mut self, len: usize) {
+        self.stats.packets_sent += 1;
+        self.stats.wire_bytes_sent += (len + self.cfg.wire_overhead) as u64;
+    }
+
+    /// Our HELLO as it stands: our epoch, the peer epoch we know, our parameters.
+    pub(super) fn local_hello(&self) -> Hello {
+        Hello {
+            version: PROTOCOL_VERSION,
+            established: self.established,
+            epoch: self.local_epoch,
+            echo: self.peer_epoch.unwrap_or(0),
+            params: HelloParams {
+                initial_flow_window: self.cfg.flow_window,
+                initial_assoc_window: self.cfg.assoc_window,
+                max_ack_delay_us: self.cfg.ack.max_delay.as_micros() as u64,
+            },
+        }
+    }
+
+    /// A Noise handshake datagram, if one is due: a queued reply first, then our
+    /// initiation (at start, while not established; later, to rekey).
+    fn poll_handshake(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        let next_pn = self.next_pn;
+        let established = self.established;
+        let start_due = !established && self.hello_due.is_some_and(|t| t <= now);
+        // A lost rekey initiation is repeated once a reply could have come back.
+        let retransmit_after = if established {
+            self.cfg.hello_interval.max(self.rtt.smoothed() * 2)
+        } else {
+            self.cfg.hello_interval
+        };
+        let hello = self.local_hello();
+        let Some(sec) = self.security.as_mut() else {
+            return false;
+        };
+        if let Some(d) = sec.take_outbox() {
+            out.extend_from_slice(&d);
+            return true;
+        }
+        let due = if established {
+            sec.rekey_due(now, next_pn)
+        } else {
+            start_due && !sec.awaiting_confirmation(now, self.cfg.hello_interval * 3)
+        };
+        if !due {
+            return false;
+        }
+        let Some(d) = sec.initiation(now, retransmit_after, || {
+            let mut h = Vec::new();
+            hello.encode(&mut h);
+            h
+        }) else {
+            return false;
+        };
+        out.extend_from_slice(&d);
+        if !established {
+            self.hello_due = Some(now + self.cfg.hello_interval);
+        }
+        true
+    }
+
+    /// The CLOSE of the current association, sealed under its keys.
+    pub(super) fn sealed_close(&mut self, code: u8, reason: &str) -> Option<Vec<u8>> {
+        let pn = self.next_pn;
+        if !self.may_seal(pn) {
+            return None;
+        }
+        let header = ShortHeader {
+            pn_truncated: pn & mask(4),
+            pn_len: 4,
+            key_phase: self.key_phase(),
+            implicit_data: None,
+        };
+        let mut out = Vec::new();
+        header.encode(&mut out);
+        frame::encode_close(&mut out, code, reason);
+        self.seal(pn, header.encoded_len(), &mut out);
+        Some(out)
+    }
+
     pub(super) fn build_packet(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         let pn = self.next_pn;
+        if !self.may_seal(pn) {
+            return false;
+        }
         let unacked = pn - self.largest_acked.map_or(0, |l| l + 1) + 1;
         // Never fewer than 2 bytes: a 1-byte number is misread after reordering by more than
         // 128 packets (an ACK-only sender is never acknowledged, so the span rule alone
         // would allow it).
         let pn_len = truncation_len(unacked, 4).max(MIN_PN_LEN);
-        let budget = self.cfg.max_datagram() - 1 - pn_len - self.protection.tag_len();
+        let budget = self.cfg.max_datagram() - 1 - pn_len - self.tag_len();
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
         let mut frames: Vec<SentFrame> = Vec::new();
@@ -229,16 +298,16 @@ impl Association {
         let header = ShortHeader {
             pn_truncated: pn & mask(pn_len),
             pn_len,
-            key_phase: false,
+            key_phase: self.key_phase(),
             implicit_data,
         };
         header.encode(out);
         out.extend_from_slice(&payload);
         self.payload = payload;
-        self.protection.seal(pn, header.encoded_len(), out);
+        self.seal(pn, header.encoded_len(), out);
         self.next_pn += 1;
 
-        let wire = (out.len() + self.cfg.wire_overhead - self.protection.tag_len()) as u64;
+        let wire = (out.len() + self.cfg.wire_overhead - self.tag_len()) as u64;
         self.stats.packets_sent += 1;
         self.stats.wire_bytes_sent += wire;
         self.pacer.on_sent(now, wire);

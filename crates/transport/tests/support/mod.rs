@@ -6,6 +6,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
+use pep_transport::security::{public_key, SecurityConfig};
 use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, ResetReason, Role};
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -63,6 +64,25 @@ pub struct Net {
     pub record_a: Option<Vec<Vec<u8>>>,
     /// Links down until this time.
     pub down_until: Option<Instant>,
+    /// Every datagram side 1 sent, if recording.
+    pub record_b: Option<Vec<Vec<u8>>>,
+    /// Drops a datagram on the path when it returns true: (sending side, bytes).
+    pub drop_filter: Option<Box<dyn FnMut(usize, &[u8]) -> bool>>,
+    /// Per-side security settings when the ends are secure (used again on restart).
+    pub security: Option<[SecurityConfig; 2]>,
+}
+
+/// Matching security settings for the two ends (side 0's key, side 1's key).
+pub fn security_pair(rekey_interval: Duration) -> [SecurityConfig; 2] {
+    let keys = [[0x11u8; 32], [0x22u8; 32]];
+    let cfg = |me: usize| SecurityConfig {
+        local_private_key: keys[me],
+        peer_public_key: public_key(&keys[1 - me]),
+        psk: Some([0x33; 32]),
+        rekey_interval,
+        rekey_after_packets: 1 << 30,
+    };
+    [cfg(0), cfg(1)]
 }
 
 pub fn meta(port: u16) -> FlowMeta {
@@ -109,7 +129,35 @@ impl Net {
             rng: seed | 1,
             record_a: None,
             down_until: None,
+            record_b: None,
+            drop_filter: None,
+            security: None,
         }
+    }
+
+    /// Like `new`, with Noise security on both ends.
+    pub fn new_secure(
+        cfg_a: Config,
+        cfg_b: Config,
+        delay: Duration,
+        faults: Faults,
+        seed: u64,
+        security: [SecurityConfig; 2],
+    ) -> Self {
+        let mut n = Net::new(cfg_a.clone(), cfg_b.clone(), delay, faults, seed);
+        let base = n.base;
+        n.ends = [
+            Association::new_secure(cfg_a, Role::Initiator, seed.wrapping_mul(31) | 1, base, security[0].clone(), [seed as u8; 32]).unwrap(),
+            Association::new_secure(cfg_b, Role::Responder, seed.wrapping_mul(37) | 2, base, security[1].clone(), [seed as u8 ^ 0xff; 32]).unwrap(),
+        ];
+        n.security = Some(security);
+        n
+    }
+
+    /// Hands a datagram straight to one end, as if it had just arrived.
+    pub fn inject(&mut self, to: usize, datagram: &[u8]) {
+        self.ends[to].handle_datagram(self.now, datagram);
+        self.service(to);
     }
 
     fn rand(&mut self) -> f64 {
@@ -130,7 +178,10 @@ impl Net {
         } else {
             Role::Responder
         };
-        self.ends[side] = Association::new(cfg, role, epoch, self.now).unwrap();
+        self.ends[side] = match &self.security {
+            Some(sec) => Association::new_secure(cfg, role, epoch, self.now, sec[side].clone(), [epoch as u8; 32]).unwrap(),
+            None => Association::new(cfg, role, epoch, self.now).unwrap(),
+        };
         self.apps[side].flows.clear();
     }
 
@@ -153,8 +204,16 @@ impl Net {
         if let Some(rec) = self.record_a.as_mut().filter(|_| from == 0) {
             rec.push(d.clone());
         }
+        if let Some(rec) = self.record_b.as_mut().filter(|_| from == 1) {
+            rec.push(d.clone());
+        }
         if self.down_until.is_some_and(|t| self.now < t) {
             return;
+        }
+        if let Some(f) = self.drop_filter.as_mut() {
+            if f(from, &d) {
+                return;
+            }
         }
         if self.rand() < self.faults.loss {
             return;
@@ -309,3 +368,30 @@ impl Net {
         self.ends[0].is_established() && self.ends[1].is_established()
     }
 }
+
+pub fn fin_at(n: &Net, side: usize, f: FlowId) -> bool {
+    n.apps[side].flows.get(&f).is_some_and(|x| x.fin_received)
+}
+
+/// Simulated times at which side 1's received byte count grew, during one bulk flow.
+pub fn bulk_with_progress(n: &mut Net, bytes: usize) -> (Vec<(Duration, usize)>, Vec<u8>) {
+    let data = pattern(4, bytes);
+    let f = n.open(0, 1002, data.clone(), true);
+    let mut progress = Vec::new();
+    let mut last = 0;
+    let end = n.now + Duration::from_secs(120);
+    while n.now < end && !fin_at(n, 1, f) {
+        if !n.step() {
+            break;
+        }
+        let got = n.apps[1].flows.get(&f).map_or(0, |x| x.received.len());
+        if got != last {
+            progress.push((n.elapsed(), got));
+            last = got;
+        }
+    }
+    assert!(fin_at(n, 1, f), "bulk transfer did not finish");
+    assert_eq!(n.apps[1].flows[&f].received, data);
+    (progress, data)
+}
+

@@ -1,0 +1,105 @@
+//! Bounds on the work and memory unauthenticated handshake traffic can cost: a token bucket
+//! on the Diffie-Hellman work, and a fixed-size memory of recent initiations.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Instant;
+
+/// Handshake messages processed per second in the long run.
+pub const HANDSHAKES_PER_SECOND: u32 = 20;
+/// Handshake messages that may be processed back to back.
+pub const HANDSHAKE_BURST: u32 = 20;
+/// Initiation ephemerals remembered to refuse replays without doing any DH.
+pub const RECENT_INITIATIONS: usize = 1024;
+
+pub(crate) struct TokenBucket {
+    tokens: f64,
+    last: Option<Instant>,
+}
+
+impl Default for TokenBucket {
+    fn default() -> Self {
+        TokenBucket {
+            tokens: f64::from(HANDSHAKE_BURST),
+            last: None,
+        }
+    }
+}
+
+impl TokenBucket {
+    pub(crate) fn try_take(&mut self, now: Instant) -> bool {
+        if let Some(last) = self.last {
+            let earned = now.saturating_duration_since(last).as_secs_f64()
+                * f64::from(HANDSHAKES_PER_SECOND);
+            self.tokens = (self.tokens + earned).min(f64::from(HANDSHAKE_BURST));
+        }
+        self.last = Some(self.last.map_or(now, |l| l.max(now)));
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct RecentInitiations {
+    order: VecDeque<[u8; 32]>,
+    set: HashSet<[u8; 32]>,
+}
+
+impl RecentInitiations {
+    pub(crate) fn contains(&self, ephemeral: &[u8; 32]) -> bool {
+        self.set.contains(ephemeral)
+    }
+
+    pub(crate) fn insert(&mut self, ephemeral: [u8; 32]) {
+        if !self.set.insert(ephemeral) {
+            return;
+        }
+        self.order.push_back(ephemeral);
+        if self.order.len() > RECENT_INITIATIONS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.order.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn bucket_allows_the_burst_then_the_rate() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::default();
+        let burst = (0..100).filter(|_| b.try_take(t0)).count();
+        assert_eq!(burst, HANDSHAKE_BURST as usize);
+        // One second later: exactly the rate's worth more.
+        let later = t0 + Duration::from_secs(1);
+        let more = (0..100).filter(|_| b.try_take(later)).count();
+        assert_eq!(more, HANDSHAKES_PER_SECOND as usize);
+    }
+
+    #[test]
+    fn recent_set_is_bounded() {
+        let mut r = RecentInitiations::default();
+        for i in 0..(RECENT_INITIATIONS as u32 + 500) {
+            let mut e = [0u8; 32];
+            e[..4].copy_from_slice(&i.to_be_bytes());
+            r.insert(e);
+        }
+        assert_eq!(r.len(), RECENT_INITIATIONS);
+        assert!(!r.contains(&[0u8; 32]));
+        let mut last = [0u8; 32];
+        last[..4].copy_from_slice(&(RECENT_INITIATIONS as u32 + 499).to_be_bytes());
+        assert!(r.contains(&last));
+    }
+}

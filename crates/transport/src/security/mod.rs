@@ -1,0 +1,473 @@
+//! Peer authentication and packet protection: a Noise IK handshake (snow) at association
+//! start and at every rekey, then ChaCha20-Poly1305 per packet with the packet number as
+//! nonce. Layout and rules: docs/PROTOCOL.md, "Security".
+
+mod keys;
+
+use std::time::Duration;
+
+pub use keys::{private_key_from_random, public_key, KEY_LEN};
+
+/// What a gateway needs to authenticate its peer and protect the tunnel.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecurityConfig {
+    pub local_private_key: [u8; KEY_LEN],
+    pub peer_public_key: [u8; KEY_LEN],
+    /// Mixed into the handshake (Noise `psk2`) when set.
+    pub psk: Option<[u8; KEY_LEN]>,
+    /// Keys older than this are replaced by a new handshake.
+    pub rekey_interval: Duration,
+    /// Packets sent or received under one key before it is replaced.
+    pub rekey_after_packets: u64,
+}
+
+impl std::fmt::Debug for SecurityConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecurityConfig")
+            .field("local_public_key", &public_key(&self.local_private_key))
+            .field("peer_public_key", &self.peer_public_key)
+            .field("psk", &self.psk.map(|_| "<set>"))
+            .field("rekey_interval", &self.rekey_interval)
+            .field("rekey_after_packets", &self.rekey_after_packets)
+            .finish()
+    }
+}
+
+mod aead;
+mod handshake;
+mod limiter;
+mod replay;
+
+pub use aead::TAG_LEN;
+pub use limiter::{HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, RECENT_INITIATIONS};
+pub use replay::REPLAY_WINDOW;
+
+use std::time::Instant;
+
+use crate::codec::expand_truncated;
+use crate::packet::ShortHeader;
+use aead::PacketKey;
+use handshake::{EphemeralSource, Initiation, Refusal, Responder, SessionKeys};
+use limiter::{RecentInitiations, TokenBucket};
+use replay::ReplayWindow;
+
+/// Sends of one initiation before a fresh one (new ephemeral) replaces it: a responder that
+/// lost its state since refuses the old one as a replay.
+const SENDS_PER_INITIATION: u32 = 3;
+
+/// Why the security layer dropped a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Drop {
+    Unauthenticated,
+    Replayed,
+    HandshakeInvalid,
+    HandshakeUnknownPeer,
+    HandshakeRateLimited,
+    HandshakeReplayed,
+}
+
+impl Drop {
+    pub(crate) fn count(self, c: &mut crate::stats::SecurityCounts) {
+        let n = match self {
+            Drop::Unauthenticated => &mut c.unauthenticated,
+            Drop::Replayed => &mut c.replayed,
+            Drop::HandshakeInvalid => &mut c.handshake_invalid,
+            Drop::HandshakeUnknownPeer => &mut c.handshake_unknown_peer,
+            Drop::HandshakeRateLimited => &mut c.handshake_rate_limited,
+            Drop::HandshakeReplayed => &mut c.handshake_replayed,
+        };
+        *n += 1;
+    }
+}
+
+impl From<Refusal> for Drop {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Invalid => Drop::HandshakeInvalid,
+            Refusal::UnknownPeer => Drop::HandshakeUnknownPeer,
+        }
+    }
+}
+
+/// The keys packets are sent and received under now.
+struct Session {
+    phase: bool,
+    keys: SessionKeys,
+    installed_at: Instant,
+    /// Our next packet number when installed, for the packet-count rekey trigger.
+    first_pn_sent: u64,
+    /// The replay window's front when installed.
+    first_pn_received: u64,
+    /// Lowest packet number this key may still seal: a nonce is never used twice.
+    next_seal: u64,
+}
+
+struct InitiationInFlight {
+    init: Initiation,
+    next_send: Instant,
+    sends: u32,
+}
+
+/// A reply sent and not yet confirmed: the keys are used once the initiator's first packet
+/// under them arrives, which a replayed initiation can never produce.
+pub(crate) struct PendingReply {
+    ephemeral: [u8; KEY_LEN],
+    datagram: Vec<u8>,
+    keys: SessionKeys,
+    /// The initiator's HELLO (encoded), applied on confirmation.
+    pub(crate) peer_hello: crate::packet::Hello,
+    /// Whether packet numbers under these keys start afresh (a new association).
+    pub(crate) fresh_numbers: bool,
+    answered_at: Instant,
+}
+
+impl PendingReply {
+    pub(crate) fn into_keys(self) -> SessionKeys {
+        self.keys
+    }
+}
+
+/// A short packet that authenticated.
+pub(crate) struct Opened {
+    pub(crate) pn: u64,
+    pub(crate) payload_len: usize,
+    /// It came under the keys of our pending reply: the handshake is confirmed.
+    pub(crate) confirmed: Option<PendingReply>,
+}
+
+/// What an initiation asks of the association.
+pub(crate) enum InitiationRead {
+    /// The initiator's HELLO (encoded) and the responder state that answers it.
+    Answer {
+        responder: Box<Responder>,
+        ephemeral: [u8; KEY_LEN],
+        hello: Vec<u8>,
+    },
+    /// A copy of the initiation we already answered: the reply is queued again.
+    Repeated,
+    /// Both sides initiated; ours takes precedence.
+    Collision,
+    Dropped(Drop),
+}
+
+pub(crate) struct Security {
+    cfg: SecurityConfig,
+    /// The side with the greater static public key wins simultaneous initiations and is
+    /// the one that rekeys.
+    leads: bool,
+    source: EphemeralSource,
+    current: Option<Session>,
+    previous_recv: Option<(bool, PacketKey)>,
+    initiation: Option<InitiationInFlight>,
+    pending: Option<PendingReply>,
+    outbox: Option<Vec<u8>>,
+    replay: ReplayWindow,
+    bucket: TokenBucket,
+    recent: RecentInitiations,
+}
+
+impl Security {
+    pub(crate) fn new(cfg: SecurityConfig, seed: [u8; 32]) -> Self {
+        let leads = public_key(&cfg.local_private_key) > cfg.peer_public_key;
+        Security {
+            cfg,
+            leads,
+            source: EphemeralSource::new(seed),
+            current: None,
+            previous_recv: None,
+            initiation: None,
+            pending: None,
+            outbox: None,
+            replay: ReplayWindow::default(),
+            bucket: TokenBucket::default(),
+            recent: RecentInitiations::default(),
+        }
+    }
+
+    /// Forgets every session key and handshake in progress: the association restarted and
+    /// its packet numbers begin again, so no key may be used twice with them.
+    pub(crate) fn reset_session(&mut self) {
+        self.current = None;
+        self.previous_recv = None;
+        self.initiation = None;
+        self.pending = None;
+        self.outbox = None;
+        self.replay = ReplayWindow::default();
+    }
+
+    pub(crate) fn key_phase(&self) -> bool {
+        self.current.as_ref().is_some_and(|s| s.phase)
+    }
+
+    /// Whether `pn` may be sealed under the current key: there is one, and the number was
+    /// never used with it. Checked before a packet is built, so a bug can only cost a send.
+    pub(crate) fn may_seal(&self, pn: u64) -> bool {
+        self.current.as_ref().is_some_and(|s| pn >= s.next_seal)
+    }
+
+    /// Seals under the current key; callers asked `may_seal` first.
+    pub(crate) fn seal(&mut self, pn: u64, header_len: usize, packet: &mut Vec<u8>) {
+        if let Some(s) = self.current.as_mut() {
+            s.keys.send.seal(pn, header_len, packet);
+            s.next_seal = pn + 1;
+        }
+    }
+
+    /// A handshake datagram to send ahead of anything else.
+    pub(crate) fn take_outbox(&mut self) -> Option<Vec<u8>> {
+        self.outbox.take()
+    }
+
+    pub(crate) fn has_outbox(&self) -> bool {
+        self.outbox.is_some()
+    }
+
+    /// Whether we answered an initiation within `window` and wait for its confirmation: an
+    /// initiation of our own would only cross it.
+    pub(crate) fn awaiting_confirmation(&self, now: Instant, window: std::time::Duration) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|p| now < p.answered_at + window)
+    }
+
+    /// Whether a (re)key initiation should leave now while established.
+    pub(crate) fn rekey_due(&self, now: Instant, next_pn: u64) -> bool {
+        if let Some(i) = &self.initiation {
+            return i.next_send <= now;
+        }
+        self.rekey_deadline().is_some_and(|t| t <= now) || self.rekey_by_count(next_pn)
+    }
+
+    fn rekey_by_count(&self, next_pn: u64) -> bool {
+        self.leads
+            && self.current.as_ref().is_some_and(|s| {
+                next_pn - s.first_pn_sent >= self.cfg.rekey_after_packets
+                    || self.replay_front() - s.first_pn_received >= self.cfg.rekey_after_packets
+            })
+    }
+
+    fn replay_front(&self) -> u64 {
+        self.replay.front()
+    }
+
+    fn rekey_deadline(&self) -> Option<Instant> {
+        if !self.leads {
+            return None;
+        }
+        self.current
+            .as_ref()
+            .map(|s| s.installed_at + self.cfg.rekey_interval)
+    }
+
+    /// The earliest time a handshake datagram may be due.
+    pub(crate) fn deadline(&self, established: bool) -> Option<Instant> {
+        if let Some(i) = &self.initiation {
+            return Some(i.next_send);
+        }
+        if established {
+            self.rekey_deadline()
+        } else {
+            None
+        }
+    }
+
+    /// The initiation to send now (a retransmission of the one in flight, or a new one
+    /// carrying `hello()`), due again after `retransmit_after`.
+    pub(crate) fn initiation(
+        &mut self,
+        now: Instant,
+        retransmit_after: std::time::Duration,
+        hello: impl FnOnce() -> Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let stale = self
+            .initiation
+            .as_ref()
+            .is_some_and(|i| i.sends >= SENDS_PER_INITIATION);
+        if self.initiation.is_none() || stale {
+            let init = Initiation::start(&self.cfg, &mut self.source, &hello()).ok()?;
+            self.initiation = Some(InitiationInFlight {
+                init,
+                next_send: now,
+                sends: 0,
+            });
+        }
+        let i = self.initiation.as_mut()?;
+        i.sends += 1;
+        i.next_send = now + retransmit_after;
+        Some(i.init.datagram.clone())
+    }
+
+    /// Reads a handshake initiation. Work is bounded: replays are refused before any
+    /// Diffie-Hellman, the rest is rate limited.
+    pub(crate) fn read_initiation(&mut self, now: Instant, datagram: &[u8]) -> InitiationRead {
+        let Some(noise) = handshake::noise_message(datagram) else {
+            return InitiationRead::Dropped(Drop::HandshakeInvalid);
+        };
+        let Some(ephemeral) = handshake::initiation_ephemeral(noise) else {
+            return InitiationRead::Dropped(Drop::HandshakeInvalid);
+        };
+        if let Some(p) = &self.pending {
+            if p.ephemeral == ephemeral {
+                // Our reply was lost: send the same one again (a new one would not match
+                // keys the initiator may already hold).
+                self.outbox = Some(p.datagram.clone());
+                return InitiationRead::Repeated;
+            }
+        }
+        if self.recent.contains(&ephemeral) {
+            return InitiationRead::Dropped(Drop::HandshakeReplayed);
+        }
+        if self.initiation.is_some() && self.leads {
+            return InitiationRead::Collision;
+        }
+        if !self.bucket.try_take(now) {
+            return InitiationRead::Dropped(Drop::HandshakeRateLimited);
+        }
+        self.recent.insert(ephemeral);
+        match Responder::read(&self.cfg, &mut self.source, noise) {
+            Ok((responder, hello)) => InitiationRead::Answer {
+                responder: Box::new(responder),
+                ephemeral,
+                hello,
+            },
+            Err(r) => InitiationRead::Dropped(r.into()),
+        }
+    }
+
+    /// Answers an authenticated initiation; the keys wait for the initiator's confirmation.
+    pub(crate) fn answer(
+        &mut self,
+        now: Instant,
+        responder: Box<Responder>,
+        ephemeral: [u8; KEY_LEN],
+        our_hello: &[u8],
+        peer_hello: crate::packet::Hello,
+        fresh_numbers: bool,
+    ) -> Result<(), Drop> {
+        let (datagram, keys) = responder.reply(our_hello)?;
+        // The peer's initiation won: ours would only collide with it.
+        self.initiation = None;
+        self.outbox = Some(datagram.clone());
+        self.pending = Some(PendingReply {
+            ephemeral,
+            datagram,
+            keys,
+            peer_hello,
+            fresh_numbers,
+            answered_at: now,
+        });
+        Ok(())
+    }
+
+    /// Reads the reply to our initiation: the responder's HELLO (encoded) and the keys.
+    pub(crate) fn read_reply(
+        &mut self,
+        now: Instant,
+        datagram: &[u8],
+    ) -> Result<(Vec<u8>, SessionKeys), Drop> {
+        let noise = handshake::noise_message(datagram).ok_or(Drop::HandshakeInvalid)?;
+        if self.initiation.is_none() {
+            return Err(Drop::HandshakeInvalid);
+        }
+        if !self.bucket.try_take(now) {
+            return Err(Drop::HandshakeRateLimited);
+        }
+        let i = self.initiation.as_mut().ok_or(Drop::HandshakeInvalid)?;
+        let done = i.init.finish(noise)?;
+        self.initiation = None;
+        Ok(done)
+    }
+
+    /// Puts new keys in use. `rekey`: the association goes on and the old receive key
+    /// stays for packets still in flight under it.
+    pub(crate) fn install(
+        &mut self,
+        keys: SessionKeys,
+        phase: bool,
+        rekey: bool,
+        now: Instant,
+        next_pn: u64,
+    ) {
+        let old = self.current.take();
+        self.previous_recv = if rekey {
+            old.map(|s| (s.phase, s.keys.recv))
+        } else {
+            None
+        };
+        self.current = Some(Session {
+            phase,
+            keys,
+            installed_at: now,
+            first_pn_sent: next_pn,
+            first_pn_received: self.replay.front(),
+            next_seal: next_pn,
+        });
+    }
+
+    pub(crate) fn next_phase(&self) -> bool {
+        !self.key_phase()
+    }
+
+    /// Authenticates a short packet (in `packet`, a copy of the datagram) under whichever
+    /// key its phase and tag fit.
+    pub(crate) fn open(
+        &mut self,
+        short: &ShortHeader,
+        expected: u64,
+        packet: &mut [u8],
+    ) -> Result<Opened, Drop> {
+        let header_len = short.encoded_len();
+        let expand = |reference: u64| expand_truncated(short.pn_truncated, short.pn_len, reference);
+        let mut replayed = false;
+        if let Some(s) = self.current.as_ref().filter(|s| s.phase == short.key_phase) {
+            let pn = expand(expected);
+            if !self.replay.is_fresh(pn) {
+                replayed = true;
+            } else if let Ok(payload_len) = s.keys.recv.open(pn, header_len, packet) {
+                self.replay.record(pn);
+                return Ok(Opened {
+                    pn,
+                    payload_len,
+                    confirmed: None,
+                });
+            }
+        }
+        if let Some(p) = &self.pending {
+            let pn = expand(if p.fresh_numbers { 0 } else { expected });
+            let fresh = p.fresh_numbers || self.replay.is_fresh(pn);
+            if fresh {
+                if let Ok(payload_len) = p.keys.recv.open(pn, header_len, packet) {
+                    return Ok(Opened {
+                        pn,
+                        payload_len,
+                        confirmed: self.pending.take(),
+                    });
+                }
+            }
+        }
+        if let Some((_, key)) = self.previous_recv.as_ref().filter(|(p, _)| *p == short.key_phase) {
+            let pn = expand(expected);
+            if !self.replay.is_fresh(pn) {
+                replayed = true;
+            } else if let Ok(payload_len) = key.open(pn, header_len, packet) {
+                self.replay.record(pn);
+                return Ok(Opened {
+                    pn,
+                    payload_len,
+                    confirmed: None,
+                });
+            }
+        }
+        Err(if replayed {
+            Drop::Replayed
+        } else {
+            Drop::Unauthenticated
+        })
+    }
+
+    /// Records the packet number of a confirming packet once its keys are installed (the
+    /// window may have been reset for a new association in between).
+    pub(crate) fn record(&mut self, pn: u64) {
+        self.replay.record(pn);
+    }
+}

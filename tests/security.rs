@@ -1,0 +1,114 @@
+//! The tunnel's security end to end, two pepd gateways in namespaces: a gateway holding the
+//! wrong key cannot open a flow, and rekeying every second during a bulk transfer both ways
+//! keeps every byte intact.
+
+mod support;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use pep_testbed::addr;
+use pep_testbed::pepd::{PepdOptions, TunnelSecurity};
+use pep_testbed::xfer::Workload;
+use support::{
+    assert_bidir_exact, connect_from_client, heavy, link, listen_in_server, metric_value,
+    options, opts, scrape_metrics, up, xfer_ok,
+};
+
+fn counter(ns: &str, name: &str, label: Option<(&str, &str)>) -> f64 {
+    metric_value(&scrape_metrics(ns), name, label).unwrap_or(0.0)
+}
+
+#[test]
+fn a_gateway_with_the_wrong_key_cannot_open_a_flow() {
+    let _cpu = heavy();
+    let tb = up(
+        &link(10e6, 100),
+        &PepdOptions {
+            security: TunnelSecurity::NoiseWrongPeerKey,
+            skip_association_wait: true,
+            ..options()
+        },
+    );
+    let server = SocketAddr::new(addr::server(false), 5005);
+    let listener = listen_in_server(&tb, server);
+    listener.set_nonblocking(true).expect("nonblocking");
+    // The client's SYN is answered by its own gateway (TPROXY); the bytes must go no further.
+    let mut c = connect_from_client(&tb, server).expect("connect to the terminal gateway");
+    let _ = c.write_all(b"GET / HTTP/1.0\r\n\r\n");
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        match listener.accept() {
+            Ok((_, from)) => panic!("the server got a connection from {from}"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+    let names = tb.names();
+    // The hub refused the terminal's static key at every initiation, opened nothing, and
+    // neither side got an association.
+    let refused = counter(
+        &names.gw_b,
+        "pepd_datagrams_dropped_total",
+        Some(("reason", "handshake_unknown_peer")),
+    );
+    assert!(refused >= 3.0, "hub refused {refused} initiations");
+    assert_eq!(
+        counter(&names.gw_b, "pepd_flows_total", Some(("origin", "peer"))),
+        0.0
+    );
+    for ns in [&names.gw_a, &names.gw_b] {
+        assert_eq!(counter(ns, "pepd_handshakes_total", None), 0.0, "{ns}");
+        assert_eq!(
+            counter(ns, "pepd_association_state", Some(("state", "established"))),
+            0.0,
+            "{ns}"
+        );
+    }
+}
+
+#[test]
+fn rekeying_every_second_during_bulk_transfer_keeps_it_intact() {
+    let _cpu = heavy();
+    let tb = up(
+        &link(20e6, 150),
+        &PepdOptions {
+            extra_toml: "[security]\nrekey_interval = \"1s\"".into(),
+            ..options()
+        },
+    );
+    let (up_n, down_n) = (12_000_000, 12_000_000);
+    let seed = 31;
+    let out = xfer_ok(
+        &tb,
+        &Workload::Bidir {
+            up: up_n,
+            down: down_n,
+        },
+        &opts(
+            SocketAddr::new(addr::server(false), 5001),
+            seed,
+            Duration::from_secs(60),
+        ),
+    );
+    assert_bidir_exact(&out, seed, up_n, down_n);
+    let names = tb.names();
+    let rekeys = [
+        counter(&names.gw_a, "pepd_rekeys_total", None),
+        counter(&names.gw_b, "pepd_rekeys_total", None),
+    ];
+    eprintln!("rekeys {rekeys:?}, transfer {:.2} s", out.completion_s);
+    assert!(rekeys[0] >= 3.0 && rekeys[1] >= 3.0, "rekeys {rekeys:?}");
+    for ns in [&names.gw_a, &names.gw_b] {
+        for reason in ["unauthenticated", "replayed"] {
+            assert_eq!(
+                counter(ns, "pepd_datagrams_dropped_total", Some(("reason", reason))),
+                0.0,
+                "{ns} {reason}"
+            );
+        }
+    }
+}
