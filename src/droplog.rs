@@ -73,11 +73,17 @@ mod tests {
         let mut st = Stats::default();
         assert_eq!(log.summary(t0, &st, 0), None);
         st.security.unauthenticated = 5;
-        assert_eq!(log.summary(t0, &st, 0).as_deref(), Some("unauthenticated=5"));
+        assert_eq!(
+            log.summary(t0, &st, 0).as_deref(),
+            Some("unauthenticated=5")
+        );
         st.security.unauthenticated = 900;
         st.security.handshake_rate_limited = 7;
         assert_eq!(log.summary(t0 + Duration::from_secs(3), &st, 2), None);
         let s = log.summary(t0 + Duration::from_secs(10), &st, 2).unwrap();
-        assert_eq!(s, "unauthenticated=895 handshake_rate_limited=7 foreign=2 in the last 10s");
+        assert_eq!(
+            s,
+            "unauthenticated=895 handshake_rate_limited=7 foreign=2 in the last 10s"
+        );
     }
 }

@@ -12,8 +12,8 @@ use pep_testbed::addr;
 use pep_testbed::pepd::{PepdOptions, TunnelSecurity};
 use pep_testbed::xfer::Workload;
 use support::{
-    assert_bidir_exact, connect_from_client, heavy, link, listen_in_server, metric_value,
-    options, opts, scrape_metrics, up, xfer_ok,
+    assert_bidir_exact, connect_from_client, heavy, link, listen_in_server, metric_value, options,
+    opts, scrape_metrics, up, xfer_ok,
 };
 
 fn counter(ns: &str, name: &str, label: Option<(&str, &str)>) -> f64 {

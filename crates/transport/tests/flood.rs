@@ -56,7 +56,6 @@ fn drops(s: &Stats) -> SecurityCounts {
     s.security
 }
 
-
 #[test]
 fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
     let bytes = 10_000_000;
@@ -69,7 +68,13 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
     let mut n = geo(Faults::default(), 11, Duration::from_secs(120));
     n.record_a = Some(Vec::new());
     established(&mut n);
-    let captured_init = n.record_a.take().unwrap().into_iter().find(|d| d[0] == INIT).unwrap();
+    let captured_init = n
+        .record_a
+        .take()
+        .unwrap()
+        .into_iter()
+        .find(|d| d[0] == INIT)
+        .unwrap();
     let data = pattern(4, bytes);
     let f = n.open(0, 1002, data.clone(), true);
     let t0 = n.elapsed();
@@ -139,10 +144,12 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
     assert!(rounds > 200);
     assert!(d.handshake_rate_limited > 0 && d.handshake_replayed > 0 && d.unauthenticated > 0);
     // 100,000 more hostile datagrams: remembering even one byte of each would show.
-    assert!(growth < 64 << 10, "heap grew {growth} bytes under the flood");
+    assert!(
+        growth < 64 << 10,
+        "heap grew {growth} bytes under the flood"
+    );
     assert!(
         flood_time.as_secs_f64() <= quiet_time.as_secs_f64() * 1.05,
         "{flood_time:?} under flood vs {quiet_time:?}"
     );
 }
-

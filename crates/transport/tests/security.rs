@@ -39,7 +39,6 @@ fn drops(s: &Stats) -> SecurityCounts {
     s.security
 }
 
-
 #[test]
 fn encrypted_flows_deliver_exact_bytes_both_ways_under_loss() {
     let mut n = geo(
@@ -55,7 +54,8 @@ fn encrypted_flows_deliver_exact_bytes_both_ways_under_loss() {
     n.apps[1].on_open = Some((down.clone(), true, None));
     let up = pattern(1, 1_000_000);
     let f = n.open(0, 1000, up.clone(), true);
-    assert!(n.run_until(Duration::from_secs(60), |n| fin_at(n, 0, f) && fin_at(n, 1, f)));
+    assert!(n.run_until(Duration::from_secs(60), |n| fin_at(n, 0, f)
+        && fin_at(n, 1, f)));
     assert_eq!(n.apps[1].flows[&f].received, up);
     assert_eq!(n.apps[0].flows[&f].received, down);
     // Nothing of the payload travels in the clear.
@@ -131,11 +131,18 @@ fn rekeying_during_bulk_keeps_bytes_exact_without_stalling() {
     assert_eq!(n.ends[1].stats().rekeys, rekeys);
     // Past slow start, a stall would show as a gap in delivery: none may exceed one RTT,
     // and the gaps are no worse than without rekeying.
-    let skip = |p: &[(Duration, usize)]| p.iter().position(|x| x.0 > t0 + Duration::from_secs(3)).unwrap();
+    let skip = |p: &[(Duration, usize)]| {
+        p.iter()
+            .position(|x| x.0 > t0 + Duration::from_secs(3))
+            .unwrap()
+    };
     let gap = longest_gap(&progress[skip(&progress)..]);
     let plain_gap = longest_gap(&p_progress[skip(&p_progress)..]);
     assert!(gap <= MS * 600, "delivery stalled {gap:?} during rekeying");
-    assert!(gap <= plain_gap + MS * 20, "gap {gap:?} vs {plain_gap:?} without rekeying");
+    assert!(
+        gap <= plain_gap + MS * 20,
+        "gap {gap:?} vs {plain_gap:?} without rekeying"
+    );
     assert!(
         rekey_time.as_secs_f64() <= no_rekey_time.as_secs_f64() * 1.02,
         "{rekey_time:?} with rekeys vs {no_rekey_time:?}"
@@ -232,11 +239,17 @@ fn a_tampered_byte_anywhere_is_rejected() {
     // Hold back side 0's first data packet, then hand side 1 every one-bit corruption of
     // it before the genuine copy.
     let mut n2 = geo(Faults::default(), 9, Duration::from_secs(120));
-    n2.drop_filter = Some(Box::new(|from, d| from == 0 && d[0] & 0x80 == 0 && d.len() > 200));
+    n2.drop_filter = Some(Box::new(|from, d| {
+        from == 0 && d[0] & 0x80 == 0 && d.len() > 200
+    }));
     n2.record_a = Some(Vec::new());
     let f2 = n2.open(0, 1005, data.clone(), true);
     n2.run_until(Duration::from_secs(2), |n| {
-        n.record_a.as_ref().unwrap().iter().any(|d| d[0] & 0x80 == 0 && d.len() > 200)
+        n.record_a
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|d| d[0] & 0x80 == 0 && d.len() > 200)
     });
     let target = n2
         .record_a
@@ -257,16 +270,28 @@ fn a_tampered_byte_anywhere_is_rejected() {
         }
     }
     let after = n2.ends[1].stats();
-    assert_eq!(after.packets_received, before.packets_received, "a tampered packet was accepted");
+    assert_eq!(
+        after.packets_received, before.packets_received,
+        "a tampered packet was accepted"
+    );
     let rejected = |s: &Stats| {
         let d = s.security;
-        s.malformed_dropped + d.unauthenticated + d.replayed + d.wrong_mode + d.handshake_invalid
-            + d.handshake_rate_limited + d.handshake_replayed + d.handshake_unknown_peer
+        s.malformed_dropped
+            + d.unauthenticated
+            + d.replayed
+            + d.wrong_mode
+            + d.handshake_invalid
+            + d.handshake_rate_limited
+            + d.handshake_replayed
+            + d.handshake_unknown_peer
     };
     assert_eq!(rejected(&after) - rejected(&before), tampered);
     // The genuine packet still authenticates afterwards, and the flow completes.
     n2.inject(1, &target);
-    assert_eq!(n2.ends[1].stats().packets_received, after.packets_received + 1);
+    assert_eq!(
+        n2.ends[1].stats().packets_received,
+        after.packets_received + 1
+    );
     n2.drop_filter = None;
     assert!(n2.run_until(Duration::from_secs(30), |n| fin_at(n, 1, f2)));
     assert_eq!(n2.apps[1].flows[&f2].received, data);
@@ -296,7 +321,11 @@ fn tampered_handshakes_are_rejected() {
 #[test]
 fn restarts_of_either_side_recover_with_fresh_keys() {
     for side in 0..2 {
-        let mut n = geo(Faults::default(), 12 + side as u64, Duration::from_secs(120));
+        let mut n = geo(
+            Faults::default(),
+            12 + side as u64,
+            Duration::from_secs(120),
+        );
         established(&mut n);
         let f = n.open(0, 1006, pattern(8, 50_000), false);
         n.run_until(Duration::from_secs(3), |_| false);

@@ -37,7 +37,13 @@ impl Association {
         };
         if let Some((pn, payload_len)) = opened {
             let header_len = short.encoded_len();
-            self.on_packet(now, pn, short, &rx[header_len..header_len + payload_len], datagram.len());
+            self.on_packet(
+                now,
+                pn,
+                short,
+                &rx[header_len..header_len + payload_len],
+                datagram.len(),
+            );
         }
         self.rx_buf = rx;
     }

@@ -86,7 +86,11 @@ mod tests {
             for bit in 0..8 {
                 let mut bad = p.clone();
                 bad[i] ^= 1 << bit;
-                assert_eq!(key.open(7, 3, &mut bad), Err(Unauthentic), "byte {i} bit {bit}");
+                assert_eq!(
+                    key.open(7, 3, &mut bad),
+                    Err(Unauthentic),
+                    "byte {i} bit {bit}"
+                );
             }
         }
     }
@@ -100,7 +104,10 @@ mod tests {
             PacketKey::new(&[8; 32]).open(7, 3, &mut p.clone()),
             Err(Unauthentic)
         );
-        assert_eq!(key.open(7, 3, &mut p[..p.len() - 1].to_vec()), Err(Unauthentic));
+        assert_eq!(
+            key.open(7, 3, &mut p[..p.len() - 1].to_vec()),
+            Err(Unauthentic)
+        );
         assert_eq!(key.open(7, 3, &mut p[..10].to_vec()), Err(Unauthentic));
     }
 }

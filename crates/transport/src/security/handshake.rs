@@ -279,7 +279,8 @@ mod tests {
         let mut src = EphemeralSource::new([9; 32]);
         let mut init = Initiation::start(&a, &mut src, b"x").unwrap();
         assert!(init.finish(&[0u8; 80]).is_err());
-        let (resp, _) = Responder::read(&b, &mut src, noise_message(&init.datagram).unwrap()).unwrap();
+        let (resp, _) =
+            Responder::read(&b, &mut src, noise_message(&init.datagram).unwrap()).unwrap();
         let (reply, _) = resp.reply(b"y").unwrap();
         assert!(init.finish(noise_message(&reply).unwrap()).is_ok());
     }

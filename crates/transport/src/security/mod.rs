@@ -445,7 +445,11 @@ impl Security {
                 }
             }
         }
-        if let Some((_, key)) = self.previous_recv.as_ref().filter(|(p, _)| *p == short.key_phase) {
+        if let Some((_, key)) = self
+            .previous_recv
+            .as_ref()
+            .filter(|(p, _)| *p == short.key_phase)
+        {
             let pn = expand(expected);
             if !self.replay.is_fresh(pn) {
                 replayed = true;

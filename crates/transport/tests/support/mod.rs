@@ -147,8 +147,24 @@ impl Net {
         let mut n = Net::new(cfg_a.clone(), cfg_b.clone(), delay, faults, seed);
         let base = n.base;
         n.ends = [
-            Association::new_secure(cfg_a, Role::Initiator, seed.wrapping_mul(31) | 1, base, security[0].clone(), [seed as u8; 32]).unwrap(),
-            Association::new_secure(cfg_b, Role::Responder, seed.wrapping_mul(37) | 2, base, security[1].clone(), [seed as u8 ^ 0xff; 32]).unwrap(),
+            Association::new_secure(
+                cfg_a,
+                Role::Initiator,
+                seed.wrapping_mul(31) | 1,
+                base,
+                security[0].clone(),
+                [seed as u8; 32],
+            )
+            .unwrap(),
+            Association::new_secure(
+                cfg_b,
+                Role::Responder,
+                seed.wrapping_mul(37) | 2,
+                base,
+                security[1].clone(),
+                [seed as u8 ^ 0xff; 32],
+            )
+            .unwrap(),
         ];
         n.security = Some(security);
         n
@@ -179,7 +195,15 @@ impl Net {
             Role::Responder
         };
         self.ends[side] = match &self.security {
-            Some(sec) => Association::new_secure(cfg, role, epoch, self.now, sec[side].clone(), [epoch as u8; 32]).unwrap(),
+            Some(sec) => Association::new_secure(
+                cfg,
+                role,
+                epoch,
+                self.now,
+                sec[side].clone(),
+                [epoch as u8; 32],
+            )
+            .unwrap(),
             None => Association::new(cfg, role, epoch, self.now).unwrap(),
         };
         self.apps[side].flows.clear();
@@ -394,4 +418,3 @@ pub fn bulk_with_progress(n: &mut Net, bytes: usize) -> (Vec<(Duration, usize)>,
     assert_eq!(n.apps[1].flows[&f].received, data);
     (progress, data)
 }
-
