@@ -47,6 +47,9 @@ pub struct App {
     pub on_open: Option<(Vec<u8>, bool, Option<Vec<u8>>)>,
 }
 
+/// Decides whether the path loses a datagram: (sending side, bytes) -> drop it.
+pub type DropFilter = Box<dyn FnMut(usize, &[u8]) -> bool>;
+
 /// A datagram on the path: (arrival, sequence, destination side, bytes).
 type InFlight = (Instant, u64, usize, Vec<u8>);
 
@@ -67,7 +70,7 @@ pub struct Net {
     /// Every datagram side 1 sent, if recording.
     pub record_b: Option<Vec<Vec<u8>>>,
     /// Drops a datagram on the path when it returns true: (sending side, bytes).
-    pub drop_filter: Option<Box<dyn FnMut(usize, &[u8]) -> bool>>,
+    pub drop_filter: Option<DropFilter>,
     /// Per-side security settings when the ends are secure (used again on restart).
     pub security: Option<[SecurityConfig; 2]>,
 }
