@@ -301,6 +301,11 @@ impl RecvStream {
         self.contiguous
     }
 
+    /// The highest offset the peer may have sent up to: the credit we advertised.
+    pub fn limit_advertised(&self) -> u64 {
+        self.limit_advertised
+    }
+
     pub fn highest(&self) -> u64 {
         self.highest
     }

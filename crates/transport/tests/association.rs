@@ -371,3 +371,27 @@ proptest! {
         n.run_until(Duration::from_secs(1), |_| false);
     }
 }
+
+/// Found by fuzzing: FLOW_RESETs for never-seen flows with huge final offsets once
+/// overflowed the association-wide accounting. They are protocol violations now, and the
+/// association keeps working.
+#[test]
+fn reset_with_an_impossible_final_offset_is_a_violation_not_an_overflow() {
+    let mut n = net(Faults::default(), 21);
+    let mut d = vec![0x20, 0x7f, 0xff];
+    for flow in [3u8, 5, 7, 9, 11] {
+        d.extend_from_slice(&[0x04, flow, 0x00]);
+        d.extend_from_slice(&[0xff; 8]);
+    }
+    let before = n.ends[0].stats().protocol_violations;
+    let now = n.now;
+    n.ends[0].handle_datagram(now, &d);
+    assert_eq!(n.ends[0].stats().protocol_violations - before, 5);
+    let data = pattern(21, 200_000);
+    let f = n.open(0, 1021, data.clone(), true);
+    assert!(n.run_until(Duration::from_secs(20), |n| n.apps[1]
+        .flows
+        .get(&f)
+        .is_some_and(|x| x.fin_received)));
+    assert_eq!(n.apps[1].flows[&f].received, data);
+}

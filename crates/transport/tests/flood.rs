@@ -111,7 +111,18 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
     let end = n.now + Duration::from_secs(120);
     while n.now < end && !fin_at(&n, 1, f) {
         let stop = n.now + MS * 10;
-        while n.now < stop && n.step() {}
+        while n.now < stop {
+            if !n.step() {
+                panic!(
+                    "stalled at {:?}: {:?} / {:?}\n{:?}\n{:?}",
+                    n.elapsed(),
+                    n.ends[0],
+                    n.ends[1],
+                    n.ends[0].stats(),
+                    n.ends[1].stats()
+                );
+            }
+        }
         flood(&mut n, 1000);
         rounds += 1;
     }
@@ -122,7 +133,29 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
     // structures are full nothing more may be retained.
     let mut round = |n: &mut Net| {
         let stop = n.now + MS * 10;
-        while n.now < stop && n.step() {}
+        let mut spins = 0;
+        let mut last = n.now;
+        while n.now < stop && n.step() {
+            if n.now == last {
+                spins += 1;
+                assert!(
+                    spins < 10_000,
+                    "time stands still at {:?}: timeouts {:?} {:?}, {:?} {:?}",
+                    n.elapsed(),
+                    n.ends[0]
+                        .poll_timeout()
+                        .map(|t| t.saturating_duration_since(n.now)),
+                    n.ends[1]
+                        .poll_timeout()
+                        .map(|t| t.saturating_duration_since(n.now)),
+                    n.ends[0].stats(),
+                    n.ends[1].stats()
+                );
+            } else {
+                spins = 0;
+                last = n.now;
+            }
+        }
         flood(n, 100);
     };
     // 80 s of it: enough for the rate-limited initiations to fill the bounded memory of

@@ -529,6 +529,12 @@ impl Association {
     ) {
         let peer_id = flow % 2 != self.role.parity();
         if peer_id && !self.peer_closed.contains(flow / 2) {
+            if final_offset > self.cfg.flow_window {
+                // A flow we never saw cannot have sent beyond the initial credit we grant;
+                // a larger final offset would only corrupt association-wide accounting.
+                self.stats.protocol_violations += 1;
+                return;
+            }
             // Never seen: none of its bytes were charged here, and none will be now.
             self.peer_closed.insert(flow / 2..flow / 2 + 1);
             self.assoc_charged += final_offset;
@@ -543,6 +549,14 @@ impl Association {
     pub(super) fn on_peer_reset(&mut self, id: FlowId, reason: ResetReason, final_offset: u64) {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
+        };
+        // The peer cannot have sent beyond the credit we advertised: a larger final offset
+        // is a protocol violation and is not charged.
+        let final_offset = if final_offset > f.recv.limit_advertised() {
+            self.stats.protocol_violations += 1;
+            f.recv.highest()
+        } else {
+            final_offset
         };
         let first = f.reset.is_none();
         if first {

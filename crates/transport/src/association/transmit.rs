@@ -168,8 +168,12 @@ impl Association {
         }
         let due = if established {
             sec.rekey_due(now, next_pn)
+        } else if start_due && sec.awaiting_confirmation(now, self.cfg.hello_interval * 3) {
+            // Our initiation would only cross the one we answered; look again later.
+            self.hello_due = Some(now + self.cfg.hello_interval);
+            false
         } else {
-            start_due && !sec.awaiting_confirmation(now, self.cfg.hello_interval * 3)
+            start_due
         };
         if !due {
             return false;

@@ -309,7 +309,11 @@ impl Security {
         if let Some(p) = &self.pending {
             if p.ephemeral == ephemeral {
                 // Our reply was lost: send the same one again (a new one would not match
-                // keys the initiator may already hold).
+                // keys the initiator may already hold). Rate limited like new work, so
+                // replaying the initiation cannot turn us into a reflector.
+                if !self.bucket.try_take(now) {
+                    return InitiationRead::Dropped(Drop::HandshakeRateLimited);
+                }
                 self.outbox = Some(p.datagram.clone());
                 return InitiationRead::Repeated;
             }
