@@ -4,8 +4,9 @@
 #   cargo build --release -p pepd -p pep-testbed && ./scripts/bench-pepd.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TB=./target/release/pep-testbed
-export PEPD_BIN=${PEPD_BIN:-./target/release/pepd}
+bin="${CARGO_TARGET_DIR:-target}/release"
+TB="$bin/pep-testbed"
+export PEPD_BIN=${PEPD_BIN:-$bin/pepd}
 fails=0
 verdict() { # name ok detail
   if [ "$2" = 1 ]; then echo -e "PASS\t$1\t$3"; else echo -e "FAIL\t$1\t$3"; fails=$((fails+1)); fi

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use pep_transport::codec::Reader;
 use pep_transport::frame::{self, AckFrame, Frame};
+use pep_transport::security::{public_key, SecurityConfig};
 use pep_transport::{Association, Config, FlowMeta, ReadOutcome, Role};
 
 fn meta() -> FlowMeta {
@@ -18,12 +19,47 @@ fn meta() -> FlowMeta {
     }
 }
 
+fn security(me: u8, peer: u8) -> SecurityConfig {
+    SecurityConfig {
+        local_private_key: [me; 32],
+        peer_public_key: public_key(&[peer; 32]),
+        psk: None,
+        rekey_interval: Duration::from_secs(120),
+        rekey_after_packets: 1 << 30,
+    }
+}
+
 /// Established pair: 10 Gb/s pacing so the pacer never holds the CPU-bound loop back.
 fn pair() -> (Association, Association, Instant) {
     let now = Instant::now();
     let cfg = Config::for_rate(10_000_000_000);
-    let mut a = Association::new(cfg.clone(), Role::Initiator, 1, now).unwrap();
-    let mut b = Association::new(cfg, Role::Responder, 2, now).unwrap();
+    let a = Association::new(cfg.clone(), Role::Initiator, 1, now).unwrap();
+    let b = Association::new(cfg, Role::Responder, 2, now).unwrap();
+    establish(a, b, now)
+}
+
+/// The same, encrypted (Noise IK, ChaCha20-Poly1305).
+fn secure_pair() -> (Association, Association, Instant) {
+    let now = Instant::now();
+    let cfg = Config::for_rate(10_000_000_000);
+    let a = Association::new_secure(
+        cfg.clone(),
+        Role::Initiator,
+        1,
+        now,
+        security(1, 2),
+        [1; 32],
+    )
+    .unwrap();
+    let b = Association::new_secure(cfg, Role::Responder, 2, now, security(2, 1), [2; 32]).unwrap();
+    establish(a, b, now)
+}
+
+fn establish(
+    mut a: Association,
+    mut b: Association,
+    now: Instant,
+) -> (Association, Association, Instant) {
     let mut buf = Vec::new();
     for _ in 0..4 {
         while a.poll_transmit(now, &mut buf) {
@@ -99,6 +135,47 @@ fn bench_bulk(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
+    g.bench_function("bulk_16MiB_one_flow_encrypted", |bch| {
+        bch.iter_batched(
+            secure_pair,
+            |(mut a, mut b, now)| assert_eq!(transfer(&mut a, &mut b, now, TOTAL), TOTAL),
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+/// What hostile datagrams cost an established, encrypted association.
+fn bench_hostile(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hostile");
+    let forged_init = {
+        let mut d = vec![0x82, 0, 0, 0, 1];
+        d.extend((0..150u32).map(|i| (i * 7) as u8));
+        d
+    };
+    let junk_short: Vec<u8> = (0..1200u32).map(|i| (i * 13) as u8 & 0x7f).collect();
+    g.bench_function("junk_short_packet_1200B", |bch| {
+        let (_, mut b, now) = secure_pair();
+        bch.iter(|| b.handle_datagram(now, &junk_short));
+    });
+    g.bench_function("forged_initiation_processed", |bch| {
+        bch.iter_batched(
+            secure_pair,
+            |(_, mut b, now)| b.handle_datagram(now, &forged_init),
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("forged_initiation_rate_limited", |bch| {
+        let (_, mut b, now) = secure_pair();
+        let mut i = 0u32;
+        bch.iter(|| {
+            // A new ephemeral each time, so only the rate limit stops the work.
+            let mut d = forged_init.clone();
+            d[5..9].copy_from_slice(&i.to_be_bytes());
+            i += 1;
+            b.handle_datagram(now, &d)
+        });
+    });
     g.finish();
 }
 
@@ -123,5 +200,5 @@ fn bench_codec(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_bulk, bench_codec);
+criterion_group!(benches, bench_bulk, bench_codec, bench_hostile);
 criterion_main!(benches);
