@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use pep_transport::{SecurityCounts, Stats};
-use support::{bulk_with_progress, fin_at, pattern, security_pair, test_config, Faults, Net};
+use support::{
+    bulk_with_progress, establish_within_20s as established, fin_at, geo_secure as geo, pattern,
+    Faults, Net,
+};
 
 /// Live heap bytes of this test binary, to show hostile input does not grow memory.
 struct CountingAlloc;
@@ -32,25 +35,6 @@ static ALLOC: CountingAlloc = CountingAlloc;
 const MS: Duration = Duration::from_millis(1);
 const INIT: u8 = 0x82;
 const REPLY: u8 = 0x83;
-
-/// A secure pair over a 600 ms round trip (GEO), 20 Mb/s.
-fn geo(faults: Faults, seed: u64, rekey: Duration) -> Net {
-    Net::new_secure(
-        test_config(20_000_000),
-        test_config(20_000_000),
-        MS * 300,
-        faults,
-        seed,
-        security_pair(rekey),
-    )
-}
-
-fn established(n: &mut Net) {
-    assert!(
-        n.run_until(Duration::from_secs(20), |n| n.established()),
-        "no association"
-    );
-}
 
 fn drops(s: &Stats) -> SecurityCounts {
     s.security

@@ -10,30 +10,14 @@ use pep_transport::security::public_key;
 use pep_transport::SecurityCounts;
 use pep_transport::{Event, Stats};
 use proptest::prelude::*;
-use support::{bulk_with_progress, fin_at, pattern, security_pair, test_config, Faults, Net};
+use support::{
+    bulk_with_progress, establish_within_20s as established, fin_at, geo_secure as geo, pattern,
+    security_pair, test_config, Faults, Net,
+};
 
 const MS: Duration = Duration::from_millis(1);
 const INIT: u8 = 0x82;
 const REPLY: u8 = 0x83;
-
-/// A secure pair over a 600 ms round trip (GEO), 20 Mb/s.
-fn geo(faults: Faults, seed: u64, rekey: Duration) -> Net {
-    Net::new_secure(
-        test_config(20_000_000),
-        test_config(20_000_000),
-        MS * 300,
-        faults,
-        seed,
-        security_pair(rekey),
-    )
-}
-
-fn established(n: &mut Net) {
-    assert!(
-        n.run_until(Duration::from_secs(20), |n| n.established()),
-        "no association"
-    );
-}
 
 fn drops(s: &Stats) -> SecurityCounts {
     s.security

@@ -591,17 +591,6 @@ pub(super) fn parse_frames<'a>(
     payload: &'a [u8],
     header: ShortHeader,
 ) -> Result<Vec<Frame<'a>>, crate::codec::DecodeError> {
-    let mut r = Reader::new(payload);
-    let mut frames = Vec::new();
-    if let Some(d) = header.implicit_data {
-        frames.push(Frame::decode_implicit_data(&mut r, d.fin, d.offset_len)?);
-        return Ok(frames);
-    }
-    while !r.is_empty() {
-        frames.push(Frame::decode(&mut r)?);
-    }
-    if frames.is_empty() {
-        return Err(crate::codec::DecodeError::Invalid("empty packet"));
-    }
-    Ok(frames)
+    // One decoder for the receive path and the fuzz targets.
+    frame::decode_payload(payload, &header)
 }

@@ -421,3 +421,22 @@ pub fn bulk_with_progress(n: &mut Net, bytes: usize) -> (Vec<(Duration, usize)>,
     assert_eq!(n.apps[1].flows[&f].received, data);
     (progress, data)
 }
+
+/// A secure pair over a 600 ms round trip (GEO), 20 Mb/s.
+pub fn geo_secure(faults: Faults, seed: u64, rekey: Duration) -> Net {
+    Net::new_secure(
+        test_config(20_000_000),
+        test_config(20_000_000),
+        Duration::from_millis(300),
+        faults,
+        seed,
+        security_pair(rekey),
+    )
+}
+
+pub fn establish_within_20s(n: &mut Net) {
+    assert!(
+        n.run_until(Duration::from_secs(20), |n| n.established()),
+        "no association"
+    );
+}
