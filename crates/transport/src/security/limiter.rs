@@ -42,10 +42,21 @@ impl TokenBucket {
     }
 }
 
-#[derive(Default)]
 pub(crate) struct RecentInitiations {
     order: VecDeque<[u8; 32]>,
     set: HashSet<[u8; 32]>,
+}
+
+impl Default for RecentInitiations {
+    /// All memory is taken up front. Twice the entries kept: the hash set then always
+    /// cleans up removed entries in place instead of growing, whatever the order of
+    /// inserts and removals, so a flood cannot grow it (about 170 KB in all).
+    fn default() -> Self {
+        RecentInitiations {
+            order: VecDeque::with_capacity(RECENT_INITIATIONS + 1),
+            set: HashSet::with_capacity(2 * RECENT_INITIATIONS),
+        }
+    }
 }
 
 impl RecentInitiations {
@@ -97,6 +108,17 @@ mod tests {
             r.insert(e);
         }
         assert_eq!(r.len(), RECENT_INITIATIONS);
+        // Churn far beyond the size never makes either structure grow.
+        let (order_cap, set_cap) = (r.order.capacity(), r.set.capacity());
+        for i in 0..100_000u32 {
+            let mut e = [0xffu8; 32];
+            e[..4].copy_from_slice(&i.to_be_bytes());
+            r.insert(e);
+        }
+        // (A set's reported capacity shrinks a little while removed entries await clean-up;
+        // growing would double it.)
+        assert_eq!(r.order.capacity(), order_cap);
+        assert!(r.set.capacity() <= set_cap);
         assert!(!r.contains(&[0u8; 32]));
         let mut last = [0u8; 32];
         last[..4].copy_from_slice(&(RECENT_INITIATIONS as u32 + 499).to_be_bytes());
