@@ -382,3 +382,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn keys_are_replaced_after_the_configured_packet_count() {
+    let run = |limit: u64| {
+        let mut sec = security_pair(Duration::from_secs(3600));
+        for s in &mut sec {
+            s.rekey_after_packets = limit;
+        }
+        let mut n = Net::new_secure(
+            test_config(20_000_000),
+            test_config(20_000_000),
+            MS * 300,
+            Faults::default(),
+            15,
+            sec,
+        );
+        established(&mut n);
+        bulk_with_progress(&mut n, 10_000_000);
+        assert_eq!(n.ends[1].stats().rekeys, n.ends[0].stats().rekeys);
+        (n.ends[0].stats().rekeys, n.ends[0].stats().packets_sent)
+    };
+    assert_eq!(run(1 << 30).0, 0);
+    // A rekey starts once 1,000 packets went under a key and completes a round trip later
+    // (about 1,100 more packets at 20 Mb/s and 600 ms): a new key every ~2,100 packets.
+    let (rekeys, sent) = run(1000);
+    eprintln!("{rekeys} rekeys for {sent} packets");
+    assert!(rekeys >= 3, "{rekeys} rekeys for {sent} packets");
+}
