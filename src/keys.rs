@@ -274,29 +274,11 @@ mod tests {
     use super::*;
 
     /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> TempDir {
-            let dir = std::env::temp_dir().join(format!(
-                "pepd-keys-{name}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).expect("temp dir");
-            TempDir(dir)
-        }
-
-        fn path(&self, name: &str) -> PathBuf {
-            self.0.join(name)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    fn temp_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("pepd-keys-")
+            .tempdir()
+            .expect("temp dir")
     }
 
     #[test]
@@ -360,8 +342,8 @@ mod tests {
 
     #[test]
     fn write_creates_0600_and_reads_back() {
-        let dir = TempDir::new("write");
-        let path = dir.path("private.key");
+        let dir = temp_dir();
+        let path = dir.path().join("private.key");
         let key = write_private_key(&path).expect("write");
         let meta = std::fs::metadata(&path).expect("metadata");
         assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
@@ -372,7 +354,7 @@ mod tests {
         assert_eq!((secret.key, secret.exposure), (key, Exposure::Owner));
         assert!(!format!("{secret:?}").contains(&encode_key(&key)));
 
-        let psk = dir.path("psk");
+        let psk = dir.path().join("psk");
         write_psk(&psk).expect("psk");
         assert_eq!(
             std::fs::metadata(&psk).expect("meta").permissions().mode() & 0o777,
@@ -383,21 +365,21 @@ mod tests {
 
     #[test]
     fn write_refuses_to_overwrite() {
-        let dir = TempDir::new("overwrite");
-        let path = dir.path("private.key");
+        let dir = temp_dir();
+        let path = dir.path().join("private.key");
         let first = write_private_key(&path).expect("write");
         let e = write_private_key(&path).unwrap_err();
         assert!(matches!(e, KeyError::Exists { .. }), "{e}");
         assert!(e.to_string().contains("already exists"), "{e}");
         assert_eq!(read_key_file(&path).expect("unchanged"), first);
-        let e = write_psk(&dir.path("no/such/dir")).unwrap_err();
+        let e = write_psk(&dir.path().join("no/such/dir")).unwrap_err();
         assert!(matches!(e, KeyError::Write { .. }), "{e}");
     }
 
     #[test]
     fn permissions_are_checked() {
-        let dir = TempDir::new("perms");
-        let path = dir.path("private.key");
+        let dir = temp_dir();
+        let path = dir.path().join("private.key");
         write_private_key(&path).expect("write");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let e = read_secret_key_file(&path).unwrap_err();
@@ -435,8 +417,8 @@ mod tests {
 
     #[test]
     fn unreadable_missing_and_garbage_files() {
-        let dir = TempDir::new("bad");
-        let missing = dir.path("missing.key");
+        let dir = temp_dir();
+        let missing = dir.path().join("missing.key");
         let e = read_secret_key_file(&missing).unwrap_err();
         assert!(matches!(e, KeyError::Missing { .. }), "{e}");
         assert_eq!(
@@ -444,26 +426,26 @@ mod tests {
             format!("{} does not exist", missing.display())
         );
 
-        let garbage = dir.path("garbage.key");
+        let garbage = dir.path().join("garbage.key");
         std::fs::write(&garbage, "this is not a key\n").expect("write");
         std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let e = read_secret_key_file(&garbage).unwrap_err();
         assert!(matches!(e, KeyError::BadContent { .. }), "{e}");
         assert!(e.to_string().contains("is not a key file"), "{e}");
 
-        let short = dir.path("short.key");
+        let short = dir.path().join("short.key");
         std::fs::write(&short, STANDARD.encode([7u8; 16])).expect("write");
         let e = read_key_file(&short).unwrap_err().to_string();
         assert!(e.contains("decodes to 16 bytes, not 32"), "{e}");
 
-        let binary = dir.path("binary.key");
+        let binary = dir.path().join("binary.key");
         std::fs::write(&binary, [0xff, 0xfe, 0x00]).expect("write");
         assert!(matches!(
             read_key_file(&binary),
             Err(KeyError::BadContent { .. })
         ));
 
-        let e = read_secret_key_file(&dir.0).unwrap_err();
+        let e = read_secret_key_file(dir.path()).unwrap_err();
         assert!(matches!(e, KeyError::Read { .. }), "{e}");
     }
 }

@@ -4,8 +4,10 @@
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
+
+use tempfile::TempDir;
 
 const PEPD: &str = env!("CARGO_BIN_EXE_pepd");
 const TERMINAL: &str = include_str!("../config/terminal.toml");
@@ -13,25 +15,11 @@ const HUB: &str = include_str!("../config/hub.toml");
 const PLACEHOLDER: &str = "REPLACE+with+output+of+pepd+pubkey+on+peer0=";
 
 /// A fresh directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("pepd-keys-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempDir(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn temp_dir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("pepd-keys-cli-")
+        .tempdir()
+        .expect("temp dir")
 }
 
 fn pepd(args: &[&str]) -> Output {
@@ -84,15 +72,15 @@ fn example_with(example: &str, private_key: &Path, peer: &str) -> String {
 }
 
 fn check_config(dir: &TempDir, name: &str, text: &str) -> Output {
-    let path = dir.path(name);
+    let path = dir.path().join(name);
     std::fs::write(&path, text).expect("write config");
     pepd(&["check-config", "-c", path.to_str().expect("utf-8 path")])
 }
 
 #[test]
 fn genkey_writes_a_0600_key_and_pubkey_derives_the_same_public_key() {
-    let dir = TempDir::new("genkey");
-    let key = dir.path("private.key");
+    let dir = temp_dir();
+    let key = dir.path().join("private.key");
     let public = genkey(&key);
     assert_eq!(public.len(), 44, "{public}");
     assert_eq!(mode(&key), 0o600);
@@ -125,13 +113,13 @@ fn genkey_writes_a_0600_key_and_pubkey_derives_the_same_public_key() {
     }
 
     // Another key is another key.
-    assert_ne!(genkey(&dir.path("other.key")), public);
+    assert_ne!(genkey(&dir.path().join("other.key")), public);
 }
 
 #[test]
 fn genkey_and_genpsk_refuse_to_overwrite() {
-    let dir = TempDir::new("overwrite");
-    let key = dir.path("private.key");
+    let dir = temp_dir();
+    let key = dir.path().join("private.key");
     genkey(&key);
     let before = std::fs::read(&key).expect("read");
     for tool in ["genkey", "genpsk"] {
@@ -145,8 +133,8 @@ fn genkey_and_genpsk_refuse_to_overwrite() {
 
 #[test]
 fn genpsk_writes_a_0600_key() {
-    let dir = TempDir::new("genpsk");
-    let psk = dir.path("psk.key");
+    let dir = temp_dir();
+    let psk = dir.path().join("psk.key");
     let o = pepd(&["genpsk", psk.to_str().expect("utf-8")]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).is_empty(), "the psk is not printed");
@@ -157,22 +145,25 @@ fn genpsk_writes_a_0600_key() {
 
 #[test]
 fn pubkey_rejects_what_is_not_a_key() {
-    let dir = TempDir::new("pubkey-bad");
-    let garbage = dir.path("garbage");
+    let dir = temp_dir();
+    let garbage = dir.path().join("garbage");
     std::fs::write(&garbage, "hello\n").expect("write");
     let o = pepd(&["pubkey", garbage.to_str().expect("utf-8")]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("is not a key file"), "{}", stderr(&o));
-    let o = pepd(&["pubkey", dir.path("missing").to_str().expect("utf-8")]);
+    let o = pepd(&[
+        "pubkey",
+        dir.path().join("missing").to_str().expect("utf-8"),
+    ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
 }
 
 #[test]
 fn check_config_accepts_the_examples_with_real_keys() {
-    let dir = TempDir::new("examples");
-    let terminal_key = dir.path("terminal.key");
-    let hub_key = dir.path("hub.key");
+    let dir = temp_dir();
+    let terminal_key = dir.path().join("terminal.key");
+    let hub_key = dir.path().join("hub.key");
     let terminal_public = genkey(&terminal_key);
     let hub_public = genkey(&hub_key);
     for (name, example, key, own, peer) in [
@@ -202,8 +193,8 @@ fn check_config_accepts_the_examples_with_real_keys() {
 
 #[test]
 fn check_config_refuses_the_placeholder() {
-    let dir = TempDir::new("placeholder");
-    let key = dir.path("private.key");
+    let dir = temp_dir();
+    let key = dir.path().join("private.key");
     genkey(&key);
     let text = example_with(TERMINAL, &key, PLACEHOLDER);
     let o = check_config(&dir, "terminal.toml", &text);
@@ -217,15 +208,15 @@ fn check_config_refuses_the_placeholder() {
 
 #[test]
 fn check_config_names_a_bad_private_key_file() {
-    let dir = TempDir::new("bad-key");
-    let peer = genkey(&dir.path("peer.key"));
-    let open = dir.path("open.key");
+    let dir = temp_dir();
+    let peer = genkey(&dir.path().join("peer.key"));
+    let open = dir.path().join("open.key");
     genkey(&open);
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let garbage = dir.path("garbage.key");
+    let garbage = dir.path().join("garbage.key");
     std::fs::write(&garbage, "not a key at all\n").expect("write");
     std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let missing = dir.path("missing.key");
+    let missing = dir.path().join("missing.key");
     for (what, key, says) in [
         ("0644", &open, "is readable by other users (mode 0644)"),
         ("missing", &missing, "does not exist"),
@@ -256,7 +247,7 @@ fn check_config_names_a_bad_private_key_file() {
 
 #[test]
 fn check_config_warns_for_mode_none_and_nft_rules_needs_no_keys() {
-    let dir = TempDir::new("none");
+    let dir = temp_dir();
     let plain = "[peer]\naddress = \"198.18.0.1:7400\"\nside = \"terminal\"\n\
                  [link]\ntx_rate = \"2M\"\nrx_rate = \"10M\"\n";
     let o = check_config(
@@ -289,7 +280,7 @@ fn check_config_warns_for_mode_none_and_nft_rules_needs_no_keys() {
     let o = pepd(&[
         "nft-rules",
         "-c",
-        dir.path("plain.toml").to_str().expect("utf-8"),
+        dir.path().join("plain.toml").to_str().expect("utf-8"),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
 }

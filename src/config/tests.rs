@@ -875,30 +875,31 @@ route_table = 254
 // ---- [security] ------------------------------------------------------------------------
 
 /// A fresh directory for key files, removed on drop.
-struct KeyDir(std::path::PathBuf);
+struct KeyDir(tempfile::TempDir);
 
 impl KeyDir {
     fn new(name: &str) -> KeyDir {
-        let dir = std::env::temp_dir().join(format!("pepd-config-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        KeyDir(dir)
+        let prefix = format!("pepd-config-{name}-");
+        KeyDir(
+            tempfile::Builder::new()
+                .prefix(&prefix)
+                .tempdir()
+                .expect("temp dir"),
+        )
+    }
+
+    fn join(&self, name: &str) -> std::path::PathBuf {
+        self.0.path().join(name)
     }
 
     /// A new private key file with `mode`; returns its path and public key (base64).
     fn private_key(&self, name: &str, mode: u32) -> (std::path::PathBuf, String) {
         use std::os::unix::fs::PermissionsExt;
-        let path = self.0.join(name);
+        let path = self.join(name);
         let key = crate::keys::write_private_key(&path).expect("write key");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
         let public = pep_transport::security::public_key(&key);
         (path, crate::keys::encode_key(&public))
-    }
-}
-
-impl Drop for KeyDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -924,7 +925,7 @@ fn security_err(text: &str) -> Vec<Diagnostic> {
 fn security_loads_keys_and_psk() {
     let dir = KeyDir::new("load");
     let (key, public) = dir.private_key("private.key", 0o600);
-    let psk = dir.0.join("psk");
+    let psk = dir.join("psk");
     crate::keys::write_psk(&psk).expect("psk");
     let c = PepdConfig::parse_named(
         &with_security(&format!(
@@ -1005,7 +1006,7 @@ fn key_file_problems_name_key_line_and_file() {
         ))
     };
     // Missing: says how to make one.
-    let missing = dir.0.join("missing.key");
+    let missing = dir.join("missing.key");
     let p = security_err(&config(&missing));
     assert_only(&p, "security.private_key_file", at(8));
     assert_eq!(
@@ -1030,7 +1031,7 @@ fn key_file_problems_name_key_line_and_file() {
         "{text}"
     );
     // Not a key.
-    let garbage = dir.0.join("garbage.key");
+    let garbage = dir.join("garbage.key");
     std::fs::write(&garbage, "-----BEGIN PRIVATE KEY-----\n").expect("write");
     std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let p = security_err(&config(&garbage));
@@ -1051,7 +1052,7 @@ fn key_file_problems_name_key_line_and_file() {
     let (ok, _) = dir.private_key("ok.key", 0o600);
     let p = security_err(&with_security(&format!(
         "private_key_file = {ok:?}\npsk_file = {:?}\npeer_public_key = \"{}\"\n",
-        dir.0.join("no.psk"),
+        dir.join("no.psk"),
         crate::keys::PLACEHOLDER_PUBLIC_KEY
     )));
     let got: Vec<_> = p

@@ -8,10 +8,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-use pep_transport::{SecurityCounts, Stats};
 use support::{
     bulk_with_progress, establish_within_20s as established, fin_at, geo_secure as geo, pattern,
-    Faults, Net,
+    Faults, Net, INIT, REPLY,
 };
 
 /// Live heap bytes of this test binary, to show hostile input does not grow memory.
@@ -33,12 +32,6 @@ unsafe impl GlobalAlloc for CountingAlloc {
 static ALLOC: CountingAlloc = CountingAlloc;
 
 const MS: Duration = Duration::from_millis(1);
-const INIT: u8 = 0x82;
-const REPLY: u8 = 0x83;
-
-fn drops(s: &Stats) -> SecurityCounts {
-    s.security
-}
 
 #[test]
 fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
@@ -153,7 +146,7 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
         round(&mut n);
     }
     let growth = LIVE.load(Ordering::Relaxed) - live_after_warmup;
-    let d = drops(&n.ends[1].stats());
+    let d = n.ends[1].stats().security;
     eprintln!(
         "flood: {} rounds, transfer {flood_time:?} vs {quiet_time:?} quiet, heap growth {growth} B, drops {d:?}",
         rounds

@@ -12,16 +12,10 @@ use pep_transport::{Event, Stats};
 use proptest::prelude::*;
 use support::{
     bulk_with_progress, establish_within_20s as established, fin_at, geo_secure as geo, pattern,
-    security_pair, test_config, Faults, Net,
+    security_pair, test_config, Faults, Net, INIT, REPLY,
 };
 
 const MS: Duration = Duration::from_millis(1);
-const INIT: u8 = 0x82;
-const REPLY: u8 = 0x83;
-
-fn drops(s: &Stats) -> SecurityCounts {
-    s.security
-}
 
 #[test]
 fn encrypted_flows_deliver_exact_bytes_both_ways_under_loss() {
@@ -50,7 +44,7 @@ fn encrypted_flows_deliver_exact_bytes_both_ways_under_loss() {
     for side in 0..2 {
         let s = n.ends[side].stats();
         assert_eq!(s.handshakes_completed, 1);
-        assert_eq!(drops(&s), SecurityCounts::default(), "side {side}");
+        assert_eq!(s.security, SecurityCounts::default(), "side {side}");
     }
 }
 
@@ -132,7 +126,7 @@ fn rekeying_during_bulk_keeps_bytes_exact_without_stalling() {
         "{rekey_time:?} with rekeys vs {no_rekey_time:?}"
     );
     for side in 0..2 {
-        let d = drops(&n.ends[side].stats());
+        let d = n.ends[side].stats().security;
         assert_eq!(d.unauthenticated + d.replayed, 0, "side {side}: {d:?}");
     }
 }
@@ -157,7 +151,7 @@ fn a_gateway_with_the_wrong_key_never_associates_or_delivers() {
     assert!(n.apps[1].events.is_empty(), "{:?}", n.apps[1].events);
     assert!(n.apps[0].flows[&f].received.is_empty());
     // Side 1 refuses side 0's static key; side 0 cannot even read side 1's initiations.
-    assert!(drops(&n.ends[1].stats()).handshake_unknown_peer > 0);
+    assert!(n.ends[1].stats().security.handshake_unknown_peer > 0);
     for side in 0..2 {
         assert_eq!(n.ends[side].stats().handshakes_completed, 0);
     }
@@ -197,9 +191,9 @@ fn replayed_datagrams_are_rejected_and_change_nothing() {
     assert_eq!(n.apps[1].flows[&f].received, data);
     let shorts = captured.iter().filter(|d| d[0] & 0x80 == 0).count() as u64;
     let inits = captured.iter().filter(|d| d[0] == INIT).count() as u64;
-    assert_eq!(drops(&after).replayed - drops(&before).replayed, shorts);
+    assert_eq!(after.security.replayed - before.security.replayed, shorts);
     assert_eq!(
-        drops(&after).handshake_replayed - drops(&before).handshake_replayed,
+        after.security.handshake_replayed - before.security.handshake_replayed,
         inits
     );
     // After the receiver restarts, the old captures authenticate under no key at all.
@@ -212,7 +206,7 @@ fn replayed_datagrams_are_rejected_and_change_nothing() {
     let after = n.ends[1].stats();
     assert_eq!(after.packets_received, before.packets_received);
     assert_eq!(
-        drops(&after).unauthenticated - drops(&before).unauthenticated,
+        after.security.unauthenticated - before.security.unauthenticated,
         shorts
     );
 }

@@ -6,6 +6,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
+use pep_transport::packet::{LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY};
 use pep_transport::security::{public_key, SecurityConfig};
 use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, ResetReason, Role};
 
@@ -440,3 +441,7 @@ pub fn establish_within_20s(n: &mut Net) {
         "no association"
     );
 }
+
+/// First byte of a Noise handshake initiation and reply.
+pub const INIT: u8 = LONG_HEADER_BIT | LONG_TYPE_HANDSHAKE_INIT;
+pub const REPLY: u8 = LONG_HEADER_BIT | LONG_TYPE_HANDSHAKE_REPLY;
