@@ -83,17 +83,12 @@ impl Association {
             }
         };
         if let Some(reply) = opened.confirmed {
+            // The packet's own phase is the one the initiator chose for these keys.
             let h = reply.peer_hello;
-            let rekey = self.established && self.peer_epoch == Some(h.epoch);
-            if !rekey {
-                self.apply_peer_hello(h);
-            }
-            let keys = reply.into_keys();
+            self.start_session(now, h, reply.into_keys(), |_, _| short.key_phase);
             if let Some(sec) = self.security.as_mut() {
-                sec.install(keys, short.key_phase, rekey, now, self.next_pn);
                 sec.record(opened.pn);
             }
-            self.on_handshake_complete(rekey);
         }
         Some((opened.pn, opened.payload_len))
     }
@@ -165,7 +160,7 @@ impl Association {
         if self.established && self.peer_epoch.is_some_and(|p| h.epoch > p) {
             self.apply_peer_hello(h);
         }
-        let rekey = self.established && self.peer_epoch == Some(h.epoch);
+        let rekey = self.is_rekey(&h);
         let mut ours = self.local_hello();
         ours.echo = h.epoch;
         let mut encoded = Vec::new();
@@ -193,16 +188,8 @@ impl Association {
         let Some(h) = self.authenticated_hello(&hello) else {
             return;
         };
-        let rekey = self.established && self.peer_epoch == Some(h.epoch);
-        if !rekey {
-            self.apply_peer_hello(h);
-        }
-        let next_pn = self.next_pn;
-        if let Some(sec) = self.security.as_mut() {
-            let phase = if rekey { sec.next_phase() } else { false };
-            sec.install(keys, phase, rekey, now, next_pn);
-        }
-        self.on_handshake_complete(rekey);
+        // A new association starts in phase 0; a rekey flips the phase.
+        self.start_session(now, h, keys, |sec, rekey| rekey && sec.next_phase());
         // The responder uses the keys once it sees them in use: confirm at once.
         self.probes_pending = self.probes_pending.max(1);
     }
@@ -223,7 +210,31 @@ impl Association {
         Some(h)
     }
 
-    fn on_handshake_complete(&mut self, rekey: bool) {
+    /// Whether a handshake carrying `h` replaces the keys of the running association
+    /// rather than starting a new one.
+    fn is_rekey(&self, h: &Hello) -> bool {
+        self.established && self.peer_epoch == Some(h.epoch)
+    }
+
+    /// Puts the keys of a completed handshake in use: for a new association the peer's
+    /// HELLO is applied first (a new epoch resets the old one), for a rekey the association
+    /// goes on. `phase(security, rekey)` picks the key phase.
+    fn start_session(
+        &mut self,
+        now: Instant,
+        h: Hello,
+        keys: crate::security::SessionKeys,
+        phase: impl FnOnce(&Security, bool) -> bool,
+    ) {
+        let rekey = self.is_rekey(&h);
+        if !rekey {
+            self.apply_peer_hello(h);
+        }
+        let next_pn = self.next_pn;
+        if let Some(sec) = self.security.as_mut() {
+            let phase = phase(sec, rekey);
+            sec.install(keys, phase, rekey, now, next_pn);
+        }
         self.stats.handshakes_completed += 1;
         if rekey {
             self.stats.rekeys += 1;

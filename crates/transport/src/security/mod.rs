@@ -47,7 +47,8 @@ use std::time::Instant;
 use crate::codec::expand_truncated;
 use crate::packet::ShortHeader;
 use aead::PacketKey;
-use handshake::{EphemeralSource, Initiation, Refusal, Responder, SessionKeys};
+pub(crate) use handshake::SessionKeys;
+use handshake::{EphemeralSource, Initiation, Refusal, Responder};
 use limiter::{RecentInitiations, TokenBucket};
 use replay::ReplayWindow;
 
@@ -57,7 +58,7 @@ const SENDS_PER_INITIATION: u32 = 3;
 
 /// Why the security layer dropped a datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Drop {
+pub(crate) enum DropReason {
     Unauthenticated,
     Replayed,
     HandshakeInvalid,
@@ -66,25 +67,25 @@ pub(crate) enum Drop {
     HandshakeReplayed,
 }
 
-impl Drop {
+impl DropReason {
     pub(crate) fn count(self, c: &mut crate::stats::SecurityCounts) {
         let n = match self {
-            Drop::Unauthenticated => &mut c.unauthenticated,
-            Drop::Replayed => &mut c.replayed,
-            Drop::HandshakeInvalid => &mut c.handshake_invalid,
-            Drop::HandshakeUnknownPeer => &mut c.handshake_unknown_peer,
-            Drop::HandshakeRateLimited => &mut c.handshake_rate_limited,
-            Drop::HandshakeReplayed => &mut c.handshake_replayed,
+            DropReason::Unauthenticated => &mut c.unauthenticated,
+            DropReason::Replayed => &mut c.replayed,
+            DropReason::HandshakeInvalid => &mut c.handshake_invalid,
+            DropReason::HandshakeUnknownPeer => &mut c.handshake_unknown_peer,
+            DropReason::HandshakeRateLimited => &mut c.handshake_rate_limited,
+            DropReason::HandshakeReplayed => &mut c.handshake_replayed,
         };
         *n += 1;
     }
 }
 
-impl From<Refusal> for Drop {
+impl From<Refusal> for DropReason {
     fn from(r: Refusal) -> Self {
         match r {
-            Refusal::Invalid => Drop::HandshakeInvalid,
-            Refusal::UnknownPeer => Drop::HandshakeUnknownPeer,
+            Refusal::Invalid => DropReason::HandshakeInvalid,
+            Refusal::UnknownPeer => DropReason::HandshakeUnknownPeer,
         }
     }
 }
@@ -147,7 +148,7 @@ pub(crate) enum InitiationRead {
     Repeated,
     /// Both sides initiated; ours takes precedence.
     Collision,
-    Dropped(Drop),
+    Dropped(DropReason),
 }
 
 pub(crate) struct Security {
@@ -242,12 +243,8 @@ impl Security {
         self.leads
             && self.current.as_ref().is_some_and(|s| {
                 next_pn - s.first_pn_sent >= self.cfg.rekey_after_packets
-                    || self.replay_front() - s.first_pn_received >= self.cfg.rekey_after_packets
+                    || self.replay.front() - s.first_pn_received >= self.cfg.rekey_after_packets
             })
-    }
-
-    fn replay_front(&self) -> u64 {
-        self.replay.front()
     }
 
     fn rekey_deadline(&self) -> Option<Instant> {
@@ -301,10 +298,10 @@ impl Security {
     /// Diffie-Hellman, the rest is rate limited.
     pub(crate) fn read_initiation(&mut self, now: Instant, datagram: &[u8]) -> InitiationRead {
         let Some(noise) = handshake::noise_message(datagram) else {
-            return InitiationRead::Dropped(Drop::HandshakeInvalid);
+            return InitiationRead::Dropped(DropReason::HandshakeInvalid);
         };
         let Some(ephemeral) = handshake::initiation_ephemeral(noise) else {
-            return InitiationRead::Dropped(Drop::HandshakeInvalid);
+            return InitiationRead::Dropped(DropReason::HandshakeInvalid);
         };
         if let Some(p) = &self.pending {
             if p.ephemeral == ephemeral {
@@ -312,20 +309,20 @@ impl Security {
                 // keys the initiator may already hold). Rate limited like new work, so
                 // replaying the initiation cannot turn us into a reflector.
                 if !self.bucket.try_take(now) {
-                    return InitiationRead::Dropped(Drop::HandshakeRateLimited);
+                    return InitiationRead::Dropped(DropReason::HandshakeRateLimited);
                 }
                 self.outbox = Some(p.datagram.clone());
                 return InitiationRead::Repeated;
             }
         }
         if self.recent.contains(&ephemeral) {
-            return InitiationRead::Dropped(Drop::HandshakeReplayed);
+            return InitiationRead::Dropped(DropReason::HandshakeReplayed);
         }
         if self.initiation.is_some() && self.leads {
             return InitiationRead::Collision;
         }
         if !self.bucket.try_take(now) {
-            return InitiationRead::Dropped(Drop::HandshakeRateLimited);
+            return InitiationRead::Dropped(DropReason::HandshakeRateLimited);
         }
         self.recent.insert(ephemeral);
         match Responder::read(&self.cfg, &mut self.source, noise) {
@@ -347,7 +344,7 @@ impl Security {
         our_hello: &[u8],
         peer_hello: crate::packet::Hello,
         fresh_numbers: bool,
-    ) -> Result<(), Drop> {
+    ) -> Result<(), DropReason> {
         let (datagram, keys) = responder.reply(our_hello)?;
         // The peer's initiation won: ours would only collide with it.
         self.initiation = None;
@@ -368,15 +365,18 @@ impl Security {
         &mut self,
         now: Instant,
         datagram: &[u8],
-    ) -> Result<(Vec<u8>, SessionKeys), Drop> {
-        let noise = handshake::noise_message(datagram).ok_or(Drop::HandshakeInvalid)?;
+    ) -> Result<(Vec<u8>, SessionKeys), DropReason> {
+        let noise = handshake::noise_message(datagram).ok_or(DropReason::HandshakeInvalid)?;
         if self.initiation.is_none() {
-            return Err(Drop::HandshakeInvalid);
+            return Err(DropReason::HandshakeInvalid);
         }
         if !self.bucket.try_take(now) {
-            return Err(Drop::HandshakeRateLimited);
+            return Err(DropReason::HandshakeRateLimited);
         }
-        let i = self.initiation.as_mut().ok_or(Drop::HandshakeInvalid)?;
+        let i = self
+            .initiation
+            .as_mut()
+            .ok_or(DropReason::HandshakeInvalid)?;
         let done = i.init.finish(noise)?;
         self.initiation = None;
         Ok(done)
@@ -419,15 +419,30 @@ impl Security {
         short: &ShortHeader,
         expected: u64,
         packet: &mut [u8],
-    ) -> Result<Opened, Drop> {
+    ) -> Result<Opened, DropReason> {
         let header_len = short.encoded_len();
         let expand = |reference: u64| expand_truncated(short.pn_truncated, short.pn_len, reference);
-        let mut replayed = false;
-        if let Some(s) = self.current.as_ref().filter(|s| s.phase == short.key_phase) {
-            let pn = expand(expected);
-            if !self.replay.is_fresh(pn) {
-                replayed = true;
-            } else if let Ok(payload_len) = s.keys.recv.open(pn, header_len, packet) {
+        // The current and the previous key share this association's packet numbers and its
+        // replay window; the phase bit says which of them may have sealed the packet.
+        let pn = expand(expected);
+        let same_numbers = [
+            self.current
+                .as_ref()
+                .filter(|s| s.phase == short.key_phase)
+                .map(|s| &s.keys.recv),
+            self.previous_recv
+                .as_ref()
+                .filter(|(phase, _)| *phase == short.key_phase)
+                .map(|(_, key)| key),
+        ];
+        let has_candidate = same_numbers.iter().any(Option::is_some);
+        let fresh = self.replay.is_fresh(pn);
+        if fresh {
+            let opened = same_numbers
+                .into_iter()
+                .flatten()
+                .find_map(|key| key.open(pn, header_len, packet).ok());
+            if let Some(payload_len) = opened {
                 self.replay.record(pn);
                 return Ok(Opened {
                     pn,
@@ -437,9 +452,8 @@ impl Security {
             }
         }
         if let Some(p) = &self.pending {
-            let pn = expand(if p.fresh_numbers { 0 } else { expected });
-            let fresh = p.fresh_numbers || self.replay.is_fresh(pn);
-            if fresh {
+            let pn = if p.fresh_numbers { expand(0) } else { pn };
+            if p.fresh_numbers || fresh {
                 if let Ok(payload_len) = p.keys.recv.open(pn, header_len, packet) {
                     return Ok(Opened {
                         pn,
@@ -449,27 +463,10 @@ impl Security {
                 }
             }
         }
-        if let Some((_, key)) = self
-            .previous_recv
-            .as_ref()
-            .filter(|(p, _)| *p == short.key_phase)
-        {
-            let pn = expand(expected);
-            if !self.replay.is_fresh(pn) {
-                replayed = true;
-            } else if let Ok(payload_len) = key.open(pn, header_len, packet) {
-                self.replay.record(pn);
-                return Ok(Opened {
-                    pn,
-                    payload_len,
-                    confirmed: None,
-                });
-            }
-        }
-        Err(if replayed {
-            Drop::Replayed
+        Err(if has_candidate && !fresh {
+            DropReason::Replayed
         } else {
-            Drop::Unauthenticated
+            DropReason::Unauthenticated
         })
     }
 
