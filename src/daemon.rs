@@ -70,6 +70,9 @@ fn read_live(live: &LiveRef) -> Live {
 pub struct Daemon {
     pub path: PathBuf,
     pub cfg: PepdConfig,
+    /// The keys, read (and their warnings logged) with the config at start; `None` with
+    /// `security.mode = "none"`.
+    pub security: Option<pep_transport::security::SecurityConfig>,
     pub log_reload: LogReload,
 }
 
@@ -78,15 +81,12 @@ impl Daemon {
         let Daemon {
             path,
             mut cfg,
+            security,
             log_reload,
         } = self;
         let notifier = Notifier;
         let tcfg = cfg.transport();
-        let security = cfg.load_security().map_err(|e| anyhow::anyhow!("{e}"))?;
-        for w in &security.warnings {
-            warn!("{w}");
-        }
-        let assoc = match security.config {
+        let assoc = match security {
             Some(sec) => {
                 let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
                 Association::new_secure(
@@ -98,13 +98,8 @@ impl Daemon {
                     seed,
                 )
             }
-            None => {
-                warn!(
-                    "security.mode = \"none\": the tunnel is neither authenticated nor \
-                     encrypted; only the peer address is checked"
-                );
-                Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now())
-            }
+            // Warned about with the other config warnings at start.
+            None => Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now()),
         }
         .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
         let hub = Arc::new(Hub::new(assoc, cfg.limits.memory_budget.bytes() / 2));

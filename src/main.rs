@@ -214,6 +214,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
         daemon::Daemon {
             path: path.to_owned(),
             cfg,
+            security: security.config,
             log_reload,
         }
         .run(),
