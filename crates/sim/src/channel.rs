@@ -9,6 +9,8 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
+use crate::schedule::Schedule;
+
 /// Seeded generator: a fixed algorithm (not `StdRng`), so a seed means the same run on every
 /// build and platform.
 pub type SeededRng = Xoshiro256PlusPlus;
@@ -176,6 +178,15 @@ pub struct Impairments {
     pub loss: f64,
     pub burst: Option<GilbertElliott>,
     pub outages: OutageSchedule,
+    /// Replaces `ber` from each of its steps on (weather that comes and goes).
+    pub ber_schedule: Schedule,
+}
+
+impl Impairments {
+    /// The bit error rate in force at `t`.
+    pub fn ber_at(&self, t: Duration) -> f64 {
+        self.ber_schedule.at(t).unwrap_or(self.ber)
+    }
 }
 
 /// What the channel did to a packet.
@@ -243,7 +254,7 @@ impl Channel {
         if self.imp.loss > 0.0 && self.rng.random::<f64>() < self.imp.loss {
             return Fate::Lost;
         }
-        let p_corrupt = corruption_probability(self.imp.ber, wire_bytes);
+        let p_corrupt = corruption_probability(self.imp.ber_at(t), wire_bytes);
         if p_corrupt > 0.0 && self.rng.random::<f64>() < p_corrupt {
             return Fate::Corrupted;
         }
@@ -260,7 +271,7 @@ pub struct ParseError {
 }
 
 impl ParseError {
-    fn new(option: &'static str, value: &str, why: &'static str) -> Self {
+    pub(crate) fn new(option: &'static str, value: &str, why: &'static str) -> Self {
         ParseError {
             option,
             value: value.to_owned(),

@@ -4,4 +4,6 @@
 pub mod channel;
 pub mod link;
 pub mod report;
+pub mod schedule;
 pub mod sim;
+pub mod timeline;

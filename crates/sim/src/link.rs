@@ -5,6 +5,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::channel::{Channel, Fate, Impairments};
+use crate::schedule::Schedule;
+use crate::timeline::Timeline;
 
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
@@ -13,6 +15,34 @@ pub struct LinkConfig {
     /// Drop-tail limit on bytes waiting to be serialised.
     pub queue_bytes: u64,
     pub impairments: Impairments,
+    /// Rate (bit/s) from each step on; `rate_bps` before the first (ACM steps).
+    pub rate_schedule: Schedule,
+    /// One-way delay (ms) from each step on; `delay` before the first (LEO path changes).
+    pub delay_schedule: Schedule,
+}
+
+impl LinkConfig {
+    /// A link of fixed rate and delay.
+    pub fn fixed(rate_bps: u64, delay: Duration, queue_bytes: u64, imp: Impairments) -> Self {
+        LinkConfig {
+            rate_bps,
+            delay,
+            queue_bytes,
+            impairments: imp,
+            rate_schedule: Schedule::default(),
+            delay_schedule: Schedule::default(),
+        }
+    }
+
+    pub fn rate_at(&self, t: Duration) -> u64 {
+        self.rate_schedule.at(t).map_or(self.rate_bps, |r| r as u64)
+    }
+
+    pub fn delay_at(&self, t: Duration) -> Duration {
+        self.delay_schedule
+            .at(t)
+            .map_or(self.delay, |ms| Duration::from_secs_f64(ms / 1e3))
+    }
 }
 
 /// What became of one packet offered to the link.
@@ -42,6 +72,9 @@ pub struct LinkStats {
     pub queue_wait_total: Duration,
     /// Time the transmitter was busy.
     pub busy: Duration,
+    /// Cross traffic (not the simulated senders') offered and delivered, in wire bytes.
+    pub cross_bytes_offered: u64,
+    pub cross_bytes_delivered: u64,
 }
 
 pub struct Link {
@@ -52,7 +85,10 @@ pub struct Link {
     /// Departure (end of serialisation) time and size of packets not yet fully sent.
     in_queue: VecDeque<(Duration, u64)>,
     queued_bytes: u64,
+    /// Latest arrival handed out: a shorter delay later never lets a packet overtake.
+    last_arrival: Duration,
     stats: LinkStats,
+    timeline: Timeline,
 }
 
 impl Link {
@@ -63,7 +99,9 @@ impl Link {
             busy_until: Duration::ZERO,
             in_queue: VecDeque::new(),
             queued_bytes: 0,
+            last_arrival: Duration::ZERO,
             stats: LinkStats::default(),
+            timeline: Timeline::default(),
         }
     }
 
@@ -75,13 +113,31 @@ impl Link {
         &self.cfg
     }
 
-    fn serialisation(&self, bytes: u64) -> Duration {
-        let nanos = u128::from(bytes) * 8 * 1_000_000_000 / u128::from(self.cfg.rate_bps.max(1));
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
+    }
+
+    fn serialisation(&self, bytes: u64, at: Duration) -> Duration {
+        let rate = self.cfg.rate_at(at).max(1);
+        let nanos = u128::from(bytes) * 8 * 1_000_000_000 / u128::from(rate);
         Duration::from_nanos(nanos as u64)
     }
 
     /// Offers a packet of `wire_bytes` (everything that crosses the link) at time `now`.
     pub fn offer(&mut self, now: Duration, wire_bytes: u64) -> Offer {
+        self.offer_as(now, wire_bytes, false)
+    }
+
+    /// Offers a packet of cross traffic: it takes its place in the queue and on the wire
+    /// but belongs to no simulated sender.
+    pub fn offer_cross(&mut self, now: Duration, wire_bytes: u64) {
+        self.stats.cross_bytes_offered += wire_bytes;
+        if let Offer::Delivered { .. } = self.offer_as(now, wire_bytes, true) {
+            self.stats.cross_bytes_delivered += wire_bytes;
+        }
+    }
+
+    fn offer_as(&mut self, now: Duration, wire_bytes: u64, cross: bool) -> Offer {
         while let Some(&(depart, bytes)) = self.in_queue.front() {
             if depart > now {
                 break;
@@ -94,10 +150,11 @@ impl Link {
         // The packet being serialised counts as queued until it has left.
         if self.queued_bytes + wire_bytes > self.cfg.queue_bytes && !self.in_queue.is_empty() {
             self.stats.queue_drops += 1;
+            self.timeline.record_queue_drop(now);
             return Offer::QueueDrop;
         }
         let start = self.busy_until.max(now);
-        let tx = self.serialisation(wire_bytes);
+        let tx = self.serialisation(wire_bytes, start);
         let depart = start + tx;
         self.busy_until = depart;
         self.in_queue.push_back((depart, wire_bytes));
@@ -105,13 +162,17 @@ impl Link {
         self.stats.queue_peak_bytes = self.stats.queue_peak_bytes.max(self.queued_bytes);
         self.stats.queue_wait_total += start - now;
         self.stats.busy += tx;
-        match self.channel.judge(start, wire_bytes as usize) {
+        let fate = self.channel.judge(start, wire_bytes as usize);
+        let delivered = fate == Fate::Delivered;
+        self.timeline
+            .record(now, start - now, depart, wire_bytes, delivered, cross);
+        match fate {
             Fate::Delivered => {
                 self.stats.packets_delivered += 1;
                 self.stats.wire_bytes_delivered += wire_bytes;
-                Offer::Delivered {
-                    arrival: depart + self.cfg.delay,
-                }
+                let arrival = (depart + self.cfg.delay_at(depart)).max(self.last_arrival);
+                self.last_arrival = arrival;
+                Offer::Delivered { arrival }
             }
             fate => {
                 match fate {
@@ -133,12 +194,12 @@ mod tests {
 
     fn link(queue: u64) -> Link {
         Link::new(
-            LinkConfig {
-                rate_bps: 8_000_000,
-                delay: Duration::from_millis(100),
-                queue_bytes: queue,
-                impairments: Impairments::default(),
-            },
+            LinkConfig::fixed(
+                8_000_000,
+                Duration::from_millis(100),
+                queue,
+                Impairments::default(),
+            ),
             1,
         )
     }

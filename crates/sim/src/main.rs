@@ -6,10 +6,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use nix::time::{clock_gettime, ClockId};
 
-use pep_sim::channel::{GilbertElliott, Impairments, Outage, OutageSchedule};
+use pep_sim::channel::{GilbertElliott, Impairments, Outage, OutageSchedule, PeriodicOutage};
 use pep_sim::link::LinkConfig;
 use pep_sim::report;
-use pep_sim::sim::{Scenario, Simulation, Workload};
+use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule, Schedule};
+use pep_sim::sim::{CrossTraffic, Interactive, Scenario, Simulation, Workload};
 use pep_transport::{CcMode, Config, LossCause, VegasParams};
 
 #[derive(Parser)]
@@ -31,6 +32,7 @@ enum Cmd {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum CcArg {
+    Adaptive,
     Rate,
     Vegas,
 }
@@ -79,7 +81,7 @@ struct BulkArgs {
     /// Gateway pairs sharing the link (each with its own congestion control).
     #[arg(long, default_value_t = 1)]
     associations: usize,
-    #[arg(long, value_enum, default_value = "rate")]
+    #[arg(long, value_enum, default_value = "adaptive")]
     cc: CcArg,
     #[arg(long, value_enum, default_value = "corruption")]
     loss_default: LossArg,
@@ -99,6 +101,38 @@ struct BulkArgs {
     /// Outage window START_S+DURATION_S (time from the start of the transfer), both directions.
     #[arg(long)]
     outage: Vec<Outage>,
+    /// Periodic outage PERIOD_S+DURATION_S (from the start of the transfer), both directions.
+    #[arg(long)]
+    outage_every: Option<PeriodicOutage>,
+    /// Forward rate over time, SECONDS:BITS[,…] from the start of the transfer, e.g.
+    /// 0:20M,30:10M,60:5M,90:20M (ACM steps); --rate-bps before the first step.
+    #[arg(long)]
+    rate_schedule: Option<RateSchedule>,
+    /// One-way delay over time, SECONDS:MS[,…], both directions (LEO path changes).
+    #[arg(long)]
+    delay_schedule: Option<DelaySchedule>,
+    /// Forward BER over time, SECONDS:BER[,…].
+    #[arg(long)]
+    ber_schedule: Option<BerSchedule>,
+    /// Unresponsive cross traffic on the forward link at this rate (bit/s, on the wire).
+    #[arg(long)]
+    cross_bps: Option<u64>,
+    /// Packet size of the cross traffic (bytes on the wire).
+    #[arg(long, default_value_t = 1250)]
+    cross_packet_bytes: u64,
+    /// Beside the bulk flows, write a message of --interactive-bytes every this many ms on
+    /// its own flow and report its latency.
+    #[arg(long)]
+    interactive_ms: Option<u64>,
+    #[arg(long, default_value_t = 1000)]
+    interactive_bytes: usize,
+    /// Open the flows this many seconds after the association is established (default: at
+    /// once).
+    #[arg(long, default_value_t = 0.0)]
+    start_after_s: f64,
+    /// Include the forward link's timeline (100 ms buckets) in the report.
+    #[arg(long)]
+    timeline: bool,
     /// ACK every N packets.
     #[arg(long)]
     ack_every: Option<u32>,
@@ -135,10 +169,10 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
     let delay = Duration::try_from_secs_f64(a.delay_ms / 1e3).context("--delay-ms")?;
     let bdp = (a.rate_bps as f64 / 8.0 * 2.0 * delay.as_secs_f64()) as u64;
     let queue_bytes = a.queue_bytes.unwrap_or(bdp.max(64 * 1024));
-    let handshake_allowance = 4.0 * delay.as_secs_f64() + 2.0;
+    let handshake_allowance = 4.0 * delay.as_secs_f64() + 2.0 + a.start_after_s;
     // Outage windows are given relative to the transfer; the link's clock starts at the
     // handshake, which takes one round trip.
-    let shift = 2.0 * delay.as_secs_f64();
+    let shift = 2.0 * delay.as_secs_f64() + a.start_after_s;
     let outages = OutageSchedule {
         windows: a
             .outage
@@ -150,29 +184,41 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
             .collect(),
         periodic: None,
     };
-    let imp = |ber: f64| Impairments {
+    let shift = Duration::from_secs_f64(shift);
+    let shifted = |s: Option<&Schedule>| s.map(|s| s.shifted(shift)).unwrap_or_default();
+    let imp = |ber: f64, ber_schedule: Schedule| Impairments {
         ber,
         loss: a.loss,
         burst: a.ge,
         outages: outages.clone(),
+        ber_schedule,
     };
-    let forward = LinkConfig {
-        rate_bps: a.rate_bps,
+    let mut forward = LinkConfig::fixed(
+        a.rate_bps,
         delay,
         queue_bytes,
-        impairments: imp(a.ber),
-    };
-    let ret = LinkConfig {
-        rate_bps: return_rate,
+        imp(a.ber, shifted(a.ber_schedule.as_ref().map(|s| &s.0))),
+    );
+    forward.rate_schedule = shifted(a.rate_schedule.as_ref().map(|s| &s.0));
+    forward.delay_schedule = shifted(a.delay_schedule.as_ref().map(|s| &s.0));
+    let mut ret = LinkConfig::fixed(
+        return_rate,
         delay,
-        queue_bytes: (return_rate as f64 / 8.0 * 2.0 * delay.as_secs_f64()).max(64.0 * 1024.0)
-            as u64,
-        impairments: imp(a.return_ber.unwrap_or(a.ber)),
-    };
+        (return_rate as f64 / 8.0 * 2.0 * delay.as_secs_f64()).max(64.0 * 1024.0) as u64,
+        imp(a.return_ber.unwrap_or(a.ber), Schedule::default()),
+    );
+    ret.delay_schedule = forward.delay_schedule.clone();
+    if let Some(p) = a.outage_every {
+        // The periodic outage counts from the link's start; keep it periodic and accept
+        // that its phase includes the handshake.
+        forward.impairments.outages.periodic = Some(p);
+        ret.impairments.outages.periodic = Some(p);
+    }
     let configure = |rate: u64| -> Config {
         let mut c = Config::for_rate(rate);
         c.mtu = a.mtu;
         c.cc = match a.cc {
+            CcArg::Adaptive => CcMode::Adaptive,
             CcArg::Rate => CcMode::Rate,
             CcArg::Vegas => CcMode::Vegas,
         };
@@ -216,6 +262,15 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
         workload,
         seed: a.seed,
         time_limit: Duration::from_secs_f64(a.time_limit_s + handshake_allowance),
+        cross_traffic: a.cross_bps.map(|rate_bps| CrossTraffic {
+            rate_bps,
+            packet_bytes: a.cross_packet_bytes,
+        }),
+        interactive: a.interactive_ms.map(|ms| Interactive {
+            every: Duration::from_millis(ms),
+            bytes: a.interactive_bytes.max(1),
+        }),
+        start_after: Duration::try_from_secs_f64(a.start_after_s).context("--start-after-s")?,
     })
 }
 
@@ -227,7 +282,10 @@ fn main() -> Result<()> {
             let cpu0 = cpu_seconds();
             let outcome = Simulation::new(sc.clone())?.run();
             let cpu = cpu_seconds() - cpu0;
-            let r = report::build(&sc, &outcome, cpu);
+            let mut r = report::build(&sc, &outcome, cpu);
+            if !args.timeline {
+                r.timeline = None;
+            }
             let _ = args.json;
             println!("{}", serde_json::to_string_pretty(&r)?);
         }

@@ -2,8 +2,45 @@
 
 use serde::Serialize;
 
+use std::time::Duration;
+
 use crate::channel::{jain_fairness, reference_goodput_bps};
 use crate::sim::{Outcome, Scenario, Workload};
+use crate::timeline::{step_responses, QueueDelay, StepResponse, BUCKET};
+
+/// A rate step counts as followed when the queue is back under this within the step's
+/// bound, and a step up when the sender reaches this fraction of the new rate.
+const STEP_QUEUE_BOUND: Duration = Duration::from_millis(100);
+const STEP_RATE_FRACTION: f64 = 0.9;
+
+#[derive(Debug, Serialize)]
+pub struct InteractiveReport {
+    pub messages: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// The first sender's congestion controller, at the end of the run.
+#[derive(Debug, Serialize)]
+pub struct CapacityReport {
+    pub estimate_bps: u64,
+    pub drains: u64,
+    pub probes: u64,
+    pub rebases: u64,
+    pub limited_by_estimate_s: f64,
+    pub limited_by_ceiling_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TimelineRow {
+    /// Seconds from the start of the transfer.
+    pub t: f64,
+    pub delivered_mbps: f64,
+    pub cross_mbps: f64,
+    pub queue_max_ms: f64,
+    pub estimate_mbps: f64,
+}
 
 #[derive(Debug, Serialize)]
 pub struct LossesByCause {
@@ -59,6 +96,16 @@ pub struct Report {
     pub rtt_min_ms: f64,
     pub rtt_smoothed_ms: f64,
     pub handshake_s: f64,
+    /// Queueing delay every packet saw at the forward link (cross traffic included).
+    pub queue_delay: QueueDelay,
+    /// The forward link's mean rate over the transfer, outages and rate steps counted.
+    pub link_average_bps: f64,
+    /// Goodput over what an ideal TCP would carry at that mean rate (the `ref` formula).
+    pub efficiency_of_capacity: f64,
+    pub interactive: Option<InteractiveReport>,
+    pub step_responses: Vec<StepResponse>,
+    pub capacity: CapacityReport,
+    pub timeline: Option<Vec<TimelineRow>>,
     pub sim_seconds: f64,
     pub cpu_seconds: f64,
     pub events: u64,
@@ -125,6 +172,55 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
         burst: l.burst_lost,
         outage: l.outage_dropped,
     };
+    let start = out.transfer_start;
+    let end = out.sim_end;
+    let link_average_bps = average_rate(sc, start, end);
+    let capacity_ref = reference_goodput_bps(link_average_bps, forward_ber);
+    let interactive = sc.interactive.map(|_| {
+        let mut l: Vec<f64> = out
+            .interactive_latencies
+            .iter()
+            .map(|d| d.as_secs_f64() * 1e3)
+            .collect();
+        l.sort_by(f64::total_cmp);
+        let pick = |q: f64| {
+            l.get(((l.len().max(1) - 1) as f64 * q).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        InteractiveReport {
+            messages: l.len(),
+            p50_ms: pick(0.5),
+            p99_ms: pick(0.99),
+            max_ms: l.last().copied().unwrap_or(0.0),
+        }
+    });
+    let buckets = out.forward_timeline.buckets();
+    let mut steps = step_responses(
+        buckets,
+        sc.forward.rate_schedule.steps(),
+        sc.forward.rate_bps as f64,
+        STEP_QUEUE_BOUND,
+        STEP_RATE_FRACTION,
+        end,
+    );
+    for s in &mut steps {
+        s.at_s -= start.as_secs_f64();
+    }
+    let cap = a.first().map(|s| s.capacity).unwrap_or_default();
+    let secs = BUCKET.as_secs_f64();
+    let timeline = buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.t >= start.as_secs_f64())
+        .map(|(i, b)| TimelineRow {
+            t: b.t - start.as_secs_f64(),
+            delivered_mbps: (b.delivered_bytes - b.cross_bytes) as f64 * 8.0 / secs / 1e6,
+            cross_mbps: b.cross_bytes as f64 * 8.0 / secs / 1e6,
+            queue_max_ms: b.queue_max_ms,
+            estimate_mbps: out.estimates.get(i).copied().unwrap_or(0) as f64 / 1e6,
+        })
+        .collect();
     Report {
         goodput_bps,
         ref_bps,
@@ -188,8 +284,41 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             .first()
             .map_or(0.0, |s| s.rtt_smoothed.as_secs_f64() * 1e3),
         handshake_s: out.transfer_start.as_secs_f64(),
+        queue_delay: out.forward_timeline.queue_delay(),
+        link_average_bps,
+        efficiency_of_capacity: goodput_bps / capacity_ref.max(1.0),
+        interactive,
+        step_responses: steps,
+        capacity: CapacityReport {
+            estimate_bps: cap.estimate_bps,
+            drains: cap.drains,
+            probes: cap.probes,
+            rebases: cap.rebases,
+            limited_by_estimate_s: cap.limited_by_estimate.as_secs_f64(),
+            limited_by_ceiling_s: cap.limited_by_ceiling.as_secs_f64(),
+        },
+        timeline: Some(timeline),
         sim_seconds: out.sim_end.as_secs_f64(),
         cpu_seconds,
         events: out.events_processed,
+    }
+}
+
+/// Mean forward rate over `[start, end)`: the rate schedule integrated, outage time at zero.
+fn average_rate(sc: &Scenario, start: Duration, end: Duration) -> f64 {
+    let step = Duration::from_millis(1);
+    let mut t = start;
+    let (mut sum, mut n) = (0.0, 0u64);
+    while t < end {
+        if !sc.forward.impairments.outages.is_down(t) {
+            sum += sc.forward.rate_at(t) as f64;
+        }
+        n += 1;
+        t += step;
+    }
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, Role, Stats};
 
 use crate::link::{Link, LinkConfig, LinkStats, Offer};
+use crate::timeline::{Timeline, BUCKET};
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -27,6 +28,30 @@ pub struct Scenario {
     pub seed: u64,
     /// Give up after this much simulated time from the start of the transfer.
     pub time_limit: Duration,
+    /// Unresponsive traffic on the forward link from other senders.
+    pub cross_traffic: Option<CrossTraffic>,
+    /// An interactive flow beside the bulk ones on the first association.
+    pub interactive: Option<Interactive>,
+    /// Flows open this long after the association is established (a gateway that has been
+    /// up for a while when traffic comes), not at once.
+    pub start_after: Duration,
+}
+
+/// A constant-rate stream of packets that shares the forward link's queue and capacity
+/// with the simulated senders and responds to nothing (a UDP video stream, another
+/// terminal's traffic on a shared beam).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CrossTraffic {
+    pub rate_bps: u64,
+    pub packet_bytes: u64,
+}
+
+/// A message of `bytes` written every `every` on its own flow (a request, a keystroke, a
+/// game update); its latency is from the write at A to its last byte read at B.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interactive {
+    pub every: Duration,
+    pub bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +84,13 @@ pub struct Outcome {
     pub forward: LinkStats,
     pub ret: LinkStats,
     pub outage_events: Vec<(Duration, &'static str)>,
-    /// First time after each outage window that A sent a datagram the link delivered.
     pub events_processed: u64,
+    /// The forward link's queue and deliveries over time.
+    pub forward_timeline: Timeline,
+    /// Latency of each interactive message delivered.
+    pub interactive_latencies: Vec<Duration>,
+    /// The first A side's capacity estimate (bit/s) at the start of each timeline bucket.
+    pub estimates: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -74,7 +104,22 @@ enum EvKind {
         node: usize,
         generation: u64,
     },
+    /// The next packet of cross traffic.
+    Cross,
+    /// Interactive message number `k` is written.
+    Message {
+        k: usize,
+    },
+    /// Record the estimates for the timeline.
+    Sample,
+    /// Open the flows of A side `node`.
+    OpenFlows {
+        node: usize,
+    },
 }
+
+/// Client port of the interactive flow (bulk flows use 10000 + their index).
+const INTERACTIVE_PORT: u16 = 9999;
 
 /// Byte at `offset` of flow `flow`'s stream: a position-indexed generator, so writer and
 /// verifier need no shared state and any chunking yields the same stream.
@@ -113,6 +158,8 @@ struct Receiver {
     received: u64,
     intact: bool,
     scratch: Vec<u8>,
+    /// The interactive flow: messages are timed, not counted as bulk.
+    interactive: bool,
 }
 
 struct Node {
@@ -146,6 +193,18 @@ pub struct Simulation {
     tx_buf: Vec<u8>,
     outage_events: Vec<(Duration, &'static str)>,
     events_processed: u64,
+    /// The interactive flow at A, once open.
+    interactive_flow: Option<FlowId>,
+    /// When each interactive message was written.
+    message_written: Vec<Duration>,
+    interactive_latencies: Vec<Duration>,
+    interactive_corrupt: bool,
+    estimates: Vec<u64>,
+}
+
+/// Flow index (for its byte stream) of the interactive flow.
+fn interactive_index(sc: &Scenario) -> usize {
+    sc.associations * sc.flows_per_association
 }
 
 impl Simulation {
@@ -198,6 +257,11 @@ impl Simulation {
             tx_buf: Vec::with_capacity(2048),
             outage_events: Vec::new(),
             events_processed: 0,
+            interactive_flow: None,
+            message_written: Vec::new(),
+            interactive_latencies: Vec::new(),
+            interactive_corrupt: false,
+            estimates: Vec::new(),
         })
     }
 
@@ -223,6 +287,10 @@ impl Simulation {
         for n in 0..self.nodes.len() {
             self.service(n);
         }
+        if self.sc.cross_traffic.is_some() {
+            self.push(Duration::ZERO, EvKind::Cross);
+        }
+        self.push(Duration::ZERO, EvKind::Sample);
         while let Some(Reverse((at, _, kind))) = self.queue.pop() {
             if let Some(start) = self.transfer_start {
                 if at > start + self.sc.time_limit {
@@ -247,6 +315,24 @@ impl Simulation {
                     }
                     self.nodes[node].timer_at = None;
                     self.nodes[node].assoc.handle_timeout(now);
+                    node
+                }
+                EvKind::Cross => {
+                    self.cross_packet();
+                    continue;
+                }
+                EvKind::Sample => {
+                    let est = self.nodes[0].assoc.stats().capacity.estimate_bps;
+                    self.estimates.push(est);
+                    self.push(self.now + BUCKET, EvKind::Sample);
+                    continue;
+                }
+                EvKind::Message { k } => {
+                    self.write_message(k);
+                    0
+                }
+                EvKind::OpenFlows { node } => {
+                    self.open_flows(node);
                     node
                 }
             };
@@ -303,6 +389,30 @@ impl Simulation {
         }
     }
 
+    fn cross_packet(&mut self) {
+        let Some(c) = self.sc.cross_traffic else {
+            return;
+        };
+        self.forward.offer_cross(self.now, c.packet_bytes);
+        let gap = Duration::from_nanos(c.packet_bytes * 8 * 1_000_000_000 / c.rate_bps.max(1));
+        self.push(self.now + gap.max(Duration::from_nanos(1)), EvKind::Cross);
+    }
+
+    /// Writes interactive message `k` at A and schedules the next.
+    fn write_message(&mut self, k: usize) {
+        let Some((flow, msg)) = self.interactive_flow.zip(self.sc.interactive) else {
+            return;
+        };
+        let index = interactive_index(&self.sc) as u64;
+        let mut buf = vec![0u8; msg.bytes];
+        stream_bytes(self.sc.seed, index, (k * msg.bytes) as u64, &mut buf);
+        // The flow's buffer holds many messages; one that does not fit is a stalled flow,
+        // which the latencies will show.
+        let _ = self.nodes[0].assoc.write(flow, &buf);
+        self.message_written.push(self.now);
+        self.push(self.now + msg.every, EvKind::Message { k: k + 1 });
+    }
+
     fn transmit(&mut self, n: usize, datagram: &[u8]) {
         let (side, pair) = (self.nodes[n].side, self.nodes[n].pair);
         let overhead = self.nodes[n].assoc.config().wire_overhead as u64;
@@ -329,6 +439,9 @@ impl Simulation {
     }
 
     fn open_flows(&mut self, n: usize) {
+        if self.nodes[n].flows_opened {
+            return;
+        }
         let per = self.sc.flows_per_association;
         let total_flows = (self.sc.associations * per) as u64;
         let pair = self.nodes[n].pair;
@@ -360,6 +473,17 @@ impl Simulation {
                 finished: false,
             });
         }
+        if pair == 0 && self.sc.interactive.is_some() {
+            let meta = FlowMeta {
+                client: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), INTERACTIVE_PORT),
+                server: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1)), 80),
+                dscp: 0,
+            };
+            if let Ok(flow) = self.nodes[n].assoc.open_flow(meta) {
+                self.interactive_flow = Some(flow);
+                self.push(self.now, EvKind::Message { k: 0 });
+            }
+        }
         self.nodes[n].flows_opened = true;
         if self
             .nodes
@@ -376,11 +500,23 @@ impl Simulation {
             match ev {
                 Event::Established => {
                     if self.nodes[n].side == 0 && !self.nodes[n].flows_opened {
-                        self.open_flows(n);
+                        if self.sc.start_after.is_zero() {
+                            self.open_flows(n);
+                        } else {
+                            self.push(
+                                self.now + self.sc.start_after,
+                                EvKind::OpenFlows { node: n },
+                            );
+                        }
                     }
                 }
                 Event::FlowOpened { flow, meta } => {
-                    let index = usize::from(meta.client.port() - 10_000);
+                    let interactive = meta.client.port() == INTERACTIVE_PORT;
+                    let index = if interactive {
+                        interactive_index(&self.sc)
+                    } else {
+                        usize::from(meta.client.port().saturating_sub(10_000))
+                    };
                     self.nodes[n].receivers.insert(
                         flow,
                         Receiver {
@@ -388,6 +524,7 @@ impl Simulation {
                             received: 0,
                             intact: true,
                             scratch: Vec::new(),
+                            interactive,
                         },
                     );
                     self.read_flow(n, flow);
@@ -432,6 +569,7 @@ impl Simulation {
             // Data before the open's metadata: read once the FlowOpened event names it.
             return;
         };
+        let message_bytes = self.sc.interactive.map_or(1, |m| m.bytes.max(1)) as u64;
         loop {
             match node.assoc.read(flow, usize::MAX) {
                 Ok(ReadOutcome::Data(bytes)) => {
@@ -440,7 +578,20 @@ impl Simulation {
                     if rx.scratch[..] != bytes[..] {
                         rx.intact = false;
                     }
+                    let before = rx.received;
                     rx.received += bytes.len() as u64;
+                    if rx.interactive {
+                        // Every message whose last byte arrived with this read.
+                        for k in before / message_bytes..rx.received / message_bytes {
+                            if let Some(&w) = self.message_written.get(k as usize) {
+                                self.interactive_latencies.push(now.saturating_sub(w));
+                            }
+                        }
+                        if !rx.intact {
+                            self.interactive_corrupt = true;
+                        }
+                        continue;
+                    }
                     let res = &mut self.flows[rx.index];
                     res.bytes_delivered = rx.received;
                     if window_end.is_none_or(|e| now <= e) {
@@ -499,6 +650,11 @@ impl Simulation {
                 f.intact &= !f.reset;
             }
         }
+        if self.interactive_corrupt {
+            for f in &mut flows {
+                f.intact = false;
+            }
+        }
         let start = self.transfer_start.unwrap_or(self.now);
         for f in &mut flows {
             f.completed_at = f.completed_at.map(|t| t.saturating_sub(start));
@@ -523,6 +679,9 @@ impl Simulation {
             ret: self.ret.stats().clone(),
             outage_events: self.outage_events,
             events_processed: self.events_processed,
+            forward_timeline: self.forward.timeline().clone(),
+            interactive_latencies: self.interactive_latencies,
+            estimates: self.estimates,
         }
     }
 }

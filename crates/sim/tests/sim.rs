@@ -11,14 +11,16 @@ use pep_sim::sim::{Scenario, Simulation, Workload};
 use pep_transport::{CcMode, Config};
 
 fn scenario(ber: f64, cc: CcMode, workload: Workload, seed: u64) -> Scenario {
-    let link = |rate| LinkConfig {
-        rate_bps: rate,
-        delay: Duration::from_millis(250),
-        queue_bytes: 1 << 20,
-        impairments: Impairments {
-            ber,
-            ..Default::default()
-        },
+    let link = |rate| {
+        LinkConfig::fixed(
+            rate,
+            Duration::from_millis(250),
+            1 << 20,
+            Impairments {
+                ber,
+                ..Default::default()
+            },
+        )
     };
     let mut a = Config::for_rate(10_000_000);
     a.cc = cc;
@@ -34,6 +36,9 @@ fn scenario(ber: f64, cc: CcMode, workload: Workload, seed: u64) -> Scenario {
         workload,
         seed,
         time_limit: Duration::from_secs(600),
+        cross_traffic: None,
+        interactive: None,
+        start_after: Duration::ZERO,
     }
 }
 

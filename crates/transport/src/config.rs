@@ -8,6 +8,9 @@ use thiserror::Error;
 /// How the sender decides how much to put in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CcMode {
+    /// Capacity tracking: pace at the estimated bottleneck rate, never above the configured
+    /// rate, keeping the queue small; corruption is not congestion.
+    Adaptive,
     /// Pure rate ("open loop", SCPS): send at the configured rate, repair losses by SNACK.
     Rate,
     /// Delay-based Vegas, capped at the configured rate.
@@ -75,7 +78,8 @@ impl Default for AckPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Rate of this gateway's sending direction in bits per second, counted on the wire
-    /// (datagram + `wire_overhead`). The pacer's rate in `rate` mode, the cap in `vegas`.
+    /// (datagram + `wire_overhead`). The pacer's rate in `rate` mode, the ceiling in
+    /// `adaptive` and `vegas`.
     pub rate_bps: u64,
     pub cc: CcMode,
     pub vegas: VegasParams,
@@ -125,7 +129,7 @@ impl Config {
         let flow_window = window.clamp(4 << 20, 512 << 20);
         Config {
             rate_bps,
-            cc: CcMode::Rate,
+            cc: CcMode::Adaptive,
             vegas: VegasParams::default(),
             loss_default: LossCause::Corruption,
             ack: AckPolicy::default(),

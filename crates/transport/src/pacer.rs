@@ -55,14 +55,26 @@ impl Pacer {
         self.next_send
     }
 
-    /// Books `wire_bytes` on the schedule.
-    pub fn on_sent(&mut self, now: Instant, wire_bytes: u64) {
+    /// Keeps the next packet back for `d` beyond its slot.
+    pub fn pause(&mut self, d: Duration) {
+        if let Some(t) = self.next_send.as_mut() {
+            *t += d;
+        }
+    }
+
+    /// Books `wire_bytes` on the schedule. Returns whether the schedule had slipped: the
+    /// sender left its slot unused for longer than the catch-up allowance (nothing to send,
+    /// held by a window, or a timer that fired very late), so the path saw a gap before
+    /// this packet.
+    pub fn on_sent(&mut self, now: Instant, wire_bytes: u64) -> bool {
         let slack = self
             .transmission_time(self.packet_bytes * CATCH_UP_PACKETS)
             .max(self.burst);
         let earliest = now.checked_sub(slack).unwrap_or(now);
+        let slipped = self.next_send.is_none_or(|t| t < earliest);
         let start = self.next_send.map_or(now, |t| t.max(earliest));
         self.next_send = Some(start + self.transmission_time(wire_bytes));
+        slipped
     }
 }
 

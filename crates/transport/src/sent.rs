@@ -44,6 +44,8 @@ pub struct SentPacket {
     /// Redundant copies made of this original.
     pub copies: u8,
     pub has_data: bool,
+    /// Sent after the pacer's schedule slipped (see `Pacer::on_sent`).
+    pub app_limited: bool,
 }
 
 #[derive(Debug, Default)]

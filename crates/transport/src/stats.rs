@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::cc::CapacityStats;
 use crate::loss::LossCounts;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -12,6 +13,8 @@ pub struct Stats {
     /// Congestion window in bytes (`u64::MAX` in rate mode: no window).
     pub cwnd_bytes: u64,
     pub bytes_in_flight: u64,
+    /// The congestion controller's view of the path's capacity.
+    pub capacity: CapacityStats,
     pub packets_sent: u64,
     /// On-wire bytes sent, overhead included.
     pub wire_bytes_sent: u64,

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use crate::ack::AckTracker;
-use crate::cc::{new_controller, AckedPacket, CongestionController};
+use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController};
 use crate::codec::{expand_truncated, truncation_len, Reader};
 use crate::config::{Config, ConfigError, LossCause};
 use crate::flow::{Flow, FlowId, OpenState, ResetState};
@@ -351,7 +351,8 @@ impl Association {
         s.rtt_min = self.rtt.min();
         s.rtt_smoothed = self.rtt.smoothed();
         s.pacing_rate_bps = self.pacer.rate_bps();
-        s.cwnd_bytes = self.cc.window();
+        s.cwnd_bytes = self.cc.window(&self.rtt);
+        s.capacity = self.cc.capacity(&self.rtt);
         s.bytes_in_flight = self.sent.bytes_in_flight();
         s.flows_open = self.flows.len() as u64;
         s

@@ -306,6 +306,7 @@ impl Association {
                 self.queue_send(id);
             }
         }
+        self.cc.on_established(self.last_input);
         self.events.push_back(Event::Established);
     }
 

@@ -70,11 +70,17 @@ impl Association {
                 bytes: p.wire_bytes,
                 rtt_sample: if pn == largest { rtt_sample } else { None },
                 next_pn: self.next_pn,
+                app_limited: p.app_limited,
             };
             self.cc.on_ack(now, acked, &self.rtt);
         }
-        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
         self.detect_lost(now);
+        let summary = AckSummary {
+            bytes_in_flight: self.sent.bytes_in_flight(),
+            largest_acked: self.largest_acked.unwrap_or(largest),
+        };
+        self.cc.on_ack_done(now, summary, &self.rtt);
+        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
     }
 
     pub(super) fn on_frame_acked(&mut self, fr: SentFrame) {
@@ -156,8 +162,11 @@ impl Association {
             self.classifier.classify(evidence, packet_time)
         });
         self.stats.lost.add(cause);
+        if cause == LossCause::Corruption {
+            self.cc.on_corruption_loss(p.wire_bytes);
+        }
         if cause == LossCause::Congestion && pn >= self.recovery_start_pn {
-            self.cc.on_congestion(now);
+            self.cc.on_congestion(now, &self.rtt);
             self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
             self.recovery_start_pn = self.next_pn;
             self.stats.congestion_events += 1;
@@ -332,6 +341,7 @@ impl Association {
                 || !self.control_queue.is_empty()
                 || !self.orphan_resets.is_empty()
                 || self.assoc_credit_pending
+                || (self.outage_since.is_none() && self.cc.wants_padding())
                 || (self.outage_since.is_none()
                     && self.window_allows()
                     && (!self.send_queue.is_empty() || self.redundancy_available())))

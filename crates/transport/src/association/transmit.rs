@@ -20,7 +20,7 @@ const SCHEDULING_QUANTUM: usize = 8 * 1024;
 
 impl Association {
     pub(super) fn window_allows(&self) -> bool {
-        self.sent.bytes_in_flight() + self.cfg.mtu as u64 <= self.cc.window()
+        self.sent.bytes_in_flight() + self.cfg.mtu as u64 <= self.cc.window(&self.rtt)
     }
 
     pub(super) fn redundancy_available(&self) -> bool {
@@ -255,6 +255,11 @@ impl Association {
             frame::encode_ping(&mut payload);
             frames.push(SentFrame::Ping);
             self.stats.probes_sent += 1;
+        } else if frames.is_empty() && planned.is_empty() && self.cc.wants_padding() {
+            // A full-size packet for the controller's measurement; PADDING is zeros.
+            frame::encode_ping(&mut payload);
+            payload.resize(budget, 0);
+            frames.push(SentFrame::Ping);
         }
         self.probes_pending = 0;
 
@@ -314,7 +319,12 @@ impl Association {
         let wire = (out.len() + self.cfg.wire_overhead - self.tag_len()) as u64;
         self.stats.packets_sent += 1;
         self.stats.wire_bytes_sent += wire;
-        self.pacer.on_sent(now, wire);
+        let app_limited = self.pacer.on_sent(now, wire);
+        self.cc.on_sent(now, pn, wire, app_limited, &self.rtt);
+        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
+        if let Some(pause) = self.cc.take_pause() {
+            self.pacer.pause(pause);
+        }
         if !frames.is_empty() {
             let has_data = frames.iter().any(|f| matches!(f, SentFrame::Data { .. }));
             if self.sent.is_empty() {
@@ -331,6 +341,7 @@ impl Association {
                     is_copy: copy_of.is_some(),
                     copies: 0,
                     has_data,
+                    app_limited,
                 },
             );
             if copy_of.is_none() && has_data {

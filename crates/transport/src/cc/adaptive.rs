@@ -1,0 +1,529 @@
+//! Capacity tracking (`cc = "adaptive"`, the default): the configured rate is a ceiling, not
+//! a promise. The sender paces at its estimate of the bottleneck and keeps the queue it
+//! causes small; docs/PROTOCOL.md §5.5 gives the rules and why each constant has its value.
+//!
+//! - **Measure** when the association is established: a short train of full-size packets
+//!   (padded PINGs when there is no data) at the ceiling; how fast the path delivered it is
+//!   the first estimate when it is clearly below the ceiling. A gateway that starts during
+//!   a rain fade does not open with a round trip's worth of queue.
+//! - **Cruise** at the estimate (at first the ceiling, so short transfers lose nothing).
+//! - **Overload**: the queueing delay stood above `q_high` for a whole evidence span. The
+//!   bottleneck never idled during that span, so the rate at which ACKs reported deliveries
+//!   is what it carries for us: that becomes the estimate. Then **drain**: nothing new is
+//!   sent until what is in flight fits the pipe at the new estimate, which empties the queue
+//!   in about the time it holds. Congestion-attributed losses count as an overload too.
+//! - **Verify** after a drain: a delay that draining did not remove is not ours (a longer
+//!   path after a LEO handover, or another sender's queue). If we still get delivered what we
+//!   send, the base RTT moves up to it instead of the rate coming down again.
+//! - **Probe** while the estimate is below the ceiling and no queue stands: a short send at
+//!   twice the estimate, then a pause as long, so a probe the path cannot carry leaves no
+//!   queue behind. How fast its packets were delivered is what the path can carry up to
+//!   that rate. Success raises the estimate and probes again at once; failure spaces the
+//!   probes out.
+//!
+//! Losses to corruption never lower anything: they count as delivered (`delivery`), since
+//! they crossed the bottleneck. With no feedback at all (an outage) nothing changes: the
+//! estimate is held.
+
+use std::time::{Duration, Instant};
+
+use super::delivery::DeliveryMeter;
+use super::evidence::QueueEvidence;
+use super::{AckSummary, AckedPacket, CapacityStats, CongestionController};
+use crate::config::Config;
+use crate::rtt::RttEstimator;
+
+/// Least standing queue taken for an overload: above the scheduling noise of an event loop
+/// on a loaded host (1–2 ms) and an emulated LEO link's jitter, below what an interactive
+/// user notices.
+const Q_FLOOR: Duration = Duration::from_millis(10);
+/// The overload threshold is also at least this many packets at the estimate: on a slow
+/// link (1.5 Mb/s: 8 ms a packet) a couple of packets queue behind every ACK burst.
+const Q_PACKETS: f64 = 4.0;
+/// Evidence span: a quarter of the base RTT, within these bounds, and at least this many
+/// ACK intervals, so a span always holds several samples.
+const SPAN_MIN: Duration = Duration::from_millis(20);
+const SPAN_MAX: Duration = Duration::from_millis(50);
+const SPAN_ACKS: u32 = 3;
+/// Probing sends at this multiple of the estimate: the estimate can double every round trip
+/// while the path keeps up (an ACM step from 5 to 20 Mb/s is recovered in two probes).
+const PROBE_GAIN: f64 = 2.0;
+/// A probe lasts a quarter of the base RTT, within these bounds, and at least
+/// `PROBE_PACKETS` packets. A probe the path cannot carry queues at most its length times
+/// (gain − 1) for about as long: 25 ms on links above 2 Mb/s.
+const PROBE_MIN: Duration = Duration::from_millis(10);
+const PROBE_MAX: Duration = Duration::from_millis(25);
+const PROBE_PACKETS: f64 = 16.0;
+/// A probe or train spans at least this many ACK-every-N intervals, so at least two ACKs
+/// fall inside it whatever the receiver's ACK policy.
+const MEASURE_ACKS: u32 = 3;
+/// A probe delivered at this fraction of its rate or better succeeded.
+const PROBE_SUCCESS: f64 = 0.9;
+/// The establishment train: enough packets for a dozen ACKs even when the receiver
+/// batches them, about 10 ms at the ceiling, never more than `TRAIN_MAX` (96 KB).
+const TRAIN_MIN: u32 = 16;
+const TRAIN_MAX: u32 = 64;
+const TRAIN_TIME: Duration = Duration::from_millis(10);
+/// The train lowers the estimate only below this fraction of the ceiling: timing noise of
+/// real hosts must not cost a correctly provisioned link its first round trips.
+const TRAIN_LOWERS_BELOW: f64 = 0.8;
+/// After a failed probe the next waits twice as long, up to the larger of these: a link
+/// whose capacity came back is found within a few seconds.
+const PROBE_INTERVAL_MAX: Duration = Duration::from_secs(1);
+const PROBE_INTERVAL_MAX_RTTS: u32 = 2;
+/// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
+/// takes two.
+const MAX_CUT: f64 = 4.0;
+/// The estimate never falls below this fraction of the ceiling.
+const FLOOR_FRACTION: f64 = 1.0 / 64.0;
+/// After a drain, a queue that stays while we are delivered at least this fraction of what
+/// we send is not ours.
+const OWN_QUEUE_DELIVERY: f64 = 0.97;
+/// Outside a drain, at most this many pipes may be in flight: a bound on the queue if every
+/// delay signal failed.
+const SAFETY_PIPES: f64 = 2.0;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Cruise,
+    /// Nothing new leaves until what is in flight fits the pipe, or until `until`.
+    Drain {
+        until: Instant,
+    },
+    /// Pacing at `rate` until `until`.
+    Probe {
+        rate: f64,
+        until: Instant,
+    },
+    /// The establishment train: `left` more packets at the ceiling.
+    Train {
+        left: u32,
+    },
+}
+
+/// A probe whose outcome is still coming back.
+#[derive(Debug, Clone, Copy)]
+struct ProbeRecord {
+    rate: f64,
+    first_pn: u64,
+    /// Set when the probe stops sending.
+    last_pn: Option<u64>,
+    /// When the first of its packets was acknowledged, and the delivered total then.
+    start: Option<(Instant, u64)>,
+    /// The same at the latest ACK that acknowledged nothing sent after it.
+    end: Option<(Instant, u64)>,
+    /// Some of it went out late: it can show more capacity, never less.
+    app_limited: bool,
+    /// The establishment train: its result may lower the estimate.
+    train: bool,
+}
+
+#[derive(Debug)]
+pub struct Adaptive {
+    ceiling: f64,
+    estimate: f64,
+    mtu: u64,
+    /// The receiver's ACK-every-N: measurements must span several ACKs.
+    ack_every: u32,
+    state: State,
+    meter: DeliveryMeter,
+    evidence: QueueEvidence,
+    /// The path's RTT without queue, as this controller sees it: the least sample since the
+    /// last rebase.
+    base: Option<Duration>,
+    /// A drain just ended: the next evidence says whether the queue was ours.
+    verify: bool,
+    probe: Option<ProbeRecord>,
+    next_probe_at: Option<Instant>,
+    probe_interval: Duration,
+    next_pn: u64,
+    /// A pause the pacer owes after a probe.
+    pause: Option<Duration>,
+    /// The ACK being processed acknowledged a packet sent late.
+    event_app_limited: bool,
+    last_app_limited: Option<Instant>,
+    stats: CapacityStats,
+}
+
+impl Adaptive {
+    pub fn new(cfg: &Config) -> Self {
+        let ceiling = cfg.rate_bps as f64;
+        Adaptive {
+            ceiling,
+            estimate: ceiling,
+            mtu: cfg.mtu as u64,
+            ack_every: cfg.ack.every_packets.max(1),
+            state: State::Cruise,
+            meter: DeliveryMeter::default(),
+            evidence: QueueEvidence::default(),
+            base: None,
+            verify: false,
+            probe: None,
+            next_probe_at: None,
+            probe_interval: Duration::ZERO,
+            next_pn: 0,
+            pause: None,
+            event_app_limited: false,
+            last_app_limited: None,
+            stats: CapacityStats::default(),
+        }
+    }
+
+    fn packet_time(&self, rate: f64) -> Duration {
+        Duration::from_secs_f64(self.mtu as f64 * 8.0 / rate.max(1.0))
+    }
+
+    fn base_or(&self, rtt: &RttEstimator) -> Duration {
+        self.base.unwrap_or_else(|| rtt.min())
+    }
+
+    fn q_high(&self) -> Duration {
+        Q_FLOOR.max(self.packet_time(self.estimate).mul_f64(Q_PACKETS))
+    }
+
+    fn span(&self, rtt: &RttEstimator) -> Duration {
+        let by_rtt = (self.base_or(rtt) / 4).clamp(SPAN_MIN, SPAN_MAX);
+        let by_acks = self.meter.ack_interval().unwrap_or_default() * SPAN_ACKS;
+        by_rtt.max(by_acks)
+    }
+
+    /// Bytes in flight that fill the path at the estimate without a queue: the base RTT's
+    /// worth plus two packets. Packets the receiver holds before acknowledging also count
+    /// in flight, so a drain to this leaves a gap of up to an ACK interval rather than a
+    /// queue.
+    fn pipe_bytes(&self, rtt: &RttEstimator) -> u64 {
+        (self.estimate / 8.0 * self.base_or(rtt).as_secs_f64()) as u64 + 2 * self.mtu
+    }
+
+    fn floor(&self) -> f64 {
+        self.ceiling * FLOOR_FRACTION
+    }
+
+    fn probe_interval_max(&self, rtt: &RttEstimator) -> Duration {
+        PROBE_INTERVAL_MAX.max(self.base_or(rtt) * PROBE_INTERVAL_MAX_RTTS)
+    }
+
+    /// Packets a measurement needs at least.
+    fn measure_packets(&self) -> u32 {
+        MEASURE_ACKS * self.ack_every
+    }
+
+    fn probe_len(&self, rate: f64, rtt: &RttEstimator) -> Duration {
+        let by_rtt = (self.base_or(rtt) / 4).clamp(PROBE_MIN, PROBE_MAX);
+        let packets = PROBE_PACKETS.max(f64::from(self.measure_packets()));
+        by_rtt.max(self.packet_time(rate).mul_f64(packets))
+    }
+
+    /// The queue stood: take the delivery rate the span saw and drain.
+    fn overload(&mut self, now: Instant, rtt: &RttEstimator) {
+        if matches!(self.state, State::Drain { .. }) {
+            return;
+        }
+        let span = self.span(rtt);
+        if let Some(r) = self.meter.rate(now, span).filter(|r| !r.app_limited) {
+            // The bottleneck was busy throughout the span: its delivery rate is the capacity,
+            // lower or (after a partly failed probe) higher than we thought.
+            let lowest = (self.estimate / MAX_CUT).max(self.floor());
+            self.estimate = r.bps.clamp(lowest, self.ceiling);
+        }
+        self.stats.drains += 1;
+        self.probe = None;
+        self.verify = false;
+        // Draining a queue of q takes about q; the smoothed RTT bounds it if the accounting
+        // of what is in flight is off.
+        self.state = State::Drain {
+            until: now + rtt.smoothed().max(self.base_or(rtt)),
+        };
+        self.probe_interval = self.base_or(rtt).max(PROBE_MIN);
+        self.next_probe_at = Some(now + self.probe_interval);
+    }
+
+    fn end_drain(&mut self) {
+        self.state = State::Cruise;
+        self.evidence.reset(self.next_pn);
+        self.verify = true;
+    }
+
+    fn maybe_probe(&mut self, now: Instant, rtt: &RttEstimator) {
+        if self.estimate >= self.ceiling
+            || self.probe.is_some()
+            || self.state != State::Cruise
+            || self.next_probe_at.is_some_and(|t| now < t)
+            || self
+                .last_app_limited
+                .is_some_and(|t| now.saturating_duration_since(t) < rtt.smoothed())
+        {
+            return;
+        }
+        let rate = (self.estimate * PROBE_GAIN).min(self.ceiling);
+        self.state = State::Probe {
+            rate,
+            until: now + self.probe_len(rate, rtt),
+        };
+        self.probe = Some(ProbeRecord {
+            rate,
+            first_pn: self.next_pn,
+            last_pn: None,
+            start: None,
+            end: None,
+            app_limited: false,
+            train: false,
+        });
+        self.stats.probes += 1;
+    }
+
+    fn end_probe_if_due(&mut self, now: Instant, rtt: &RttEstimator) {
+        if let State::Probe { rate, until } = self.state {
+            if now >= until {
+                self.state = State::Cruise;
+                // Give back what the probe sent above the estimate.
+                let extra = (rate / self.estimate.max(1.0) - 1.0).max(0.0);
+                self.pause = Some(self.probe_len(rate, rtt).mul_f64(extra));
+                if let Some(p) = self.probe.as_mut() {
+                    p.last_pn = Some(self.next_pn.saturating_sub(1).max(p.first_pn));
+                }
+            }
+        }
+    }
+
+    /// Follows the probe's packets through the ACKs; judges it once its last is acknowledged.
+    /// Only ACKs within the probe's packets count: the one that also acknowledges packets
+    /// sent after it may have waited for them (the receiver holds ACKs for a few packets),
+    /// which would read as a slow path.
+    fn follow_probe(&mut self, now: Instant, largest_acked: u64, rtt: &RttEstimator) {
+        let delivered = self.meter.delivered();
+        let Some(p) = self.probe.as_mut() else {
+            return;
+        };
+        if largest_acked < p.first_pn {
+            return;
+        }
+        if p.last_pn.is_none_or(|l| largest_acked <= l) {
+            if p.start.is_none() {
+                p.start = Some((now, delivered));
+            } else {
+                p.end = Some((now, delivered));
+            }
+        }
+        if p.last_pn.is_none_or(|l| largest_acked < l) {
+            return;
+        }
+        let p = *p;
+        self.probe = None;
+        let max_interval = self.probe_interval_max(rtt);
+        let Some(((t0, d0), (t1, d1))) = p.start.zip(p.end) else {
+            self.next_probe_at = Some(now + self.probe_interval);
+            return;
+        };
+        let elapsed = t1.saturating_duration_since(t0).as_secs_f64();
+        let bytes = d1 - d0;
+        if elapsed <= 0.0 || bytes < 4 * self.mtu {
+            // Too few ACKs to tell: try again later, longer.
+            self.next_probe_at = Some(now + self.probe_interval);
+            return;
+        }
+        let rate = bytes as f64 * 8.0 / elapsed;
+        if p.train {
+            if rate < p.rate * TRAIN_LOWERS_BELOW && !p.app_limited {
+                self.estimate = rate.max(self.floor());
+                self.next_probe_at = Some(now + self.base_or(rtt));
+            }
+            return;
+        }
+        if rate >= p.rate * PROBE_SUCCESS {
+            self.estimate = self.estimate.max(p.rate.min(rate)).min(self.ceiling);
+            self.probe_interval = Duration::ZERO;
+            self.next_probe_at = None;
+        } else if rate > self.estimate {
+            // The path took more than the estimate but not all of the probe: its capacity.
+            self.estimate = rate.min(self.ceiling);
+            self.next_probe_at = Some(now + self.probe_interval);
+        } else if !p.app_limited {
+            self.probe_interval = (self.probe_interval * 2)
+                .max(self.base_or(rtt))
+                .min(max_interval);
+            self.next_probe_at = Some(now + self.probe_interval);
+        } else {
+            self.next_probe_at = Some(now + self.probe_interval);
+        }
+    }
+
+    /// What the pacer should run at now.
+    fn current_rate(&self) -> f64 {
+        match self.state {
+            State::Probe { rate, .. } => rate,
+            State::Train { .. } => self.ceiling,
+            _ => self.estimate,
+        }
+    }
+
+    fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
+        self.base = Some(self.base_or(rtt) + standing);
+        self.stats.rebases += 1;
+        self.evidence.reset(self.next_pn);
+    }
+}
+
+impl CongestionController for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn window(&self, rtt: &RttEstimator) -> u64 {
+        match self.state {
+            State::Drain { .. } => self.pipe_bytes(rtt),
+            _ => {
+                let path = rtt.smoothed().max(self.base_or(rtt)).as_secs_f64();
+                (self.estimate / 8.0 * path * SAFETY_PIPES) as u64 + 16 * self.mtu
+            }
+        }
+    }
+
+    fn pacing_rate(&self, _rtt: &RttEstimator) -> u64 {
+        self.current_rate().max(8.0 * self.mtu as f64) as u64
+    }
+
+    fn on_established(&mut self, _now: Instant) {
+        let per_time = (self.ceiling / 8.0 * TRAIN_TIME.as_secs_f64() / self.mtu as f64) as u32;
+        let left = per_time
+            .clamp(TRAIN_MIN, TRAIN_MAX)
+            .max(self.measure_packets());
+        self.state = State::Train { left };
+        self.probe = Some(ProbeRecord {
+            rate: self.ceiling,
+            first_pn: self.next_pn,
+            last_pn: None,
+            start: None,
+            end: None,
+            app_limited: false,
+            train: true,
+        });
+    }
+
+    fn wants_padding(&self) -> bool {
+        matches!(self.state, State::Train { .. })
+    }
+
+    fn take_pause(&mut self) -> Option<Duration> {
+        self.pause.take()
+    }
+
+    fn on_sent(
+        &mut self,
+        now: Instant,
+        pn: u64,
+        wire_bytes: u64,
+        app_limited: bool,
+        rtt: &RttEstimator,
+    ) {
+        self.next_pn = self.next_pn.max(pn + 1);
+        if app_limited {
+            self.last_app_limited = Some(now);
+            // A gap before the first packet is outside what the probe measures (from its
+            // first ACK on).
+            if let Some(p) = self
+                .probe
+                .as_mut()
+                .filter(|p| p.last_pn.is_none() && pn > p.first_pn)
+            {
+                p.app_limited = true;
+            }
+        } else {
+            let rate = self.current_rate();
+            let busy = Duration::from_secs_f64(wire_bytes as f64 * 8.0 / rate.max(1.0));
+            if rate < self.ceiling {
+                self.stats.limited_by_estimate += busy;
+            } else {
+                self.stats.limited_by_ceiling += busy;
+            }
+        }
+        if let State::Train { left } = self.state {
+            if left <= 1 {
+                self.state = State::Cruise;
+                if let Some(p) = self.probe.as_mut() {
+                    p.last_pn = Some(pn);
+                }
+            } else {
+                self.state = State::Train { left: left - 1 };
+            }
+        }
+        self.end_probe_if_due(now, rtt);
+    }
+
+    fn on_ack(&mut self, now: Instant, acked: AckedPacket, rtt: &RttEstimator) {
+        self.meter.add(acked.bytes);
+        self.event_app_limited |= acked.app_limited;
+        if let Some(sample) = acked.rtt_sample {
+            // The estimator ages its minimum; follow it up when it does.
+            let base = match self.base {
+                Some(b) if b >= rtt.min() => b.min(sample),
+                _ => rtt.min().min(sample),
+            };
+            self.base = Some(base);
+            let span = self.span(rtt);
+            self.evidence
+                .add(now, acked.pn, sample.saturating_sub(base), span);
+        }
+    }
+
+    fn on_corruption_loss(&mut self, wire_bytes: u64) {
+        self.meter.add(wire_bytes);
+    }
+
+    fn on_ack_done(&mut self, now: Instant, summary: AckSummary, rtt: &RttEstimator) {
+        self.meter
+            .mark(now, std::mem::take(&mut self.event_app_limited));
+        self.follow_probe(now, summary.largest_acked, rtt);
+        self.end_probe_if_due(now, rtt);
+        if let State::Drain { until } = self.state {
+            if summary.bytes_in_flight <= self.pipe_bytes(rtt) || now >= until {
+                self.end_drain();
+            }
+            return;
+        }
+        let span = self.span(rtt);
+        let Some(q) = self.evidence.standing(now, span) else {
+            return;
+        };
+        self.stats.queue_delay = q;
+        if q > self.q_high() {
+            let ours = !self.verify
+                || self
+                    .meter
+                    .rate(now, span.max(rtt.smoothed() / 2))
+                    .is_none_or(|r| {
+                        r.app_limited || r.bps < self.pacing_rate(rtt) as f64 * OWN_QUEUE_DELIVERY
+                    });
+            if ours {
+                self.overload(now, rtt);
+            } else {
+                self.verify = false;
+                self.rebase(q, rtt);
+            }
+        } else {
+            self.verify = false;
+            self.maybe_probe(now, rtt);
+        }
+    }
+
+    fn on_congestion(&mut self, now: Instant, rtt: &RttEstimator) {
+        self.overload(now, rtt);
+    }
+
+    fn set_rate(&mut self, rate_bps: u64) {
+        // The operator knows the link's rate (the modem's ACM step): start from it.
+        self.ceiling = rate_bps as f64;
+        self.estimate = self.ceiling;
+        self.state = State::Cruise;
+        self.probe = None;
+        self.verify = false;
+        self.evidence.reset(self.next_pn);
+    }
+
+    fn capacity(&self, _rtt: &RttEstimator) -> CapacityStats {
+        CapacityStats {
+            estimate_bps: self.estimate as u64,
+            ..self.stats
+        }
+    }
+}
