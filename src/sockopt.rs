@@ -1,11 +1,15 @@
-//! Socket options the standard wrappers do not cover: transparent IPv6 sockets, the saved
-//! SYN (to learn the client's DSCP) and the traffic class of outgoing packets.
+//! Socket options the standard wrappers do not cover: transparent sockets, the saved SYN (to
+//! learn the client's DSCP), the traffic class of outgoing packets and forced buffer sizes.
+//! socket2 and nix set most of them; the rest (IPV6_TRANSPARENT, TCP_SAVE_SYN,
+//! TCP_SAVED_SYN) neither crate offers, so they are set here.
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use nix::libc;
+use nix::sys::socket::{setsockopt, sockopt};
+use socket2::Socket;
 
 fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: `fd` is a live socket owned by the caller and the option value is a c_int of
@@ -27,11 +31,11 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int)
 }
 
 /// Lets the socket accept TPROXY-redirected connections or bind a foreign address.
-pub fn set_transparent(sock: &impl AsRawFd, family_v6: bool) -> io::Result<()> {
+pub fn set_transparent(sock: &Socket, family_v6: bool) -> io::Result<()> {
     if family_v6 {
         set_int(sock.as_raw_fd(), libc::SOL_IPV6, libc::IPV6_TRANSPARENT, 1)
     } else {
-        set_int(sock.as_raw_fd(), libc::SOL_IP, libc::IP_TRANSPARENT, 1)
+        sock.set_ip_transparent(true)
     }
 }
 
@@ -80,35 +84,27 @@ pub fn dscp_of_ip_header(h: &[u8]) -> Option<u8> {
 }
 
 /// Marks outgoing packets with `dscp` (ECN bits left to the kernel).
-pub fn set_dscp(sock: &socket2::Socket, addr: &SocketAddr, dscp: u8) -> io::Result<()> {
+pub fn set_dscp(sock: &Socket, addr: &SocketAddr, dscp: u8) -> io::Result<()> {
     let tos = u32::from(dscp & 0x3f) << 2;
     match addr {
         SocketAddr::V4(_) => sock.set_tos(tos),
-        SocketAddr::V6(_) => set_int(
-            sock.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_TCLASS,
-            tos as libc::c_int,
-        ),
+        SocketAddr::V6(_) => sock.set_tclass_v6(tos),
     }
 }
 
 /// Socket buffers beyond `net.core.[rw]mem_max` (needs CAP_NET_ADMIN).
-pub fn force_buffers(sock: &impl AsRawFd, bytes: usize) -> io::Result<()> {
-    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v)?;
-    set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v)
+pub fn force_buffers(sock: &impl AsFd, bytes: usize) -> io::Result<()> {
+    // The kernel takes an int, and nix casts to one: a larger value would wrap.
+    let bytes = bytes.min(libc::c_int::MAX as usize);
+    setsockopt(sock, sockopt::RcvBufForce, &bytes)?;
+    setsockopt(sock, sockopt::SndBufForce, &bytes)?;
+    Ok(())
 }
 
 /// Lets a transparent bind leave the port to `connect`, so many upstream connections from
 /// one client address do not exhaust ports at bind time.
-pub fn set_bind_address_no_port(sock: &impl AsRawFd) -> io::Result<()> {
-    set_int(
-        sock.as_raw_fd(),
-        libc::SOL_IP,
-        libc::IP_BIND_ADDRESS_NO_PORT,
-        1,
-    )
+pub fn set_bind_address_no_port(sock: &impl AsFd) -> io::Result<()> {
+    Ok(setsockopt(sock, sockopt::IpBindAddressNoPort, &true)?)
 }
 
 #[cfg(test)]
