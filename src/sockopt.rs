@@ -120,4 +120,35 @@ mod tests {
         assert_eq!(dscp_of_ip_header(&[0x15]), None);
         assert_eq!(dscp_of_ip_header(&[]), None);
     }
+
+    /// Each option reads back as set (the transparent and forced ones need CAP_NET_ADMIN,
+    /// which the tests have as root).
+    #[test]
+    fn options_read_back_as_set() {
+        use nix::sys::socket::getsockopt;
+        use socket2::{Domain, Type};
+
+        let v4 = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+        let v6 = Socket::new(Domain::IPV6, Type::STREAM, None).expect("socket");
+        let v4_addr: SocketAddr = "198.18.0.1:80".parse().expect("addr");
+        let v6_addr: SocketAddr = "[fd00:198:18::1]:80".parse().expect("addr");
+
+        set_dscp(&v4, &v4_addr, 46).expect("tos");
+        assert_eq!(v4.tos().expect("tos"), 46 << 2);
+        set_dscp(&v6, &v6_addr, 10).expect("tclass");
+        assert_eq!(v6.tclass_v6().expect("tclass"), 10 << 2);
+
+        set_transparent(&v4, false).expect("transparent");
+        assert!(v4.ip_transparent().expect("transparent"));
+        set_transparent(&v6, true).expect("transparent v6");
+
+        set_bind_address_no_port(&v4).expect("no port");
+        assert!(getsockopt(&v4, sockopt::IpBindAddressNoPort).expect("no port"));
+
+        // Past any rmem_max; the kernel reports twice what it was given.
+        let udp = Socket::new(Domain::IPV4, Type::DGRAM, None).expect("socket");
+        force_buffers(&udp, 64 << 20).expect("force");
+        assert_eq!(udp.recv_buffer_size().expect("rcvbuf"), 128 << 20);
+        assert_eq!(udp.send_buffer_size().expect("sndbuf"), 128 << 20);
+    }
 }
