@@ -1,11 +1,15 @@
-//! Socket options the standard wrappers do not cover: transparent IPv6 sockets, the saved
-//! SYN (to learn the client's DSCP) and the traffic class of outgoing packets.
+//! Socket options the standard wrappers do not cover: transparent sockets, the saved SYN (to
+//! learn the client's DSCP), the traffic class of outgoing packets and forced buffer sizes.
+//! socket2 and nix set most of them; the rest (IPV6_TRANSPARENT, TCP_SAVE_SYN,
+//! TCP_SAVED_SYN) neither crate offers, so they are set here.
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use nix::libc;
+use nix::sys::socket::{setsockopt, sockopt};
+use socket2::Socket;
 
 fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: `fd` is a live socket owned by the caller and the option value is a c_int of
@@ -27,11 +31,11 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int)
 }
 
 /// Lets the socket accept TPROXY-redirected connections or bind a foreign address.
-pub fn set_transparent(sock: &impl AsRawFd, family_v6: bool) -> io::Result<()> {
+pub fn set_transparent(sock: &Socket, family_v6: bool) -> io::Result<()> {
     if family_v6 {
         set_int(sock.as_raw_fd(), libc::SOL_IPV6, libc::IPV6_TRANSPARENT, 1)
     } else {
-        set_int(sock.as_raw_fd(), libc::SOL_IP, libc::IP_TRANSPARENT, 1)
+        sock.set_ip_transparent(true)
     }
 }
 
@@ -80,35 +84,27 @@ pub fn dscp_of_ip_header(h: &[u8]) -> Option<u8> {
 }
 
 /// Marks outgoing packets with `dscp` (ECN bits left to the kernel).
-pub fn set_dscp(sock: &socket2::Socket, addr: &SocketAddr, dscp: u8) -> io::Result<()> {
+pub fn set_dscp(sock: &Socket, addr: &SocketAddr, dscp: u8) -> io::Result<()> {
     let tos = u32::from(dscp & 0x3f) << 2;
     match addr {
         SocketAddr::V4(_) => sock.set_tos(tos),
-        SocketAddr::V6(_) => set_int(
-            sock.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_TCLASS,
-            tos as libc::c_int,
-        ),
+        SocketAddr::V6(_) => sock.set_tclass_v6(tos),
     }
 }
 
 /// Socket buffers beyond `net.core.[rw]mem_max` (needs CAP_NET_ADMIN).
-pub fn force_buffers(sock: &impl AsRawFd, bytes: usize) -> io::Result<()> {
-    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v)?;
-    set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v)
+pub fn force_buffers(sock: &impl AsFd, bytes: usize) -> io::Result<()> {
+    // The kernel takes an int, and nix casts to one: a larger value would wrap.
+    let bytes = bytes.min(libc::c_int::MAX as usize);
+    setsockopt(sock, sockopt::RcvBufForce, &bytes)?;
+    setsockopt(sock, sockopt::SndBufForce, &bytes)?;
+    Ok(())
 }
 
 /// Lets a transparent bind leave the port to `connect`, so many upstream connections from
 /// one client address do not exhaust ports at bind time.
-pub fn set_bind_address_no_port(sock: &impl AsRawFd) -> io::Result<()> {
-    set_int(
-        sock.as_raw_fd(),
-        libc::SOL_IP,
-        libc::IP_BIND_ADDRESS_NO_PORT,
-        1,
-    )
+pub fn set_bind_address_no_port(sock: &impl AsFd) -> io::Result<()> {
+    Ok(setsockopt(sock, sockopt::IpBindAddressNoPort, &true)?)
 }
 
 #[cfg(test)]
@@ -123,5 +119,36 @@ mod tests {
         assert_eq!(dscp_of_ip_header(&[0x62, 0x80, 0, 0]), Some(10));
         assert_eq!(dscp_of_ip_header(&[0x15]), None);
         assert_eq!(dscp_of_ip_header(&[]), None);
+    }
+
+    /// Each option reads back as set (the transparent and forced ones need CAP_NET_ADMIN,
+    /// which the tests have as root).
+    #[test]
+    fn options_read_back_as_set() {
+        use nix::sys::socket::getsockopt;
+        use socket2::{Domain, Type};
+
+        let v4 = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+        let v6 = Socket::new(Domain::IPV6, Type::STREAM, None).expect("socket");
+        let v4_addr: SocketAddr = "198.18.0.1:80".parse().expect("addr");
+        let v6_addr: SocketAddr = "[fd00:198:18::1]:80".parse().expect("addr");
+
+        set_dscp(&v4, &v4_addr, 46).expect("tos");
+        assert_eq!(v4.tos().expect("tos"), 46 << 2);
+        set_dscp(&v6, &v6_addr, 10).expect("tclass");
+        assert_eq!(v6.tclass_v6().expect("tclass"), 10 << 2);
+
+        set_transparent(&v4, false).expect("transparent");
+        assert!(v4.ip_transparent().expect("transparent"));
+        set_transparent(&v6, true).expect("transparent v6");
+
+        set_bind_address_no_port(&v4).expect("no port");
+        assert!(getsockopt(&v4, sockopt::IpBindAddressNoPort).expect("no port"));
+
+        // Past any rmem_max; the kernel reports twice what it was given.
+        let udp = Socket::new(Domain::IPV4, Type::DGRAM, None).expect("socket");
+        force_buffers(&udp, 64 << 20).expect("force");
+        assert_eq!(udp.recv_buffer_size().expect("rcvbuf"), 128 << 20);
+        assert_eq!(udp.send_buffer_size().expect("sndbuf"), 128 << 20);
     }
 }
