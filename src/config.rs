@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 mod cidr;
 mod error;
+mod messages;
 mod report;
 mod security;
 mod source;
@@ -404,8 +405,9 @@ impl PepdConfig {
             ))
         })?;
         let source_map = SourceMap::build(origin, text, root.get_ref());
-        let mut config = PepdConfig::deserialize(toml::de::Deserializer::from(root))
-            .map_err(|e| ConfigError::Parse(source_map.explain(&e, text)))?;
+        let mut config: PepdConfig =
+            serde_path_to_error::deserialize(toml::de::Deserializer::from(root))
+                .map_err(|e| ConfigError::Parse(source_map.explain(&e, text)))?;
         config.source_map = source_map;
         config.validate()?;
         Ok(config)
