@@ -477,5 +477,25 @@ impl PepdConfig {
     }
 }
 
+/// config/terminal.toml with its commented-out options written in, so that every key of
+/// the schema is set: for tests that must see each key.
+#[cfg(test)]
+pub(crate) fn example_with_every_key() -> String {
+    include_str!("../config/terminal.toml")
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(rest)
+                if rest
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| !k.contains(' ')) =>
+            {
+                rest
+            }
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests;
