@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 mod cidr;
 mod error;
+mod messages;
 mod report;
 mod security;
 mod source;
@@ -404,8 +405,9 @@ impl PepdConfig {
             ))
         })?;
         let source_map = SourceMap::build(origin, text, root.get_ref());
-        let mut config = PepdConfig::deserialize(toml::de::Deserializer::from(root))
-            .map_err(|e| ConfigError::Parse(source_map.explain(&e, text)))?;
+        let mut config: PepdConfig =
+            serde_path_to_error::deserialize(toml::de::Deserializer::from(root))
+                .map_err(|e| ConfigError::Parse(source_map.explain(&e, text)))?;
         config.source_map = source_map;
         config.validate()?;
         Ok(config)
@@ -473,6 +475,26 @@ impl PepdConfig {
         c.max_flows = self.limits.max_flows;
         c
     }
+}
+
+/// config/terminal.toml with its commented-out options written in, so that every key of
+/// the schema is set: for tests that must see each key.
+#[cfg(test)]
+pub(crate) fn example_with_every_key() -> String {
+    include_str!("../config/terminal.toml")
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(rest)
+                if rest
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| !k.contains(' ')) =>
+            {
+                rest
+            }
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]

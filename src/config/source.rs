@@ -1,6 +1,8 @@
-//! Where each key sits in the config text. The toml crate reports errors as byte spans;
-//! this map turns a span back into the dotted key an operator would search for, and lets
-//! the validator point at the line of a key long after parsing.
+//! Where each key sits in the config text, and config errors turned into diagnostics that
+//! name the key and its line. A deserialization error brings its key path
+//! (serde_path_to_error) and a byte span (toml); a syntax error only the span, which this
+//! map turns back into the dotted key an operator would search for. The validator uses the
+//! map to point at the line of a key long after parsing.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,6 +12,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::error::{Diagnostic, Position};
+use super::messages::{self, SchemaError};
 
 /// Dotted key path → location, for every key and array element in one config text.
 #[derive(Clone, Default)]
@@ -21,9 +24,7 @@ pub struct SourceMap {
 #[derive(Debug, Clone)]
 struct Entry {
     key_span: Range<usize>,
-    value_span: Range<usize>,
     key_at: Position,
-    is_table: bool,
 }
 
 impl fmt::Debug for SourceMap {
@@ -128,25 +129,13 @@ impl SourceMap {
         let entry = Entry {
             key_at: lines.position(key_span.start),
             key_span,
-            value_span: value.span(),
-            is_table: value.get_ref().is_table(),
         };
         self.entries.insert(path, entry);
     }
 
-    /// The innermost key whose span satisfies `pred`: the smallest value span wins, so a
-    /// value inside an inline table is preferred over the table.
-    fn innermost(&self, pred: impl Fn(&Entry) -> bool) -> Option<(&str, &Entry)> {
-        self.entries
-            .iter()
-            .filter(|(_, e)| pred(e))
-            .min_by_key(|(path, e)| (e.value_span.len(), std::cmp::Reverse(path.len())))
-            .map(|(path, e)| (path.as_str(), e))
-    }
-
     /// For a duplicate key at `span`: the closest earlier key of the same name, which is
     /// the one the recovered table kept.
-    fn first_definition(&self, text: &str, span: &Range<usize>) -> Option<(&str, &Entry)> {
+    fn first_definition(&self, text: &str, span: &Range<usize>) -> Option<&str> {
         let name = text
             .get(span.clone())?
             .trim_matches(|c| c == '"' || c == '\'');
@@ -156,68 +145,58 @@ impl SourceMap {
                 e.key_span.start < span.start && path.rsplit('.').next() == Some(name)
             })
             .max_by_key(|(_, e)| e.key_span.start)
-            .map(|(path, e)| (path.as_str(), e))
+            .map(|(path, _)| path.as_str())
     }
 
     /// Turns an error from deserializing this text into one naming the key and line.
-    pub(super) fn explain(&self, error: &toml::de::Error, text: &str) -> Diagnostic {
-        let lines = LineIndex::new(text);
-        let span = error.span().unwrap_or(0..0);
-        let message = error.message();
-        let at = lines.position(span.start);
+    pub(super) fn explain(
+        &self,
+        error: &serde_path_to_error::Error<toml::de::Error>,
+        text: &str,
+    ) -> Diagnostic {
+        // The path is empty for an error about the whole document; `Path` shows that as ".".
+        let path = match error.path().iter().next() {
+            Some(_) => error.path().to_string(),
+            None => String::new(),
+        };
+        let error = error.inner();
+        // toml's span is the offending key or value; without one, where the path is written.
+        let at = match error.span() {
+            Some(span) => LineIndex::new(text).position(span.start),
+            None => self.position(&path),
+        };
         let diag = |key: Option<String>, position: Position, message: String| Diagnostic {
             origin: self.origin.clone(),
             key,
             position,
             message,
         };
-
-        if let Some((field, rest)) = backquoted_after(message, "unknown field `") {
-            let path = self
-                .innermost(|e| e.key_span == span)
-                .map_or_else(|| field.to_owned(), |(p, _)| p.to_owned());
-            let expected = rest.trim_start_matches(", ");
-            let hint = if expected.is_empty() || expected.starts_with("there are no") {
-                String::new()
-            } else {
-                format!(" ({expected})")
-            };
-            return diag(
-                Some(path.clone()),
-                at,
-                format!("unknown key `{path}`{hint}"),
-            );
-        }
-
-        if let Some((field, _)) = backquoted_after(message, "missing field `") {
-            // Serde reports a missing field at the table that lacks it.
-            return match self.innermost(|e| e.is_table && e.value_span == span) {
-                Some((table, entry)) => {
-                    let key = format!("{table}.{field}");
-                    diag(
-                        Some(key.clone()),
-                        entry.key_at,
-                        format!("missing required key `{key}` in `[{table}]`"),
-                    )
-                }
-                None => diag(
-                    Some(field.to_owned()),
-                    Position::Document,
-                    format!("missing required section `[{field}]`"),
-                ),
-            };
-        }
-
-        let found = self
-            .innermost(|e| e.value_span == span)
-            .or_else(|| self.innermost(|e| e.key_span == span))
-            .or_else(|| {
-                self.innermost(|e| e.value_span.start <= span.start && span.end <= e.value_span.end)
-            });
-        let message = plain_types(&message.replace("unknown variant", "unknown value"));
-        match found {
-            Some((path, _)) => diag(Some(path.to_owned()), at, format!("`{path}`: {message}")),
-            None => diag(None, at, message),
+        match messages::schema_error(error.message()) {
+            SchemaError::UnknownKey { expected } => {
+                let hint = expected.map_or_else(String::new, |e| format!(" ({e})"));
+                let message = format!("unknown key `{path}`{hint}");
+                diag(Some(path), at, message)
+            }
+            SchemaError::MissingKey { name } if path.is_empty() => diag(
+                Some(name.to_owned()),
+                Position::Document,
+                format!("missing required section `[{name}]`"),
+            ),
+            // Serde reports a missing key at the table that lacks it: point at its header.
+            SchemaError::MissingKey { name } => {
+                let key = format!("{path}.{name}");
+                let header = self
+                    .entries
+                    .get(&path)
+                    .map_or(Position::Document, |e| e.key_at);
+                let message = format!("missing required key `{key}` in `[{path}]`");
+                diag(Some(key), header, message)
+            }
+            SchemaError::Value(message) if path.is_empty() => diag(None, at, message),
+            SchemaError::Value(message) => {
+                let message = format!("`{path}`: {message}");
+                diag(Some(path), at, message)
+            }
         }
     }
 
@@ -233,13 +212,11 @@ impl SourceMap {
         let position = LineIndex::new(text).position(span.start);
         // Other syntax errors are best found by line and column; naming a key for them
         // would be a guess.
-        let duplicate = match error.message() {
-            "duplicate key" => {
-                let map = SourceMap::build(origin, text, partial);
-                map.first_definition(text, &span)
-                    .map(|(path, _)| path.to_owned())
-            }
-            _ => None,
+        let duplicate = if messages::is_duplicate_key(error.message()) {
+            let map = SourceMap::build(origin, text, partial);
+            map.first_definition(text, &span).map(str::to_owned)
+        } else {
+            None
         };
         let message = match &duplicate {
             Some(key) => format!("duplicate key `{key}`"),
@@ -252,34 +229,6 @@ impl SourceMap {
             message,
         }
     }
-}
-
-/// Serde names Rust types ("expected u32"); operators think in ranges.
-fn plain_types(message: &str) -> String {
-    const NAMES: [(&str, &str); 8] = [
-        ("expected u8", "expected an integer from 0 to 255"),
-        ("expected u16", "expected an integer from 0 to 65535"),
-        ("expected u32", "expected an integer from 0 to 4294967295"),
-        ("expected u64", "expected a non-negative integer"),
-        ("expected usize", "expected a non-negative integer"),
-        ("expected i64", "expected an integer"),
-        ("expected f64", "expected a number"),
-        ("expected a boolean", "expected true or false"),
-    ];
-    NAMES
-        .iter()
-        .find_map(|(rust, plain)| {
-            let head = message.strip_suffix(rust)?;
-            Some(format!("{head}{plain}"))
-        })
-        .unwrap_or_else(|| message.to_owned())
-}
-
-/// Splits "{prefix}NAME\`REST" into (NAME, REST): serde quotes names in backticks.
-fn backquoted_after<'m>(message: &'m str, prefix: &str) -> Option<(&'m str, &'m str)> {
-    let after = message.strip_prefix(prefix)?;
-    let end = after.find('`')?;
-    Some((&after[..end], &after[end + 1..]))
 }
 
 /// Byte offset → line and column.

@@ -178,158 +178,124 @@ fn transport_conversion() {
     assert_eq!(t.pacing_burst, Duration::from_millis(2));
 }
 
-// ---- errors from the parser and the schema: key and line -------------------------------
+// ---- errors from the parser and the schema: key, line and the whole message ------------
+//
+// Every message here is asserted in full: part of each one is serde's or toml's wording
+// (src/config/messages.rs reads it), and a release that rewords it must fail a test rather
+// than quietly change what an operator reads.
+
+/// The one error parsing `text` gives: the key it names and the line an operator reads.
+#[track_caller]
+fn assert_parse_error(text: &str, key: Option<&str>, rendered: &str) {
+    let d = parse_err(text);
+    assert_eq!(d.key.as_deref(), key, "{d}");
+    assert_eq!(d.to_string(), rendered);
+}
 
 #[test]
 fn unknown_key_names_key_and_exact_line() {
     let d = parse_err(&min_with("[transport]\ncc = \"rate\"\nfoo = 1\n"));
     assert_one(&d, "transport.foo", at(9));
-    let text = d.to_string();
-    assert!(
-        text.starts_with("test.toml line 9: unknown key `transport.foo` (expected one of `cc`,"),
-        "{text}"
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 9: unknown key `transport.foo` (expected one of `cc`, `vegas_alpha`, \
+         `vegas_beta`, `vegas_gamma`, `loss_default`, `ack_every_packets`, `ack_max_delay`, \
+         `outage_limit`, `keepalive`, `pacing_burst`)"
+    );
+    // A section with a single key: serde words the list differently.
+    assert_parse_error(
+        &min_with("[upstream]\nx = 1\n"),
+        Some("upstream.x"),
+        "test.toml line 8: unknown key `upstream.x` (expected `transparent_source`)",
     );
 }
 
 #[test]
 fn unknown_section_and_nested_keys() {
-    assert_one(&parse_err(&min_with("\n\n[tuning]\n")), "tuning", at(9));
-    assert_one(
-        &parse_err(&min_with(
-            "[limits]\nmax_flows = 3\n[limits.per_ip]\nx = 1\n",
-        )),
-        "limits.per_ip",
-        at(9),
+    const SECTIONS: &str = "(expected one of `log`, `intercept`, `rules`, `peer`, `link`, \
+                            `transport`, `limits`, `timeouts`, `upstream`, `metrics`, \
+                            `shutdown`, `security`)";
+    assert_parse_error(
+        &min_with("\n\n[tuning]\n"),
+        Some("tuning"),
+        &format!("test.toml line 9: unknown key `tuning` {SECTIONS}"),
+    );
+    assert_parse_error(
+        &min_with("[limits]\nmax_flows = 3\n[limits.per_ip]\nx = 1\n"),
+        Some("limits.per_ip"),
+        "test.toml line 9: unknown key `limits.per_ip` (expected one of `max_flows`, \
+         `over_limit`, `flow_buffer`, `memory_budget`)",
     );
     // Dotted keys and inline tables are found too.
-    assert_one(
-        &parse_err(&format!("log.colour = true\n{MIN}")),
-        "log.colour",
-        at(1),
+    assert_parse_error(
+        &format!("log.colour = true\n{MIN}"),
+        Some("log.colour"),
+        "test.toml line 1: unknown key `log.colour` (expected `level`)",
     );
     // After a header, a dotted key belongs to that table.
-    assert_one(
-        &parse_err(&min_with("log.colour = true\n")),
-        "link.log",
-        at(7),
+    assert_parse_error(
+        &min_with("log.colour = true\n"),
+        Some("link.log"),
+        "test.toml line 7: unknown key `link.log` (expected one of `tx_rate`, `rx_rate`, `mtu`)",
     );
     let inline = "peer = { address = \"198.18.0.1:7400\", side = \"hub\",\n\
                   prot = 1 }\n[link]\ntx_rate = 1\nrx_rate = 1\n";
-    assert_one(&parse_err(inline), "peer.prot", at(2));
-    let top = format!("colour = \"x\"\n{MIN}");
-    assert_one(&parse_err(&top), "colour", at(1));
-}
-
-#[test]
-fn wrong_type_names_key_and_line() {
-    let d = parse_err(&MIN.replace("[link]\n", "[link]\nmtu = \"big\"\n"));
-    assert_one(&d, "link.mtu", at(5));
-    assert!(d.message.contains("invalid type: string \"big\""), "{d}");
-    assert_one(
-        &parse_err(&min_with("[timeouts]\nidle = 3600\n")),
-        "timeouts.idle",
-        at(8),
+    assert_parse_error(
+        inline,
+        Some("peer.prot"),
+        "test.toml line 2: unknown key `peer.prot` (expected one of `address`, `bind`, `side`)",
     );
-    assert_one(
-        &parse_err(&min_with("[upstream]\ntransparent_source = \"yes\"\n")),
-        "upstream.transparent_source",
-        at(8),
+    assert_parse_error(
+        &format!("colour = \"x\"\n{MIN}"),
+        Some("colour"),
+        &format!("test.toml line 1: unknown key `colour` {SECTIONS}"),
     );
-    assert_one(
-        &parse_err(&min_with("[intercept]\nlisten = \"0.0.0.0:7000\"\n")),
-        "intercept.listen",
-        at(8),
+    assert_parse_error(
+        &with_security("private_key = \"x\"\n"),
+        Some("security.private_key"),
+        "test.toml line 8: unknown key `security.private_key` (expected one of `mode`, \
+         `private_key_file`, `peer_public_key`, `psk_file`, `rekey_interval`, \
+         `rekey_after_packets`)",
     );
-    assert_one(
-        &parse_err(&format!("\ntransport = 5\n{MIN}")),
-        "transport",
-        at(2),
-    );
-}
-
-#[test]
-fn out_of_type_range_names_key_and_line() {
-    let d = parse_err(&min_with("[intercept]\nown_mark = 4294967296\n"));
-    assert_one(&d, "intercept.own_mark", at(8));
-    assert!(
-        d.message
-            .ends_with("integer `4294967296`, expected an integer from 0 to 4294967295"),
-        "{d}"
-    );
-    assert_one(
-        &parse_err(&min_with("[limits]\nmax_flows = -1\n")),
-        "limits.max_flows",
-        at(8),
-    );
-    assert_one(
-        &parse_err(&MIN.replace("[link]\n", "[link]\nmtu = -1500\n")),
-        "link.mtu",
-        at(5),
-    );
-}
-
-#[test]
-fn bad_values_name_key_and_line() {
-    let d = parse_err(&MIN.replace("\"2M\"", "\"2 MB/s\""));
-    assert_one(&d, "link.tx_rate", at(5));
-    assert!(d.message.contains("rates are in bits"), "{d}");
-    assert!(
-        d.message.contains("expected a bit rate like \"1.544Mbit\""),
-        "{d}"
-    );
-    let d = parse_err(&min_with("[limits]\nmemory_budget = \"1 lot\"\n"));
-    assert_one(&d, "limits.memory_budget", at(8));
-    assert!(
-        d.message.contains("expected a byte size like \"64MiB\""),
-        "{d}"
-    );
-    assert_one(
-        &parse_err(&min_with("[transport]\nkeepalive = \"5 parsecs\"\n")),
-        "transport.keepalive",
-        at(8),
-    );
-    let d = parse_err(&MIN.replace("\"terminal\"", "\"satellite\""));
-    assert_one(&d, "peer.side", at(3));
-    assert!(
-        d.message
-            .contains("unknown value `satellite`, expected `terminal` or `hub`"),
-        "{d}"
-    );
-    assert_one(
-        &parse_err(&min_with("[transport]\ncc = \"cubic\"\n")),
-        "transport.cc",
-        at(8),
-    );
-    assert_one(
-        &parse_err(&MIN.replace("198.18.0.1:7400", "198.18.0.1")),
-        "peer.address",
-        at(2),
-    );
-}
-
-#[test]
-fn bad_array_element_names_index_and_its_line() {
-    let d = parse_err(&min_with(
-        "[intercept]\nlisten = [\n  \"0.0.0.0:7000\",\n  \"localhost:7000\",\n]\n",
-    ));
-    assert_one(&d, "intercept.listen[1]", at(10));
 }
 
 #[test]
 fn missing_keys_and_sections() {
+    // A missing key points at its section's header.
     let d = parse_err(&MIN.replace("side = \"terminal\"\n", ""));
     assert_one(&d, "peer.side", at(1));
-    assert!(
-        d.message
-            .contains("missing required key `peer.side` in `[peer]`"),
-        "{d}"
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 1: missing required key `peer.side` in `[peer]`"
     );
+    assert_parse_error(
+        "peer = { address = \"198.18.0.1:7400\" }\n[link]\ntx_rate = 1\nrx_rate = 1\n",
+        Some("peer.side"),
+        "test.toml line 1: missing required key `peer.side` in `[peer]`",
+    );
+    // A missing section has no line to point at.
     let d = parse_err("[peer]\naddress = \"198.18.0.1:7400\"\nside = \"hub\"\n");
     assert_eq!(d.key.as_deref(), Some("link"));
     assert_eq!(d.position, Position::Document);
     assert_eq!(
         d.to_string(),
         "test.toml: missing required section `[link]`"
+    );
+}
+
+#[test]
+fn duplicate_key_names_the_key_at_its_second_line() {
+    let d = parse_err(&min_with("[limits]\nmax_flows = 1\nmax_flows = 2\n"));
+    assert_one(&d, "limits.max_flows", at(9));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 9: duplicate key `limits.max_flows`"
+    );
+    // A section written twice has no key of its own: toml's words, line and column.
+    assert_parse_error(
+        &min_with("[limits]\nmax_flows = 1\n[limits]\n"),
+        None,
+        "test.toml line 9, column 2: invalid TOML: duplicate key",
     );
 }
 
@@ -344,16 +310,175 @@ fn syntax_errors_give_line_and_column() {
             column: 11
         }
     );
-    assert!(
-        d.to_string()
-            .starts_with("test.toml line 7, column 11: invalid TOML: "),
-        "{d}"
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 7, column 11: invalid TOML: unclosed table, expected `]`"
     );
-    let d = parse_err(&min_with("[limits]\nmax_flows = 1\nmax_flows = 2\n"));
-    assert_one(&d, "limits.max_flows", at(9));
-    assert!(
-        d.message.contains("duplicate key `limits.max_flows`"),
-        "{d}"
+}
+
+#[test]
+fn wrong_type_names_key_and_line() {
+    let d = parse_err(&MIN.replace("[link]\n", "[link]\nmtu = \"big\"\n"));
+    assert_one(&d, "link.mtu", at(5));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 5: `link.mtu`: invalid type: string \"big\", expected a non-negative \
+         integer"
+    );
+    assert_parse_error(
+        &min_with("[timeouts]\nidle = 3600\n"),
+        Some("timeouts.idle"),
+        "test.toml line 8: `timeouts.idle`: invalid type: integer `3600`, expected a duration",
+    );
+    assert_parse_error(
+        &min_with("[upstream]\ntransparent_source = \"yes\"\n"),
+        Some("upstream.transparent_source"),
+        "test.toml line 8: `upstream.transparent_source`: invalid type: string \"yes\", \
+         expected true or false",
+    );
+    assert_parse_error(
+        &min_with("[intercept]\nlisten = \"0.0.0.0:7000\"\n"),
+        Some("intercept.listen"),
+        "test.toml line 8: `intercept.listen`: invalid type: string \"0.0.0.0:7000\", expected \
+         a sequence",
+    );
+    assert_parse_error(
+        &format!("\ntransport = 5\n{MIN}"),
+        Some("transport"),
+        "test.toml line 2: `transport`: invalid type: integer `5`, expected struct \
+         TransportConfig",
+    );
+    assert_parse_error(
+        &min_with("[transport]\nvegas_alpha = \"x\"\n"),
+        Some("transport.vegas_alpha"),
+        "test.toml line 8: `transport.vegas_alpha`: invalid type: string \"x\", expected a number",
+    );
+    assert_parse_error(
+        &min_with("[transport]\nack_every_packets = \"x\"\n"),
+        Some("transport.ack_every_packets"),
+        "test.toml line 8: `transport.ack_every_packets`: invalid type: string \"x\", expected \
+         an integer from 0 to 4294967295",
+    );
+    assert_parse_error(
+        &min_with("[transport]\ncc = [1]\n"),
+        Some("transport.cc"),
+        "test.toml line 8: `transport.cc`: wanted string or table",
+    );
+}
+
+#[test]
+fn out_of_type_range_names_key_and_line() {
+    let d = parse_err(&min_with("[intercept]\nown_mark = 4294967296\n"));
+    assert_one(&d, "intercept.own_mark", at(8));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 8: `intercept.own_mark`: invalid value: integer `4294967296`, expected \
+         an integer from 0 to 4294967295"
+    );
+    assert_parse_error(
+        &min_with("[limits]\nmax_flows = -1\n"),
+        Some("limits.max_flows"),
+        "test.toml line 8: `limits.max_flows`: invalid value: integer `-1`, expected a \
+         non-negative integer",
+    );
+    assert_parse_error(
+        &MIN.replace("[link]\n", "[link]\nmtu = -1500\n"),
+        Some("link.mtu"),
+        "test.toml line 5: `link.mtu`: invalid value: integer `-1500`, expected a non-negative \
+         integer",
+    );
+    assert_parse_error(
+        &with_security("rekey_after_packets = -1\n"),
+        Some("security.rekey_after_packets"),
+        "test.toml line 8: `security.rekey_after_packets`: invalid value: integer `-1`, \
+         expected a non-negative integer",
+    );
+}
+
+#[test]
+fn bad_units_name_key_and_line() {
+    let d = parse_err(&MIN.replace("\"2M\"", "\"2 MB/s\""));
+    assert_one(&d, "link.tx_rate", at(5));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 5: `link.tx_rate`: `MB/s` is a byte unit; rates are in bits per second \
+         (1 MB/s = \"8Mbit\"); expected a bit rate like \"1.544Mbit\" or an integer of bits per \
+         second"
+    );
+    assert_parse_error(
+        &MIN.replace("\"2M\"", "-5"),
+        Some("link.tx_rate"),
+        "test.toml line 5: `link.tx_rate`: negative value -5; expected a bit rate like \
+         \"1.544Mbit\" or an integer of bits per second",
+    );
+    let d = parse_err(&min_with("[limits]\nmemory_budget = \"1 lot\"\n"));
+    assert_one(&d, "limits.memory_budget", at(8));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 8: `limits.memory_budget`: unknown unit `lot` (use B, k, M, G, T \
+         (powers of 1000) or Ki, Mi, Gi, Ti (powers of 1024), optionally followed by B); \
+         expected a byte size like \"64MiB\" or an integer of bytes"
+    );
+    assert_parse_error(
+        &min_with("[limits]\nmemory_budget = \"4Mbit\"\n"),
+        Some("limits.memory_budget"),
+        "test.toml line 8: `limits.memory_budget`: `Mbit` is a bit unit; sizes are in bytes, \
+         e.g. \"4MB\" or \"4MiB\"; expected a byte size like \"64MiB\" or an integer of bytes",
+    );
+    // Durations are parsed by humantime: its wording.
+    assert_parse_error(
+        &min_with("[transport]\nkeepalive = \"5 parsecs\"\n"),
+        Some("transport.keepalive"),
+        "test.toml line 8: `transport.keepalive`: invalid value: string \"5 parsecs\", expected \
+         a duration",
+    );
+}
+
+#[test]
+fn bad_values_name_key_and_line() {
+    let d = parse_err(&MIN.replace("\"terminal\"", "\"satellite\""));
+    assert_one(&d, "peer.side", at(3));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 3: `peer.side`: unknown value `satellite`, expected `terminal` or `hub`"
+    );
+    assert_parse_error(
+        &min_with("[transport]\ncc = \"cubic\"\n"),
+        Some("transport.cc"),
+        "test.toml line 8: `transport.cc`: unknown value `cubic`, expected `rate` or `vegas`",
+    );
+    assert_parse_error(
+        &with_security("mode = \"tls\"\n"),
+        Some("security.mode"),
+        "test.toml line 8: `security.mode`: unknown value `tls`, expected `noise` or `none`",
+    );
+    assert_parse_error(
+        &MIN.replace("198.18.0.1:7400", "198.18.0.1"),
+        Some("peer.address"),
+        "test.toml line 2: `peer.address`: invalid socket address syntax",
+    );
+}
+
+#[test]
+fn bad_array_element_names_index_and_its_line() {
+    let d = parse_err(&min_with(
+        "[intercept]\nlisten = [\n  \"0.0.0.0:7000\",\n  \"localhost:7000\",\n]\n",
+    ));
+    assert_one(&d, "intercept.listen[1]", at(10));
+    assert_eq!(
+        d.to_string(),
+        "test.toml line 10: `intercept.listen[1]`: invalid socket address syntax"
+    );
+}
+
+#[test]
+fn parsing_stops_at_the_first_schema_error() {
+    // Unlike validation, which lists every problem, deserialization gives up at the first.
+    assert_parse_error(
+        &min_with("[limits]\nmax_flows = -1\n[transport]\ncc = \"cubic\"\nfoo = 1\n"),
+        Some("limits.max_flows"),
+        "test.toml line 8: `limits.max_flows`: invalid value: integer `-1`, expected a \
+         non-negative integer",
     );
 }
 
@@ -594,13 +719,13 @@ flow_buffer = \"1GiB\"
             ("limits.memory_budget".to_owned(), None),
         ]
     );
-    let text = e.to_string();
-    assert_eq!(text.lines().count(), 4, "{text}");
-    assert!(
-        text.lines()
-            .last()
-            .is_some_and(|l| l.starts_with("test.toml (default): `limits.memory_budget`")),
-        "{text}"
+    assert_eq!(
+        e.to_string(),
+        "test.toml line 2: `transport.keepalive` must be more than 0\n\
+         test.toml line 4: `peer.address` (198.18.0.1:0) needs a port other than 0\n\
+         test.toml line 7: `link.tx_rate` must be 8 kbit/s to 100 Gbit/s, not 1 bit/s\n\
+         test.toml (default): `limits.memory_budget` (512 MiB) must hold at least 2 × \
+         `limits.flow_buffer` (1 GiB, line 10)"
     );
 }
 
@@ -694,20 +819,7 @@ fn truncated_or_mangled_files_are_errors_not_panics() {
 fn every_key_in_the_example_is_documented() {
     const DOC: &str = include_str!("../../docs/CONFIG.md");
     // Commented-out keys ("# flow_buffer = ...") count too: they are documented options.
-    let uncommented: String = TERMINAL
-        .lines()
-        .map(|l| match l.strip_prefix("# ") {
-            Some(rest)
-                if rest
-                    .split_once(" = ")
-                    .is_some_and(|(k, _)| !k.contains(' ')) =>
-            {
-                rest
-            }
-            _ => l,
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let uncommented = example_with_every_key();
     let c = PepdConfig::parse(&uncommented).expect("uncommented example");
     assert!(c.limits.flow_buffer.is_some() && c.source_map.contains("transport.vegas_gamma"));
     let root = toml::de::DeTable::parse(&uncommented).expect("toml");
@@ -730,7 +842,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 40, "every key of the schema");
+    assert_eq!(count, 41, "every key of the schema");
 }
 
 // ---- [rules] ---------------------------------------------------------------------------
@@ -791,22 +903,22 @@ fn rules_parse_errors_name_the_element() {
         "test.toml line 10: `rules.bypass_subnets[1]`: prefix length 33 is longer than the 32 \
          bits of the address; expected a subnet like \"198.18.0.0/15\" or \"fd00:198:18::/48\""
     );
-    assert_one(
-        &parse_err(&min_with("[rules]\nproxy_subnets = [\"lan\"]\n")),
-        "rules.proxy_subnets[0]",
-        at(8),
+    assert_parse_error(
+        &min_with("[rules]\nproxy_subnets = [\"lan\"]\n"),
+        Some("rules.proxy_subnets[0]"),
+        "test.toml line 8: `rules.proxy_subnets[0]`: `lan` is not an IPv4 or IPv6 address; \
+         expected a subnet like \"198.18.0.0/15\" or \"fd00:198:18::/48\"",
     );
-    assert_one(
-        &parse_err(&min_with("[rules]\nports = [70000]\n")),
-        "rules.ports[0]",
-        at(8),
+    assert_parse_error(
+        &min_with("[rules]\nports = [70000]\n"),
+        Some("rules.ports[0]"),
+        "test.toml line 8: `rules.ports[0]`: invalid value: integer `70000`, expected an \
+         integer from 0 to 65535",
     );
-    let d = parse_err(&min_with("[rules]\nfail = \"shut\"\n"));
-    assert_one(&d, "rules.fail", at(8));
-    assert!(
-        d.message
-            .contains("unknown value `shut`, expected `open` or `closed`"),
-        "{d}"
+    assert_parse_error(
+        &min_with("[rules]\nfail = \"shut\"\n"),
+        Some("rules.fail"),
+        "test.toml line 8: `rules.fail`: unknown value `shut`, expected `open` or `closed`",
     );
 }
 
@@ -1104,11 +1216,6 @@ fn security_ranges_and_paths() {
     PepdConfig::parse(&with_security("rekey_interval = \"24h\"\n")).expect("upper bound");
     let p = invalid(&with_security("rekey_after_packets = 999\n"));
     assert_only(&p, "security.rekey_after_packets", at(8));
-    assert_one(
-        &parse_err(&with_security("rekey_after_packets = -1\n")),
-        "security.rekey_after_packets",
-        at(8),
-    );
     let p = invalid(&with_security(
         "private_key_file = \"private.key\"\npsk_file = \"./psk\"\n",
     ));
@@ -1121,16 +1228,6 @@ fn security_ranges_and_paths() {
         p[0].message.contains("must be an absolute path"),
         "{}",
         p[0]
-    );
-    assert_one(
-        &parse_err(&with_security("mode = \"tls\"\n")),
-        "security.mode",
-        at(8),
-    );
-    assert_one(
-        &parse_err(&with_security("private_key = \"x\"\n")),
-        "security.private_key",
-        at(8),
     );
 }
 

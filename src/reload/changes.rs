@@ -1,0 +1,633 @@
+//! What a reload changes and how each change takes effect: the half of SIGHUP that needs
+//! no running daemon.
+//!
+//! Every key of the schema is listed once, in [`compare`], with the setting it belongs
+//! to. Both configs are destructured there without `..`, so a new config field does not
+//! compile until it is given a setting, and the tests check that the keys listed are
+//! exactly those of a config that sets every key.
+
+use std::collections::BTreeSet;
+
+use crate::config::{
+    InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PeerConfig, PepdConfig,
+    RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig, TransportConfig, UpstreamConfig,
+};
+
+/// Keys a reload applies to the running daemon, grouped as they are applied; in the
+/// order the reload applies and logs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LiveSetting {
+    LogLevel,
+    TxRate,
+    /// `transport.ack_every_packets` and `transport.ack_max_delay`, one ACK policy.
+    AckPolicy,
+    MaxFlows,
+    /// The send side at once; the receive window was advertised at the handshake.
+    MemoryBudget,
+    OverLimit,
+    Timeouts,
+    Upstream,
+    Shutdown,
+}
+
+/// Keys read once at start: they wait for `systemctl restart pepd`. In log order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RestartSetting {
+    RxRateOrMtu,
+    FlowBuffer,
+    /// Every `[transport]` key but the ACK policy.
+    Transport,
+    Peer,
+    Intercept,
+    Metrics,
+    /// Keys are read once at start; a changed file at the same path needs a restart too,
+    /// which no comparison of configs can see.
+    Security,
+}
+
+/// How a changed key takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Setting {
+    Live(LiveSetting),
+    Restart(RestartSetting),
+    /// `[rules]` is not the daemon's: it feeds `pepd nft-rules`, which pepd-rules.service
+    /// applies (`systemctl reload pepd-rules`). The daemon reads it only for the start-up
+    /// self-check, so neither a reload nor a restart of pepd changes what is intercepted.
+    RulesUnit,
+}
+
+impl LiveSetting {
+    /// How the reload log names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            LiveSetting::LogLevel => "log.level",
+            LiveSetting::TxRate => "link.tx_rate",
+            LiveSetting::AckPolicy => "transport.ack_*",
+            LiveSetting::MaxFlows => "limits.max_flows",
+            LiveSetting::MemoryBudget => {
+                "limits.memory_budget (send side; receive side after a restart)"
+            }
+            LiveSetting::OverLimit => "limits.over_limit",
+            LiveSetting::Timeouts => "timeouts",
+            LiveSetting::Upstream => "upstream",
+            LiveSetting::Shutdown => "shutdown",
+        }
+    }
+}
+
+impl RestartSetting {
+    /// How the reload log names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            RestartSetting::RxRateOrMtu => "link.rx_rate/mtu",
+            RestartSetting::FlowBuffer => "limits.flow_buffer",
+            RestartSetting::Transport => {
+                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst)"
+            }
+            RestartSetting::Peer => "peer",
+            RestartSetting::Intercept => "intercept",
+            RestartSetting::Metrics => "metrics",
+            RestartSetting::Security => "security",
+        }
+    }
+}
+
+/// One key of the schema, compared between the running config and a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    /// Dotted, as written in the file: `transport.ack_max_delay`.
+    pub name: &'static str,
+    pub setting: Setting,
+    pub changed: bool,
+}
+
+/// The settings with at least one changed key, live ones first, each group in log order.
+pub fn changed_settings(running: &PepdConfig, new: &PepdConfig) -> BTreeSet<Setting> {
+    compare(running, new)
+        .into_iter()
+        .filter(|k| k.changed)
+        .map(|k| k.setting)
+        .collect()
+}
+
+/// Every key of the schema with its setting and whether `new` changes it.
+pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
+    use LiveSetting as L;
+    use RestartSetting as R;
+    use Setting::{Live, Restart, RulesUnit};
+
+    let PepdConfig {
+        log: LogConfig { level },
+        intercept: InterceptConfig { listen, own_mark },
+        rules:
+            RulesConfig {
+                interfaces,
+                ports,
+                bypass_subnets,
+                proxy_subnets,
+                tproxy_mark,
+                route_table,
+                fail,
+            },
+        peer: PeerConfig {
+            address,
+            bind,
+            side,
+        },
+        link: LinkConfig {
+            tx_rate,
+            rx_rate,
+            mtu,
+        },
+        transport:
+            TransportConfig {
+                cc,
+                vegas_alpha,
+                vegas_beta,
+                vegas_gamma,
+                loss_default,
+                ack_every_packets,
+                ack_max_delay,
+                outage_limit,
+                keepalive,
+                pacing_burst,
+            },
+        limits:
+            LimitsConfig {
+                max_flows,
+                over_limit,
+                flow_buffer,
+                memory_budget,
+            },
+        timeouts: TimeoutsConfig { connect, idle },
+        upstream: UpstreamConfig { transparent_source },
+        metrics: MetricsConfig {
+            listen: metrics_listen,
+        },
+        shutdown: ShutdownConfig { grace },
+        security:
+            SecuritySection {
+                mode,
+                private_key_file,
+                peer_public_key,
+                psk_file,
+                rekey_interval,
+                rekey_after_packets,
+            },
+        // Where keys were written, not a setting.
+        source_map: _,
+    } = new;
+    let r = running;
+    let key = |name, setting, changed| Key {
+        name,
+        setting,
+        changed,
+    };
+    vec![
+        key("log.level", Live(L::LogLevel), *level != r.log.level),
+        key(
+            "intercept.listen",
+            Restart(R::Intercept),
+            *listen != r.intercept.listen,
+        ),
+        key(
+            "intercept.own_mark",
+            Restart(R::Intercept),
+            *own_mark != r.intercept.own_mark,
+        ),
+        key(
+            "rules.interfaces",
+            RulesUnit,
+            *interfaces != r.rules.interfaces,
+        ),
+        key("rules.ports", RulesUnit, *ports != r.rules.ports),
+        key(
+            "rules.bypass_subnets",
+            RulesUnit,
+            *bypass_subnets != r.rules.bypass_subnets,
+        ),
+        key(
+            "rules.proxy_subnets",
+            RulesUnit,
+            *proxy_subnets != r.rules.proxy_subnets,
+        ),
+        key(
+            "rules.tproxy_mark",
+            RulesUnit,
+            *tproxy_mark != r.rules.tproxy_mark,
+        ),
+        key(
+            "rules.route_table",
+            RulesUnit,
+            *route_table != r.rules.route_table,
+        ),
+        key("rules.fail", RulesUnit, *fail != r.rules.fail),
+        key("peer.address", Restart(R::Peer), *address != r.peer.address),
+        key("peer.bind", Restart(R::Peer), *bind != r.peer.bind),
+        key("peer.side", Restart(R::Peer), *side != r.peer.side),
+        key("link.tx_rate", Live(L::TxRate), *tx_rate != r.link.tx_rate),
+        key(
+            "link.rx_rate",
+            Restart(R::RxRateOrMtu),
+            *rx_rate != r.link.rx_rate,
+        ),
+        key("link.mtu", Restart(R::RxRateOrMtu), *mtu != r.link.mtu),
+        key("transport.cc", Restart(R::Transport), *cc != r.transport.cc),
+        key(
+            "transport.vegas_alpha",
+            Restart(R::Transport),
+            *vegas_alpha != r.transport.vegas_alpha,
+        ),
+        key(
+            "transport.vegas_beta",
+            Restart(R::Transport),
+            *vegas_beta != r.transport.vegas_beta,
+        ),
+        key(
+            "transport.vegas_gamma",
+            Restart(R::Transport),
+            *vegas_gamma != r.transport.vegas_gamma,
+        ),
+        key(
+            "transport.loss_default",
+            Restart(R::Transport),
+            *loss_default != r.transport.loss_default,
+        ),
+        key(
+            "transport.ack_every_packets",
+            Live(L::AckPolicy),
+            *ack_every_packets != r.transport.ack_every_packets,
+        ),
+        key(
+            "transport.ack_max_delay",
+            Live(L::AckPolicy),
+            *ack_max_delay != r.transport.ack_max_delay,
+        ),
+        key(
+            "transport.outage_limit",
+            Restart(R::Transport),
+            *outage_limit != r.transport.outage_limit,
+        ),
+        key(
+            "transport.keepalive",
+            Restart(R::Transport),
+            *keepalive != r.transport.keepalive,
+        ),
+        key(
+            "transport.pacing_burst",
+            Restart(R::Transport),
+            *pacing_burst != r.transport.pacing_burst,
+        ),
+        key(
+            "limits.max_flows",
+            Live(L::MaxFlows),
+            *max_flows != r.limits.max_flows,
+        ),
+        key(
+            "limits.over_limit",
+            Live(L::OverLimit),
+            *over_limit != r.limits.over_limit,
+        ),
+        key(
+            "limits.flow_buffer",
+            Restart(R::FlowBuffer),
+            *flow_buffer != r.limits.flow_buffer,
+        ),
+        key(
+            "limits.memory_budget",
+            Live(L::MemoryBudget),
+            *memory_budget != r.limits.memory_budget,
+        ),
+        key(
+            "timeouts.connect",
+            Live(L::Timeouts),
+            *connect != r.timeouts.connect,
+        ),
+        key("timeouts.idle", Live(L::Timeouts), *idle != r.timeouts.idle),
+        key(
+            "upstream.transparent_source",
+            Live(L::Upstream),
+            *transparent_source != r.upstream.transparent_source,
+        ),
+        key(
+            "metrics.listen",
+            Restart(R::Metrics),
+            *metrics_listen != r.metrics.listen,
+        ),
+        key(
+            "shutdown.grace",
+            Live(L::Shutdown),
+            *grace != r.shutdown.grace,
+        ),
+        key(
+            "security.mode",
+            Restart(R::Security),
+            *mode != r.security.mode,
+        ),
+        key(
+            "security.private_key_file",
+            Restart(R::Security),
+            *private_key_file != r.security.private_key_file,
+        ),
+        key(
+            "security.peer_public_key",
+            Restart(R::Security),
+            *peer_public_key != r.security.peer_public_key,
+        ),
+        key(
+            "security.psk_file",
+            Restart(R::Security),
+            *psk_file != r.security.psk_file,
+        ),
+        key(
+            "security.rekey_interval",
+            Restart(R::Security),
+            *rekey_interval != r.security.rekey_interval,
+        ),
+        key(
+            "security.rekey_after_packets",
+            Restart(R::Security),
+            *rekey_after_packets != r.security.rekey_after_packets,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{
+        example_with_every_key, BitRate, ByteSize, CcModeName, FailMode, LossDefault, OverLimit,
+        SecurityMode, Side,
+    };
+
+    fn every_key() -> PepdConfig {
+        PepdConfig::parse(&example_with_every_key()).expect("example with every key")
+    }
+
+    /// "section.key" for every key `text` sets.
+    fn keys_in(text: &str) -> BTreeSet<String> {
+        let root = toml::de::DeTable::parse(text).expect("toml");
+        let mut keys = BTreeSet::new();
+        for (section, table) in root.get_ref() {
+            let table = table.get_ref().as_table().expect("sections only");
+            for key in table.keys() {
+                keys.insert(format!("{}.{}", section.get_ref(), key.get_ref()));
+            }
+        }
+        keys
+    }
+
+    fn names(keys: &[Key], pick: impl Fn(&Key) -> bool) -> Vec<&'static str> {
+        keys.iter().filter(|k| pick(k)).map(|k| k.name).collect()
+    }
+
+    #[test]
+    fn every_key_of_the_schema_is_listed_once() {
+        let c = every_key();
+        let keys = compare(&c, &c);
+        let listed = names(&keys, |_| true);
+        let unique: BTreeSet<String> = listed.iter().map(|n| (*n).to_owned()).collect();
+        assert_eq!(unique.len(), listed.len(), "a key listed twice: {listed:?}");
+        assert_eq!(unique, keys_in(&example_with_every_key()));
+        assert_eq!(names(&keys, |k| k.changed), Vec::<&str>::new());
+        assert!(changed_settings(&c, &c).is_empty());
+    }
+
+    #[test]
+    fn live_restart_and_rules_keys_as_documented() {
+        // docs/OPERATIONS.md, "Reload: SIGHUP", tells operators the same.
+        let c = every_key();
+        let keys = compare(&c, &c);
+        assert_eq!(
+            names(&keys, |k| matches!(k.setting, Setting::Live(_))),
+            [
+                "log.level",
+                "link.tx_rate",
+                "transport.ack_every_packets",
+                "transport.ack_max_delay",
+                "limits.max_flows",
+                "limits.over_limit",
+                "limits.memory_budget",
+                "timeouts.connect",
+                "timeouts.idle",
+                "upstream.transparent_source",
+                "shutdown.grace",
+            ]
+        );
+        assert_eq!(
+            names(&keys, |k| matches!(k.setting, Setting::Restart(_))),
+            [
+                "intercept.listen",
+                "intercept.own_mark",
+                "peer.address",
+                "peer.bind",
+                "peer.side",
+                "link.rx_rate",
+                "link.mtu",
+                "transport.cc",
+                "transport.vegas_alpha",
+                "transport.vegas_beta",
+                "transport.vegas_gamma",
+                "transport.loss_default",
+                "transport.outage_limit",
+                "transport.keepalive",
+                "transport.pacing_burst",
+                "limits.flow_buffer",
+                "metrics.listen",
+                "security.mode",
+                "security.private_key_file",
+                "security.peer_public_key",
+                "security.psk_file",
+                "security.rekey_interval",
+                "security.rekey_after_packets",
+            ]
+        );
+        assert_eq!(
+            names(&keys, |k| k.setting == Setting::RulesUnit),
+            [
+                "rules.interfaces",
+                "rules.ports",
+                "rules.bypass_subnets",
+                "rules.proxy_subnets",
+                "rules.tproxy_mark",
+                "rules.route_table",
+                "rules.fail",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_change_to_one_key_is_seen_as_that_key_alone() {
+        type Mutation = (&'static str, fn(&mut PepdConfig));
+        let mutations: Vec<Mutation> = vec![
+            ("log.level", |c| c.log.level.push_str(",pepd=debug")),
+            ("intercept.listen", |c| {
+                c.intercept.listen.pop();
+            }),
+            ("intercept.own_mark", |c| c.intercept.own_mark += 1),
+            ("rules.interfaces", |c| {
+                c.rules.interfaces.push("lan1".into())
+            }),
+            ("rules.ports", |c| c.rules.ports.push(22)),
+            ("rules.bypass_subnets", |c| c.rules.bypass_subnets.clear()),
+            ("rules.proxy_subnets", |c| c.rules.proxy_subnets.clear()),
+            ("rules.tproxy_mark", |c| c.rules.tproxy_mark += 1),
+            ("rules.route_table", |c| c.rules.route_table += 1),
+            ("rules.fail", |c| c.rules.fail = FailMode::Closed),
+            ("peer.address", |c| c.peer.address.set_port(7401)),
+            ("peer.bind", |c| c.peer.bind = None),
+            ("peer.side", |c| c.peer.side = Side::Hub),
+            ("link.tx_rate", |c| {
+                c.link.tx_rate = BitRate(c.link.tx_rate.0 + 1)
+            }),
+            ("link.rx_rate", |c| {
+                c.link.rx_rate = BitRate(c.link.rx_rate.0 + 1)
+            }),
+            ("link.mtu", |c| c.link.mtu -= 1),
+            ("transport.cc", |c| c.transport.cc = CcModeName::Vegas),
+            ("transport.vegas_alpha", |c| c.transport.vegas_alpha += 0.5),
+            ("transport.vegas_beta", |c| c.transport.vegas_beta += 0.5),
+            ("transport.vegas_gamma", |c| c.transport.vegas_gamma += 0.5),
+            ("transport.loss_default", |c| {
+                c.transport.loss_default = LossDefault::Congestion
+            }),
+            ("transport.ack_every_packets", |c| {
+                c.transport.ack_every_packets += 1
+            }),
+            ("transport.ack_max_delay", |c| {
+                c.transport.ack_max_delay += Duration::from_millis(1)
+            }),
+            ("transport.outage_limit", |c| {
+                c.transport.outage_limit += Duration::from_millis(1)
+            }),
+            ("transport.keepalive", |c| {
+                c.transport.keepalive += Duration::from_millis(1)
+            }),
+            ("transport.pacing_burst", |c| {
+                c.transport.pacing_burst += Duration::from_millis(1)
+            }),
+            ("limits.max_flows", |c| c.limits.max_flows += 1),
+            ("limits.over_limit", |c| {
+                c.limits.over_limit = OverLimit::Bypass
+            }),
+            ("limits.flow_buffer", |c| c.limits.flow_buffer = None),
+            ("limits.memory_budget", |c| {
+                c.limits.memory_budget = ByteSize(c.limits.memory_budget.0 + 1)
+            }),
+            ("timeouts.connect", |c| {
+                c.timeouts.connect += Duration::from_secs(1)
+            }),
+            ("timeouts.idle", |c| {
+                c.timeouts.idle += Duration::from_secs(1)
+            }),
+            ("upstream.transparent_source", |c| {
+                c.upstream.transparent_source = !c.upstream.transparent_source
+            }),
+            ("metrics.listen", |c| c.metrics.listen.set_port(9465)),
+            ("shutdown.grace", |c| {
+                c.shutdown.grace += Duration::from_secs(1)
+            }),
+            ("security.mode", |c| c.security.mode = SecurityMode::None),
+            ("security.private_key_file", |c| {
+                c.security.private_key_file = None
+            }),
+            ("security.peer_public_key", |c| {
+                c.security.peer_public_key = None
+            }),
+            ("security.psk_file", |c| c.security.psk_file = None),
+            ("security.rekey_interval", |c| {
+                c.security.rekey_interval += Duration::from_secs(1)
+            }),
+            ("security.rekey_after_packets", |c| {
+                c.security.rekey_after_packets += 1
+            }),
+        ];
+        let base = every_key();
+        let all = compare(&base, &base);
+        assert_eq!(
+            mutations.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
+            names(&all, |_| true),
+            "one mutation per key"
+        );
+        for (name, mutate) in mutations {
+            let mut new = base.clone();
+            mutate(&mut new);
+            assert_eq!(names(&compare(&base, &new), |k| k.changed), [name]);
+        }
+    }
+
+    #[test]
+    fn changes_come_grouped_as_applied_and_in_log_order() {
+        let base = every_key();
+        let mut new = base.clone();
+        new.rules.ports.push(22);
+        new.peer.side = Side::Hub;
+        new.shutdown.grace += Duration::from_secs(1);
+        new.transport.ack_max_delay += Duration::from_millis(1);
+        new.transport.ack_every_packets += 1;
+        new.link.mtu -= 1;
+        new.link.rx_rate = BitRate(new.link.rx_rate.0 + 1);
+        new.log.level = "debug".into();
+        assert_eq!(
+            changed_settings(&base, &new)
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [
+                Setting::Live(LiveSetting::LogLevel),
+                Setting::Live(LiveSetting::AckPolicy),
+                Setting::Live(LiveSetting::Shutdown),
+                Setting::Restart(RestartSetting::RxRateOrMtu),
+                Setting::Restart(RestartSetting::Peer),
+                Setting::RulesUnit,
+            ]
+        );
+    }
+
+    #[test]
+    fn labels_in_the_reload_log() {
+        let c = every_key();
+        let settings: BTreeSet<Setting> = compare(&c, &c).iter().map(|k| k.setting).collect();
+        let live: Vec<&str> = settings
+            .iter()
+            .filter_map(|s| match s {
+                Setting::Live(l) => Some(l.label()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            live,
+            [
+                "log.level",
+                "link.tx_rate",
+                "transport.ack_*",
+                "limits.max_flows",
+                "limits.memory_budget (send side; receive side after a restart)",
+                "limits.over_limit",
+                "timeouts",
+                "upstream",
+                "shutdown",
+            ]
+        );
+        let restart: Vec<&str> = settings
+            .iter()
+            .filter_map(|s| match s {
+                Setting::Restart(r) => Some(r.label()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            restart,
+            [
+                "link.rx_rate/mtu",
+                "limits.flow_buffer",
+                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst)",
+                "peer",
+                "intercept",
+                "metrics",
+                "security",
+            ]
+        );
+    }
+}
