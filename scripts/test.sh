@@ -19,7 +19,11 @@ if ((${#need_pkgs[@]})); then
     fi
 fi
 
+# Unused dependencies (reads the sources, well under a second; also covers fuzz/).
+command -v cargo-machete >/dev/null 2>&1 || cargo install --locked cargo-machete
+
 cargo fmt --all -- --check
+cargo machete
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
 # The transport's performance targets, checked in the deterministic simulator (~15 s).
