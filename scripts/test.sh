@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README.md "Run the tests"). Installs what the tests need on a
 # fresh Debian machine, then runs formatting, lints and the whole test suite. Network tests
-# build their own namespaces and need root.
+# build their own namespaces and need root (without it they skip, unless PEPD_REQUIRE_ROOT_TESTS
+# is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
