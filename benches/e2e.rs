@@ -14,7 +14,9 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+use clap::builder::RangedU64ValueParser;
+use clap::{Parser, ValueEnum};
 use pep_linkemu::cli::LinkArgs;
 use pep_testbed::pepd::PepdOptions;
 use pep_testbed::runner::{self, Mode, RunResult, RunSpec};
@@ -24,12 +26,59 @@ use plotters::prelude::*;
 
 const MODES: [Mode; 3] = [Mode::PlainCubic, Mode::PlainBbr, Mode::Pepd];
 
+/// The bench's arguments (after `--` on the `cargo bench` command line).
+#[derive(clap::Parser)]
+#[command(
+    bin_name = "cargo bench --bench e2e --",
+    about = "End-to-end benchmark suites over the netns testbed (root needed)"
+)]
 struct Opts {
-    suite: String,
+    #[arg(value_enum)]
+    suite: Suite,
+    /// Runs per cell, each with different link seeds.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 3,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..)
+    )]
     runs: usize,
+    /// Length of the lawson bulk downloads; the emu suite sends for at most 10 s of it.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
     seconds: f64,
+    /// Cap on each run's duration.
+    #[arg(long, value_name = "S", default_value_t = 60.0)]
     max_seconds: f64,
+    /// The modes to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        ignore_case = true,
+        default_value = "plain-cubic,plain-bbr,pepd"
+    )]
     modes: Vec<Mode>,
+    /// `cargo bench` passes `--bench` to every bench target; it means nothing here.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Suite {
+    Lawson,
+    Nasa,
+    GeoShort,
+    Emu,
+}
+
+impl Suite {
+    /// The name on the command line, which also names the output files.
+    fn name(self) -> String {
+        self.to_possible_value()
+            .expect("no suite is skipped")
+            .get_name()
+            .to_owned()
+    }
 }
 
 /// The daemon the pepd mode runs: `$PEPD_BIN`, else the one built with this bench.
@@ -42,53 +91,6 @@ fn pepd_options() -> PepdOptions {
         ),
         ..Default::default()
     }
-}
-
-fn parse_args() -> anyhow::Result<Opts> {
-    // `cargo bench` appends `--bench`; it means nothing here.
-    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
-    let mut o = Opts {
-        suite: String::new(),
-        runs: 3,
-        seconds: 30.0,
-        max_seconds: 60.0,
-        modes: MODES.to_vec(),
-    };
-    while let Some(a) = args.next() {
-        let mut num = |name: &str| -> anyhow::Result<f64> {
-            args.next()
-                .with_context(|| format!("{name} needs a value"))?
-                .parse()
-                .with_context(|| format!("{name} needs a number"))
-        };
-        match a.as_str() {
-            "--runs" => o.runs = num("--runs")? as usize,
-            "--seconds" => o.seconds = num("--seconds")?,
-            "--max-seconds" => o.max_seconds = num("--max-seconds")?,
-            "--modes" => {
-                let list = args.next().context("--modes needs a value")?;
-                o.modes = list
-                    .split(',')
-                    .map(|m| {
-                        <Mode as clap::ValueEnum>::from_str(m.trim(), true)
-                            .map_err(|e| anyhow::anyhow!("--modes: {e}"))
-                    })
-                    .collect::<anyhow::Result<_>>()?;
-            }
-            s if !s.starts_with('-') && o.suite.is_empty() => o.suite = s.to_owned(),
-            s => bail!("unknown argument {s:?}"),
-        }
-    }
-    if o.suite.is_empty() {
-        bail!("usage: cargo bench --bench e2e -- <lawson|nasa|geo-short|emu> [--runs N] [--seconds S] [--max-seconds S] [--modes plain-cubic,plain-bbr,pepd]");
-    }
-    if o.runs == 0 {
-        bail!("--runs must be at least 1");
-    }
-    if o.modes.is_empty() {
-        bail!("--modes needs at least one mode");
-    }
-    Ok(o)
 }
 
 /// One cell of a suite: a condition (x axis) under one mode.
@@ -445,9 +447,9 @@ fn emu_suite(o: &Opts) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let o = parse_args()?;
-    let (cells, short, title) = match o.suite.as_str() {
-        "lawson" => (
+    let o = Opts::parse();
+    let (cells, short, title) = match o.suite {
+        Suite::Lawson => (
             bulk_cells(
                 Profile::Lawson,
                 &[0.0, 1e-8, 1e-7, 1e-6, 1e-5],
@@ -456,7 +458,7 @@ fn main() -> anyhow::Result<()> {
             false,
             "lawson: 1.544 Mb/s, 285 ms one-way, bulk download",
         ),
-        "nasa" => (
+        Suite::Nasa => (
             bulk_cells(
                 Profile::Nasa,
                 &[0.0, 1e-7, 1e-5],
@@ -465,16 +467,16 @@ fn main() -> anyhow::Result<()> {
             false,
             "nasa: 100 Mb/s, 250 ms one-way, 100 MB download",
         ),
-        "geo-short" => (
+        Suite::GeoShort => (
             geo_short_cells(),
             true,
             "geo: 20/2 Mb/s, 300 ms one-way, short transfers",
         ),
-        "emu" => return emu_suite(&o),
-        s => bail!("unknown suite {s:?} (lawson, nasa, geo-short, emu)"),
+        Suite::Emu => return emu_suite(&o),
     };
+    let suite = o.suite.name();
     let res = run_cells(&cells, &o)?;
-    write_csv(&o.suite, &res, short)?;
-    plot(&o.suite, &res, short, title)?;
+    write_csv(&suite, &res, short)?;
+    plot(&suite, &res, short, title)?;
     Ok(())
 }

@@ -179,6 +179,9 @@ fn pacing_rate(sb: &Sandbox) -> Option<f64> {
 
 #[test]
 fn ready_status_and_stopping_reach_the_notify_socket() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let mut sb = Sandbox::new();
     let cfg = sb.write_config("pepd.toml", "2Mbit");
     let (sock, path) = sb.notify_socket();
@@ -202,6 +205,9 @@ fn ready_status_and_stopping_reach_the_notify_socket() {
 
 #[test]
 fn sighup_changes_the_rate_live() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let mut sb = Sandbox::new();
     let cfg = sb.write_config("pepd.toml", "2Mbit");
     let (sock, path) = sb.notify_socket();
@@ -229,6 +235,9 @@ fn sighup_changes_the_rate_live() {
 
 #[test]
 fn runs_as_an_unprivileged_user_with_two_capabilities() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     if Command::new("setpriv").arg("--version").output().is_err() {
         panic!("setpriv (util-linux) is required for this test");
     }

@@ -17,6 +17,9 @@ fn value(s: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) 
 
 #[test]
 fn byte_and_flow_counters_match_the_traffic_sent() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = up(&link(20e6, 50), &options());
     let _server = tb.xfer_server(false, 5001).expect("server");
     let (up_n, down_n) = (300_000u64, 700_000u64);

@@ -34,6 +34,9 @@ fn peers(list: &[SocketAddr]) -> Vec<IpAddr> {
 /// Case 1: 10 MB each way at the same time on a GEO-like hop (20 Mb/s each way, 250 ms one way).
 #[test]
 fn ten_megabytes_each_way_at_once_over_geo() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let _cpu = heavy();
     let tb = up(&link(20e6, 250), &options());
     let server = tb.xfer_server(false, 5001).expect("server");
@@ -53,6 +56,9 @@ fn ten_megabytes_each_way_at_once_over_geo() {
 /// Case 2: An IPv6 flow, both ways.
 #[test]
 fn ipv6_flow_is_relayed_byte_exact() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = up(&link(10e6, 100), &options());
     let server = tb.xfer_server(true, 5001).expect("server");
     let (seed, up_n, down_n) = (21, 1_500_000, 2_500_000);
@@ -71,6 +77,9 @@ fn ipv6_flow_is_relayed_byte_exact() {
 /// Case 3a: Without `transparent_source` the server sees gw-b's address, over both families.
 #[test]
 fn upstream_source_is_the_hub_by_default() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = up(&link(10e6, 100), &options());
     for (ipv6, hub) in [
         (false, IpAddr::from(GW_B_LAN_V4)),
@@ -93,6 +102,9 @@ fn upstream_source_is_the_hub_by_default() {
 /// Case 3b: With `transparent_source = true` the server sees the client's own address.
 #[test]
 fn transparent_source_shows_the_client_address() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let o = PepdOptions {
         extra_toml: "[upstream]\ntransparent_source = true\n".into(),
         ..options()
@@ -117,6 +129,9 @@ fn transparent_source_shows_the_client_address() {
 /// instead of the testbed's own.
 #[test]
 fn the_daemons_own_rules_intercept_both_families() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let o = PepdOptions {
         interception: Interception::Pepd,
         extra_toml: "[upstream]\ntransparent_source = true\n".into(),
@@ -151,6 +166,9 @@ fn the_daemons_own_rules_intercept_both_families() {
 /// tool's probe), and the server's EOF while the client still has data to send.
 #[test]
 fn half_close_passes_in_both_directions() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = up(&link(10e6, 100), &options());
     let _server = tb.xfer_server(false, 5001).expect("server");
     let (seed, up_n, down_n) = (41, 300_000, 200_000);
@@ -203,6 +221,9 @@ fn half_close_passes_in_both_directions() {
 /// Case 5: A reset from the server reaches the client, and one from the client the server.
 #[test]
 fn resets_are_relayed_both_ways() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = up(&link(10e6, 100), &options());
     let listener = listen_in_server(&tb, server_at(false, 5003));
     let request = 1_000u64;
@@ -255,6 +276,9 @@ fn resets_are_relayed_both_ways() {
 /// a reset within one satellite round trip + 200 ms.
 #[test]
 fn refused_destination_resets_the_client_within_a_round_trip() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = up(&link(20e6, 250), &options());
     let bound = tb.rtt() + Duration::from_millis(200);
     for ipv6 in [false, true] {
@@ -295,6 +319,9 @@ fn refused_destination_resets_the_client_within_a_round_trip() {
 /// Case 7: A thousand flows open at the same time, each byte-exact both ways.
 #[test]
 fn a_thousand_concurrent_flows_are_each_byte_exact() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let _cpu = heavy();
     const FLOWS: usize = 1_000;
     const REQUEST: usize = 1_000;
@@ -376,6 +403,9 @@ fn a_thousand_concurrent_flows_are_each_byte_exact() {
 /// by default): the transfer completes intact once it is back.
 #[test]
 fn a_thirty_second_outage_mid_transfer_is_survived() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = Arc::new(up(&link(4e6, 100), &options()));
     let _server = tb.xfer_server(false, 5001).expect("server");
     let (seed, n) = (81, 2_000_000);
@@ -417,11 +447,17 @@ fn a_thirty_second_outage_mid_transfer_is_survived() {
 /// restart, and new connections work at once.
 #[test]
 fn hub_restart_resets_old_flows_and_serves_new_ones() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     restart_resets_old_flows(Side::Hub);
 }
 
 #[test]
 fn terminal_restart_resets_old_flows_and_serves_new_ones() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     restart_resets_old_flows(Side::Terminal);
 }
 
@@ -597,6 +633,9 @@ fn bad_configs_are_rejected_with_key_and_line() {
 /// gone, nothing reaches the server (so a passing test means pepd carried the bytes).
 #[test]
 fn without_pepd_routed_tcp_is_dropped() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let mut tb: PepdTestbed = up(&link(10e6, 20), &options());
     let _server = tb.xfer_server(false, 5001).expect("server");
     for side in Side::BOTH {

@@ -22,6 +22,9 @@ fn counter(ns: &str, name: &str, label: Option<(&str, &str)>) -> f64 {
 
 #[test]
 fn a_gateway_with_the_wrong_key_cannot_open_a_flow() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let _cpu = heavy();
     let tb = up(
         &link(10e6, 100),
@@ -81,6 +84,9 @@ fn a_gateway_with_the_wrong_key_cannot_open_a_flow() {
 
 #[test]
 fn rekeying_every_second_during_bulk_transfer_keeps_it_intact() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let _cpu = heavy();
     let tb = up(
         &link(20e6, 150),
@@ -128,6 +134,9 @@ fn rekeying_every_second_during_bulk_transfer_keeps_it_intact() {
 /// both ways: every one is dropped by the security layer and no byte reaches a flow.
 #[test]
 fn forged_datagrams_from_the_peers_own_address_inject_nothing() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let _cpu = heavy();
     let tb = up(&link(20e6, 150), &options());
     let _xfer = tb.xfer_server(false, 5001).expect("server");

@@ -170,6 +170,9 @@ const DRAIN_GRACE: &str = "30s";
 
 #[test]
 fn sigterm_on_the_terminal_drains_the_open_transfer_and_intercepts_nothing_new() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let _cpu = heavy();
     let mut tb = up(&link(RATE_BPS, ONE_WAY_MS), &with_grace(DRAIN_GRACE));
     let server = tb.xfer_server(false, PORT).expect("server");
@@ -212,6 +215,9 @@ fn sigterm_on_the_terminal_drains_the_open_transfer_and_intercepts_nothing_new()
 
 #[test]
 fn sigterm_on_the_hub_drains_the_open_transfer() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     hub_drain(false);
 }
 
@@ -219,6 +225,9 @@ fn sigterm_on_the_hub_drains_the_open_transfer() {
 /// (This once deadlocked: the reset took the hub lock the driver held while dispatching.)
 #[test]
 fn a_draining_hub_resets_new_flows_and_still_drains() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     hub_drain(true);
 }
 
@@ -257,6 +266,9 @@ fn hub_drain(try_a_new_connection: bool) {
 
 #[test]
 fn a_transfer_longer_than_the_grace_period_is_reset_when_it_ends() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let _cpu = heavy();
     let grace = Duration::from_secs(1);
     let mut tb = up(&link(RATE_BPS, ONE_WAY_MS), &with_grace("1s"));

@@ -37,6 +37,9 @@ impl Drop for Bed {
 
 #[test]
 fn binary_carries_delayed_traffic_and_reports_stats_on_signals() {
+    if !netns::require_root() {
+        return;
+    }
     let pid = std::process::id();
     let mut bed = Bed {
         a: format!("peple-{pid}-a"),

@@ -29,6 +29,7 @@ pub mod topology;
 pub mod udp;
 pub mod xfer;
 
+pub use pep_linkemu::netns::require_root;
 pub use pepd::{PepdOptions, PepdTestbed, Side};
 pub use profile::Profile;
 pub use runner::{Mode, RunResult, RunSpec};

@@ -70,6 +70,9 @@ fn probe(
 
 #[test]
 fn ping_rtt_through_the_lawson_profile_is_570_ms() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let topo = Topology::up(&Profile::Lawson.link(), &cubic()).expect("testbed up");
     let rtts = in_netns(&topo.names.client, || {
         pep_testbed::ping::ping(
@@ -96,6 +99,9 @@ fn ping_rtt_through_the_lawson_profile_is_570_ms() {
 
 #[test]
 fn bulk_udp_at_10_mbps_measures_within_2_percent() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let link = symmetric(DirectionConfig {
         rate_bps: 10e6,
         queue_bytes: 200_000,
@@ -117,6 +123,9 @@ fn bulk_udp_at_10_mbps_measures_within_2_percent() {
 
 #[test]
 fn ber_1e_6_loses_1_19_percent_of_1500_byte_packets() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let link = symmetric(DirectionConfig {
         delay: Duration::from_millis(5),
         impairments: pep_sim::channel::Impairments {
@@ -143,6 +152,9 @@ fn ber_1e_6_loses_1_19_percent_of_1500_byte_packets() {
 
 #[test]
 fn gilbert_elliott_meets_its_analytic_mean_loss() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let ge: GilbertElliott = "0.01,0.1".parse().expect("ge");
     let link = symmetric(DirectionConfig {
         delay: Duration::from_millis(5),
@@ -162,6 +174,9 @@ fn gilbert_elliott_meets_its_analytic_mean_loss() {
 
 #[test]
 fn nothing_passes_during_an_outage() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let link = symmetric(DirectionConfig {
         delay: Duration::from_millis(10),
         impairments: pep_sim::channel::Impairments {
@@ -201,6 +216,9 @@ fn nothing_passes_during_an_outage() {
 
 #[test]
 fn sustains_100_mbps_with_250_ms_delay() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     // The nasa link: 100 Mb/s, 250 ms one-way. Offer exactly the link rate in 1500-byte
     // packets for 2 s; the emulator must deliver all of it at the configured rate.
     let payload = 1472;

@@ -98,6 +98,9 @@ fn generated_config_has_the_contract_keys_and_overrides_merge() {
 
 #[test]
 fn intercepted_flows_reach_the_relay_over_ipv4_and_ipv6() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = PepdTestbed::up(&link(), &fake("", "")).expect("up");
     let rules = cmd::run(
         "ip",
@@ -137,6 +140,9 @@ fn intercepted_flows_reach_the_relay_over_ipv4_and_ipv6() {
 
 #[test]
 fn transparent_upstream_replies_come_back_under_strict_rp_filter() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb =
         PepdTestbed::up(&link(), &fake("", "[upstream]\ntransparent_source = true")).expect("up");
     // The strictest reverse-path filter a hardened gateway could have.
@@ -169,6 +175,9 @@ fn transparent_upstream_replies_come_back_under_strict_rp_filter() {
 
 #[test]
 fn a_killed_gateway_restarts_and_reports_readiness_again() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let mut tb = PepdTestbed::up(&link(), &fake("", "")).expect("up");
     let server = tb.xfer_server(false, 5001).expect("server");
     let first = tb.gateways().pid(Side::Hub).expect("running");
@@ -195,6 +204,9 @@ fn a_killed_gateway_restarts_and_reports_readiness_again() {
 
 #[test]
 fn a_daemon_that_dies_at_start_is_reported_with_its_log() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let opts = PepdOptions {
         binary: Some("/bin/sh".into()),
         binary_args: vec!["-c".into(), "echo no such luck >&2; exit 3".into()],
@@ -209,6 +221,9 @@ fn a_daemon_that_dies_at_start_is_reported_with_its_log() {
 
 #[test]
 fn link_down_blackholes_the_hop_until_it_comes_back() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let tb = PepdTestbed::up(&link(), &fake("", "")).expect("up");
     let probe = |n: u16| {
         tb.in_client(move || {

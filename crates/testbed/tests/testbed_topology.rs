@@ -40,6 +40,9 @@ fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
 
 #[test]
 fn download_verifies_every_byte_cubic_ipv4() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(
         Mode::PlainCubic,
         Workload::Download(Amount::Bytes(2_000_000)),
@@ -59,6 +62,9 @@ fn download_verifies_every_byte_cubic_ipv4() {
 
 #[test]
 fn upload_over_ipv6_with_bbr() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(
         Mode::PlainBbr,
         Workload::Upload(Amount::Bytes(500_000)),
@@ -71,6 +77,9 @@ fn upload_over_ipv6_with_bbr() {
 
 #[test]
 fn timed_download_runs_for_its_duration() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(
         Mode::PlainCubic,
         Workload::Download(Amount::Seconds(1.0)),
@@ -85,6 +94,9 @@ fn timed_download_runs_for_its_duration() {
 
 #[test]
 fn request_response_reports_each_latency() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(
         Mode::PlainCubic,
         Workload::Rr {
@@ -105,6 +117,9 @@ fn request_response_reports_each_latency() {
 
 #[test]
 fn page_fetches_all_sixteen_objects() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(Mode::PlainBbr, Workload::Page, false);
     assert_eq!(r.outcome.latencies_s.len(), 16);
     assert_eq!(r.outcome.bytes, 10_710 + 15 * 7_758);
@@ -112,6 +127,9 @@ fn page_fetches_all_sixteen_objects() {
 
 #[test]
 fn flows_report_jain_fairness() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(
         Mode::PlainCubic,
         Workload::Flows {
@@ -127,6 +145,9 @@ fn flows_report_jain_fairness() {
 
 #[test]
 fn bidir_carries_both_directions_at_once_with_matching_digests() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(
         Mode::PlainCubic,
         Workload::Bidir {
@@ -149,6 +170,9 @@ fn bidir_carries_both_directions_at_once_with_matching_digests() {
 
 #[test]
 fn half_close_delivers_the_reply_after_eof() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let r = quick(
         Mode::PlainCubic,
         Workload::HalfClose {
@@ -162,6 +186,9 @@ fn half_close_delivers_the_reply_after_eof() {
 
 #[test]
 fn pepd_mode_without_the_daemon_says_where_it_looked() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let spec = RunSpec {
         profile: Profile::Lawson,
         link: Profile::Lawson.link(),
@@ -189,6 +216,9 @@ fn cubic() -> HostTuning {
 
 #[test]
 fn two_instances_coexist_and_ping_through() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let link = LinkArgs {
         delay_ms: Some(5.0),
         ..Default::default()
@@ -215,6 +245,9 @@ fn two_instances_coexist_and_ping_through() {
 
 #[test]
 fn namespaces_and_processes_go_away_even_on_panic() {
+    if !pep_testbed::require_root() {
+        return;
+    }
     let names = Mutex::new(Vec::new());
     let result = panic::catch_unwind(|| {
         let link = Profile::Lawson.link();
