@@ -188,6 +188,7 @@ fn default_mtu() -> usize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CcModeName {
+    Adaptive,
     Rate,
     Vegas,
 }
@@ -225,7 +226,7 @@ impl Default for TransportConfig {
     fn default() -> Self {
         let t = pep_transport::Config::for_rate(1_000_000);
         TransportConfig {
-            cc: CcModeName::Rate,
+            cc: CcModeName::Adaptive,
             vegas_alpha: t.vegas.alpha,
             vegas_beta: t.vegas.beta,
             vegas_gamma: t.vegas.gamma,
@@ -450,6 +451,7 @@ impl PepdConfig {
         c.assoc_window = c.assoc_window.min(half_budget).max(c.flow_window);
         let t = &self.transport;
         c.cc = match t.cc {
+            CcModeName::Adaptive => pep_transport::CcMode::Adaptive,
             CcModeName::Rate => pep_transport::CcMode::Rate,
             CcModeName::Vegas => pep_transport::CcMode::Vegas,
         };

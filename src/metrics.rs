@@ -11,7 +11,9 @@
 use std::fmt;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
+};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::info::Info;
@@ -199,6 +201,46 @@ impl Collector for SnapshotCollector {
             pacing.metric_type(),
         )?;
         pacing.encode(m)?;
+        // The capacity the congestion controller believes in; in `rate` mode, its rate.
+        let cap = &st.capacity;
+        let estimate = ConstGauge::new(cap.estimate_bps as f64 / 8.0);
+        let m = e.encode_descriptor(
+            "capacity_estimate",
+            "Bottleneck rate the sender's congestion control estimates (the configured rate in rate mode), overhead included",
+            Some(&per_second),
+            estimate.metric_type(),
+        )?;
+        estimate.encode(m)?;
+        gauge(
+            e,
+            "queue_delay",
+            "Queueing delay the congestion control last saw: the RTT standing above the path's base",
+            seconds,
+            cap.queue_delay.as_secs_f64(),
+        )?;
+        counter_family(
+            e,
+            "send_limited",
+            "Time spent sending at a pace set by the capacity estimate below the configured rate, or at the configured rate",
+            seconds,
+            "by",
+            &[
+                ("estimate", cap.limited_by_estimate.as_secs_f64()),
+                ("ceiling", cap.limited_by_ceiling.as_secs_f64()),
+            ],
+        )?;
+        counter_family(
+            e,
+            "capacity_events",
+            "Congestion control events: drains of a standing queue, probes for more capacity, base-RTT moves after a path change",
+            None,
+            "kind",
+            &[
+                ("drain", cap.drains),
+                ("probe", cap.probes),
+                ("rebase", cap.rebases),
+            ],
+        )?;
         // u64::MAX means "no window" (rate mode): an absent series says that, a huge number
         // would wreck every graph it appears on.
         if st.cwnd_bytes != u64::MAX {
@@ -481,25 +523,25 @@ fn counter(
     c.encode(m)
 }
 
-fn gauge(
+fn gauge<V: EncodeGaugeValue>(
     e: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     unit: Option<&Unit>,
-    value: u64,
+    value: V,
 ) -> fmt::Result {
     let g = ConstGauge::new(value);
     let m = e.encode_descriptor(name, help, unit, g.metric_type())?;
     g.encode(m)
 }
 
-fn counter_family(
+fn counter_family<V: EncodeCounterValue + Copy>(
     e: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     unit: Option<&Unit>,
     label: &str,
-    values: &[(&str, u64)],
+    values: &[(&str, V)],
 ) -> fmt::Result {
     let mut m = e.encode_descriptor(name, help, unit, MetricType::Counter)?;
     for &(value, n) in values {

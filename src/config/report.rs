@@ -77,6 +77,7 @@ impl PepdConfig {
         );
         let tr = &self.transport;
         let cc = match tr.cc {
+            CcModeName::Adaptive => "adaptive".to_owned(),
             CcModeName::Rate => "rate".to_owned(),
             CcModeName::Vegas => format!(
                 "vegas (alpha {}, beta {}, gamma {})",
@@ -221,14 +222,21 @@ impl PepdConfig {
                     .into(),
             );
         }
-        if tr.cc == CcModeName::Rate {
+        if tr.cc != CcModeName::Vegas {
+            let mode = match tr.cc {
+                CcModeName::Rate => "rate",
+                _ => "adaptive",
+            };
             for key in [
                 "transport.vegas_alpha",
                 "transport.vegas_beta",
                 "transport.vegas_gamma",
             ] {
                 if map.contains(key) {
-                    warn(key, "has no effect with `transport.cc = \"rate\"`".into());
+                    warn(
+                        key,
+                        format!("has no effect with `transport.cc = \"{mode}\"`"),
+                    );
                 }
             }
         }

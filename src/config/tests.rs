@@ -118,7 +118,7 @@ fn defaults() {
     assert_eq!(c.tunnel_bind(), "0.0.0.0:7400".parse().expect("addr"));
     assert_eq!(c.link.mtu, 1500);
     let t = &c.transport;
-    assert_eq!(t.cc, CcModeName::Rate);
+    assert_eq!(t.cc, CcModeName::Adaptive);
     assert_eq!(t.loss_default, LossDefault::Corruption);
     assert_eq!(
         (t.vegas_alpha, t.vegas_beta, t.vegas_gamma),
@@ -445,7 +445,7 @@ fn bad_values_name_key_and_line() {
     assert_parse_error(
         &min_with("[transport]\ncc = \"cubic\"\n"),
         Some("transport.cc"),
-        "test.toml line 8: `transport.cc`: unknown value `cubic`, expected `rate` or `vegas`",
+        "test.toml line 8: `transport.cc`: unknown value `cubic`, expected one of `adaptive`, `rate`, `vegas`",
     );
     assert_parse_error(
         &with_security("mode = \"tls\"\n"),
@@ -740,7 +740,7 @@ fn summary_shows_effective_settings() {
         "peer:       198.18.0.1:7400 over UDP, tunnel bound to 198.19.0.1:7400",
         "intercept:  0.0.0.0:7000, [::]:7000 (own mark 0x2)",
         "link:       tx 2 Mbit/s, rx 10 Mbit/s, MTU 1500 (1456-byte datagrams)",
-        "transport:  cc rate, unexplained loss = corruption, pacing burst 2ms",
+        "transport:  cc adaptive, unexplained loss = corruption, pacing burst 2ms",
         "acks:       every 8 packets or 50ms",
         "windows:    flow 5.7 MiB, association 64 MiB, send buffer 4 MiB, sized from the link rates",
         "limits:     4096 flows (then refuse), memory budget 512 MiB",

@@ -20,6 +20,15 @@ fn sample() -> Snapshot {
             pacing_rate_bps: 20_000_000,
             cwnd_bytes: 1_500_000,
             bytes_in_flight: 750_001,
+            capacity: pep_transport::cc::CapacityStats {
+                estimate_bps: 16_000_008,
+                queue_delay: Duration::from_micros(12_500),
+                limited_by_estimate: Duration::from_millis(153_250),
+                limited_by_ceiling: Duration::from_millis(154_500),
+                drains: 155,
+                probes: 156,
+                rebases: 157,
+            },
             packets_sent: 101,
             wire_bytes_sent: 123_456_789_012_345,
             packets_received: 102,
@@ -229,6 +238,17 @@ fn encode_reports_every_value_exactly() {
     for &(name, labels, want) in counters {
         assert_eq!(v(name, labels), want as f64, "{name}{labels:?}");
     }
+    for (kind, want) in [("drain", 155.0), ("probe", 156.0), ("rebase", 157.0)] {
+        assert_eq!(v("pepd_capacity_events_total", &[("kind", kind)]), want);
+    }
+    assert_eq!(
+        v("pepd_send_limited_seconds_total", &[("by", "estimate")]),
+        153.25
+    );
+    assert_eq!(
+        v("pepd_send_limited_seconds_total", &[("by", "ceiling")]),
+        154.5
+    );
     // Past f64's exact range the text must still carry the integer as it is.
     assert!(
         text.contains("pepd_wire_bytes_total{direction=\"sent\"} 123456789012345\n"),
@@ -239,6 +259,11 @@ fn encode_reports_every_value_exactly() {
     assert_eq!(v("pepd_rtt_seconds", &[("kind", "min")]), 0.55);
     assert_eq!(v("pepd_rtt_seconds", &[("kind", "smoothed")]), 0.6125);
     assert_eq!(v("pepd_pacing_rate_bytes_per_second", &[]), 2_500_000.0);
+    assert_eq!(
+        v("pepd_capacity_estimate_bytes_per_second", &[]),
+        2_000_001.0
+    );
+    assert_eq!(v("pepd_queue_delay_seconds", &[]), 0.0125);
     assert_eq!(v("pepd_cwnd_bytes", &[]), 1_500_000.0);
     assert_eq!(v("pepd_in_flight_bytes", &[]), 750_001.0);
     assert_eq!(v("pepd_flows_active", &[]), 127.0);
@@ -276,6 +301,10 @@ fn names_follow_the_conventions() {
         ("pepd_association_state", "gauge"),
         ("pepd_rtt_seconds", "gauge"),
         ("pepd_pacing_rate_bytes_per_second", "gauge"),
+        ("pepd_capacity_estimate_bytes_per_second", "gauge"),
+        ("pepd_queue_delay_seconds", "gauge"),
+        ("pepd_send_limited_seconds", "counter"),
+        ("pepd_capacity_events", "counter"),
         ("pepd_cwnd_bytes", "gauge"),
         ("pepd_memory_in_use_bytes", "gauge"),
         ("pepd_packets_lost", "counter"),
