@@ -171,6 +171,9 @@ fn run_cells(cells: &[Cell], o: &Opts) -> anyhow::Result<Results> {
                     seed: 1 + run as u64,
                     ipv6: false,
                     pepd: pepd_options(),
+                    cross: Default::default(),
+                    timeline: false,
+                    settle: Duration::ZERO,
                 };
                 let r = runner::run(&spec)?;
                 println!("{}", serde_json::to_string(&r)?);

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use pep_sim::channel::{GilbertElliott, Outage, PeriodicOutage};
+use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule};
 
 use crate::config::{DirectionConfig, LinkConfig};
 
@@ -60,6 +61,22 @@ pub struct LinkArgs {
     /// Periodic outage PERIOD_S+DURATION_S, first one at PERIOD_S.
     #[arg(long)]
     pub outage_every: Option<PeriodicOutage>,
+    /// Forward rate over time, SECONDS:BITS[,…] from the emulator's start (ACM steps),
+    /// e.g. 0:20M,30:10M,60:5M,90:20M; --rate-bps before the first step. Forward only.
+    #[arg(long)]
+    pub rate_schedule: Option<RateSchedule>,
+    /// --rate-schedule for the return direction only.
+    #[arg(long)]
+    pub return_rate_schedule: Option<RateSchedule>,
+    /// One-way delay over time, SECONDS:MS[,…] (LEO path changes), both directions.
+    #[arg(long)]
+    pub delay_schedule: Option<DelaySchedule>,
+    /// Bit error rate over time, SECONDS:BER[,…], both directions.
+    #[arg(long)]
+    pub ber_schedule: Option<BerSchedule>,
+    /// --ber-schedule for the return direction only.
+    #[arg(long)]
+    pub return_ber_schedule: Option<BerSchedule>,
     /// Seed of the impairment generators.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -108,6 +125,25 @@ impl LinkArgs {
             }
             if self.reorder {
                 d.reorder = true;
+            }
+            let rate = if both {
+                self.rate_schedule.as_ref()
+            } else {
+                self.return_rate_schedule.as_ref()
+            };
+            if let Some(s) = rate {
+                d.rate_schedule = s.0.clone();
+            }
+            if let Some(s) = &self.delay_schedule {
+                d.delay_schedule = s.0.clone();
+            }
+            let ber = if both {
+                self.ber_schedule.as_ref()
+            } else {
+                self.return_ber_schedule.as_ref().or(self.ber_schedule.as_ref())
+            };
+            if let Some(s) = ber {
+                d.impairments.ber_schedule = s.0.clone();
             }
             d.impairments
                 .outages

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use pep_sim::channel::Impairments;
+use pep_sim::schedule::Schedule;
 
 /// One direction of the link.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,6 +19,11 @@ pub struct DirectionConfig {
     /// Let jitter reorder packets; otherwise a packet never overtakes the one before it.
     pub reorder: bool,
     pub impairments: Impairments,
+    /// Rate (bit/s) from each step on, counted from the emulator's start; `rate_bps` before
+    /// the first (ACM steps).
+    pub rate_schedule: Schedule,
+    /// One-way delay (ms) from each step on; `delay` before the first (LEO path changes).
+    pub delay_schedule: Schedule,
 }
 
 impl Default for DirectionConfig {
@@ -29,11 +35,24 @@ impl Default for DirectionConfig {
             jitter: Duration::ZERO,
             reorder: false,
             impairments: Impairments::default(),
+            rate_schedule: Schedule::default(),
+            delay_schedule: Schedule::default(),
         }
     }
 }
 
 impl DirectionConfig {
+    /// The serialisation rate at `t` since the emulator started (0: unlimited).
+    pub fn rate_at(&self, t: Duration) -> f64 {
+        self.rate_schedule.at(t).unwrap_or(self.rate_bps)
+    }
+
+    pub fn delay_at(&self, t: Duration) -> Duration {
+        self.delay_schedule
+            .at(t)
+            .map_or(self.delay, |ms| Duration::from_secs_f64(ms / 1e3))
+    }
+
     pub fn validate(&self) -> Result<(), crate::Error> {
         let bad = |what: &str| Err(crate::Error::Config(what.to_owned()));
         if !(self.rate_bps.is_finite() && self.rate_bps >= 0.0) {

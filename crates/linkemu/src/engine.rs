@@ -19,6 +19,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::config::LinkConfig;
 use crate::shaper::{Shaper, Verdict};
+use pep_sim::timeline::Timeline;
 use crate::stats::{Counters, LinkStats};
 use crate::{netns, tun, Error};
 
@@ -72,6 +73,9 @@ struct Shared {
 /// A running emulator. Dropping it stops the threads.
 pub struct Emulator {
     shared: Arc<Shared>,
+    /// Each direction's shaper, shared with its reader thread (the one that offers it
+    /// packets), so its timeline can be read while the link runs.
+    shapers: [Arc<Mutex<Shaper>>; 2],
     threads: Vec<JoinHandle<Duration>>,
     finished_cpu: Duration,
 }
@@ -92,22 +96,23 @@ impl Emulator {
             stop: AtomicBool::new(false),
             counters: Default::default(),
         });
+        let shaper = |d: &crate::config::DirectionConfig, fwd: bool| {
+            Arc::new(Mutex::new(Shaper::new(d.clone(), cfg.direction_seed(fwd))))
+        };
         let mut emu = Emulator {
             shared,
+            shapers: [shaper(&cfg.forward, true), shaper(&cfg.ret, false)],
             threads: Vec::new(),
             finished_cpu: Duration::ZERO,
         };
-        let dirs = [
-            (0, fa.clone(), fb.clone(), &cfg.forward, true),
-            (1, fb, fa, &cfg.ret, false),
-        ];
-        for (idx, from, to, dcfg, fwd) in dirs {
+        let dirs = [(0, fa.clone(), fb.clone(), true), (1, fb, fa, false)];
+        for (idx, from, to, fwd) in dirs {
             let flight = Arc::new(Flight::default());
-            let shaper = Shaper::new(dcfg.clone(), cfg.direction_seed(fwd));
+            let shaper = emu.shapers[idx].clone();
             let (sh, fl) = (emu.shared.clone(), flight.clone());
             let name = if fwd { "emu-fwd" } else { "emu-ret" };
             emu.spawn(format!("{name}-rx"), move || {
-                reader(&sh, idx, &from, shaper, &fl)
+                reader(&sh, idx, &from, &shaper, &fl)
             })?;
             let sh = emu.shared.clone();
             emu.spawn(format!("{name}-tx"), move || writer(&sh, idx, &to, &flight))?;
@@ -132,6 +137,13 @@ impl Emulator {
         self.shared.start
     }
 
+    /// The forward and return directions' timelines so far.
+    pub fn timelines(&self) -> [Timeline; 2] {
+        self.shapers
+            .each_ref()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).timeline().clone())
+    }
+
     /// Counters so far, including the CPU time the emulator threads have used.
     pub fn stats(&self) -> LinkStats {
         let live: Duration = self
@@ -142,12 +154,17 @@ impl Emulator {
             .sum();
         let elapsed = self.shared.start.elapsed().as_secs_f64();
         let cpu = (live + self.finished_cpu).as_secs_f64();
+        let [fwd, ret] = self.timelines();
+        let mut forward = self.shared.counters[0].snapshot();
+        forward.queue_delay = fwd.queue_delay();
+        let mut ret_stats = self.shared.counters[1].snapshot();
+        ret_stats.queue_delay = ret.queue_delay();
         LinkStats {
             elapsed_s: elapsed,
             cpu_s: cpu,
             cpu_share: if elapsed > 0.0 { cpu / elapsed } else { 0.0 },
-            forward: self.shared.counters[0].snapshot(),
-            ret: self.shared.counters[1].snapshot(),
+            forward,
+            ret: ret_stats,
         }
     }
 
@@ -172,7 +189,7 @@ impl Drop for Emulator {
     }
 }
 
-fn reader(shared: &Shared, idx: usize, from: &File, mut shaper: Shaper, flight: &Flight) {
+fn reader(shared: &Shared, idx: usize, from: &File, shaper: &Mutex<Shaper>, flight: &Flight) {
     let counters = &shared.counters[idx];
     let mut buf = vec![0u8; 65_536];
     let mut seq = 0u64;
@@ -199,8 +216,12 @@ fn reader(shared: &Shared, idx: usize, from: &File, mut shaper: Shaper, flight: 
                 }
             };
             let now = shared.start.elapsed();
-            counters.arrived(n, shaper.backlog_bytes(now) + n);
-            match shaper.offer(now, n) {
+            let verdict = {
+                let mut shaper = shaper.lock().unwrap_or_else(|p| p.into_inner());
+                counters.arrived(n, shaper.backlog_bytes(now) + n);
+                shaper.offer(now, n)
+            };
+            match verdict {
                 Verdict::Drop(reason) => counters.dropped(reason),
                 Verdict::Deliver { at } => {
                     seq += 1;

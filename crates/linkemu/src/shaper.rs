@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use pep_sim::channel::{seeded_rng, Channel, Fate, SeededRng};
+use pep_sim::timeline::Timeline;
 use rand::Rng;
 
 use crate::config::DirectionConfig;
@@ -40,6 +41,7 @@ pub struct Shaper {
     /// When the serialiser finishes everything queued so far.
     link_free: Duration,
     last_delivery: Duration,
+    timeline: Timeline,
 }
 
 impl Shaper {
@@ -50,43 +52,61 @@ impl Shaper {
             cfg,
             link_free: Duration::ZERO,
             last_delivery: Duration::ZERO,
+            timeline: Timeline::default(),
         }
+    }
+
+    /// The queueing delay each packet saw and what was delivered, over time.
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
     }
 
     /// Bytes queued or being serialised at `now`: what the serialiser still owes.
     pub fn backlog_bytes(&self, now: Duration) -> usize {
-        if self.cfg.rate_bps <= 0.0 {
+        let rate = self.cfg.rate_at(now);
+        if rate <= 0.0 {
             return 0;
         }
         let owed = self.link_free.saturating_sub(now).as_secs_f64();
-        (owed * self.cfg.rate_bps / 8.0).round() as usize
+        (owed * rate / 8.0).round() as usize
     }
 
-    fn serialisation_time(&self, len: usize) -> Duration {
-        if self.cfg.rate_bps <= 0.0 {
+    fn serialisation_time(&self, len: usize, at: Duration) -> Duration {
+        let rate = self.cfg.rate_at(at);
+        if rate <= 0.0 {
             return Duration::ZERO;
         }
-        Duration::from_nanos((len as f64 * 8.0 * 1e9 / self.cfg.rate_bps).round() as u64)
+        Duration::from_nanos((len as f64 * 8.0 * 1e9 / rate).round() as u64)
     }
 
     /// Offers a packet of `len` IP bytes arriving at `now` (time since the link started).
     pub fn offer(&mut self, now: Duration, len: usize) -> Verdict {
         let backlog = self.backlog_bytes(now);
         if backlog > 0 && backlog + len > self.cfg.queue_bytes {
+            self.timeline.record_queue_drop(now);
             return Verdict::Drop(DropReason::Queue);
         }
         let tx_start = self.link_free.max(now);
-        let tx_end = tx_start + self.serialisation_time(len);
+        let tx_end = tx_start + self.serialisation_time(len, tx_start);
         // A corrupted or lost packet still used its slot on the wire.
         self.link_free = tx_end;
-        match self.channel.judge(tx_start, len) {
+        let fate = self.channel.judge(tx_start, len);
+        self.timeline.record(
+            now,
+            tx_start - now,
+            tx_end,
+            len as u64,
+            fate == Fate::Delivered,
+            false,
+        );
+        match fate {
             Fate::Delivered => {}
             Fate::Corrupted => return Verdict::Drop(DropReason::Corrupted),
             Fate::Lost => return Verdict::Drop(DropReason::Lost),
             Fate::BurstLost => return Verdict::Drop(DropReason::BurstLost),
             Fate::Outage => return Verdict::Drop(DropReason::Outage),
         }
-        let mut at = tx_end + self.cfg.delay;
+        let mut at = tx_end + self.cfg.delay_at(tx_end);
         if !self.cfg.jitter.is_zero() {
             let j = self.cfg.jitter.as_secs_f64();
             let offset = self.jitter_rng.random_range(-j..=j);

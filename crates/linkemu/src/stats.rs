@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use serde::Serialize;
 
 use crate::shaper::DropReason;
+use pep_sim::timeline::QueueDelay;
 
 /// Live counters of one direction.
 #[derive(Default)]
@@ -67,6 +68,7 @@ impl Counters {
             },
             queue_peak_bytes: self.queue_peak_bytes.load(Relaxed),
             in_flight_peak_packets: self.in_flight_peak.load(Relaxed),
+            queue_delay: QueueDelay::default(),
         }
     }
 }
@@ -92,6 +94,9 @@ pub struct DirectionStats {
     pub queue_peak_bytes: u64,
     /// Most packets held at once (queued, serialising or propagating).
     pub in_flight_peak_packets: u64,
+    /// Queueing delay each packet that entered the queue saw, measured at the queue.
+    #[serde(default)]
+    pub queue_delay: QueueDelay,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]

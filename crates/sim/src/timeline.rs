@@ -25,7 +25,7 @@ pub struct Bucket {
 }
 
 /// Percentiles of the queueing delay of every packet that entered the queue.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct QueueDelay {
     pub packets: u64,
     pub p50_ms: f64,

@@ -113,6 +113,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                         binary: Some(pepd.clone()),
                         ..Default::default()
                     },
+                    cross: Default::default(),
+                    timeline: false,
+                    settle: Duration::ZERO,
                 };
                 let r = runner::run(&spec)
                     .with_context(|| format!("{} over {}", case.label, mode.as_str()))?;
@@ -199,6 +202,10 @@ mod tests {
             forward: (&Profile::Geo.link().forward).into(),
             ret: (&Profile::Geo.link().ret).into(),
             emulator: None,
+            workload_start_s: 0.0,
+            step_responses: Vec::new(),
+            cross: None,
+            timeline: None,
             pepd_log_tail: None,
         }
     }

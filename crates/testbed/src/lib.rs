@@ -20,6 +20,7 @@
 
 pub mod addr;
 pub mod cmd;
+pub mod cross;
 pub mod fakepepd;
 pub mod pepd;
 pub mod ping;

@@ -35,6 +35,17 @@ struct PepdArgs {
     /// Load the rules `pepd nft-rules` prints for the config instead of the testbed's own.
     #[arg(long)]
     pepd_own_rules: bool,
+    /// TOML merged over the hub's (gw-b) config only, after --pepd-toml (repeatable).
+    #[arg(long = "pepd-hub-toml", value_name = "TOML")]
+    hub_toml: Vec<String>,
+    /// TOML merged over the terminal's (gw-a) config only, after --pepd-toml (repeatable).
+    #[arg(long = "pepd-terminal-toml", value_name = "TOML")]
+    terminal_toml: Vec<String>,
+    /// The forward rate pepd is provisioned for (the hub's tx_rate and the terminal's
+    /// rx_rate, e.g. "20Mbit"), when it differs from the emulated link's: a link in a rain
+    /// fade below what the gateways were set up for.
+    #[arg(long, value_name = "RATE")]
+    pepd_forward_rate: Option<String>,
 }
 
 impl PepdArgs {
@@ -43,12 +54,23 @@ impl PepdArgs {
             binary: self.binary.clone(),
             // A table header and a key on one line is handy on the command line but not
             // TOML: split them.
-            extra_toml: self
-                .toml
-                .iter()
-                .map(|t| one_line_table(t))
-                .collect::<Vec<_>>()
-                .join("\n"),
+            extra_toml: joined(&self.toml),
+            hub_toml: joined(
+                &self
+                    .hub_toml
+                    .iter()
+                    .cloned()
+                    .chain(self.pepd_forward_rate.iter().map(|r| format!("[link] tx_rate = {r:?}")))
+                    .collect::<Vec<_>>(),
+            ),
+            terminal_toml: joined(
+                &self
+                    .terminal_toml
+                    .iter()
+                    .cloned()
+                    .chain(self.pepd_forward_rate.iter().map(|r| format!("[link] rx_rate = {r:?}")))
+                    .collect::<Vec<_>>(),
+            ),
             interception: if self.pepd_own_rules {
                 Interception::Pepd
             } else {
@@ -57,6 +79,15 @@ impl PepdArgs {
             ..Default::default()
         }
     }
+}
+
+/// Command-line TOML snippets as one document.
+fn joined(snippets: &[String]) -> String {
+    snippets
+        .iter()
+        .map(|t| one_line_table(t))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `[a] k = v` → `[a]\nk = v`.
@@ -121,6 +152,21 @@ enum Cmd {
         json: bool,
         #[command(flatten)]
         pepd: PepdArgs,
+        /// Beside the workload, an unresponsive UDP stream from the server to the client at
+        /// this rate (bit/s of IP bytes), not through pepd.
+        #[arg(long)]
+        cross_udp_bps: Option<f64>,
+        /// Beside the workload, a plain CUBIC download for this many seconds on a port pepd
+        /// does not intercept.
+        #[arg(long)]
+        cross_tcp_seconds: Option<f64>,
+        /// Include the forward link's timeline (100 ms buckets: queueing delay, bytes
+        /// delivered) in the result.
+        #[arg(long)]
+        timeline: bool,
+        /// Seconds to wait after the gateways are up before the workload starts.
+        #[arg(long, default_value_t = 0.0)]
+        settle_s: f64,
     },
     /// Plain TCP against pepd on an emulated GEO link: downloads and a page load, timed
     /// side by side (table on stdout, demo.json and demo.svg in --out).
@@ -241,6 +287,10 @@ fn main() -> anyhow::Result<()> {
             ipv6,
             json,
             pepd,
+            cross_udp_bps,
+            cross_tcp_seconds,
+            timeline,
+            settle_s,
         } => {
             let spec = RunSpec {
                 profile,
@@ -251,6 +301,12 @@ fn main() -> anyhow::Result<()> {
                 seed: traffic_seed,
                 ipv6,
                 pepd: pepd.options(),
+                cross: pep_testbed::cross::CrossSpec {
+                    udp_bps: cross_udp_bps,
+                    tcp_seconds: cross_tcp_seconds,
+                },
+                timeline,
+                settle: secs(settle_s)?,
             };
             let r = runner::run(&spec)?;
             if json {

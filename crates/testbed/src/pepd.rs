@@ -8,7 +8,9 @@
 //!   1. `meta l4proto tcp socket transparent 1 meta mark set 0x1 accept` — a packet that
 //!      belongs to a socket with IP_TRANSPARENT (an intercepted connection pepd accepted, or
 //!      an upstream connection pepd opened from the client's address) gets mark 1;
-//!   2. `iifname "lan0" meta l4proto tcp ct direction original tproxy to :7000 meta mark
+//!   2. `iifname "lan0" tcp dport 5002 accept` — the cross-traffic port ([`crate::cross`]):
+//!      a plain TCP flow that competes with pepd's on the link is routed, not intercepted;
+//!   3. `iifname "lan0" meta l4proto tcp ct direction original tproxy to :7000 meta mark
 //!      set 0x1 accept` — any other TCP a LAN host originates is handed to pepd's listener
 //!      on port 7000 (one rule in an `inet` table covers IPv4 and IPv6), its destination
 //!      left untouched, mark 1. `ct direction original` keeps the *replies* of TCP that
@@ -46,6 +48,7 @@ use pep_linkemu::LinkConfig;
 
 use crate::addr::{GW_A_SAT_V4, GW_B_SAT_V4};
 use crate::cmd::{ip_in, nft_in};
+use crate::cross::CROSS_TCP_PORT;
 use crate::topology::{command_in, HostTuning, Names, Topology, LAN_DEV};
 use crate::xfer::{client, server::Server, Outcome, Workload};
 use crate::{addr, in_netns, Error};
@@ -416,6 +419,7 @@ pub fn intercept_ruleset() -> String {
          \tchain prerouting {{\n\
          \t\ttype filter hook prerouting priority mangle; policy accept;\n\
          \t\tmeta l4proto tcp socket transparent 1 meta mark set {mark} accept\n\
+         \t\tiifname \"{LAN_DEV}\" tcp dport {CROSS_TCP_PORT} accept\n\
          \t\tiifname \"{LAN_DEV}\" meta l4proto tcp ct direction original \
          tproxy to :{TPROXY_PORT} meta mark set {mark} accept\n\
          \t}}\n\

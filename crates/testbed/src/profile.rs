@@ -6,7 +6,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use pep_linkemu::{DirectionConfig, LinkConfig};
-use pep_sim::channel::PeriodicOutage;
+use pep_sim::channel::Outage;
+use pep_sim::schedule::Schedule;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -19,7 +20,8 @@ pub enum Profile {
     Geo,
     /// 2048 kb/s forward, 256 kb/s return, 260 ms one-way (literature/001).
     Adalr,
-    /// 100/20 Mb/s, 20 ms one-way, 5 ms jitter, 100 ms outage every 15 s.
+    /// 100/20 Mb/s, 20–40 ms one-way stepping every 15 s (a new satellite), 5 ms jitter, a
+    /// 100–200 ms outage at each step.
     Leo,
 }
 
@@ -53,16 +55,38 @@ impl Profile {
             seed: 1,
         };
         if self == Profile::Leo {
+            let (delays, outages) = leo_handovers();
             for d in [&mut link.forward, &mut link.ret] {
                 d.jitter = Duration::from_millis(5);
-                d.impairments.outages.periodic = Some(PeriodicOutage {
-                    period: Duration::from_secs(15),
-                    duration: Duration::from_millis(100),
-                });
+                d.delay_schedule = delays.clone();
+                d.impairments.outages.windows = outages.clone();
             }
         }
         link
     }
+}
+
+/// Seconds between LEO handovers, and how many the profile lays out (an hour's worth).
+const LEO_PERIOD_S: u64 = 15;
+const LEO_HANDOVERS: u64 = 240;
+/// One-way delays (ms) the path cycles through, one per satellite.
+const LEO_DELAYS_MS: [f64; 4] = [20.0, 32.0, 25.0, 40.0];
+
+/// The LEO path's delay steps and the outage at each: 100, 150 or 200 ms in turn.
+fn leo_handovers() -> (Schedule, Vec<Outage>) {
+    let mut steps = Vec::new();
+    let mut outages = Vec::new();
+    for k in 0..=LEO_HANDOVERS {
+        let at = Duration::from_secs(k * LEO_PERIOD_S);
+        steps.push((at, LEO_DELAYS_MS[k as usize % LEO_DELAYS_MS.len()]));
+        if k > 0 {
+            outages.push(Outage {
+                start: at,
+                duration: Duration::from_millis(100 + 50 * (k % 3)),
+            });
+        }
+    }
+    (Schedule::new(steps), outages)
 }
 
 impl fmt::Display for Profile {
@@ -96,12 +120,14 @@ mod tests {
         assert_eq!(l.ret.rate_bps, 2e6);
         assert_eq!(l.forward.queue_bytes, 1_500_000);
         assert_eq!(Profile::Lawson.link().ret.delay, Duration::from_millis(285));
-        assert!(Profile::Leo
-            .link()
-            .forward
-            .impairments
-            .outages
-            .periodic
-            .is_some());
+        let leo = Profile::Leo.link().forward;
+        assert_eq!(leo.delay_at(Duration::from_secs(14)), Duration::from_millis(20));
+        assert_eq!(leo.delay_at(Duration::from_secs(15)), Duration::from_millis(32));
+        assert_eq!(leo.delay_at(Duration::from_secs(60)), Duration::from_millis(20));
+        let out = &leo.impairments.outages;
+        assert!(out.is_down(Duration::from_millis(15_100)));
+        assert!(!out.is_down(Duration::from_millis(15_160)));
+        assert!(out.is_down(Duration::from_millis(30_190)));
+        assert!(!out.is_down(Duration::from_millis(45_100)));
     }
 }

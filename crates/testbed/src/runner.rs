@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use pep_linkemu::{DirectionConfig, LinkConfig, LinkStats};
 use pep_sim::channel::reference_goodput_bps;
+use pep_sim::timeline::{step_responses, Bucket, StepResponse};
 use serde::Serialize;
 
+use crate::cross::{CrossOutcome, CrossSpec, CrossTraffic};
 use crate::pepd::{Gateways, PepdOptions};
 use crate::topology::{HostTuning, Topology};
 use crate::xfer::{client, server::Server, Outcome, Workload};
@@ -75,7 +77,20 @@ pub struct RunSpec {
     pub ipv6: bool,
     /// How pepd runs in `Mode::Pepd` (ignored otherwise).
     pub pepd: PepdOptions,
+    /// Traffic beside the workload that does not pass through pepd.
+    pub cross: CrossSpec,
+    /// Include the forward link's timeline (100 ms buckets) in the result.
+    pub timeline: bool,
+    /// Wait this long after the gateways are up before the workload starts: a gateway that
+    /// has been running a while when traffic comes (pepd measures the link in the first
+    /// round trip after the association is established).
+    pub settle: Duration,
 }
+
+/// A rate step counts as followed when the queue is back under this, and a step up when the
+/// link delivers this fraction of the new rate (issue 13's acceptance).
+const STEP_QUEUE_BOUND: Duration = Duration::from_millis(100);
+const STEP_RATE_FRACTION: f64 = 0.9;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LinkSummary {
@@ -115,6 +130,17 @@ pub struct RunResult {
     #[serde(rename = "return")]
     pub ret: LinkSummary,
     pub emulator: Option<LinkStats>,
+    /// Seconds from the emulator's start (the clock of its schedules and outages) to the
+    /// start of the workload.
+    pub workload_start_s: f64,
+    /// For each step of the forward rate schedule, as the emulator measured it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub step_responses: Vec<StepResponse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cross: Option<CrossOutcome>,
+    /// The forward link over time, seconds from the emulator's start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<Bucket>>,
     /// In pepd mode, when the transfer failed: the tail of each gateway's pepd log.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pepd_log_tail: Option<BTreeMap<String, String>>,
@@ -133,8 +159,16 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         seed: spec.seed,
         max_duration: spec.max_duration,
     };
+    std::thread::sleep(spec.settle);
+    let cross = if spec.cross.is_empty() {
+        None
+    } else {
+        Some(CrossTraffic::start(&topo.names, &spec.cross, spec.ipv6)?)
+    };
     let w = spec.workload.clone();
+    let workload_start_s = topo.emulator_elapsed().as_secs_f64();
     let outcome: Outcome = in_netns(&topo.names.client, move || client::run(&w, &opts))?;
+    let cross = cross.map(CrossTraffic::finish).transpose()?;
     drop(server);
     let failed = outcome.error.is_some() || outcome.intact == Some(false);
     let pepd_log_tail = gateways
@@ -142,8 +176,22 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         .filter(|_| failed)
         .map(|g| g.log_tails(30));
     drop(gateways);
+    let forward_timeline = topo.emulator_timelines().map(|[f, _]| f);
     let emulator = topo.stop_emulator();
     drop(topo);
+    let buckets = forward_timeline
+        .as_ref()
+        .map(|t| t.buckets().to_vec())
+        .unwrap_or_default();
+    let end = Duration::from_secs_f64(emulator.as_ref().map_or(0.0, |e| e.elapsed_s));
+    let step_responses = step_responses(
+        &buckets,
+        spec.link.forward.rate_schedule.steps(),
+        spec.link.forward.rate_bps,
+        STEP_QUEUE_BOUND,
+        STEP_RATE_FRACTION,
+        end,
+    );
     let data_dir = if spec.workload.data_goes_up() {
         &spec.link.ret
     } else {
@@ -166,6 +214,10 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         forward: (&spec.link.forward).into(),
         ret: (&spec.link.ret).into(),
         emulator,
+        workload_start_s,
+        step_responses,
+        cross,
+        timeline: spec.timeline.then_some(buckets),
         pepd_log_tail,
     })
 }

@@ -209,6 +209,18 @@ impl Topology {
         self.emulator.as_ref()
     }
 
+    /// Time since the emulator started (its schedules and outages count from there).
+    pub fn emulator_elapsed(&self) -> std::time::Duration {
+        self.emulator
+            .as_ref()
+            .map_or(std::time::Duration::ZERO, |e| e.start_time().elapsed())
+    }
+
+    /// The emulator's forward and return timelines so far.
+    pub fn emulator_timelines(&self) -> Option<[pep_sim::timeline::Timeline; 2]> {
+        self.emulator.as_ref().map(Emulator::timelines)
+    }
+
     /// Stops the emulator and returns its final counters.
     pub fn stop_emulator(&mut self) -> Option<LinkStats> {
         self.emulator.take().map(Emulator::stop)

@@ -29,6 +29,9 @@ fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
         seed: 7,
         ipv6,
         pepd: Default::default(),
+        cross: Default::default(),
+        timeline: false,
+        settle: Duration::ZERO,
     };
     let r = runner::run(&spec).expect("run");
     eprintln!("{}", serde_json::to_string(&r).expect("json"));
@@ -201,6 +204,9 @@ fn pepd_mode_without_the_daemon_says_where_it_looked() {
             binary: Some("/nonexistent/pepd".into()),
             ..Default::default()
         },
+        cross: Default::default(),
+        timeline: false,
+        settle: Duration::ZERO,
     };
     let e = runner::run(&spec)
         .expect_err("there is no daemon at that path")

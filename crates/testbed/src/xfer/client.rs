@@ -3,7 +3,7 @@
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -45,6 +45,18 @@ pub fn run(w: &Workload, o: &ClientOpts) -> Outcome {
         Workload::Flows { count, amount } => flows(o, *count, *amount, deadline),
         Workload::HalfClose { up, down } => half_close(o, *up, *down, deadline),
         Workload::Bidir { up, down } => bidir(o, *up, *down, deadline),
+        Workload::Interactive {
+            download: amount,
+            request,
+            response,
+            every_ms,
+        } => interactive(
+            o,
+            *amount,
+            (*request, *response),
+            Duration::from_millis(*every_ms),
+            deadline,
+        ),
     };
     if out.completion_s > 0.0 {
         out.goodput_bps = out.bytes as f64 * 8.0 / out.completion_s;
@@ -266,6 +278,93 @@ fn rr(
         Ok(())
     })();
     conclude(&mut out, t0, r);
+    out
+}
+
+/// A download with requests beside it on a second connection: a request leaves every
+/// `every` whether or not the earlier ones were answered (a second thread reads the
+/// responses in order), from once the download's connection is asked for until it ends.
+/// The outcome is the download's, with the requests' latencies.
+fn interactive(
+    o: &ClientOpts,
+    a: Amount,
+    (request, response): (usize, usize),
+    every: Duration,
+    deadline: Instant,
+) -> Outcome {
+    let done = Arc::new(AtomicBool::new(false));
+    let bulk = {
+        let (o, done) = (o.clone(), done.clone());
+        thread::spawn(move || {
+            let r = download(&o, a, o.seed, deadline);
+            done.store(true, Ordering::Relaxed);
+            r
+        })
+    };
+    // A different seed: the two connections' byte streams must not be confused.
+    let seed = o.seed.wrapping_add(1_000);
+    let r = (|| -> io::Result<(Vec<f64>, bool)> {
+        let mut s = rr_open(o, seed, deadline)?;
+        let mut reader = s.try_clone()?;
+        let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+        let responses = thread::spawn(move || -> io::Result<(Vec<f64>, bool)> {
+            let mut down = Pattern::new(seed, 1);
+            let mut buf = vec![0u8; response];
+            let (mut lat, mut ok) = (Vec::new(), true);
+            for sent in rx {
+                xio::read_exact(&mut reader, &mut buf, limit(deadline))?;
+                lat.push(sent.elapsed().as_secs_f64());
+                ok &= down.verify(&buf);
+            }
+            Ok((lat, ok))
+        });
+        let mut up = Pattern::new(seed, 0);
+        let mut msg = vec![0u8; 8 + request];
+        msg[..4].copy_from_slice(&(request as u32).to_be_bytes());
+        msg[4..8].copy_from_slice(&(response as u32).to_be_bytes());
+        let mut next = Instant::now();
+        let sent = (|| -> io::Result<()> {
+            while !done.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if now < next {
+                    thread::sleep((next - now).min(xio::TICK));
+                    continue;
+                }
+                next += every;
+                up.fill(&mut msg[8..]);
+                let t = Instant::now();
+                xio::write_all(&mut s, &msg, limit(deadline))?;
+                if tx.send(t).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        drop(tx);
+        let answered = responses
+            .join()
+            .map_err(|_| io::Error::other("response reader panicked"))?;
+        sent?;
+        answered
+    })();
+    let mut out = bulk.join().unwrap_or_else(|_| Outcome {
+        error: Some("download thread panicked".into()),
+        intact: Some(false),
+        ..Default::default()
+    });
+    match r {
+        Ok((lat, ok)) => {
+            out.latencies_s = lat;
+            if !ok {
+                out.intact = Some(false);
+            }
+        }
+        Err(e) => {
+            if out.error.is_none() {
+                fail(&mut out, &e);
+            }
+        }
+    }
     out
 }
 

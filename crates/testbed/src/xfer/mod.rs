@@ -52,6 +52,15 @@ pub enum Workload {
         up: u64,
         down: u64,
     },
+    /// A download, and beside it on a second connection a request every `every_ms`
+    /// (`request` bytes up, `response` bytes back) for as long as the download runs: the
+    /// latency interactive traffic sees behind bulk traffic.
+    Interactive {
+        download: Amount,
+        request: usize,
+        response: usize,
+        every_ms: u64,
+    },
 }
 
 impl Workload {
@@ -71,6 +80,7 @@ pub enum WorkloadKind {
     Flows,
     Halfclose,
     Bidir,
+    Interactive,
 }
 
 /// Workload selection and sizes on the command line.
@@ -97,6 +107,10 @@ pub struct WorkloadArgs {
     /// flows: number of concurrent flows.
     #[arg(long, default_value_t = 4)]
     pub flows: usize,
+    /// interactive: milliseconds between the starts of two requests (a request waits for
+    /// the previous one's response).
+    #[arg(long, default_value_t = 200)]
+    pub interval_ms: u64,
 }
 
 impl WorkloadArgs {
@@ -123,6 +137,12 @@ impl WorkloadArgs {
                 up: self.bytes.unwrap_or(100_000),
                 down: self.response_bytes as u64,
             },
+            WorkloadKind::Interactive => Workload::Interactive {
+                download: amount,
+                request: self.request_bytes,
+                response: self.response_bytes,
+                every_ms: self.interval_ms,
+            },
             WorkloadKind::Bidir => {
                 let each = self.bytes.unwrap_or(10_000_000);
                 Workload::Bidir {
@@ -137,7 +157,8 @@ impl WorkloadArgs {
 /// What a client run measured.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Outcome {
-    /// Verified payload bytes in the measured direction (bidir: both directions together).
+    /// Verified payload bytes in the measured direction (bidir: both directions together;
+    /// interactive: the download's).
     pub bytes: u64,
     pub completion_s: f64,
     pub goodput_bps: f64,

@@ -70,6 +70,7 @@ impl Association {
                 bytes: p.wire_bytes,
                 rtt_sample: if pn == largest { rtt_sample } else { None },
                 next_pn: self.next_pn,
+                sent_at: p.time,
                 app_limited: p.app_limited,
             };
             self.cc.on_ack(now, acked, &self.rtt);

@@ -67,6 +67,8 @@ const TRAIN_TIME: Duration = Duration::from_millis(10);
 /// The train lowers the estimate only below this fraction of the ceiling: timing noise of
 /// real hosts must not cost a correctly provisioned link its first round trips.
 const TRAIN_LOWERS_BELOW: f64 = 0.8;
+/// A late timer's worth of extra time a train may take to leave and still count.
+const TRAIN_SLACK: Duration = Duration::from_millis(2);
 /// After a failed probe the next waits twice as long, up to the larger of these: a link
 /// whose capacity came back is found within a few seconds.
 const PROBE_INTERVAL_MAX: Duration = Duration::from_secs(1);
@@ -116,6 +118,46 @@ struct ProbeRecord {
     app_limited: bool,
     /// The establishment train: its result may lower the estimate.
     train: bool,
+    /// When its first and latest packets left.
+    sent: Option<(Instant, Instant)>,
+    /// RTT samples of its earliest and latest packets that had one: (sent at, RTT).
+    first_sample: Option<(Instant, Duration)>,
+    last_sample: Option<(Instant, Duration)>,
+}
+
+impl ProbeRecord {
+    fn new(rate: f64, first_pn: u64, train: bool) -> Self {
+        ProbeRecord {
+            rate,
+            first_pn,
+            last_pn: None,
+            start: None,
+            end: None,
+            app_limited: false,
+            train,
+            sent: None,
+            first_sample: None,
+            last_sample: None,
+        }
+    }
+
+    fn covers(&self, pn: u64) -> bool {
+        pn >= self.first_pn && self.last_pn.is_none_or(|l| pn <= l)
+    }
+
+    /// What the probe's delays say the path carries: a queue that grew by `g` while the
+    /// probe sent for `t` at rate R means the path drained it at R / (1 + g/t). A delayed
+    /// ACK only makes this lower, so it checks the ACK-rate measurement, which ACKs that
+    /// bunch up on the way back make higher.
+    fn rate_by_delay(&self) -> Option<f64> {
+        let ((t0, r0), (t1, r1)) = self.first_sample.zip(self.last_sample)?;
+        let span = t1.saturating_duration_since(t0).as_secs_f64();
+        if span <= 0.0 {
+            return None;
+        }
+        let growth = (r1.as_secs_f64() - r0.as_secs_f64()).max(0.0) / span;
+        Some(self.rate / (1.0 + growth))
+    }
 }
 
 #[derive(Debug)]
@@ -141,6 +183,7 @@ pub struct Adaptive {
     pause: Option<Duration>,
     /// The ACK being processed acknowledged a packet sent late.
     event_app_limited: bool,
+    last_sent: Option<Instant>,
     last_app_limited: Option<Instant>,
     stats: CapacityStats,
 }
@@ -164,6 +207,7 @@ impl Adaptive {
             next_pn: 0,
             pause: None,
             event_app_limited: false,
+            last_sent: None,
             last_app_limited: None,
             stats: CapacityStats::default(),
         }
@@ -201,6 +245,14 @@ impl Adaptive {
 
     fn probe_interval_max(&self, rtt: &RttEstimator) -> Duration {
         PROBE_INTERVAL_MAX.max(self.base_or(rtt) * PROBE_INTERVAL_MAX_RTTS)
+    }
+
+    /// Packets in the establishment train.
+    fn train_packets(&self) -> u32 {
+        let per_time = (self.ceiling / 8.0 * TRAIN_TIME.as_secs_f64() / self.mtu as f64) as u32;
+        per_time
+            .clamp(TRAIN_MIN, TRAIN_MAX)
+            .max(self.measure_packets())
     }
 
     /// Packets a measurement needs at least.
@@ -252,6 +304,10 @@ impl Adaptive {
             || self
                 .last_app_limited
                 .is_some_and(|t| now.saturating_duration_since(t) < rtt.smoothed())
+            // Only while sending: a probe on an idle link would measure nothing.
+            || self
+                .last_sent
+                .is_none_or(|t| now.saturating_duration_since(t) > self.span(rtt))
         {
             return;
         }
@@ -260,15 +316,7 @@ impl Adaptive {
             rate,
             until: now + self.probe_len(rate, rtt),
         };
-        self.probe = Some(ProbeRecord {
-            rate,
-            first_pn: self.next_pn,
-            last_pn: None,
-            start: None,
-            end: None,
-            app_limited: false,
-            train: false,
-        });
+        self.probe = Some(ProbeRecord::new(rate, self.next_pn, false));
         self.stats.probes += 1;
     }
 
@@ -312,6 +360,7 @@ impl Adaptive {
         self.probe = None;
         let max_interval = self.probe_interval_max(rtt);
         let Some(((t0, d0), (t1, d1))) = p.start.zip(p.end) else {
+
             self.next_probe_at = Some(now + self.probe_interval);
             return;
         };
@@ -322,14 +371,24 @@ impl Adaptive {
             self.next_probe_at = Some(now + self.probe_interval);
             return;
         }
-        let rate = bytes as f64 * 8.0 / elapsed;
+        let by_acks = bytes as f64 * 8.0 / elapsed;
         if p.train {
-            if rate < p.rate * TRAIN_LOWERS_BELOW && !p.app_limited {
+            let rate = by_acks;
+            // A train that left slower than planned (a stalled sender, a late timer) measured
+            // the sender: at most twice its planned time plus a timer tick still measures
+            // the path, since the path is then still fed faster than it delivers.
+            let planned = self
+                .packet_time(p.rate)
+                .mul_f64(f64::from(self.train_packets()));
+            let took = p.sent.map_or(Duration::MAX, |(a, b)| b.saturating_duration_since(a));
+
+            if rate < p.rate * TRAIN_LOWERS_BELOW && took <= planned * 2 + TRAIN_SLACK {
                 self.estimate = rate.max(self.floor());
                 self.next_probe_at = Some(now + self.base_or(rtt));
             }
             return;
         }
+        let rate = p.rate_by_delay().map_or(by_acks, |d| d.min(by_acks));
         if rate >= p.rate * PROBE_SUCCESS {
             self.estimate = self.estimate.max(p.rate.min(rate)).min(self.ceiling);
             self.probe_interval = Duration::ZERO;
@@ -384,20 +443,10 @@ impl CongestionController for Adaptive {
     }
 
     fn on_established(&mut self, _now: Instant) {
-        let per_time = (self.ceiling / 8.0 * TRAIN_TIME.as_secs_f64() / self.mtu as f64) as u32;
-        let left = per_time
-            .clamp(TRAIN_MIN, TRAIN_MAX)
-            .max(self.measure_packets());
-        self.state = State::Train { left };
-        self.probe = Some(ProbeRecord {
-            rate: self.ceiling,
-            first_pn: self.next_pn,
-            last_pn: None,
-            start: None,
-            end: None,
-            app_limited: false,
-            train: true,
-        });
+        self.state = State::Train {
+            left: self.train_packets(),
+        };
+        self.probe = Some(ProbeRecord::new(self.ceiling, self.next_pn, true));
     }
 
     fn wants_padding(&self) -> bool {
@@ -417,6 +466,11 @@ impl CongestionController for Adaptive {
         rtt: &RttEstimator,
     ) {
         self.next_pn = self.next_pn.max(pn + 1);
+        self.last_sent = Some(now);
+        if let Some(p) = self.probe.as_mut().filter(|p| p.last_pn.is_none()) {
+            let first = p.sent.map_or(now, |(a, _)| a);
+            p.sent = Some((first, now));
+        }
         if app_limited {
             self.last_app_limited = Some(now);
             // A gap before the first packet is outside what the probe measures (from its
@@ -454,6 +508,11 @@ impl CongestionController for Adaptive {
         self.meter.add(acked.bytes);
         self.event_app_limited |= acked.app_limited;
         if let Some(sample) = acked.rtt_sample {
+            if let Some(p) = self.probe.as_mut().filter(|p| p.covers(acked.pn)) {
+                let s = (acked.sent_at, sample);
+                p.first_sample.get_or_insert(s);
+                p.last_sample = Some(s);
+            }
             // The estimator ages its minimum; follow it up when it does.
             let base = match self.base {
                 Some(b) if b >= rtt.min() => b.min(sample),
@@ -527,3 +586,4 @@ impl CongestionController for Adaptive {
         }
     }
 }
+

@@ -27,6 +27,8 @@ pub struct AckedPacket {
     pub rtt_sample: Option<Duration>,
     /// Next packet number the sender will use (ends Vegas rounds).
     pub next_pn: u64,
+    /// When it was sent.
+    pub sent_at: Instant,
     /// Sent after the sender had fallen behind its pacing schedule (nothing to send, or
     /// held by a window): how fast it was delivered says nothing about the path's capacity.
     pub app_limited: bool,
