@@ -140,7 +140,9 @@ impl LinkArgs {
             let ber = if both {
                 self.ber_schedule.as_ref()
             } else {
-                self.return_ber_schedule.as_ref().or(self.ber_schedule.as_ref())
+                self.return_ber_schedule
+                    .as_ref()
+                    .or(self.ber_schedule.as_ref())
             };
             if let Some(s) = ber {
                 d.impairments.ber_schedule = s.0.clone();

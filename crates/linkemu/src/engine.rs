@@ -19,9 +19,9 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::config::LinkConfig;
 use crate::shaper::{Shaper, Verdict};
-use pep_sim::timeline::Timeline;
 use crate::stats::{Counters, LinkStats};
 use crate::{netns, tun, Error};
+use pep_sim::timeline::Timeline;
 
 /// One side of the link: a TUN device, in a named network namespace or the current one.
 #[derive(Clone, Debug)]
@@ -139,9 +139,12 @@ impl Emulator {
 
     /// The forward and return directions' timelines so far.
     pub fn timelines(&self) -> [Timeline; 2] {
-        self.shapers
-            .each_ref()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).timeline().clone())
+        self.shapers.each_ref().map(|s| {
+            s.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .timeline()
+                .clone()
+        })
     }
 
     /// Counters so far, including the CPU time the emulator threads have used.

@@ -206,6 +206,9 @@ mod tests {
             step_responses: Vec::new(),
             cross: None,
             timeline: None,
+            pepd_capacity: None,
+            link_average_bps: 0.0,
+            efficiency_of_capacity: 0.0,
             pepd_log_tail: None,
         }
     }

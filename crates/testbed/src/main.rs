@@ -49,45 +49,51 @@ struct PepdArgs {
 }
 
 impl PepdArgs {
-    fn options(&self) -> PepdOptions {
-        PepdOptions {
+    fn options(&self) -> anyhow::Result<PepdOptions> {
+        Ok(PepdOptions {
             binary: self.binary.clone(),
             // A table header and a key on one line is handy on the command line but not
             // TOML: split them.
-            extra_toml: joined(&self.toml),
+            extra_toml: joined(&self.toml)?,
             hub_toml: joined(
                 &self
                     .hub_toml
                     .iter()
                     .cloned()
-                    .chain(self.pepd_forward_rate.iter().map(|r| format!("[link] tx_rate = {r:?}")))
+                    .chain(
+                        self.pepd_forward_rate
+                            .iter()
+                            .map(|r| format!("[link] tx_rate = {r:?}")),
+                    )
                     .collect::<Vec<_>>(),
-            ),
+            )?,
             terminal_toml: joined(
                 &self
                     .terminal_toml
                     .iter()
                     .cloned()
-                    .chain(self.pepd_forward_rate.iter().map(|r| format!("[link] rx_rate = {r:?}")))
+                    .chain(
+                        self.pepd_forward_rate
+                            .iter()
+                            .map(|r| format!("[link] rx_rate = {r:?}")),
+                    )
                     .collect::<Vec<_>>(),
-            ),
+            )?,
             interception: if self.pepd_own_rules {
                 Interception::Pepd
             } else {
                 Interception::Testbed
             },
             ..Default::default()
-        }
+        })
     }
 }
 
 /// Command-line TOML snippets as one document.
-fn joined(snippets: &[String]) -> String {
-    snippets
-        .iter()
-        .map(|t| one_line_table(t))
-        .collect::<Vec<_>>()
-        .join("\n")
+fn joined(snippets: &[String]) -> anyhow::Result<String> {
+    let texts: Vec<String> = snippets.iter().map(|t| one_line_table(t)).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    Ok(pep_testbed::pepd::merge_toml(&refs)?)
 }
 
 /// `[a] k = v` → `[a]\nk = v`.
@@ -227,7 +233,7 @@ fn main() -> anyhow::Result<()> {
                 },
             )?;
             let gateways = if with_pepd {
-                Some(Gateways::start(&topo.names, &cfg, &pepd.options())?)
+                Some(Gateways::start(&topo.names, &cfg, &pepd.options()?)?)
             } else {
                 None
             };
@@ -300,7 +306,7 @@ fn main() -> anyhow::Result<()> {
                 max_duration: secs(max_seconds)?,
                 seed: traffic_seed,
                 ipv6,
-                pepd: pepd.options(),
+                pepd: pepd.options()?,
                 cross: pep_testbed::cross::CrossSpec {
                     udp_bps: cross_udp_bps,
                     tcp_seconds: cross_tcp_seconds,

@@ -341,6 +341,81 @@ fn rate_bps(v: f64, what: &str) -> Result<i64, Error> {
 }
 
 /// Merges `over` into `base`: tables recursively, anything else replaced.
+/// The Prometheus text a gateway's pepd serves on its metrics address (the default,
+/// 127.0.0.1:9464, inside the gateway's namespace).
+pub fn fetch_metrics(ns: &str) -> Result<String, Error> {
+    use std::io::Read;
+    let body = crate::in_netns(ns, || -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect("127.0.0.1:9464")?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: pepd\r\nConnection: close\r\n\r\n")?;
+        let mut r = String::new();
+        s.read_to_string(&mut r)?;
+        Ok(r)
+    })??;
+    body.split_once("\r\n\r\n")
+        .map(|(_, text)| text.to_owned())
+        .ok_or_else(|| Error::Invalid("metrics answer without a body".into()))
+}
+
+/// What a gateway's congestion control reported at the end of a run (from its metrics).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CapacityReport {
+    pub estimate_bps: f64,
+    pub pacing_bps: f64,
+    pub queue_delay_ms: f64,
+    pub drains: f64,
+    pub probes: f64,
+    pub rebases: f64,
+    pub limited_by_estimate_s: f64,
+    pub limited_by_ceiling_s: f64,
+}
+
+impl CapacityReport {
+    pub fn from_metrics(text: &str) -> Result<CapacityReport, Error> {
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines)
+            .map_err(|e| Error::Invalid(format!("pepd metrics: {e}")))?;
+        let get = |name: &str, label: Option<(&str, &str)>| {
+            scrape
+                .samples
+                .iter()
+                .find(|m| m.metric == name && label.is_none_or(|(k, v)| m.labels.get(k) == Some(v)))
+                .map_or(0.0, |m| match m.value {
+                    prometheus_parse::Value::Counter(x)
+                    | prometheus_parse::Value::Gauge(x)
+                    | prometheus_parse::Value::Untyped(x) => x,
+                    _ => 0.0,
+                })
+        };
+        let events = |kind| get("pepd_capacity_events_total", Some(("kind", kind)));
+        let limited = |by| get("pepd_send_limited_seconds_total", Some(("by", by)));
+        Ok(CapacityReport {
+            estimate_bps: get("pepd_capacity_estimate_bytes_per_second", None) * 8.0,
+            pacing_bps: get("pepd_pacing_rate_bytes_per_second", None) * 8.0,
+            queue_delay_ms: get("pepd_queue_delay_seconds", None) * 1e3,
+            drains: events("drain"),
+            probes: events("probe"),
+            rebases: events("rebase"),
+            limited_by_estimate_s: limited("estimate"),
+            limited_by_ceiling_s: limited("ceiling"),
+        })
+    }
+}
+
+/// TOML snippets merged into one document in order (later keys win), so two snippets may
+/// both set keys of one table.
+pub fn merge_toml(snippets: &[&str]) -> Result<String, Error> {
+    let mut t = toml::Table::new();
+    for text in snippets {
+        let over: toml::Table = text
+            .parse()
+            .map_err(|e| Error::Invalid(format!("pepd config override {text:?}: {e}")))?;
+        merge(&mut t, over);
+    }
+    toml::to_string(&t).map_err(|e| Error::Invalid(format!("writing the pepd config: {e}")))
+}
+
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
         match (base.get_mut(&k), v) {
@@ -806,6 +881,22 @@ impl Gateways {
         };
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Each gateway's congestion-control figures, keyed by gateway name; a gateway whose
+    /// metrics cannot be read is left out.
+    pub fn capacity_reports(&self) -> BTreeMap<String, CapacityReport> {
+        self.gws
+            .iter()
+            .zip(Side::BOTH)
+            .filter_map(|(g, side)| {
+                let text = fetch_metrics(&g.ns).ok()?;
+                Some((
+                    side.gateway().to_owned(),
+                    CapacityReport::from_metrics(&text).ok()?,
+                ))
+            })
+            .collect()
     }
 
     /// The tails of both logs, keyed by gateway name.

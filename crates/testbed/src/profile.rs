@@ -121,9 +121,18 @@ mod tests {
         assert_eq!(l.forward.queue_bytes, 1_500_000);
         assert_eq!(Profile::Lawson.link().ret.delay, Duration::from_millis(285));
         let leo = Profile::Leo.link().forward;
-        assert_eq!(leo.delay_at(Duration::from_secs(14)), Duration::from_millis(20));
-        assert_eq!(leo.delay_at(Duration::from_secs(15)), Duration::from_millis(32));
-        assert_eq!(leo.delay_at(Duration::from_secs(60)), Duration::from_millis(20));
+        assert_eq!(
+            leo.delay_at(Duration::from_secs(14)),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            leo.delay_at(Duration::from_secs(15)),
+            Duration::from_millis(32)
+        );
+        assert_eq!(
+            leo.delay_at(Duration::from_secs(60)),
+            Duration::from_millis(20)
+        );
         let out = &leo.impairments.outages;
         assert!(out.is_down(Duration::from_millis(15_100)));
         assert!(!out.is_down(Duration::from_millis(15_160)));

@@ -138,6 +138,14 @@ pub struct RunResult {
     pub step_responses: Vec<StepResponse>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cross: Option<CrossOutcome>,
+    /// In pepd mode, each gateway's congestion control at the end of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pepd_capacity: Option<BTreeMap<String, crate::pepd::CapacityReport>>,
+    /// The forward link's mean rate over the workload, rate steps counted and outages at
+    /// zero, and the goodput over what an ideal TCP would carry at that rate (the `ref`
+    /// formula).
+    pub link_average_bps: f64,
+    pub efficiency_of_capacity: f64,
     /// The forward link over time, seconds from the emulator's start.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<Bucket>>,
@@ -175,6 +183,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         .as_ref()
         .filter(|_| failed)
         .map(|g| g.log_tails(30));
+    let pepd_capacity = gateways.as_ref().map(Gateways::capacity_reports);
     drop(gateways);
     let forward_timeline = topo.emulator_timelines().map(|[f, _]| f);
     let emulator = topo.stop_emulator();
@@ -198,6 +207,17 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         &spec.link.forward
     };
     let ref_bps = reference_goodput_bps(data_dir.rate_bps, data_dir.impairments.ber);
+    let window = (
+        Duration::from_secs_f64(workload_start_s),
+        Duration::from_secs_f64(workload_start_s + outcome.completion_s),
+    );
+    let link_average_bps = average_rate(data_dir, window);
+    let capacity_ref = reference_goodput_bps(link_average_bps, data_dir.impairments.ber);
+    let efficiency_of_capacity = if capacity_ref > 0.0 {
+        outcome.goodput_bps / capacity_ref
+    } else {
+        0.0
+    };
     Ok(RunResult {
         profile: spec.profile,
         mode: spec.mode,
@@ -218,6 +238,29 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         step_responses,
         cross,
         timeline: spec.timeline.then_some(buckets),
+        pepd_capacity,
+        link_average_bps,
+        efficiency_of_capacity,
         pepd_log_tail,
     })
+}
+
+/// Mean rate of `d` over `(from, to)` (emulator time): its rate schedule integrated, outage
+/// time at zero.
+fn average_rate(d: &DirectionConfig, (from, to): (Duration, Duration)) -> f64 {
+    let step = Duration::from_millis(1);
+    let (mut sum, mut n) = (0.0, 0u64);
+    let mut t = from;
+    while t < to {
+        if !d.impairments.outages.is_down(t) {
+            sum += d.rate_at(t);
+        }
+        n += 1;
+        t += step;
+    }
+    if n == 0 {
+        d.rate_bps
+    } else {
+        sum / n as f64
+    }
 }

@@ -79,6 +79,7 @@ impl Association {
         let summary = AckSummary {
             bytes_in_flight: self.sent.bytes_in_flight(),
             largest_acked: self.largest_acked.unwrap_or(largest),
+            ack_delay: Duration::from_micros(ack.delay_us).min(self.cfg.ack.max_delay * 4),
         };
         self.cc.on_ack_done(now, summary, &self.rtt);
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));

@@ -25,6 +25,7 @@
 //! they crossed the bottleneck. With no feedback at all (an outage) nothing changes: the
 //! estimate is held.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::delivery::DeliveryMeter;
@@ -73,6 +74,9 @@ const TRAIN_SLACK: Duration = Duration::from_millis(2);
 /// whose capacity came back is found within a few seconds.
 const PROBE_INTERVAL_MAX: Duration = Duration::from_secs(1);
 const PROBE_INTERVAL_MAX_RTTS: u32 = 2;
+/// Delivered below this fraction of the estimate, with a queue showing, the path has
+/// slowed: well below the ACK-timing noise of a real receiver (a few per cent over a span).
+const DEFICIT: f64 = 0.75;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
 const MAX_CUT: f64 = 4.0;
@@ -81,6 +85,9 @@ const FLOOR_FRACTION: f64 = 1.0 / 64.0;
 /// After a drain, a queue that stays while we are delivered at least this fraction of what
 /// we send is not ours.
 const OWN_QUEUE_DELIVERY: f64 = 0.97;
+/// Added to the drain's bound: a queue may hold seconds when the RTT estimate has not seen
+/// it yet.
+const DRAIN_SLACK: Duration = Duration::from_secs(2);
 /// Outside a drain, at most this many pipes may be in flight: a bound on the queue if every
 /// delay signal failed.
 const SAFETY_PIPES: f64 = 2.0;
@@ -88,7 +95,8 @@ const SAFETY_PIPES: f64 = 2.0;
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
     Cruise,
-    /// Nothing new leaves until what is in flight fits the pipe, or until `until`.
+    /// Nothing new leaves until what was sent after the latest acknowledged packet fits
+    /// the pipe, or until `until`.
     Drain {
         until: Instant,
     },
@@ -101,6 +109,51 @@ enum State {
     Train {
         left: u32,
     },
+}
+
+/// Bytes sent, cumulatively, after each packet number still at or above the largest
+/// acknowledged (numbers are consecutive, so a ring indexed from the oldest is enough).
+#[derive(Debug, Default)]
+struct SentLog {
+    first_pn: u64,
+    totals: VecDeque<u64>,
+    total: u64,
+}
+
+impl SentLog {
+    fn on_sent(&mut self, pn: u64, wire_bytes: u64) {
+        self.total += wire_bytes;
+        if self.totals.is_empty() {
+            self.first_pn = pn;
+        }
+        // A gap (numbers never handed to the controller) repeats the last total.
+        while self.first_pn + (self.totals.len() as u64) < pn {
+            let last = self
+                .totals
+                .back()
+                .copied()
+                .unwrap_or(self.total - wire_bytes);
+            self.totals.push_back(last);
+        }
+        if self.first_pn + self.totals.len() as u64 == pn {
+            self.totals.push_back(self.total);
+        }
+    }
+
+    fn forget_before(&mut self, pn: u64) {
+        while self.first_pn < pn && self.totals.len() > 1 {
+            self.totals.pop_front();
+            self.first_pn += 1;
+        }
+    }
+
+    /// Bytes sent after packet `pn`.
+    fn bytes_after(&self, pn: u64) -> u64 {
+        let at = pn
+            .checked_sub(self.first_pn)
+            .and_then(|i| self.totals.get(usize::try_from(i).ok()?));
+        at.map_or(0, |&t| self.total - t)
+    }
 }
 
 /// A probe whose outcome is still coming back.
@@ -175,6 +228,8 @@ pub struct Adaptive {
     base: Option<Duration>,
     /// A drain just ended: the next evidence says whether the queue was ours.
     verify: bool,
+    /// The most queue the drain's packets showed (while draining, or when it began).
+    drained_queue: Duration,
     probe: Option<ProbeRecord>,
     next_probe_at: Option<Instant>,
     probe_interval: Duration,
@@ -184,6 +239,9 @@ pub struct Adaptive {
     /// The ACK being processed acknowledged a packet sent late.
     event_app_limited: bool,
     last_sent: Option<Instant>,
+    sent_log: SentLog,
+    /// The largest packet number the peer acknowledged.
+    largest_acked: u64,
     last_app_limited: Option<Instant>,
     stats: CapacityStats,
 }
@@ -201,6 +259,7 @@ impl Adaptive {
             evidence: QueueEvidence::default(),
             base: None,
             verify: false,
+            drained_queue: Duration::ZERO,
             probe: None,
             next_probe_at: None,
             probe_interval: Duration::ZERO,
@@ -208,6 +267,8 @@ impl Adaptive {
             pause: None,
             event_app_limited: false,
             last_sent: None,
+            sent_log: SentLog::default(),
+            largest_acked: 0,
             last_app_limited: None,
             stats: CapacityStats::default(),
         }
@@ -278,21 +339,50 @@ impl Adaptive {
             let lowest = (self.estimate / MAX_CUT).max(self.floor());
             self.estimate = r.bps.clamp(lowest, self.ceiling);
         }
+        self.drained_queue = self.evidence.latest_min().unwrap_or_default();
         self.stats.drains += 1;
         self.probe = None;
         self.verify = false;
-        // Draining a queue of q takes about q; the smoothed RTT bounds it if the accounting
-        // of what is in flight is off.
+        // With nothing new sent, what is ahead of the latest ACK only shrinks: the drain
+        // ends within a round trip plus the queue. The bound is for ACKs that never come
+        // (an outage, which has its own handling).
+        let path = rtt.smoothed().max(rtt.latest()).max(self.base_or(rtt));
         self.state = State::Drain {
-            until: now + rtt.smoothed().max(self.base_or(rtt)),
+            until: now + path * 4 + DRAIN_SLACK,
         };
         self.probe_interval = self.base_or(rtt).max(PROBE_MIN);
         self.next_probe_at = Some(now + self.probe_interval);
     }
 
-    fn end_drain(&mut self) {
+    /// Whether the drain is done. What was sent after the latest packet the peer
+    /// acknowledged is in the pipe or the queue. Unlike bytes in flight, it does not shrink
+    /// when packets are declared lost: after a queue overflows, an ACK reports fewer holes
+    /// than there are and the sender takes delivered packets for lost while the queue is
+    /// still full.
+    fn drained(&self, rtt: &RttEstimator) -> bool {
+        self.sent_log.bytes_after(self.largest_acked) <= self.pipe_bytes(rtt)
+    }
+
+    /// The path delivers clearly less than the estimate while a queue shows: it slowed
+    /// down. This is known as soon as the ACKs of the first packets it served slower come
+    /// back, before any packet sent at the current rate can show its queue (which takes a
+    /// round trip plus that queue).
+    fn deficit(&self, now: Instant, span: Duration, rtt: &RttEstimator) -> bool {
+        self.state == State::Cruise
+            && rtt.latest().saturating_sub(self.base_or(rtt)) > self.q_high()
+            && self
+                .meter
+                .rate(now, span)
+                .is_some_and(|r| !r.app_limited && r.bps < self.estimate * DEFICIT)
+    }
+
+    fn end_drain(&mut self, rtt: &RttEstimator) {
         self.state = State::Cruise;
-        self.evidence.reset(self.next_pn);
+        // The packets still on their way were the last sent before the drain: they waited
+        // behind the whole queue, which grew for up to a base RTT after the latest the
+        // drain saw. More than that is a path slowing down again.
+        let floor = self.drained_queue + self.q_high().max(self.base_or(rtt));
+        self.evidence.reset(self.next_pn, floor);
         self.verify = true;
     }
 
@@ -336,9 +426,13 @@ impl Adaptive {
 
     /// Follows the probe's packets through the ACKs; judges it once its last is acknowledged.
     /// Only ACKs within the probe's packets count: the one that also acknowledges packets
-    /// sent after it may have waited for them (the receiver holds ACKs for a few packets),
-    /// which would read as a slow path.
-    fn follow_probe(&mut self, now: Instant, largest_acked: u64, rtt: &RttEstimator) {
+    /// sent after it may have waited for them. Each ACK is dated by when its largest packet
+    /// reached the peer (its arrival less the delay the peer reports holding it): the last
+    /// packets of a probe are often acknowledged by the peer's ACK timer, which would
+    /// otherwise read as a slow path.
+    fn follow_probe(&mut self, now: Instant, summary: &AckSummary, rtt: &RttEstimator) {
+        let largest_acked = summary.largest_acked;
+        let at = now.checked_sub(summary.ack_delay).unwrap_or(now);
         let delivered = self.meter.delivered();
         let Some(p) = self.probe.as_mut() else {
             return;
@@ -348,9 +442,9 @@ impl Adaptive {
         }
         if p.last_pn.is_none_or(|l| largest_acked <= l) {
             if p.start.is_none() {
-                p.start = Some((now, delivered));
+                p.start = Some((at, delivered));
             } else {
-                p.end = Some((now, delivered));
+                p.end = Some((at, delivered));
             }
         }
         if p.last_pn.is_none_or(|l| largest_acked < l) {
@@ -360,7 +454,6 @@ impl Adaptive {
         self.probe = None;
         let max_interval = self.probe_interval_max(rtt);
         let Some(((t0, d0), (t1, d1))) = p.start.zip(p.end) else {
-
             self.next_probe_at = Some(now + self.probe_interval);
             return;
         };
@@ -380,7 +473,9 @@ impl Adaptive {
             let planned = self
                 .packet_time(p.rate)
                 .mul_f64(f64::from(self.train_packets()));
-            let took = p.sent.map_or(Duration::MAX, |(a, b)| b.saturating_duration_since(a));
+            let took = p
+                .sent
+                .map_or(Duration::MAX, |(a, b)| b.saturating_duration_since(a));
 
             if rate < p.rate * TRAIN_LOWERS_BELOW && took <= planned * 2 + TRAIN_SLACK {
                 self.estimate = rate.max(self.floor());
@@ -419,7 +514,7 @@ impl Adaptive {
     fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
         self.base = Some(self.base_or(rtt) + standing);
         self.stats.rebases += 1;
-        self.evidence.reset(self.next_pn);
+        self.evidence.reset(self.next_pn, standing + self.q_high());
     }
 }
 
@@ -430,7 +525,12 @@ impl CongestionController for Adaptive {
 
     fn window(&self, rtt: &RttEstimator) -> u64 {
         match self.state {
-            State::Drain { .. } => self.pipe_bytes(rtt),
+            // Nothing new while draining: the window of what is in flight would count packets
+            // declared lost that may still sit in the queue. The drain may end without another
+            // ACK (the last one acknowledged everything): then the window is open again and
+            // the next packet sent ends it.
+            State::Drain { .. } if !self.drained(rtt) => 0,
+            State::Drain { .. } => u64::MAX,
             _ => {
                 let path = rtt.smoothed().max(self.base_or(rtt)).as_secs_f64();
                 (self.estimate / 8.0 * path * SAFETY_PIPES) as u64 + 16 * self.mtu
@@ -465,8 +565,12 @@ impl CongestionController for Adaptive {
         app_limited: bool,
         rtt: &RttEstimator,
     ) {
+        if matches!(self.state, State::Drain { .. }) && self.drained(rtt) {
+            self.end_drain(rtt);
+        }
         self.next_pn = self.next_pn.max(pn + 1);
         self.last_sent = Some(now);
+        self.sent_log.on_sent(pn, wire_bytes);
         if let Some(p) = self.probe.as_mut().filter(|p| p.last_pn.is_none()) {
             let first = p.sent.map_or(now, |(a, _)| a);
             p.sent = Some((first, now));
@@ -520,8 +624,11 @@ impl CongestionController for Adaptive {
             };
             self.base = Some(base);
             let span = self.span(rtt);
-            self.evidence
-                .add(now, acked.pn, sample.saturating_sub(base), span);
+            let q = sample.saturating_sub(base);
+            if matches!(self.state, State::Drain { .. }) {
+                self.drained_queue = self.drained_queue.max(q);
+            }
+            self.evidence.add(now, acked.pn, q, span);
         }
     }
 
@@ -530,17 +637,23 @@ impl CongestionController for Adaptive {
     }
 
     fn on_ack_done(&mut self, now: Instant, summary: AckSummary, rtt: &RttEstimator) {
+        self.sent_log.forget_before(summary.largest_acked);
         self.meter
             .mark(now, std::mem::take(&mut self.event_app_limited));
-        self.follow_probe(now, summary.largest_acked, rtt);
+        self.follow_probe(now, &summary, rtt);
         self.end_probe_if_due(now, rtt);
+        self.largest_acked = summary.largest_acked;
         if let State::Drain { until } = self.state {
-            if summary.bytes_in_flight <= self.pipe_bytes(rtt) || now >= until {
-                self.end_drain();
+            if self.drained(rtt) || now >= until {
+                self.end_drain(rtt);
             }
             return;
         }
         let span = self.span(rtt);
+        if self.evidence.grown(now, span).is_some() || self.deficit(now, span, rtt) {
+            self.overload(now, rtt);
+            return;
+        }
         let Some(q) = self.evidence.standing(now, span) else {
             return;
         };
@@ -576,7 +689,7 @@ impl CongestionController for Adaptive {
         self.state = State::Cruise;
         self.probe = None;
         self.verify = false;
-        self.evidence.reset(self.next_pn);
+        self.evidence.reset(self.next_pn, Duration::MAX);
     }
 
     fn capacity(&self, _rtt: &RttEstimator) -> CapacityStats {
@@ -586,4 +699,3 @@ impl CongestionController for Adaptive {
         }
     }
 }
-

@@ -5,30 +5,24 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+/// The sliding minimum of queueing-delay samples over a span.
 #[derive(Debug, Default)]
-pub struct QueueEvidence {
-    /// (when, queueing delay) of recent samples, increasing in delay (sliding minimum).
+struct SlidingMin {
+    /// (when, queueing delay), increasing in delay.
     samples: VecDeque<(Instant, Duration)>,
-    /// Only packets numbered from here speak for the current sending rate.
-    from_pn: u64,
-    /// First sample since the last reset.
+    /// First sample since the last clear.
     since: Option<Instant>,
     count: u32,
 }
 
-impl QueueEvidence {
-    /// Forgets everything: samples of packets before `from_pn` were sent under another rate.
-    pub fn reset(&mut self, from_pn: u64) {
+impl SlidingMin {
+    fn clear(&mut self) {
         self.samples.clear();
-        self.from_pn = from_pn;
         self.since = None;
         self.count = 0;
     }
 
-    pub fn add(&mut self, now: Instant, pn: u64, queue_delay: Duration, span: Duration) {
-        if pn < self.from_pn {
-            return;
-        }
+    fn add(&mut self, now: Instant, queue_delay: Duration, span: Duration) {
         while self.samples.back().is_some_and(|&(_, q)| q >= queue_delay) {
             self.samples.pop_back();
         }
@@ -44,19 +38,69 @@ impl QueueEvidence {
         self.count = self.count.saturating_add(1);
     }
 
-    /// The least queueing delay of the last `span`, once samples have covered a whole span
-    /// (and there were at least three of them); `None` before.
-    pub fn standing(&self, now: Instant, span: Duration) -> Option<Duration> {
+    fn standing(&self, now: Instant, span: Duration) -> Option<Duration> {
         let since = self.since?;
         if now.saturating_duration_since(since) < span || self.count < 3 {
             return None;
         }
-        self.latest_min()
+        self.min()
     }
 
-    /// The least queueing delay of the samples still held, whatever their span.
-    pub fn latest_min(&self) -> Option<Duration> {
+    fn min(&self) -> Option<Duration> {
         self.samples.front().map(|&(_, q)| q)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct QueueEvidence {
+    /// Samples of packets sent under the current rate.
+    current: SlidingMin,
+    /// Samples of packets sent before the last reset: still on their way when the rate
+    /// changed, they show the queue as it was then.
+    earlier: SlidingMin,
+    /// Only packets numbered from here speak for the current sending rate.
+    from_pn: u64,
+    /// The most queue the earlier packets may show without news.
+    earlier_floor: Duration,
+}
+
+impl QueueEvidence {
+    /// Starts over from packet `from_pn`: earlier packets were sent under another rate, and
+    /// a queue of `earlier_floor` (the one just drained) is what they are expected to show.
+    pub fn reset(&mut self, from_pn: u64, earlier_floor: Duration) {
+        self.current.clear();
+        self.earlier.clear();
+        self.from_pn = from_pn;
+        self.earlier_floor = earlier_floor;
+    }
+
+    pub fn add(&mut self, now: Instant, pn: u64, queue_delay: Duration, span: Duration) {
+        if pn < self.from_pn {
+            self.earlier.add(now, queue_delay, span);
+        } else {
+            self.current.add(now, queue_delay, span);
+        }
+    }
+
+    /// The least queueing delay of the last `span` of packets sent under the current rate,
+    /// once samples have covered a whole span (and there were at least three of them);
+    /// `None` before.
+    pub fn standing(&self, now: Instant, span: Duration) -> Option<Duration> {
+        self.current.standing(now, span)
+    }
+
+    /// A queue that stood over `span` in packets sent before the reset and is longer than
+    /// what they were expected to show: the path slowed down again while the packets sent
+    /// since are still on their way (their evidence takes a round trip plus the queue).
+    pub fn grown(&self, now: Instant, span: Duration) -> Option<Duration> {
+        self.earlier
+            .standing(now, span)
+            .filter(|&q| q > self.earlier_floor)
+    }
+
+    /// The least queueing delay of the current samples still held, whatever their span.
+    pub fn latest_min(&self) -> Option<Duration> {
+        self.current.min()
     }
 }
 
@@ -90,7 +134,7 @@ mod tests {
         for i in 0..30u64 {
             e.add(t0 + ms(i), i, ms(50), span);
         }
-        e.reset(100);
+        e.reset(100, ms(60));
         // Late ACKs of packets sent before the reset.
         for i in 30..60u64 {
             e.add(t0 + ms(i), i, ms(50), span);
@@ -105,5 +149,22 @@ mod tests {
             e.add(t0 + ms(i), 100 + i, ms(2), span);
         }
         assert_eq!(e.standing(t0 + ms(84), span), Some(ms(2)));
+        // The earlier packets' 50 ms is below the 60 ms expected of them.
+        assert_eq!(e.grown(t0 + ms(84), span), None);
+    }
+
+    #[test]
+    fn earlier_packets_that_show_a_growing_queue_are_news() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let span = ms(20);
+        let mut e = QueueEvidence::default();
+        e.reset(1000, ms(30));
+        for i in 0..40u64 {
+            e.add(t0 + ms(i), i, ms(20 + 10 * i), span);
+        }
+        assert_eq!(e.standing(t0 + ms(39), span), None);
+        // The least of the last 20 ms: the sample at 19 ms (210 ms of queue).
+        assert_eq!(e.grown(t0 + ms(39), span), Some(ms(210)));
     }
 }

@@ -40,6 +40,8 @@ pub struct AckSummary {
     pub bytes_in_flight: u64,
     /// Largest packet number this side knows the peer received.
     pub largest_acked: u64,
+    /// How long the peer held this ACK back after receiving its largest packet.
+    pub ack_delay: Duration,
 }
 
 /// What a controller knows of the path's capacity, for metrics and benchmarks.

@@ -1,0 +1,146 @@
+//! The capacity-tracking controller (`adaptive`, the default) in the simulator: what it does
+//! with corruption, outages, a fade found at establishment, and a rate step.
+
+use std::time::Duration;
+
+use pep_sim::channel::{Impairments, Outage, OutageSchedule};
+use pep_sim::link::LinkConfig;
+use pep_sim::report::{self, Report};
+use pep_sim::schedule::Schedule;
+use pep_sim::sim::{Scenario, Simulation, Workload};
+use pep_transport::{CcMode, Config};
+
+const GEO_DELAY: Duration = Duration::from_millis(300);
+
+/// A GEO-like forward link of `rate` with a drop-tail queue of one BDP at `provisioned`,
+/// and the sender provisioned for `provisioned`.
+fn geo(rate: u64, provisioned: u64, workload: Workload) -> Scenario {
+    let queue = provisioned / 8 * 6 / 10;
+    let mut a = Config::for_rate(provisioned);
+    a.initial_rtt = GEO_DELAY * 2;
+    let mut b = Config::for_rate(2_000_000);
+    b.initial_rtt = GEO_DELAY * 2;
+    Scenario {
+        forward: LinkConfig::fixed(rate, GEO_DELAY, queue, Impairments::default()),
+        ret: LinkConfig::fixed(2_000_000, GEO_DELAY, 1 << 20, Impairments::default()),
+        a_config: a,
+        b_config: b,
+        associations: 1,
+        flows_per_association: 1,
+        workload,
+        seed: 5,
+        time_limit: Duration::from_secs(600),
+        cross_traffic: None,
+        interactive: None,
+        start_after: Duration::from_secs(2),
+    }
+}
+
+fn run(sc: &Scenario) -> Report {
+    let out = Simulation::new(sc.clone()).expect("scenario").run();
+    report::build(sc, &out, 0.0)
+}
+
+#[test]
+fn adaptive_is_the_default() {
+    assert_eq!(Config::for_rate(1_000_000).cc, CcMode::Adaptive);
+}
+
+#[test]
+fn corruption_never_lowers_the_estimate() {
+    // Lawson at BER 1e-4: 70 % of full-size packets are lost to bit errors while the link
+    // is fully used.
+    let mut sc = geo(
+        1_544_000,
+        1_544_000,
+        Workload::Seconds(Duration::from_secs(120)),
+    );
+    sc.forward.impairments.ber = 1e-4;
+    let r = run(&sc);
+    assert!(r.intact);
+    assert!(r.losses_true.corruption > 10_000, "{:?}", r.losses_true);
+    assert_eq!(r.capacity.estimate_bps, 1_544_000);
+    assert_eq!(r.capacity.drains, 0);
+    assert_eq!(r.losses_by_cause.congestion, 0);
+}
+
+#[test]
+fn the_establishment_train_finds_a_fade_before_traffic_comes() {
+    let r = run(&geo(10_000_000, 20_000_000, Workload::Bytes(20_000_000)));
+    assert!(r.intact);
+    let timeline = r.timeline.expect("timeline");
+    // From the first bucket of the transfer on, the estimate is the link's (within the
+    // train's ACK-timing error), not the ceiling.
+    let first = timeline.first().expect("buckets").estimate_mbps;
+    assert!((9.0..11.0).contains(&first), "{first}");
+    // So no round trip's worth of queue ever builds.
+    assert!(r.queue_delay.max_ms < 100.0, "{:?}", r.queue_delay);
+}
+
+#[test]
+fn an_outage_holds_the_estimate() {
+    // 10 Mb/s link, 20 provisioned: the estimate settles at 10; a 20 s outage (no feedback
+    // at all) must leave it there, not collapse it or reset it to the ceiling.
+    let mut sc = geo(
+        10_000_000,
+        20_000_000,
+        Workload::Seconds(Duration::from_secs(60)),
+    );
+    let outage = OutageSchedule {
+        windows: vec![Outage {
+            start: Duration::from_secs(25),
+            duration: Duration::from_secs(20),
+        }],
+        periodic: None,
+    };
+    sc.forward.impairments.outages = outage.clone();
+    sc.ret.impairments.outages = outage;
+    let out = Simulation::new(sc.clone()).expect("scenario").run();
+    let r = report::build(&sc, &out, 0.0);
+    assert!(r.intact);
+    assert!(r.outages_detected >= 1);
+    // The estimate sampled through the outage (link time 25–45 s).
+    let during: Vec<u64> = out
+        .estimates
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| (260..440).contains(i))
+        .map(|(_, &e)| e)
+        .collect();
+    assert!(!during.is_empty());
+    for e in during {
+        assert!((9_500_000..=10_500_000).contains(&e), "{e}");
+    }
+    assert!((9_500_000..=10_500_000).contains(&r.capacity.estimate_bps));
+}
+
+#[test]
+fn rate_steps_down_are_drained_and_a_step_up_found() {
+    let mut sc = geo(
+        20_000_000,
+        20_000_000,
+        Workload::Seconds(Duration::from_secs(80)),
+    );
+    // Link time (the handshake takes a round trip and the flows start 2 s later): an ACM
+    // step of 2×, one of 4× (the queue overflows: more holes than an ACK reports), and the
+    // rate back.
+    sc.forward.rate_schedule = Schedule::new(vec![
+        (Duration::from_secs(20), 10e6),
+        (Duration::from_secs(40), 2.5e6),
+        (Duration::from_secs(60), 20e6),
+    ]);
+    let r = run(&sc);
+    assert!(r.intact);
+    let [half, quarter, up] = &r.step_responses[..] else {
+        panic!("{:?}", r.step_responses)
+    };
+    // Three round trips for the 2× step (the acceptance bound); the 4× one overshoots for a
+    // round trip into a queue that holds 4.8 s at the new rate and then drains it whole.
+    assert!(half.queue_settled_s.is_some_and(|s| s <= 1.8), "{half:?}");
+    assert!(
+        quarter.queue_settled_s.is_some_and(|s| s <= 3.0),
+        "{quarter:?}"
+    );
+    assert!(up.reached_s.is_some_and(|s| s <= 5.0), "{up:?}");
+    assert!(r.capacity.drains >= 2 && r.capacity.probes >= 1);
+}
