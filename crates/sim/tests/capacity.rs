@@ -122,12 +122,12 @@ fn rate_steps_down_are_drained_and_a_step_up_found() {
         Workload::Seconds(Duration::from_secs(80)),
     );
     // Link time (the handshake takes a round trip and the flows start 2 s later): an ACM
-    // step of 2×, one of 4× (the queue overflows: more holes than an ACK reports), and the
-    // rate back.
+    // step down of 2×, one of 4× (the queue overflows: more holes than an ACK reports), and
+    // one up of 4×.
     sc.forward.rate_schedule = Schedule::new(vec![
         (Duration::from_secs(20), 10e6),
         (Duration::from_secs(40), 2.5e6),
-        (Duration::from_secs(60), 20e6),
+        (Duration::from_secs(60), 10e6),
     ]);
     let r = run(&sc);
     assert!(r.intact);

@@ -1,5 +1,5 @@
-//! demo.svg: per workload a pair of bars, plain TCP and pepd completion time, with the
-//! speed-up written above each pair.
+//! demo.svg: per workload a pair of bars, plain TCP and pepd (completion time, or for the
+//! fade row the requests' latency), with the speed-up written above each pair.
 
 use std::path::Path;
 
@@ -30,7 +30,7 @@ pub fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
     root.fill(&WHITE).map_err(plot_err)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("pepd demo: completion time, {}", report.link_line()),
+            format!("pepd demo: {}", report.link_line()),
             ("sans-serif", 18),
         )
         .margin(15)
@@ -53,7 +53,7 @@ pub fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
                 String::new()
             }
         })
-        .y_desc("completion time (s), lower is better")
+        .y_desc("completion time or request latency (s), lower is better")
         .draw()
         .map_err(plot_err)?;
     let series = [
@@ -79,9 +79,11 @@ pub fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
     // Text hangs down from its anchor, so anchors sit well above what they label.
     let label_style = ("sans-serif", 13).into_font().color(&BLACK);
     let value_labels = rows.iter().enumerate().flat_map(|(i, r)| {
-        [(-BAR, r.plain.median_s()), (0.0, r.pepd.median_s())].map(|(offset, v)| {
+        [(-BAR, &r.plain), (0.0, &r.pepd)].map(|(offset, s)| {
+            let v = s.median_s();
+            let bound = if s.capped > 0 { ">" } else { "" };
             Text::new(
-                format!("{v:.1} s"),
+                format!("{bound}{v:.1} s"),
                 (i as f64 + offset + 0.02, v + ymax * 0.04),
                 label_style.clone(),
             )

@@ -60,6 +60,9 @@ const PROBE_PACKETS: f64 = 16.0;
 const MEASURE_ACKS: u32 = 3;
 /// A probe delivered at this fraction of its rate or better succeeded.
 const PROBE_SUCCESS: f64 = 0.9;
+/// A probe delivered above this multiple of the estimate found some capacity; less is the
+/// estimate confirmed (and measurement noise).
+const PROBE_PARTIAL: f64 = 1.05;
 /// The establishment train: enough packets for a dozen ACKs even when the receiver
 /// batches them, about 10 ms at the ceiling, never more than `TRAIN_MAX` (96 KB).
 const TRAIN_MIN: u32 = 16;
@@ -72,8 +75,8 @@ const TRAIN_LOWERS_BELOW: f64 = 0.8;
 const TRAIN_SLACK: Duration = Duration::from_millis(2);
 /// After a failed probe the next waits twice as long, up to the larger of these: a link
 /// whose capacity came back is found within a few seconds.
-const PROBE_INTERVAL_MAX: Duration = Duration::from_secs(1);
-const PROBE_INTERVAL_MAX_RTTS: u32 = 2;
+const PROBE_INTERVAL_MAX: Duration = Duration::from_millis(500);
+const PROBE_INTERVAL_MAX_RTTS: u32 = 1;
 /// Delivered below this fraction of the estimate, with a queue showing, the path has
 /// slowed: well below the ACK-timing noise of a real receiver (a few per cent over a span).
 const DEFICIT: f64 = 0.75;
@@ -332,13 +335,7 @@ impl Adaptive {
         if matches!(self.state, State::Drain { .. }) {
             return;
         }
-        let span = self.span(rtt);
-        if let Some(r) = self.meter.rate(now, span).filter(|r| !r.app_limited) {
-            // The bottleneck was busy throughout the span: its delivery rate is the capacity,
-            // lower or (after a partly failed probe) higher than we thought.
-            let lowest = (self.estimate / MAX_CUT).max(self.floor());
-            self.estimate = r.bps.clamp(lowest, self.ceiling);
-        }
+        self.measure_busy_path(now, rtt);
         self.drained_queue = self.evidence.latest_min().unwrap_or_default();
         self.stats.drains += 1;
         self.probe = None;
@@ -363,17 +360,36 @@ impl Adaptive {
         self.sent_log.bytes_after(self.largest_acked) <= self.pipe_bytes(rtt)
     }
 
-    /// The path delivers clearly less than the estimate while a queue shows: it slowed
+    /// The path delivers clearly less than the estimate while a queue stands: it slowed
     /// down. This is known as soon as the ACKs of the first packets it served slower come
     /// back, before any packet sent at the current rate can show its queue (which takes a
     /// round trip plus that queue).
-    fn deficit(&self, now: Instant, span: Duration, rtt: &RttEstimator) -> bool {
+    fn deficit(&self, now: Instant, span: Duration) -> bool {
         self.state == State::Cruise
-            && rtt.latest().saturating_sub(self.base_or(rtt)) > self.q_high()
+            && self
+                .evidence
+                .standing_any(now, span)
+                .is_some_and(|q| q > self.q_high())
             && self
                 .meter
                 .rate(now, span)
                 .is_some_and(|r| !r.app_limited && r.bps < self.estimate * DEFICIT)
+    }
+
+    /// Takes the delivery rate of the last span for the capacity: the bottleneck was busy
+    /// throughout it (a queue stood, or was draining), so that is what it carries for us,
+    /// lower or (after a partly failed probe) higher than we thought. When the path has
+    /// just slowed, the span's older ACKs still report the old rate: the newer half of the
+    /// span, if it holds enough ACKs, is the purer measure, and the lower of the two counts.
+    fn measure_busy_path(&mut self, now: Instant, rtt: &RttEstimator) {
+        let span = self.span(rtt);
+        let valid = |r: Option<super::delivery::Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
+        let whole = valid(self.meter.rate(now, span));
+        let recent = valid(self.meter.rate(now, span / 2));
+        if let Some(bps) = whole.map(|w| recent.map_or(w, |r| r.min(w))) {
+            let lowest = (self.estimate / MAX_CUT).max(self.floor());
+            self.estimate = bps.clamp(lowest, self.ceiling);
+        }
     }
 
     fn end_drain(&mut self, rtt: &RttEstimator) {
@@ -488,7 +504,7 @@ impl Adaptive {
             self.estimate = self.estimate.max(p.rate.min(rate)).min(self.ceiling);
             self.probe_interval = Duration::ZERO;
             self.next_probe_at = None;
-        } else if rate > self.estimate {
+        } else if rate > self.estimate * PROBE_PARTIAL {
             // The path took more than the estimate but not all of the probe: its capacity.
             self.estimate = rate.min(self.ceiling);
             self.next_probe_at = Some(now + self.probe_interval);
@@ -644,13 +660,17 @@ impl CongestionController for Adaptive {
         self.end_probe_if_due(now, rtt);
         self.largest_acked = summary.largest_acked;
         if let State::Drain { until } = self.state {
+            // While the queue drains the bottleneck stays busy, and every ACK reports the
+            // rate after whatever slowed the path: the estimate follows it, so the drain
+            // ends at the pipe of the rate the path really has.
+            self.measure_busy_path(now, rtt);
             if self.drained(rtt) || now >= until {
                 self.end_drain(rtt);
             }
             return;
         }
         let span = self.span(rtt);
-        if self.evidence.grown(now, span).is_some() || self.deficit(now, span, rtt) {
+        if self.evidence.grown(now, span).is_some() || self.deficit(now, span) {
             self.overload(now, rtt);
             return;
         }

@@ -10,16 +10,20 @@ use std::time::{Duration, Instant};
 struct SlidingMin {
     /// (when, queueing delay), increasing in delay.
     samples: VecDeque<(Instant, Duration)>,
+    /// When each sample of the span came: a minimum of too few samples is no evidence.
+    times: VecDeque<Instant>,
     /// First sample since the last clear.
     since: Option<Instant>,
-    count: u32,
 }
+
+/// Fewest samples a span must hold for its minimum to count.
+const MIN_SAMPLES: usize = 3;
 
 impl SlidingMin {
     fn clear(&mut self) {
         self.samples.clear();
+        self.times.clear();
         self.since = None;
-        self.count = 0;
     }
 
     fn add(&mut self, now: Instant, queue_delay: Duration, span: Duration) {
@@ -34,13 +38,20 @@ impl SlidingMin {
         {
             self.samples.pop_front();
         }
+        self.times.push_back(now);
+        while self
+            .times
+            .front()
+            .is_some_and(|&t| now.saturating_duration_since(t) > span)
+        {
+            self.times.pop_front();
+        }
         self.since.get_or_insert(now);
-        self.count = self.count.saturating_add(1);
     }
 
     fn standing(&self, now: Instant, span: Duration) -> Option<Duration> {
         let since = self.since?;
-        if now.saturating_duration_since(since) < span || self.count < 3 {
+        if now.saturating_duration_since(since) < span || self.times.len() < MIN_SAMPLES {
             return None;
         }
         self.min()
@@ -83,8 +94,8 @@ impl QueueEvidence {
     }
 
     /// The least queueing delay of the last `span` of packets sent under the current rate,
-    /// once samples have covered a whole span (and there were at least three of them);
-    /// `None` before.
+    /// once samples have covered a whole span, and the span holds at least three of them;
+    /// `None` otherwise.
     pub fn standing(&self, now: Instant, span: Duration) -> Option<Duration> {
         self.current.standing(now, span)
     }
@@ -96,6 +107,18 @@ impl QueueEvidence {
         self.earlier
             .standing(now, span)
             .filter(|&q| q > self.earlier_floor)
+    }
+
+    /// The standing queue of the last `span` whichever packets showed it: those sent under
+    /// the current rate, or earlier ones.
+    pub fn standing_any(&self, now: Instant, span: Duration) -> Option<Duration> {
+        match (
+            self.current.standing(now, span),
+            self.earlier.standing(now, span),
+        ) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The least queueing delay of the current samples still held, whatever their span.
