@@ -71,6 +71,9 @@ const TRAIN_TIME: Duration = Duration::from_millis(10);
 /// The train lowers the estimate only below this fraction of the ceiling: timing noise of
 /// real hosts must not cost a correctly provisioned link its first round trips.
 const TRAIN_LOWERS_BELOW: f64 = 0.8;
+/// Queue growth over the train below this is timer noise, whatever the rates say: a train
+/// of about 10 ms at the ceiling into a path at 80 % of it grows a queue of 2.5 ms.
+const TRAIN_QUEUE_GROWTH: Duration = Duration::from_millis(2);
 /// A late timer's worth of extra time a train may take to leave and still count.
 const TRAIN_SLACK: Duration = Duration::from_millis(2);
 /// After a failed probe the next waits twice as long, up to the larger of these: a link
@@ -205,6 +208,12 @@ impl ProbeRecord {
     /// probe sent for `t` at rate R means the path drained it at R / (1 + g/t). A delayed
     /// ACK only makes this lower, so it checks the ACK-rate measurement, which ACKs that
     /// bunch up on the way back make higher.
+    /// How much longer the queue was for its latest packet than for its first.
+    fn queue_growth(&self) -> Option<Duration> {
+        let ((_, r0), (_, r1)) = self.first_sample.zip(self.last_sample)?;
+        Some(r1.saturating_sub(r0))
+    }
+
     fn rate_by_delay(&self) -> Option<f64> {
         let ((t0, r0), (t1, r1)) = self.first_sample.zip(self.last_sample)?;
         let span = t1.saturating_duration_since(t0).as_secs_f64();
@@ -482,7 +491,12 @@ impl Adaptive {
         }
         let by_acks = bytes as f64 * 8.0 / elapsed;
         if p.train {
-            let rate = by_acks;
+            // The train may only lower the estimate when both measures agree the path is
+            // slower: on a correctly provisioned link a receiver's scheduling noise can make
+            // either alone read low, and a wrong start costs a transfer its first round trips.
+            let rate = p.rate_by_delay().map_or(by_acks, |d| d.max(by_acks));
+            // And only when the train itself built a queue one can tell from timer noise.
+            let queued = p.queue_growth().is_some_and(|g| g >= TRAIN_QUEUE_GROWTH);
             // A train that left slower than planned (a stalled sender, a late timer) measured
             // the sender: at most twice its planned time plus a timer tick still measures
             // the path, since the path is then still fed faster than it delivers.
@@ -493,7 +507,7 @@ impl Adaptive {
                 .sent
                 .map_or(Duration::MAX, |(a, b)| b.saturating_duration_since(a));
 
-            if rate < p.rate * TRAIN_LOWERS_BELOW && took <= planned * 2 + TRAIN_SLACK {
+            if rate < p.rate * TRAIN_LOWERS_BELOW && queued && took <= planned * 2 + TRAIN_SLACK {
                 self.estimate = rate.max(self.floor());
                 self.next_probe_at = Some(now + self.base_or(rtt));
             }
