@@ -129,12 +129,12 @@ if ("fade", "pepd-20M") in by:
                 all(r["completion_s"] <= 1.1 * right for r in rs), stat([r["completion_s"] for r in rs], "{:.2f}"))
 
 if ("acm", "pepd") in by:
-    print("acm: geo, 20 -> 10 -> 5 -> 20 Mb/s every 30 s (emulator time); per step: queue settled / 0.9 of new rate reached (s)")
+    print("acm: geo, 20 -> 10 -> 5 -> 20 Mb/s every 30 s (emulator time); per step (new Mb/s, queue under 100 ms for 2 s from (s), longest queue after that (ms), 0.9 of the new rate reached (s))")
     for (c, v), rs in sorted(by.items()):
         if c != "acm":
             continue
         for r in rs:
-            steps = [(s["to_bps"] / 1e6, s["queue_settled_s"], s["reached_s"]) for s in r["step_responses"][1:]]
+            steps = [(s["to_bps"] / 1e6, s["queue_settled_s"], s["later_queue_max_ms"] and round(s["later_queue_max_ms"]), s["reached_s"]) for s in r["step_responses"][1:]]
             print(f"  acm/{v}: goodput {r['goodput_bps']/1e6:.2f} Mb/s, queue p99 {r['emulator']['forward']['queue_delay']['p99_ms']:.0f} ms, steps {steps}")
     rs = by[("acm", "pepd")]
     ok = intact(rs)

@@ -106,18 +106,25 @@ impl Timeline {
     }
 }
 
+/// A queue counts as back under its bound once it stays there this long: the step's own
+/// queue is gone, and a later spike is another event (reported apart).
+pub const SETTLE_HOLD: Duration = Duration::from_secs(2);
+
 /// How the link followed one step of its rate: after a step down, how long until the queue
-/// stayed under a bound; after a step up, how long until the measured sender's delivered
-/// rate, over one second, reached a fraction of the new rate.
+/// was back under a bound (and stayed there for [`SETTLE_HOLD`]); after a step up, how long
+/// until the measured sender's delivered rate, over one second, reached a fraction of the
+/// new rate.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepResponse {
     /// Seconds since the link started.
     pub at_s: f64,
     pub from_bps: f64,
     pub to_bps: f64,
-    /// Step down: seconds from the step until every later packet (to the next step)
-    /// waited less than the bound; `None` if that never happened.
+    /// Step down: seconds from the step until the queue was under the bound and stayed
+    /// there for [`SETTLE_HOLD`] (or to the next step); `None` if that never happened.
     pub queue_settled_s: Option<f64>,
+    /// Step down: the longest queue after it settled, to the next step (ms).
+    pub later_queue_max_ms: Option<f64>,
     /// Step up: seconds from the step until the sender's delivered rate over one second
     /// first reached `fraction` of the new rate.
     pub reached_s: Option<f64>,
@@ -147,16 +154,19 @@ pub fn step_responses(
             from_bps: from,
             to_bps: to,
             queue_settled_s: None,
+            later_queue_max_ms: None,
             reached_s: None,
         };
         if to < from {
-            // The last bucket over the bound; settled from the end of it.
-            let last_bad = span.iter().rposition(|b| b.queue_max_ms >= bound_ms);
-            r.queue_settled_s = match last_bad {
-                None => Some(0.0),
-                Some(i) if i + 1 < span.len() => Some(((i + 1) as u32 * BUCKET).as_secs_f64()),
-                Some(_) => None,
-            };
+            let hold = (SETTLE_HOLD.as_nanos() / BUCKET.as_nanos()) as usize;
+            // The first bucket from which the queue stays under the bound for the hold.
+            let settled = (0..span.len()).find(|&i| {
+                let run = &span[i..(i + hold).min(span.len())];
+                run.iter().all(|b| b.queue_max_ms < bound_ms)
+            });
+            r.queue_settled_s = settled.map(|i| (i as u32 * BUCKET).as_secs_f64());
+            r.later_queue_max_ms =
+                settled.map(|i| span[i..].iter().map(|b| b.queue_max_ms).fold(0.0, f64::max));
         } else if to > from && span.len() >= per_sec {
             r.reached_s = (0..=span.len() - per_sec).find_map(|i| {
                 let bytes: u64 = span[i..i + per_sec]
@@ -199,7 +209,8 @@ mod tests {
 
     #[test]
     fn step_down_settles_and_step_up_reaches() {
-        // 10 s at 8 Mb/s; the rate halves at 2 s: queue high for 1.5 s; back up at 6 s,
+        // 10 s at 8 Mb/s; the rate halves at 2 s: queue high for 1.5 s (and a lone spike at
+        // 5.8 s, after it had settled: reported apart); back up at 6 s,
         // delivery at the new rate from 7 s: the one-second average reaches 0.9 of it over
         // 6.8–7.8 s (8 buckets at the new rate, 2 at the old).
         let buckets: Vec<Bucket> = (0..100u32)
@@ -207,7 +218,11 @@ mod tests {
                 let t = (i * BUCKET).as_secs_f64();
                 Bucket {
                     t,
-                    queue_max_ms: if (2.0..3.5).contains(&t) { 400.0 } else { 5.0 },
+                    queue_max_ms: match i {
+                        20..35 => 400.0,
+                        58 => 150.0,
+                        _ => 5.0,
+                    },
                     delivered_bytes: if t >= 7.0 { 100_000 } else { 50_000 },
                     ..Bucket::default()
                 }
@@ -223,6 +238,7 @@ mod tests {
             s(10),
         );
         assert!((r[0].queue_settled_s.unwrap() - 1.5).abs() < 1e-9, "{r:?}");
+        assert_eq!(r[0].later_queue_max_ms, Some(150.0));
         assert_eq!(r[0].reached_s, None);
         assert!((r[1].reached_s.unwrap() - 1.8).abs() < 1e-9, "{r:?}");
     }

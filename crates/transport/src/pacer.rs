@@ -7,6 +7,13 @@ use std::time::{Duration, Instant};
 /// to back; the configured burst time can allow more (a coarse timer in a real event loop).
 const CATCH_UP_PACKETS: u64 = 2;
 
+/// Time `bytes` take at `rate_bps`, in 64-bit nanoseconds (no rate is capped by the
+/// arithmetic); a rate of 0 counts as 1 bit/s.
+pub fn transmission_time(bytes: u64, rate_bps: u64) -> Duration {
+    let nanos = u128::from(bytes) * 8 * 1_000_000_000 / u128::from(rate_bps.max(1));
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
 #[derive(Debug, Clone)]
 pub struct Pacer {
     next_send: Option<Instant>,
@@ -41,8 +48,7 @@ impl Pacer {
 
     /// Time one `bytes`-byte datagram occupies at the pacing rate.
     pub fn transmission_time(&self, bytes: u64) -> Duration {
-        let nanos = u128::from(bytes) * 8 * 1_000_000_000 / u128::from(self.rate_bps);
-        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+        transmission_time(bytes, self.rate_bps)
     }
 
     /// When the next datagram may leave, or `None` if it may leave now.

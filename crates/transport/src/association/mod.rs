@@ -11,7 +11,7 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use crate::ack::AckTracker;
-use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController};
+use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController, SentInfo};
 use crate::codec::{expand_truncated, truncation_len, Reader};
 use crate::config::{Config, ConfigError, LossCause};
 use crate::flow::{Flow, FlowId, OpenState, ResetState};

@@ -346,6 +346,7 @@ impl Association {
         self.control_queue.clear();
         self.next_local_flow = self.role.parity();
         self.peer_closed = RangeSet::new();
+        self.cc.on_restart();
         self.assoc_send_limit = 0;
         self.assoc_sent = 0;
         self.assoc_charged = 0;

@@ -29,8 +29,9 @@ impl Association {
         }
         self.largest_acked = Some(self.largest_acked.map_or(largest, |l| l.max(largest)));
         let mut rtt_sample = None;
+        // The peer's own hold, bounded so a lying peer cannot make RTTs vanish.
+        let ack_delay = Duration::from_micros(ack.delay_us).min(self.cfg.ack.max_delay * 4);
         if let Some(p) = self.sent.get(largest) {
-            let ack_delay = Duration::from_micros(ack.delay_us).min(self.cfg.ack.max_delay * 4);
             let raw = now.saturating_duration_since(p.time);
             let sample = if raw >= self.rtt.min() + ack_delay {
                 raw - ack_delay
@@ -77,9 +78,8 @@ impl Association {
         }
         self.detect_lost(now);
         let summary = AckSummary {
-            bytes_in_flight: self.sent.bytes_in_flight(),
             largest_acked: self.largest_acked.unwrap_or(largest),
-            ack_delay: Duration::from_micros(ack.delay_us).min(self.cfg.ack.max_delay * 4),
+            ack_delay,
         };
         self.cc.on_ack_done(now, summary, &self.rtt);
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));

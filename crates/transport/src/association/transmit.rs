@@ -320,7 +320,13 @@ impl Association {
         self.stats.packets_sent += 1;
         self.stats.wire_bytes_sent += wire;
         let app_limited = self.pacer.on_sent(now, wire);
-        self.cc.on_sent(now, pn, wire, app_limited, &self.rtt);
+        let sent = SentInfo {
+            pn,
+            wire_bytes: wire,
+            ack_eliciting: !frames.is_empty(),
+            app_limited,
+        };
+        self.cc.on_sent(now, sent, &self.rtt);
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
         if let Some(pause) = self.cc.take_pause() {
             self.pacer.pause(pause);

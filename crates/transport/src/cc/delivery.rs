@@ -39,6 +39,11 @@ pub struct DeliveryMeter {
 
 /// Marks older than this are never asked for.
 const KEEP: Duration = Duration::from_secs(1);
+/// Fewest ACKs whose span makes a rate: two intervals are the least that says anything.
+const MIN_MARKS: usize = 3;
+/// Gaps between ACKs longer than this are an idle link or an outage, not the ACK pace:
+/// they do not enter the smoothed ACK interval.
+const ACK_INTERVAL_CAP: Duration = Duration::from_millis(200);
 /// Bound on marks kept, whatever the ACK rate (at 10 Gb/s an ACK comes every 10 µs).
 const KEEP_MARKS: usize = 4096;
 
@@ -54,8 +59,13 @@ impl DeliveryMeter {
 
     /// Closes one ACK's worth of deliveries.
     pub fn mark(&mut self, now: Instant, app_limited: bool) {
-        if let Some(last) = self.marks.back() {
-            let gap = now.saturating_duration_since(last.at);
+        // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
+        let gap = self
+            .marks
+            .back()
+            .map(|last| now.saturating_duration_since(last.at))
+            .filter(|&g| !app_limited && g <= ACK_INTERVAL_CAP);
+        if let Some(gap) = gap {
             self.ack_interval = Some(match self.ack_interval {
                 Some(s) => (s * 7 + gap) / 8,
                 None => gap,
@@ -81,28 +91,30 @@ impl DeliveryMeter {
     }
 
     /// Delivery rate over the ACKs of the last `span`, from the first of them to the last
-    /// (so the span's edges do not cut an ACK in two). `None` with fewer than three ACKs:
-    /// two intervals are the least that says anything about a rate.
+    /// (so the span's edges do not cut an ACK in two). `None` with fewer than three ACKs.
     pub fn rate(&self, now: Instant, span: Duration) -> Option<Rate> {
         let since = now.checked_sub(span)?;
         let start = self.marks.partition_point(|m| m.at < since);
         let window = self.marks.range(start..);
-        if window.len() < 3 {
+        if window.len() < MIN_MARKS {
             return None;
         }
         let first = *window.clone().next()?;
         let last = *self.marks.back()?;
-        let elapsed = last.at.saturating_duration_since(first.at).as_secs_f64();
-        if elapsed <= 0.0 {
-            return None;
-        }
+        let bps = bits_per_second(
+            last.delivered - first.delivered,
+            last.at.saturating_duration_since(first.at),
+        )?;
         // The first mark's own flag concerns the gap before it, which is outside the span.
         let app_limited = window.skip(1).any(|m| m.app_limited);
-        Some(Rate {
-            bps: (last.delivered - first.delivered) as f64 * 8.0 / elapsed,
-            app_limited,
-        })
+        Some(Rate { bps, app_limited })
     }
+}
+
+/// `bytes` over `elapsed` in bit/s; `None` over no time.
+pub fn bits_per_second(bytes: u64, elapsed: Duration) -> Option<f64> {
+    let secs = elapsed.as_secs_f64();
+    (secs > 0.0).then(|| bytes as f64 * 8.0 / secs)
 }
 
 #[cfg(test)]
@@ -138,6 +150,9 @@ mod tests {
         assert!(m.rate(t0 + ms(9), ms(6)).expect("rate").app_limited);
         // The flagged ACK opening the span does not count.
         assert!(!m.rate(t0 + ms(9), ms(4)).expect("rate").app_limited);
+        assert_eq!(m.ack_interval(), Some(ms(1)));
+        // An idle second is not the ACK pace.
+        m.mark(t0 + ms(1009), false);
         assert_eq!(m.ack_interval(), Some(ms(1)));
     }
 }

@@ -49,16 +49,21 @@ impl SlidingMin {
         self.since.get_or_insert(now);
     }
 
+    /// The minimum of the samples of the last `span` before `now`, if samples have covered
+    /// a whole span and at least three fall in it. Samples are pruned only when one is
+    /// added: without new ones, the old must not speak for the present.
     fn standing(&self, now: Instant, span: Duration) -> Option<Duration> {
         let since = self.since?;
-        if now.saturating_duration_since(since) < span || self.times.len() < MIN_SAMPLES {
+        let from = now.checked_sub(span)?;
+        let recent = self.times.iter().filter(|&&t| t >= from).count();
+        if now.saturating_duration_since(since) < span || recent < MIN_SAMPLES {
             return None;
         }
-        self.min()
-    }
-
-    fn min(&self) -> Option<Duration> {
-        self.samples.front().map(|&(_, q)| q)
+        // Increasing in delay, and in time: the first inside the span is its minimum.
+        self.samples
+            .iter()
+            .find(|&&(t, _)| t >= from)
+            .map(|&(_, q)| q)
     }
 }
 
@@ -119,11 +124,6 @@ impl QueueEvidence {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         }
-    }
-
-    /// The least queueing delay of the current samples still held, whatever their span.
-    pub fn latest_min(&self) -> Option<Duration> {
-        self.current.min()
     }
 }
 
@@ -189,5 +189,7 @@ mod tests {
         assert_eq!(e.standing(t0 + ms(39), span), None);
         // The least of the last 20 ms: the sample at 19 ms (210 ms of queue).
         assert_eq!(e.grown(t0 + ms(39), span), Some(ms(210)));
+        // Once no packet speaks any more, old samples say nothing about the present.
+        assert_eq!(e.grown(t0 + ms(100), span), None);
     }
 }

@@ -34,10 +34,20 @@ pub struct AckedPacket {
     pub app_limited: bool,
 }
 
+/// A packet that just left.
+#[derive(Debug, Clone, Copy)]
+pub struct SentInfo {
+    pub pn: u64,
+    pub wire_bytes: u64,
+    /// It will be acknowledged (it carries more than ACKs).
+    pub ack_eliciting: bool,
+    /// The pacer's schedule had slipped before it (see `Pacer::on_sent`).
+    pub app_limited: bool,
+}
+
 /// The state after one ACK was processed, its losses included.
 #[derive(Debug, Clone, Copy)]
 pub struct AckSummary {
-    pub bytes_in_flight: u64,
     /// Largest packet number this side knows the peer received.
     pub largest_acked: u64,
     /// How long the peer held this ACK back after receiving its largest packet.
@@ -71,15 +81,10 @@ pub trait CongestionController: Send + fmt::Debug {
     /// Pacing rate in on-wire bits per second.
     fn pacing_rate(&self, rtt: &RttEstimator) -> u64;
     /// A packet (any: data, ACK or control) left under the pacer.
-    fn on_sent(
-        &mut self,
-        _now: Instant,
-        _pn: u64,
-        _wire_bytes: u64,
-        _app_limited: bool,
-        _rtt: &RttEstimator,
-    ) {
-    }
+    fn on_sent(&mut self, _now: Instant, _sent: SentInfo, _rtt: &RttEstimator) {}
+    /// The association restarted: packet numbers start again from 0. What was learnt
+    /// about the path may stay; what belongs to the old packet numbers may not.
+    fn on_restart(&mut self) {}
     /// A pause the pacer should take before the next packet (after a probe above the
     /// estimate).
     fn take_pause(&mut self) -> Option<Duration> {

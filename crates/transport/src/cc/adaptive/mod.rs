@@ -1,0 +1,731 @@
+//! Capacity tracking (`cc = "adaptive"`, the default): the configured rate is a ceiling, not
+//! a promise. The sender paces at its estimate of the bottleneck and keeps the queue it
+//! causes small; docs/PROTOCOL.md §5.5.1 gives the rules and why each constant has its value.
+//!
+//! - **Measure** when the association is established: a short train of full-size packets
+//!   (padded PINGs when there is no data) at the ceiling. A gateway that starts during a
+//!   rain fade does not open with a round trip's worth of queue.
+//! - **Cruise** at the estimate (at first the ceiling, so short transfers lose nothing).
+//! - **Overload**: the queueing delay stood above `q_high` for a whole evidence span. The
+//!   bottleneck never idled during that span, so the rate at which ACKs reported deliveries
+//!   is what it carries for us: that becomes the estimate. Then **drain**: nothing new is
+//!   sent until what was sent after the latest ACK fits the pipe at the new estimate, which
+//!   empties the queue in about the time it holds. Congestion-attributed losses count as an
+//!   overload too, and so do two signals that need no round trip: earlier packets showing a
+//!   queue grown beyond what was drained, and deliveries well below the estimate.
+//! - **Verify** after a drain: a delay that draining did not remove is not ours (a longer
+//!   path after a LEO handover, or another sender's queue). If we still get delivered what we
+//!   send, the base RTT moves up to it instead of the rate coming down again.
+//! - **Probe** while the estimate is below the ceiling: a short send at twice the estimate,
+//!   then a pause as long, so a probe the path cannot carry leaves no queue behind. Success
+//!   raises the estimate and probes again at once; failure spaces the probes out.
+//!
+//! Losses to corruption never lower anything: they count as delivered (`delivery`), since
+//! they crossed the bottleneck. With no feedback at all (an outage) nothing changes: the
+//! estimate is held.
+
+mod probe;
+mod sent_log;
+
+use std::time::{Duration, Instant};
+
+use super::delivery::{DeliveryMeter, Rate};
+use super::evidence::QueueEvidence;
+use super::{AckSummary, AckedPacket, CapacityStats, CongestionController, SentInfo};
+use crate::config::Config;
+use crate::pacer::transmission_time;
+use crate::rtt::RttEstimator;
+use probe::Probe;
+use sent_log::SentLog;
+
+/// Least standing queue taken for an overload: above the scheduling noise of an event loop
+/// on a loaded host (1–2 ms) and an emulated LEO link's jitter, below what an interactive
+/// user notices.
+const Q_FLOOR: Duration = Duration::from_millis(10);
+/// The overload threshold is also at least this many packets at the estimate: on a slow
+/// link (1.5 Mb/s: 8 ms a packet) a couple of packets queue behind every ACK burst.
+const Q_PACKETS: f64 = 4.0;
+/// Evidence span: a quarter of the base RTT, within these bounds, and at least this many
+/// ACK intervals, so a span always holds several samples.
+const SPAN_MIN: Duration = Duration::from_millis(20);
+const SPAN_MAX: Duration = Duration::from_millis(50);
+const SPAN_ACKS: u32 = 3;
+/// Probing sends at this multiple of the estimate: the estimate can double every round trip
+/// while the path keeps up (an ACM step from 5 to 20 Mb/s is recovered in two probes).
+const PROBE_GAIN: f64 = 2.0;
+/// A probe lasts a quarter of the base RTT, within these bounds, and at least
+/// `PROBE_PACKETS` packets. A probe the path cannot carry queues at most its length times
+/// (gain − 1) for about as long: 25 ms on links above 2 Mb/s.
+const PROBE_MIN: Duration = Duration::from_millis(10);
+const PROBE_MAX: Duration = Duration::from_millis(25);
+const PROBE_PACKETS: f64 = 16.0;
+/// A probe or train spans at least this many ACK-every-N intervals, so at least two ACKs
+/// fall inside it whatever the receiver's ACK policy.
+const MEASURE_ACKS: u32 = 3;
+/// A probe delivered at this fraction of its rate or better succeeded.
+const PROBE_SUCCESS: f64 = 0.9;
+/// A probe delivered above this multiple of the estimate found some capacity; less is the
+/// estimate confirmed (and measurement noise).
+const PROBE_PARTIAL: f64 = 1.05;
+/// The establishment train: about 10 ms at the ceiling, at least 16 packets (a dozen ACKs
+/// even when the receiver batches them), at most 64 (96 KB) unless the ACK policy needs
+/// more for three ACKs.
+const TRAIN_MIN: u32 = 16;
+const TRAIN_MAX: u32 = 64;
+const TRAIN_TIME: Duration = Duration::from_millis(10);
+/// The train lowers the estimate only below this fraction of the ceiling: timing noise of
+/// real hosts must not cost a correctly provisioned link its first round trips.
+const TRAIN_LOWERS_BELOW: f64 = 0.8;
+/// Queue growth over the train below this is timer noise, whatever the rates say: a train
+/// of about 10 ms at the ceiling into a path at 80 % of it grows a queue of 2.5 ms.
+const TRAIN_QUEUE_GROWTH: Duration = Duration::from_millis(2);
+/// A late timer's worth of extra time a train may take to leave and still count.
+const TRAIN_SLACK: Duration = Duration::from_millis(2);
+/// After a failed probe the next waits twice as long, up to the larger of this and the base
+/// RTT: a link whose capacity came back is found within a few seconds, and one at its
+/// estimate sees a probe every base RTT plus that (0.5 s, or one RTT on GEO).
+const PROBE_INTERVAL_MAX: Duration = Duration::from_millis(500);
+/// Delivered below this fraction of the estimate, with a queue showing, the path has
+/// slowed: well below the ACK-timing noise of a real receiver (a few per cent over a span).
+const DEFICIT: f64 = 0.75;
+/// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
+/// takes two.
+const MAX_CUT: f64 = 4.0;
+/// The estimate never falls below this fraction of the ceiling.
+const FLOOR_FRACTION: f64 = 1.0 / 64.0;
+/// After a drain, a queue that stays while we are delivered at least this fraction of what
+/// we send is not ours.
+const OWN_QUEUE_DELIVERY: f64 = 0.97;
+/// Added to the drain's bound: a queue may hold seconds when the RTT estimate has not seen
+/// it yet.
+const DRAIN_SLACK: Duration = Duration::from_secs(2);
+/// Outside a drain, at most this many pipes may be in flight: a bound on the queue if every
+/// delay signal failed.
+const SAFETY_PIPES: f64 = 2.0;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Cruise,
+    /// Nothing new leaves until what was sent after the latest acknowledged packet fits
+    /// the pipe, or until `until`. `from`: the estimate when it began (a drain cuts it to a
+    /// quarter at most).
+    Drain {
+        until: Instant,
+        from: f64,
+    },
+    /// Pacing at `rate` until `until`.
+    Probe {
+        rate: f64,
+        until: Instant,
+    },
+    /// The establishment train: `left` more packets at the ceiling.
+    Train {
+        left: u32,
+    },
+}
+
+#[derive(Debug)]
+pub struct Adaptive {
+    ceiling: f64,
+    estimate: f64,
+    mtu: u64,
+    /// ACK-every-N of the ACK policy: measurements must span several ACKs.
+    ack_every: u32,
+    state: State,
+    meter: DeliveryMeter,
+    evidence: QueueEvidence,
+    /// The path's RTT without queue, as this controller sees it: the least sample since the
+    /// last rebase.
+    base: Option<Duration>,
+    /// The queue of the latest RTT sample.
+    last_queue: Duration,
+    /// A drain ended and the next evidence has not yet said whether the queue was ours.
+    judging_drain: bool,
+    /// The most queue the drain's packets showed (while draining, or when it began).
+    drained_queue: Duration,
+    /// The next packet leaves after a drain: the gap before it is ours, not the path's.
+    resuming: bool,
+    probe: Option<Probe>,
+    next_probe_at: Option<Instant>,
+    probe_interval: Duration,
+    next_pn: u64,
+    /// A pause the pacer owes after a probe.
+    pause: Option<Duration>,
+    /// The ACK being processed acknowledged a packet sent after an idle gap.
+    event_app_limited: bool,
+    last_sent: Option<Instant>,
+    last_app_limited: Option<Instant>,
+    sent_log: SentLog,
+    /// The largest packet number the peer acknowledged.
+    largest_acked: u64,
+    stats: CapacityStats,
+}
+
+impl Adaptive {
+    pub fn new(cfg: &Config) -> Self {
+        let ceiling = cfg.rate_bps as f64;
+        Adaptive {
+            ceiling,
+            estimate: ceiling,
+            mtu: cfg.mtu as u64,
+            ack_every: cfg.ack.every_packets.max(1),
+            state: State::Cruise,
+            meter: DeliveryMeter::default(),
+            evidence: QueueEvidence::default(),
+            base: None,
+            last_queue: Duration::ZERO,
+            judging_drain: false,
+            drained_queue: Duration::ZERO,
+            resuming: false,
+            probe: None,
+            next_probe_at: None,
+            probe_interval: Duration::ZERO,
+            next_pn: 0,
+            pause: None,
+            event_app_limited: false,
+            last_sent: None,
+            last_app_limited: None,
+            sent_log: SentLog::default(),
+            largest_acked: 0,
+            stats: CapacityStats::default(),
+        }
+    }
+
+    fn packet_time(&self, rate: f64) -> Duration {
+        transmission_time(self.mtu, rate as u64)
+    }
+
+    fn base_or(&self, rtt: &RttEstimator) -> Duration {
+        self.base.unwrap_or_else(|| rtt.min())
+    }
+
+    /// A quarter of the base RTT within bounds: long enough for a standing queue to show in
+    /// every sample, short next to the round trip it must react within.
+    fn quarter_rtt(&self, rtt: &RttEstimator, min: Duration, max: Duration) -> Duration {
+        (self.base_or(rtt) / 4).clamp(min, max)
+    }
+
+    fn q_high(&self) -> Duration {
+        Q_FLOOR.max(self.packet_time(self.estimate).mul_f64(Q_PACKETS))
+    }
+
+    fn span(&self, rtt: &RttEstimator) -> Duration {
+        let by_acks = self.meter.ack_interval().unwrap_or_default() * SPAN_ACKS;
+        self.quarter_rtt(rtt, SPAN_MIN, SPAN_MAX).max(by_acks)
+    }
+
+    /// Bytes that fill the path at the estimate without a queue: the base RTT's worth plus
+    /// two packets. Packets the receiver holds before acknowledging count as ahead too, so a
+    /// drain to this leaves a gap of up to an ACK interval rather than a queue.
+    fn pipe_bytes(&self, rtt: &RttEstimator) -> u64 {
+        (self.estimate / 8.0 * self.base_or(rtt).as_secs_f64()) as u64 + 2 * self.mtu
+    }
+
+    fn floor(&self) -> f64 {
+        self.ceiling * FLOOR_FRACTION
+    }
+
+    /// Packets a measurement needs at least.
+    fn measure_packets(&self) -> u32 {
+        MEASURE_ACKS * self.ack_every
+    }
+
+    fn train_packets(&self) -> u32 {
+        let per_time = (self.ceiling / 8.0 * TRAIN_TIME.as_secs_f64() / self.mtu as f64) as u32;
+        per_time
+            .clamp(TRAIN_MIN, TRAIN_MAX)
+            .max(self.measure_packets())
+    }
+
+    fn probe_len(&self, rate: f64, rtt: &RttEstimator) -> Duration {
+        let packets = PROBE_PACKETS.max(f64::from(self.measure_packets()));
+        self.quarter_rtt(rtt, PROBE_MIN, PROBE_MAX)
+            .max(self.packet_time(rate).mul_f64(packets))
+    }
+
+    /// What the pacer should run at now.
+    fn current_rate(&self) -> f64 {
+        match self.state {
+            State::Probe { rate, .. } => rate,
+            State::Train { .. } => self.ceiling,
+            State::Cruise | State::Drain { .. } => self.estimate,
+        }
+    }
+
+    // ---- overload and drain -----------------------------------------------------------
+
+    /// The queue stood: take the delivery rate the span saw and drain.
+    fn overload(&mut self, now: Instant, rtt: &RttEstimator) {
+        if matches!(self.state, State::Drain { .. }) {
+            return;
+        }
+        let from = self.estimate;
+        self.measure_busy_path(now, from, rtt);
+        self.drained_queue = self.last_queue;
+        self.stats.drains += 1;
+        self.probe = None;
+        self.pause = None;
+        self.judging_drain = false;
+        // With nothing new sent, what is ahead of the latest ACK only shrinks: the drain
+        // ends within a round trip plus the queue. The bound is for ACKs that never come
+        // (an outage, which has its own handling).
+        let path = rtt.smoothed().max(rtt.latest()).max(self.base_or(rtt));
+        self.state = State::Drain {
+            until: now + path * 4 + DRAIN_SLACK,
+            from,
+        };
+        self.probe_interval = self.base_or(rtt).max(PROBE_MIN);
+        self.next_probe_at = Some(now + self.probe_interval);
+    }
+
+    /// Takes the delivery rate of the last span for the capacity: the bottleneck was busy
+    /// throughout it (a queue stood, or was draining), so that is what it carries for us,
+    /// lower or (after a partly failed probe) higher than we thought. When the path has
+    /// just slowed, the span's older ACKs still report the old rate: the newer half of the
+    /// span, where it holds enough ACKs, is the purer measure, and the lower counts. One
+    /// overload cuts to a quarter of `from` (the estimate before it) at most.
+    fn measure_busy_path(&mut self, now: Instant, from: f64, rtt: &RttEstimator) {
+        let span = self.span(rtt);
+        let valid = |r: Option<Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
+        let whole = valid(self.meter.rate(now, span));
+        let recent = valid(self.meter.rate(now, span / 2));
+        let measured = match (whole, recent) {
+            (Some(w), Some(r)) => Some(w.min(r)),
+            (w, r) => w.or(r),
+        };
+        if let Some(bps) = measured {
+            let lowest = (from / MAX_CUT).max(self.floor());
+            self.estimate = bps.max(lowest).min(self.ceiling);
+        }
+    }
+
+    /// Whether the drain is done. What was sent after the latest packet the peer
+    /// acknowledged is in the pipe or the queue. Unlike bytes in flight, it does not shrink
+    /// when packets are declared lost: after a queue overflows, an ACK reports fewer holes
+    /// than there are and the sender takes delivered packets for lost while the queue is
+    /// still full.
+    fn drained(&self, rtt: &RttEstimator) -> bool {
+        self.sent_log.bytes_after(self.largest_acked) <= self.pipe_bytes(rtt)
+    }
+
+    fn continue_drain(&mut self, now: Instant, until: Instant, from: f64, rtt: &RttEstimator) {
+        // While the queue drains the bottleneck stays busy, and every ACK of a packet that
+        // waited in it reports the rate after whatever slowed the path: the estimate
+        // follows, so the drain ends at the pipe of the rate the path really has. Once the
+        // packets acknowledged no longer waited, the ACK pace is the sender's pause.
+        if self.last_queue > self.q_high() {
+            self.measure_busy_path(now, from, rtt);
+        }
+        if self.drained(rtt) || now >= until {
+            self.end_drain(rtt);
+        }
+    }
+
+    fn end_drain(&mut self, rtt: &RttEstimator) {
+        self.state = State::Cruise;
+        // The packets still on their way were the last sent before the drain: they waited
+        // behind the whole queue, which grew for up to a base RTT after the latest the
+        // drain saw. More than that is a path slowing down again.
+        let floor = self.drained_queue + self.q_high().max(self.base_or(rtt));
+        self.evidence.reset(self.next_pn, floor);
+        self.judging_drain = true;
+        self.resuming = true;
+    }
+
+    /// The path delivers clearly less than the estimate while a queue stands: it slowed
+    /// down. This is known as soon as the ACKs of the first packets it served slower come
+    /// back, before any packet sent at the current rate can show its queue (which takes a
+    /// round trip plus that queue).
+    fn deficit(&self, now: Instant, span: Duration) -> bool {
+        self.state == State::Cruise
+            && self
+                .evidence
+                .standing_any(now, span)
+                .is_some_and(|q| q > self.q_high())
+            && self
+                .meter
+                .rate(now, span)
+                .is_some_and(|r| !r.app_limited && r.bps < self.estimate * DEFICIT)
+    }
+
+    /// After a drain, a queue that stays is ours unless we are delivered what we send.
+    fn queue_is_ours(&self, now: Instant, span: Duration, rtt: &RttEstimator) -> bool {
+        self.meter
+            .rate(now, span.max(rtt.smoothed() / 2))
+            .is_none_or(|r| r.app_limited || r.bps < self.current_rate() * OWN_QUEUE_DELIVERY)
+    }
+
+    fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
+        self.base = Some(self.base_or(rtt) + standing);
+        self.stats.rebases += 1;
+        self.evidence.reset(self.next_pn, standing + self.q_high());
+    }
+
+    /// What the evidence of the last span calls for, outside a drain.
+    fn judge_evidence(&mut self, now: Instant, rtt: &RttEstimator) {
+        let span = self.span(rtt);
+        if self.evidence.grown(now, span).is_some() || self.deficit(now, span) {
+            self.overload(now, rtt);
+            return;
+        }
+        let Some(q) = self.evidence.standing(now, span) else {
+            return;
+        };
+        self.stats.queue_delay = q;
+        if q <= self.q_high() {
+            self.judging_drain = false;
+            self.maybe_probe(now, rtt);
+        } else if self.judging_drain && !self.queue_is_ours(now, span, rtt) {
+            self.judging_drain = false;
+            self.rebase(q, rtt);
+        } else {
+            self.overload(now, rtt);
+        }
+    }
+
+    // ---- probes -----------------------------------------------------------------------
+
+    fn maybe_probe(&mut self, now: Instant, rtt: &RttEstimator) {
+        if self.estimate >= self.ceiling
+            || self.probe.is_some()
+            || self.state != State::Cruise
+            || self.next_probe_at.is_some_and(|t| now < t)
+            || self
+                .last_app_limited
+                .is_some_and(|t| now.saturating_duration_since(t) < rtt.smoothed())
+            // Only while sending: a probe on an idle link would measure nothing.
+            || self
+                .last_sent
+                .is_none_or(|t| now.saturating_duration_since(t) > self.span(rtt))
+        {
+            return;
+        }
+        let rate = (self.estimate * PROBE_GAIN).min(self.ceiling);
+        self.state = State::Probe {
+            rate,
+            until: now + self.probe_len(rate, rtt),
+        };
+        self.probe = Some(Probe::new(rate, self.next_pn, false));
+        self.stats.probes += 1;
+    }
+
+    fn end_probe_if_due(&mut self, now: Instant, rtt: &RttEstimator) {
+        let State::Probe { rate, until } = self.state else {
+            return;
+        };
+        if now < until {
+            return;
+        }
+        self.state = State::Cruise;
+        // Give back what the probe sent above the estimate.
+        let extra = (rate / self.estimate.max(1.0) - 1.0).max(0.0);
+        self.pause = Some(self.probe_len(rate, rtt).mul_f64(extra));
+        if let Some(p) = self.probe.as_mut() {
+            p.last_pn = Some(self.next_pn.saturating_sub(1).max(p.first_pn));
+        }
+    }
+
+    /// Follows the probe through one ACK, dated by when its largest packet reached the peer
+    /// (its arrival less the delay the peer reports holding it: the last packets of a probe
+    /// are often acknowledged by the peer's timer, which would read as a slow path).
+    fn follow_probe(&mut self, now: Instant, summary: &AckSummary, rtt: &RttEstimator) {
+        let at = now.checked_sub(summary.ack_delay).unwrap_or(now);
+        let delivered = self.meter.delivered();
+        let Some(p) = self.probe.as_mut() else {
+            return;
+        };
+        if !p.on_ack(at, delivered, summary.largest_acked) {
+            return;
+        }
+        let p = *p;
+        self.probe = None;
+        if p.train {
+            self.judge_train(&p, now, rtt);
+        } else {
+            self.judge_probe(&p, now, rtt);
+        }
+    }
+
+    fn backoff(&mut self, now: Instant, rtt: &RttEstimator) {
+        let max = PROBE_INTERVAL_MAX.max(self.base_or(rtt));
+        self.probe_interval = (self.probe_interval * 2).max(self.base_or(rtt)).min(max);
+        self.next_probe_at = Some(now + self.probe_interval);
+    }
+
+    fn judge_probe(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
+        let Some(v) = p.verdict(false, 4 * self.mtu) else {
+            // Too few ACKs to tell: try again later.
+            self.backoff(now, rtt);
+            return;
+        };
+        // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
+        // lower counts.
+        let rate = v.by_delay.map_or(v.by_acks, |d| d.min(v.by_acks));
+        if rate >= p.rate * PROBE_SUCCESS {
+            // The path carried all of it: probe again at once.
+            self.estimate = self.estimate.max(p.rate.min(rate)).min(self.ceiling);
+            self.probe_interval = Duration::ZERO;
+            self.next_probe_at = None;
+        } else if rate > self.estimate * PROBE_PARTIAL {
+            // It took more than the estimate but not all of the probe: its capacity.
+            self.estimate = rate.min(self.ceiling);
+            self.probe_interval = self.probe_interval.max(self.base_or(rtt));
+            self.next_probe_at = Some(now + self.probe_interval);
+        } else if p.app_limited {
+            self.next_probe_at = Some(now + self.probe_interval.max(self.base_or(rtt)));
+        } else {
+            self.backoff(now, rtt);
+        }
+    }
+
+    /// The train may only lower the estimate when both measures agree the path is slower,
+    /// without their last ACK and sample (one late ACK would move both), and the train
+    /// built a queue one can tell from timer noise, and it left within twice its planned
+    /// time (a stalled sender measures itself): a wrong start costs a correctly provisioned
+    /// link its first round trips.
+    fn judge_train(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
+        let Some(v) = p.verdict(true, 4 * self.mtu) else {
+            return;
+        };
+        let rate = v.by_delay.map_or(v.by_acks, |d| d.max(v.by_acks));
+        let queued = v.growth.is_some_and(|g| g >= TRAIN_QUEUE_GROWTH);
+        let planned = self
+            .packet_time(p.rate)
+            .mul_f64(f64::from(self.train_packets()));
+        let took = p
+            .sent
+            .map_or(Duration::MAX, |(a, b)| b.saturating_duration_since(a));
+        if rate < p.rate * TRAIN_LOWERS_BELOW && queued && took <= planned * 2 + TRAIN_SLACK {
+            self.estimate = rate.max(self.floor());
+            self.next_probe_at = Some(now + self.base_or(rtt));
+        }
+    }
+}
+
+impl CongestionController for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn window(&self, rtt: &RttEstimator) -> u64 {
+        // Nothing new while draining: the window of what is in flight would count packets
+        // declared lost that may still sit in the queue. The drain may end without another
+        // ACK (the last one acknowledged everything): then the window opens again and the
+        // next packet sent ends it.
+        if matches!(self.state, State::Drain { .. }) && !self.drained(rtt) {
+            return 0;
+        }
+        let path = rtt.smoothed().max(self.base_or(rtt)).as_secs_f64();
+        (self.estimate / 8.0 * path * SAFETY_PIPES) as u64 + 16 * self.mtu
+    }
+
+    fn pacing_rate(&self, _rtt: &RttEstimator) -> u64 {
+        self.current_rate().max(8.0 * self.mtu as f64) as u64
+    }
+
+    fn on_established(&mut self, _now: Instant) {
+        self.state = State::Train {
+            left: self.train_packets(),
+        };
+        self.probe = Some(Probe::new(self.ceiling, self.next_pn, true));
+    }
+
+    fn on_restart(&mut self) {
+        // The estimate and the base RTT are the path's; everything keyed by packet numbers
+        // is the old association's.
+        self.state = State::Cruise;
+        self.evidence.reset(0, Duration::MAX);
+        self.judging_drain = false;
+        self.resuming = false;
+        self.probe = None;
+        self.next_probe_at = None;
+        self.probe_interval = Duration::ZERO;
+        self.next_pn = 0;
+        self.pause = None;
+        self.event_app_limited = false;
+        self.last_sent = None;
+        self.last_app_limited = None;
+        self.sent_log = SentLog::default();
+        self.largest_acked = 0;
+    }
+
+    fn wants_padding(&self) -> bool {
+        matches!(self.state, State::Train { .. })
+    }
+
+    fn take_pause(&mut self) -> Option<Duration> {
+        self.pause.take()
+    }
+
+    fn on_sent(&mut self, now: Instant, sent: SentInfo, rtt: &RttEstimator) {
+        if matches!(self.state, State::Drain { .. }) && self.drained(rtt) {
+            self.end_drain(rtt);
+        }
+        let app_limited = sent.app_limited && !std::mem::take(&mut self.resuming);
+        self.next_pn = self.next_pn.max(sent.pn + 1);
+        self.last_sent = Some(now);
+        if sent.ack_eliciting {
+            self.sent_log.on_sent(sent.pn, sent.wire_bytes);
+        }
+        if let Some(p) = self.probe.as_mut() {
+            p.on_sent(now, sent.pn, app_limited);
+        }
+        if app_limited {
+            self.last_app_limited = Some(now);
+        } else {
+            let rate = self.current_rate();
+            let busy = transmission_time(sent.wire_bytes, rate as u64);
+            if rate < self.ceiling {
+                self.stats.limited_by_estimate += busy;
+            } else {
+                self.stats.limited_by_ceiling += busy;
+            }
+        }
+        if let State::Train { left } = self.state {
+            if left <= 1 {
+                self.state = State::Cruise;
+                if let Some(p) = self.probe.as_mut() {
+                    p.last_pn = Some(sent.pn);
+                }
+            } else {
+                self.state = State::Train { left: left - 1 };
+            }
+        }
+        self.end_probe_if_due(now, rtt);
+    }
+
+    fn on_ack(&mut self, now: Instant, acked: AckedPacket, rtt: &RttEstimator) {
+        self.meter.add(acked.bytes);
+        self.event_app_limited |= acked.app_limited;
+        let Some(sample) = acked.rtt_sample else {
+            return;
+        };
+        if let Some(p) = self.probe.as_mut() {
+            p.on_sample(acked.pn, (acked.sent_at, sample));
+        }
+        // The estimator ages its minimum; follow it up when it does.
+        let base = match self.base {
+            Some(b) if b >= rtt.min() => b.min(sample),
+            _ => rtt.min().min(sample),
+        };
+        self.base = Some(base);
+        self.last_queue = sample.saturating_sub(base);
+        if matches!(self.state, State::Drain { .. }) {
+            self.drained_queue = self.drained_queue.max(self.last_queue);
+        }
+        let span = self.span(rtt);
+        self.evidence.add(now, acked.pn, self.last_queue, span);
+    }
+
+    fn on_corruption_loss(&mut self, wire_bytes: u64) {
+        self.meter.add(wire_bytes);
+    }
+
+    fn on_ack_done(&mut self, now: Instant, summary: AckSummary, rtt: &RttEstimator) {
+        self.sent_log.forget_before(summary.largest_acked);
+        self.largest_acked = summary.largest_acked;
+        self.meter
+            .mark(now, std::mem::take(&mut self.event_app_limited));
+        self.follow_probe(now, &summary, rtt);
+        self.end_probe_if_due(now, rtt);
+        if let State::Drain { until, from } = self.state {
+            self.continue_drain(now, until, from, rtt);
+        } else {
+            self.judge_evidence(now, rtt);
+        }
+    }
+
+    fn on_congestion(&mut self, now: Instant, rtt: &RttEstimator) {
+        // A loss taken for congestion by delay evidence the classifier measures against a
+        // minimum RTT that takes a minute to age: after a LEO handover lengthened the path,
+        // corruption reads as congestion there. Only a queue this controller sees counts.
+        if self.last_queue > self.q_high() {
+            self.overload(now, rtt);
+        }
+    }
+
+    fn set_rate(&mut self, rate_bps: u64) {
+        // The operator knows the link's rate (the modem's ACM step): start from it.
+        self.ceiling = rate_bps as f64;
+        self.estimate = self.ceiling;
+        self.state = State::Cruise;
+        self.probe = None;
+        self.pause = None;
+        self.judging_drain = false;
+        self.evidence.reset(self.next_pn, Duration::MAX);
+    }
+
+    fn capacity(&self, _rtt: &RttEstimator) -> CapacityStats {
+        CapacityStats {
+            estimate_bps: self.estimate as u64,
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(pn: u64) -> SentInfo {
+        SentInfo {
+            pn,
+            wire_bytes: 1500,
+            ack_eliciting: true,
+            app_limited: false,
+        }
+    }
+
+    fn acked(pn: u64, at: Instant, rtt: Duration) -> AckedPacket {
+        AckedPacket {
+            pn,
+            bytes: 1500,
+            rtt_sample: Some(rtt),
+            next_pn: pn + 1,
+            sent_at: at,
+            app_limited: false,
+        }
+    }
+
+    #[test]
+    fn a_restart_forgets_the_old_packet_numbers() {
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let rtt = RttEstimator::new(Duration::from_millis(600));
+        let t0 = Instant::now();
+        for pn in 0..1000 {
+            a.on_sent(t0, sent(pn), &rtt);
+        }
+        a.on_restart();
+        a.on_established(t0);
+        assert!(a.wants_padding());
+        // The new association numbers from 0, and so do the train and what is ahead.
+        assert_eq!(a.probe.map(|p| p.first_pn), Some(0));
+        for pn in 0..5 {
+            a.on_sent(t0, sent(pn), &rtt);
+        }
+        assert_eq!(a.sent_log.bytes_after(0), 4 * 1500);
+        assert_eq!(a.next_pn, 5);
+    }
+
+    #[test]
+    fn a_congestion_loss_without_a_queue_changes_nothing() {
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let mut rtt = RttEstimator::new(Duration::from_millis(600));
+        let t0 = Instant::now();
+        let base = Duration::from_millis(600);
+        for pn in 0..50u64 {
+            let now = t0 + Duration::from_millis(pn);
+            a.on_sent(now, sent(pn), &rtt);
+            rtt.on_sample(now + base, base);
+            a.on_ack(now + base, acked(pn, now, base), &rtt);
+            let summary = AckSummary {
+                largest_acked: pn,
+                ack_delay: Duration::ZERO,
+            };
+            a.on_ack_done(now + base, summary, &rtt);
+        }
+        a.on_congestion(t0 + base * 2, &rtt);
+        let c = a.capacity(&rtt);
+        assert_eq!((c.drains, c.estimate_bps), (0, 20_000_000));
+    }
+}

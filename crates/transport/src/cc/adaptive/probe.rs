@@ -1,0 +1,205 @@
+//! A measurement in flight: a probe above the estimate, or the establishment train. It is
+//! followed through the ACKs of its own packets and judged when its last is acknowledged.
+
+use std::time::{Duration, Instant};
+
+use crate::cc::delivery::bits_per_second;
+
+/// An ACK, dated by when its largest packet reached the peer, with the delivered total
+/// after it.
+type Dated = (Instant, u64);
+/// An RTT sample of one of the probe's packets: (sent at, RTT).
+type Sample = (Instant, Duration);
+
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    /// The rate it was sent at.
+    pub rate: f64,
+    pub first_pn: u64,
+    /// Set when it stops sending.
+    pub last_pn: Option<u64>,
+    /// The establishment train: its result may lower the estimate.
+    pub train: bool,
+    /// Some of it went out after an idle gap: it can show more capacity, never less.
+    pub app_limited: bool,
+    /// When its first and latest packets left.
+    pub sent: Option<(Instant, Instant)>,
+    /// The first ACK of its packets; the latest that acknowledged nothing sent after it,
+    /// and the one before that.
+    start: Option<Dated>,
+    end: Option<Dated>,
+    before_end: Option<Dated>,
+    /// RTT samples of its earliest packet, its latest, and the one before the latest.
+    first_sample: Option<Sample>,
+    last_sample: Option<Sample>,
+    before_last_sample: Option<Sample>,
+}
+
+/// What a finished probe says, by two measures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    /// Delivered bytes over the time between its first and last ACK: ACKs that bunch up
+    /// on the way back make it read high.
+    pub by_acks: f64,
+    /// A queue that grew by `g` while the probe sent for `t` at rate R means the path
+    /// carried R / (1 + g/t): a delayed ACK makes it read low.
+    pub by_delay: Option<f64>,
+    /// How much longer the queue was for its latest packet than for its first.
+    pub growth: Option<Duration>,
+}
+
+impl Probe {
+    pub fn new(rate: f64, first_pn: u64, train: bool) -> Probe {
+        Probe {
+            rate,
+            first_pn,
+            last_pn: None,
+            train,
+            app_limited: false,
+            sent: None,
+            start: None,
+            end: None,
+            before_end: None,
+            first_sample: None,
+            last_sample: None,
+            before_last_sample: None,
+        }
+    }
+
+    pub fn covers(&self, pn: u64) -> bool {
+        pn >= self.first_pn && self.last_pn.is_none_or(|l| pn <= l)
+    }
+
+    pub fn on_sent(&mut self, now: Instant, pn: u64, app_limited: bool) {
+        if self.last_pn.is_some() {
+            return;
+        }
+        let first = self.sent.map_or(now, |(a, _)| a);
+        self.sent = Some((first, now));
+        // A gap before its first packet is outside what it measures (from its first ACK).
+        self.app_limited |= app_limited && pn > self.first_pn;
+    }
+
+    pub fn on_sample(&mut self, pn: u64, sample: Sample) {
+        if !self.covers(pn) {
+            return;
+        }
+        self.first_sample.get_or_insert(sample);
+        self.before_last_sample = self.last_sample;
+        self.last_sample = Some(sample);
+    }
+
+    /// Follows one ACK (dated `at`, with `delivered` after it, acknowledging up to
+    /// `largest_acked`). Returns whether the probe is finished. Only ACKs within its packets
+    /// count: the one that also acknowledges packets sent after it may have waited for
+    /// them.
+    pub fn on_ack(&mut self, at: Instant, delivered: u64, largest_acked: u64) -> bool {
+        if largest_acked < self.first_pn {
+            return false;
+        }
+        if self.last_pn.is_none_or(|l| largest_acked <= l) {
+            if self.start.is_none() {
+                self.start = Some((at, delivered));
+            } else {
+                self.before_end = self.end;
+                self.end = Some((at, delivered));
+            }
+        }
+        self.last_pn.is_some_and(|l| largest_acked >= l)
+    }
+
+    /// Both measures, from the first ACK and sample to the last; or, with `trim`, to the
+    /// ones before the last where there are such, so one late final ACK cannot move both.
+    /// `None` when fewer than `min_bytes` were delivered between its ACKs.
+    pub fn verdict(&self, trim: bool, min_bytes: u64) -> Option<Verdict> {
+        let end = if trim {
+            self.before_end
+                .filter(|e| Some(*e) != self.start)
+                .or(self.end)
+        } else {
+            self.end
+        };
+        let last = if trim {
+            self.before_last_sample
+                .filter(|s| Some(*s) != self.first_sample)
+                .or(self.last_sample)
+        } else {
+            self.last_sample
+        };
+        let ((t0, d0), (t1, d1)) = self.start.zip(end)?;
+        let bytes = d1.saturating_sub(d0);
+        if bytes < min_bytes {
+            return None;
+        }
+        let by_acks = bits_per_second(bytes, t1.saturating_duration_since(t0))?;
+        let samples = self.first_sample.zip(last);
+        let growth = samples.map(|((_, r0), (_, r1))| r1.saturating_sub(r0));
+        let by_delay = samples.and_then(|((s0, _), (s1, _))| {
+            let span = s1.saturating_duration_since(s0).as_secs_f64();
+            let g = growth?.as_secs_f64();
+            (span > 0.0).then(|| self.rate / (1.0 + g / span))
+        });
+        Some(Verdict {
+            by_acks,
+            by_delay,
+            growth,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measures_the_acks_and_the_queue_of_its_own_packets() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // 20 packets at 20 Mb/s into a 10 Mb/s path: 1250 bytes each, so every ACK of 2
+        // packets comes 2 ms after the last, and each packet queues 0.5 ms longer.
+        let mut p = Probe::new(20e6, 100, false);
+        for i in 0..20u64 {
+            p.on_sent(t0 + Duration::from_micros(500 * i), 100 + i, false);
+        }
+        p.last_pn = Some(119);
+        let mut delivered = 0;
+        let mut done = false;
+        for k in 0..10u64 {
+            delivered += 2500;
+            let pn = 101 + 2 * k;
+            let sent = t0 + Duration::from_micros(500 * (pn - 100));
+            p.on_sample(
+                pn,
+                (sent, ms(600) + Duration::from_micros(500 * (pn - 100))),
+            );
+            done = p.on_ack(t0 + ms(600 + 2 * k), delivered, pn);
+        }
+        assert!(done);
+        let v = p.verdict(false, 0).expect("verdict");
+        // 9 ACK intervals of 2 ms carried 9 × 2500 bytes: 10 Mb/s.
+        assert!((v.by_acks - 10e6).abs() < 1.0, "{v:?}");
+        // The queue grew 9 ms over 9 ms of sending at 20 Mb/s: 10 Mb/s.
+        assert!((v.by_delay.expect("delay") - 10e6).abs() < 1.0, "{v:?}");
+        assert_eq!(v.growth, Some(ms(9)));
+        // Without the last ACK and sample: the same rates from one interval less.
+        let t = p.verdict(true, 0).expect("trimmed");
+        assert!((t.by_acks - 10e6).abs() < 1.0, "{t:?}");
+        assert_eq!(t.growth, Some(ms(8)));
+        assert!(p.verdict(false, 1_000_000).is_none());
+    }
+
+    #[test]
+    fn an_ack_that_also_covers_later_packets_does_not_count() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = Probe::new(20e6, 10, false);
+        p.last_pn = Some(19);
+        assert!(!p.on_ack(t0, 0, 9));
+        assert!(!p.on_ack(t0 + ms(1), 1000, 12));
+        assert!(!p.on_ack(t0 + ms(2), 2000, 16));
+        // Acknowledges 19 and the packets after it, held back by the peer's timer.
+        assert!(p.on_ack(t0 + ms(50), 5000, 25));
+        let v = p.verdict(false, 0).expect("verdict");
+        assert!((v.by_acks - 8e6).abs() < 1.0, "{v:?}");
+    }
+}
