@@ -17,10 +17,11 @@ use crate::udp::IPV4_UDP_OVERHEAD;
 use crate::xfer::{client, server::Server, Amount, Outcome, Workload};
 use crate::{addr, in_netns, Error};
 
-/// TCP port of the cross-traffic server; the testbed's interception rules leave it alone.
-pub const CROSS_TCP_PORT: u16 = 5002;
+/// TCP port of the cross-traffic server; the testbed's interception rules leave it alone
+/// (away from the ports tests serve on, which rely on pepd carrying them).
+pub const CROSS_TCP_PORT: u16 = 5801;
 /// UDP port the cross stream is sent to on the client.
-pub const CROSS_UDP_PORT: u16 = 5003;
+pub const CROSS_UDP_PORT: u16 = 5802;
 /// Bytes on the wire per cross datagram (IPv4 + UDP + payload).
 const UDP_WIRE_BYTES: usize = 1250;
 

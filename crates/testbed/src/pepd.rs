@@ -8,7 +8,7 @@
 //!   1. `meta l4proto tcp socket transparent 1 meta mark set 0x1 accept` — a packet that
 //!      belongs to a socket with IP_TRANSPARENT (an intercepted connection pepd accepted, or
 //!      an upstream connection pepd opened from the client's address) gets mark 1;
-//!   2. `iifname "lan0" tcp dport 5002 accept` — the cross-traffic port ([`crate::cross`]):
+//!   2. `iifname "lan0" tcp dport 5801 accept` — the cross-traffic port ([`crate::cross`]):
 //!      a plain TCP flow that competes with pepd's on the link is routed, not intercepted;
 //!   3. `iifname "lan0" meta l4proto tcp ct direction original tproxy to :7000 meta mark
 //!      set 0x1 accept` — any other TCP a LAN host originates is handed to pepd's listener
