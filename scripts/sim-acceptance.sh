@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 cargo build --release -q -p pep-sim
 SIM="${CARGO_TARGET_DIR:-target}/release/pep-sim"
 fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 # check NAME PYTHON_EXPR_ON_r PRINT_EXPR -- ARGS...
 check() {
@@ -115,6 +117,60 @@ check "LEO 100/20M, delay steps every 15 s with 100-200 ms outages: >=0.9 of the
     'r["efficiency_of_capacity"]>=0.9 and r["intact"]' "$leo" -- \
     --rate-bps 100000000 --return-rate-bps 20000000 --delay-ms 20 --seconds 60 --start-after-s 1 \
     --delay-schedule 0:20,15:35,30:25,45:40 --outage 15+0.1 --outage 30+0.2 --outage 45+0.15
+
+# Issue 17: a datagram size that follows the error rate. "Today" is the same run with every
+# data datagram as large as the MTU allows (`--datagram-size mtu`).
+lawson=(--rate-bps 1544000 --delay-ms 285 --seconds 300)
+size='"goodput=%.3fMb/s datagram=%d changes=%d intact=%s" % (r["goodput_bps"]/1e6, r["datagram_size"], r["datagram_size_changes"], r["intact"])'
+check "lawson ber=1e-4: goodput>=0.90Mb/s (0.44 at the MTU's size)" 'r["goodput_bps"]>=0.90e6 and r["intact"]' "$size" -- "${lawson[@]}" --ber 1e-4
+check "lawson ber=3e-5: goodput>=1.15Mb/s (1.03 at the MTU's size)" 'r["goodput_bps"]>=1.15e6 and r["intact"]' "$size" -- "${lawson[@]}" --ber 3e-5
+mtu_goodput() { "$SIM" bulk "$@" --datagram-size mtu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["goodput_bps"])'; }
+for ber in 0 1e-7 1e-6 1e-5; do
+    today=$(mtu_goodput "${lawson[@]}" --ber "$ber")
+    check "lawson ber=$ber: goodput>=0.99 x the MTU's size ($today)" "r['goodput_bps']>=0.99*$today and r['intact']" "$size" -- "${lawson[@]}" --ber "$ber"
+done
+# Losses that do not depend on size (whole frames, bursty): the size stays the MTU's.
+for ge in 0.001,0.1 0.01,0.1; do
+    today=$(mtu_goodput "${lawson[@]}" --ge "$ge")
+    check "lawson ge=$ge (size-independent bursts): size stays the MTU's, goodput>=0.99 x ($today)" \
+        "r['datagram_size']==1456 and r['goodput_bps']>=0.99*$today and r['intact']" "$size" -- "${lawson[@]}" --ge "$ge"
+done
+# BER stepping 1e-6 -> 1e-4 -> 1e-6 every 60 s: the size settles within 10 s of each step
+# with no two changes closer than 2 s, and each phase's goodput is within
+# 10 % of the best fixed size's for that phase.
+steps=(--rate-bps 1544000 --delay-ms 285 --seconds 180 --ber-schedule 0:1e-6,60:1e-4,120:1e-6 --timeline)
+"$SIM" bulk "${steps[@]}" --json >"$tmp/adaptive.json"
+for d in 1456 1000 700 500 400 300 240 200; do
+    "$SIM" bulk "${steps[@]}" --datagram-size "$d" --json >"$tmp/fixed-$d.json"
+done
+verdict=$(python3 - "$tmp" <<'PY'
+import glob, json, sys
+tmp = sys.argv[1]
+def phases(r):
+    rows = r["timeline"]
+    # Each phase's goodput after its first 10 s (the settling time allowed).
+    return [sum(x["goodput_mbps"] for x in rows if lo + 10 <= x["t"] < hi) /
+            max(1, sum(1 for x in rows if lo + 10 <= x["t"] < hi)) for lo, hi in [(0, 60), (60, 120), (120, 180)]]
+a = json.load(open(f"{tmp}/adaptive.json"))
+fixed = {int(f.split("-")[-1].split(".")[0]): phases(json.load(open(f))) for f in glob.glob(f"{tmp}/fixed-*.json")}
+mine = phases(a)
+best = [max(v[i] for v in fixed.values()) for i in range(3)]
+rows = a["timeline"]
+sizes = [(x["t"], x["datagram_size"]) for x in rows]
+changes = [t for (t, s), (_, prev) in zip(sizes[1:], sizes) if s != prev]
+settle = []
+for step in (60, 120):
+    after = [t - step for t in changes if step <= t < step + 60]
+    settle.append(max(after) if after else 0.0)
+# One change per decision interval at most: the closest two changes (timeline rows are 100 ms).
+closest = min((b - t for t, b in zip(changes, changes[1:])), default=60.0)
+ok = all(m >= 0.9 * b for m, b in zip(mine, best)) and all(s <= 10 for s in settle) and closest >= 1.9 and a["intact"]
+print(("PASS" if ok else "FAIL") + "\tadaptive " + str([round(m, 3) for m in mine]) + " best fixed " + str([round(b, 3) for b in best]) +
+      " (" + str([max(fixed, key=lambda d: fixed[d][i]) for i in range(3)]) + " bytes) settled " + str([round(s, 1) for s in settle]) + " s after each step, closest changes " + str(round(closest, 1)) + " s apart")
+PY
+)
+printf '%s\t%s\t%s\n' "${verdict%%$'\t'*}" "BER steps 1e-6/1e-4/1e-6 every 60 s: settles within 10 s, changes >=2 s apart, each phase within 10 % of the best fixed size: ${verdict#*$'\t'}" "pep-sim bulk ${steps[*]} --json (and --datagram-size 1456..200)"
+[[ $verdict == PASS* ]] || fails=$((fails + 1))
 
 echo "failed checks: $fails"
 exit $((fails > 0))

@@ -179,6 +179,10 @@ pub struct LinkConfig {
     /// Largest IP packet on the satellite hop.
     #[serde(default = "default_mtu")]
     pub mtu: usize,
+    /// Bytes the link layer adds to each packet (encapsulation such as GSE); counted when
+    /// the datagram size follows the error rate.
+    #[serde(default)]
+    pub frame_overhead: usize,
 }
 
 fn default_mtu() -> usize {
@@ -191,6 +195,16 @@ pub enum CcModeName {
     Adaptive,
     Rate,
     Vegas,
+}
+
+/// How big the tunnel's data datagrams are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatagramSizeName {
+    /// Follow the error rate: smaller on a link whose bit errors grow with size.
+    Adaptive,
+    /// Always as large as `link.mtu` allows.
+    Mtu,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -220,6 +234,7 @@ pub struct TransportConfig {
     /// How far the pacer may fall behind (a late timer) and catch up back to back.
     #[serde(with = "humantime_serde")]
     pub pacing_burst: Duration,
+    pub datagram_size: DatagramSizeName,
 }
 
 impl Default for TransportConfig {
@@ -236,6 +251,7 @@ impl Default for TransportConfig {
             outage_limit: t.outage_limit,
             keepalive: t.keepalive_interval,
             pacing_burst: Duration::from_millis(2),
+            datagram_size: DatagramSizeName::Adaptive,
         }
     }
 }
@@ -470,6 +486,11 @@ impl PepdConfig {
         c.keepalive_interval = t.keepalive;
         c.pacing_burst = t.pacing_burst;
         c.mtu = self.link.mtu;
+        c.frame_overhead = self.link.frame_overhead;
+        c.datagram_size = match t.datagram_size {
+            DatagramSizeName::Adaptive => pep_transport::SizeMode::Adaptive,
+            DatagramSizeName::Mtu => pep_transport::SizeMode::Fixed(usize::MAX),
+        };
         c.wire_overhead = match self.peer.address {
             SocketAddr::V4(_) => 20 + 8,
             SocketAddr::V6(_) => 40 + 8,

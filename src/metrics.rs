@@ -241,6 +241,30 @@ impl Collector for SnapshotCollector {
                 ("rebase", cap.rebases),
             ],
         )?;
+        gauge(
+            e,
+            "datagram_size",
+            "Bytes the tunnel's data datagrams are cut to now (they follow the error rate)",
+            bytes,
+            st.datagram_size,
+        )?;
+        counter(
+            e,
+            "datagram_size_changes",
+            "Times the data datagram size changed",
+            None,
+            st.datagram_size_changes,
+        )?;
+        let classes = corruption_by_size_class(&st.corruption_by_size);
+        let labelled: Vec<(&str, f64)> = classes.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        gauge_family(
+            e,
+            "corruption_loss_ratio",
+            "Fraction of recent data packets of each size on the link lost to corruption (what the datagram size is chosen from)",
+            None,
+            "size",
+            &labelled,
+        )?;
         // u64::MAX means "no window" (rate mode): an absent series says that, a huge number
         // would wreck every graph it appears on.
         if st.cwnd_bytes != u64::MAX {
@@ -571,6 +595,34 @@ fn gauge_family<V: EncodeGaugeValue + Copy>(
 mod tests;
 
 /// Every reason a received datagram is dropped, with its count.
+/// Width of the size classes the metrics report corruption by: coarser than the sender's
+/// own, so the series stay few.
+const SIZE_CLASS_BYTES: usize = 256;
+
+/// The sender's corruption by size folded into `SIZE_CLASS_BYTES` classes labelled by their
+/// range ("256-511"); each a loss ratio weighted by its packets.
+fn corruption_by_size_class(
+    classes: &[pep_transport::datagram_size::ClassLoss],
+) -> Vec<(String, f64)> {
+    let mut folded: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
+    for c in classes {
+        let e = folded.entry(c.from_bytes / SIZE_CLASS_BYTES).or_default();
+        e.0 += c.resolved;
+        e.1 += c.resolved * c.loss;
+    }
+    folded
+        .into_iter()
+        .filter(|(_, (resolved, _))| *resolved > 0.0)
+        .map(|(k, (resolved, lost))| {
+            let from = k * SIZE_CLASS_BYTES;
+            (
+                format!("{from}-{}", from + SIZE_CLASS_BYTES - 1),
+                lost / resolved,
+            )
+        })
+        .collect()
+}
+
 fn dropped_by_reason(st: &pep_transport::Stats, foreign: u64) -> Vec<(&'static str, u64)> {
     let mut v = vec![
         ("malformed", st.malformed_dropped),

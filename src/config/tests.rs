@@ -200,7 +200,7 @@ fn unknown_key_names_key_and_exact_line() {
         d.to_string(),
         "test.toml line 9: unknown key `transport.foo` (expected one of `cc`, `vegas_alpha`, \
          `vegas_beta`, `vegas_gamma`, `loss_default`, `ack_every_packets`, `ack_max_delay`, \
-         `outage_limit`, `keepalive`, `pacing_burst`)"
+         `outage_limit`, `keepalive`, `pacing_burst`, `datagram_size`)"
     );
     // A section with a single key: serde words the list differently.
     assert_parse_error(
@@ -236,7 +236,8 @@ fn unknown_section_and_nested_keys() {
     assert_parse_error(
         &min_with("log.colour = true\n"),
         Some("link.log"),
-        "test.toml line 7: unknown key `link.log` (expected one of `tx_rate`, `rx_rate`, `mtu`)",
+        "test.toml line 7: unknown key `link.log` (expected one of `tx_rate`, `rx_rate`, `mtu`, \
+         `frame_overhead`)",
     );
     let inline = "peer = { address = \"198.18.0.1:7400\", side = \"hub\",\n\
                   prot = 1 }\n[link]\ntx_rate = 1\nrx_rate = 1\n";
@@ -512,6 +513,30 @@ fn mtu_range_and_ipv6_minimum() {
     let problems = invalid(&v6);
     assert_only(&problems, "link.mtu", at(5));
     assert!(problems[0].message.contains("1280"), "{}", problems[0]);
+}
+
+#[test]
+fn frame_overhead_bounded_and_datagram_size_named() {
+    let with_frame = |n: &str| MIN.replace("[link]\n", &format!("[link]\nframe_overhead = {n}\n"));
+    let problems = invalid(&with_frame("1025"));
+    assert_only(&problems, "link.frame_overhead", at(5));
+    assert!(problems[0].message.contains("1024"), "{}", problems[0]);
+    let c = PepdConfig::parse(&with_frame("1024")).expect("the bound is inclusive");
+    assert_eq!(c.transport().frame_overhead, 1024);
+    let mtu = PepdConfig::parse(&min_with("[transport]\ndatagram_size = \"mtu\"\n")).expect("mtu");
+    assert_eq!(
+        mtu.transport().datagram_size,
+        pep_transport::SizeMode::Fixed(usize::MAX)
+    );
+    assert_eq!(
+        PepdConfig::parse(MIN)
+            .expect("min")
+            .transport()
+            .datagram_size,
+        pep_transport::SizeMode::Adaptive
+    );
+    let d = parse_err(&min_with("[transport]\ndatagram_size = \"small\"\n"));
+    assert_one(&d, "transport.datagram_size", at(8));
 }
 
 #[test]
@@ -842,7 +867,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 41, "every key of the schema");
+    assert_eq!(count, 43, "every key of the schema");
 }
 
 // ---- [rules] ---------------------------------------------------------------------------

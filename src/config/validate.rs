@@ -16,6 +16,9 @@ const MAX_RATE_BPS: u64 = 100_000_000_000;
 const MIN_MTU: usize = 576;
 const MIN_MTU_V6: usize = 1280;
 const MAX_MTU: usize = 9000;
+/// Link-layer encapsulation beyond this per packet is not a satellite link's (GSE adds
+/// 2–10 bytes, an RCS2 burst header a few tens).
+const MAX_FRAME_OVERHEAD: usize = 1024;
 const MAX_ACK_DELAY: Duration = Duration::from_secs(1);
 const MIN_OUTAGE_LIMIT: Duration = Duration::from_secs(1);
 const MAX_PACING_BURST: Duration = Duration::from_millis(100);
@@ -242,6 +245,12 @@ impl PepdConfig {
                 format!("must be at least {MIN_MTU_V6} bytes with an IPv6 peer, not {mtu}"),
             );
         }
+        let frame = self.link.frame_overhead;
+        c.check(
+            frame <= MAX_FRAME_OVERHEAD,
+            "link.frame_overhead",
+            format!("must be at most {MAX_FRAME_OVERHEAD} bytes, not {frame}"),
+        );
     }
 
     fn check_transport(&self, c: &mut Checker<'_>) {
@@ -491,6 +500,7 @@ fn transport_key(field: &str, config: &PepdConfig) -> &'static str {
         "rate_bps" | "send_buffer" => "link.tx_rate",
         "flow_window" => "link.rx_rate",
         "mtu" => "link.mtu",
+        "frame_overhead" => "link.frame_overhead",
         "assoc_window" => "limits.memory_budget",
         "ack.every_packets" => "transport.ack_every_packets",
         "vegas" => "transport.vegas_alpha",

@@ -29,6 +29,25 @@ fn sample() -> Snapshot {
                 probes: 156,
                 rebases: 157,
             },
+            datagram_size: 158,
+            datagram_size_changes: 159,
+            corruption_by_size: vec![
+                pep_transport::datagram_size::ClassLoss {
+                    from_bytes: 256,
+                    resolved: 100.0,
+                    loss: 0.25,
+                },
+                pep_transport::datagram_size::ClassLoss {
+                    from_bytes: 320,
+                    resolved: 300.0,
+                    loss: 0.5,
+                },
+                pep_transport::datagram_size::ClassLoss {
+                    from_bytes: 1472,
+                    resolved: 10.0,
+                    loss: 0.75,
+                },
+            ],
             packets_sent: 101,
             wire_bytes_sent: 123_456_789_012_345,
             packets_received: 102,
@@ -264,6 +283,17 @@ fn encode_reports_every_value_exactly() {
         2_000_001.0
     );
     assert_eq!(v("pepd_queue_delay_seconds", &[]), 0.0125);
+    assert_eq!(v("pepd_datagram_size_bytes", &[]), 158.0);
+    assert_eq!(v("pepd_datagram_size_changes_total", &[]), 159.0);
+    // 256–511: (100 × 0.25 + 300 × 0.5) / 400.
+    assert_eq!(
+        v("pepd_corruption_loss_ratio", &[("size", "256-511")]),
+        0.4375
+    );
+    assert_eq!(
+        v("pepd_corruption_loss_ratio", &[("size", "1280-1535")]),
+        0.75
+    );
     assert_eq!(v("pepd_cwnd_bytes", &[]), 1_500_000.0);
     assert_eq!(v("pepd_in_flight_bytes", &[]), 750_001.0);
     assert_eq!(v("pepd_flows_active", &[]), 127.0);

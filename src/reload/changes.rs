@@ -79,10 +79,11 @@ impl RestartSetting {
     /// How the reload log names it.
     pub fn label(self) -> &'static str {
         match self {
-            RestartSetting::RxRateOrMtu => "link.rx_rate/mtu",
+            RestartSetting::RxRateOrMtu => "link.rx_rate/mtu/frame_overhead",
             RestartSetting::FlowBuffer => "limits.flow_buffer",
             RestartSetting::Transport => {
-                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst)"
+                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
+                 datagram_size)"
             }
             RestartSetting::Peer => "peer",
             RestartSetting::Intercept => "intercept",
@@ -134,11 +135,13 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             bind,
             side,
         },
-        link: LinkConfig {
-            tx_rate,
-            rx_rate,
-            mtu,
-        },
+        link:
+            LinkConfig {
+                tx_rate,
+                rx_rate,
+                mtu,
+                frame_overhead,
+            },
         transport:
             TransportConfig {
                 cc,
@@ -151,6 +154,7 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 outage_limit,
                 keepalive,
                 pacing_burst,
+                datagram_size,
             },
         limits:
             LimitsConfig {
@@ -232,6 +236,11 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             *rx_rate != r.link.rx_rate,
         ),
         key("link.mtu", Restart(R::RxRateOrMtu), *mtu != r.link.mtu),
+        key(
+            "link.frame_overhead",
+            Restart(R::RxRateOrMtu),
+            *frame_overhead != r.link.frame_overhead,
+        ),
         key("transport.cc", Restart(R::Transport), *cc != r.transport.cc),
         key(
             "transport.vegas_alpha",
@@ -277,6 +286,11 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             "transport.pacing_burst",
             Restart(R::Transport),
             *pacing_burst != r.transport.pacing_burst,
+        ),
+        key(
+            "transport.datagram_size",
+            Restart(R::Transport),
+            *datagram_size != r.transport.datagram_size,
         ),
         key(
             "limits.max_flows",
@@ -358,8 +372,8 @@ mod tests {
 
     use super::*;
     use crate::config::{
-        example_with_every_key, BitRate, ByteSize, CcModeName, FailMode, LossDefault, OverLimit,
-        SecurityMode, Side,
+        example_with_every_key, BitRate, ByteSize, CcModeName, DatagramSizeName, FailMode,
+        LossDefault, OverLimit, SecurityMode, Side,
     };
 
     fn every_key() -> PepdConfig {
@@ -426,6 +440,7 @@ mod tests {
                 "peer.side",
                 "link.rx_rate",
                 "link.mtu",
+                "link.frame_overhead",
                 "transport.cc",
                 "transport.vegas_alpha",
                 "transport.vegas_beta",
@@ -434,6 +449,7 @@ mod tests {
                 "transport.outage_limit",
                 "transport.keepalive",
                 "transport.pacing_burst",
+                "transport.datagram_size",
                 "limits.flow_buffer",
                 "metrics.listen",
                 "security.mode",
@@ -486,6 +502,7 @@ mod tests {
                 c.link.rx_rate = BitRate(c.link.rx_rate.0 + 1)
             }),
             ("link.mtu", |c| c.link.mtu -= 1),
+            ("link.frame_overhead", |c| c.link.frame_overhead += 1),
             ("transport.cc", |c| c.transport.cc = CcModeName::Vegas),
             ("transport.vegas_alpha", |c| c.transport.vegas_alpha += 0.5),
             ("transport.vegas_beta", |c| c.transport.vegas_beta += 0.5),
@@ -507,6 +524,9 @@ mod tests {
             }),
             ("transport.pacing_burst", |c| {
                 c.transport.pacing_burst += Duration::from_millis(1)
+            }),
+            ("transport.datagram_size", |c| {
+                c.transport.datagram_size = DatagramSizeName::Mtu
             }),
             ("limits.max_flows", |c| c.limits.max_flows += 1),
             ("limits.over_limit", |c| {
@@ -620,9 +640,10 @@ mod tests {
         assert_eq!(
             restart,
             [
-                "link.rx_rate/mtu",
+                "link.rx_rate/mtu/frame_overhead",
                 "limits.flow_buffer",
-                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst)",
+                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
+                 datagram_size)",
                 "peer",
                 "intercept",
                 "metrics",

@@ -77,6 +77,9 @@ pub struct LinkArgs {
     /// --ber-schedule for the return direction only.
     #[arg(long)]
     pub return_ber_schedule: Option<BerSchedule>,
+    /// Bytes the link layer adds to each packet (encapsulation), both directions.
+    #[arg(long)]
+    pub frame_overhead: Option<usize>,
     /// Seed of the impairment generators.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -125,6 +128,9 @@ impl LinkArgs {
             }
             if self.reorder {
                 d.reorder = true;
+            }
+            if let Some(f) = self.frame_overhead {
+                d.frame_overhead = f;
             }
             let rate = if both {
                 self.rate_schedule.as_ref()

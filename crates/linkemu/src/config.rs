@@ -24,6 +24,9 @@ pub struct DirectionConfig {
     pub rate_schedule: Schedule,
     /// One-way delay (ms) from each step on; `delay` before the first (LEO path changes).
     pub delay_schedule: Schedule,
+    /// Bytes the link layer adds to each packet (encapsulation such as GSE): they take
+    /// serialisation time and can be corrupted like the rest.
+    pub frame_overhead: usize,
 }
 
 impl Default for DirectionConfig {
@@ -37,6 +40,7 @@ impl Default for DirectionConfig {
             impairments: Impairments::default(),
             rate_schedule: Schedule::default(),
             delay_schedule: Schedule::default(),
+            frame_overhead: 0,
         }
     }
 }

@@ -87,15 +87,16 @@ impl Shaper {
             return Verdict::Drop(DropReason::Queue);
         }
         let tx_start = self.link_free.max(now);
-        let tx_end = tx_start + self.serialisation_time(len, tx_start);
+        let on_link = len + self.cfg.frame_overhead;
+        let tx_end = tx_start + self.serialisation_time(on_link, tx_start);
         // A corrupted or lost packet still used its slot on the wire.
         self.link_free = tx_end;
-        let fate = self.channel.judge(tx_start, len);
+        let fate = self.channel.judge(tx_start, on_link);
         self.timeline.record(
             now,
             tx_start - now,
             tx_end,
-            len as u64,
+            on_link as u64,
             fate == Fate::Delivered,
             false,
         );

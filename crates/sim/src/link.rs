@@ -19,6 +19,9 @@ pub struct LinkConfig {
     pub rate_schedule: Schedule,
     /// One-way delay (ms) from each step on; `delay` before the first (LEO path changes).
     pub delay_schedule: Schedule,
+    /// Bytes the link layer adds to each packet (encapsulation such as GSE): they take
+    /// link time and can be corrupted like the rest.
+    pub frame_overhead: u64,
 }
 
 impl LinkConfig {
@@ -31,6 +34,7 @@ impl LinkConfig {
             impairments: imp,
             rate_schedule: Schedule::default(),
             delay_schedule: Schedule::default(),
+            frame_overhead: 0,
         }
     }
 
@@ -137,7 +141,8 @@ impl Link {
         }
     }
 
-    fn offer_as(&mut self, now: Duration, wire_bytes: u64, cross: bool) -> Offer {
+    fn offer_as(&mut self, now: Duration, ip_bytes: u64, cross: bool) -> Offer {
+        let wire_bytes = ip_bytes + self.cfg.frame_overhead;
         while let Some(&(depart, bytes)) = self.in_queue.front() {
             if depart > now {
                 break;

@@ -11,7 +11,7 @@ use pep_sim::link::LinkConfig;
 use pep_sim::report;
 use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule, Schedule};
 use pep_sim::sim::{CrossTraffic, Interactive, Scenario, Simulation, Workload};
-use pep_transport::{CcMode, Config, LossCause, VegasParams};
+use pep_transport::{CcMode, Config, LossCause, SizeMode, VegasParams};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,23 @@ enum CcArg {
     Adaptive,
     Rate,
     Vegas,
+}
+
+#[derive(Clone, Copy)]
+struct DatagramSizeArg(SizeMode);
+
+impl std::str::FromStr for DatagramSizeArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "adaptive" => Ok(DatagramSizeArg(SizeMode::Adaptive)),
+            "mtu" => Ok(DatagramSizeArg(SizeMode::Fixed(usize::MAX))),
+            n => n
+                .parse()
+                .map(|n| DatagramSizeArg(SizeMode::Fixed(n)))
+                .map_err(|_| format!("{s:?}: expected adaptive, mtu or a number of bytes")),
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -69,6 +86,13 @@ struct BulkArgs {
     /// IP MTU of the path.
     #[arg(long, default_value_t = 1500)]
     mtu: usize,
+    /// Bytes the link layer adds to each packet (encapsulation); the senders know it.
+    #[arg(long, default_value_t = 0)]
+    frame_overhead: u64,
+    /// Datagram size: `adaptive` (follows the error rate), `mtu`, or a fixed number of bytes
+    /// the transport writes.
+    #[arg(long, default_value = "adaptive")]
+    datagram_size: DatagramSizeArg,
     /// Run for this many seconds of transfer.
     #[arg(long, conflicts_with = "bytes", required_unless_present = "bytes")]
     seconds: Option<f64>,
@@ -200,6 +224,7 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
         imp(a.ber, shifted(a.ber_schedule.as_ref().map(|s| &s.0))),
     );
     forward.rate_schedule = shifted(a.rate_schedule.as_ref().map(|s| &s.0));
+    forward.frame_overhead = a.frame_overhead;
     forward.delay_schedule = shifted(a.delay_schedule.as_ref().map(|s| &s.0));
     let mut ret = LinkConfig::fixed(
         return_rate,
@@ -208,6 +233,7 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
         imp(a.return_ber.unwrap_or(a.ber), Schedule::default()),
     );
     ret.delay_schedule = forward.delay_schedule.clone();
+    ret.frame_overhead = a.frame_overhead;
     if let Some(p) = a.outage_every {
         // The periodic outage counts from the link's start; keep it periodic and accept
         // that its phase includes the handshake.
@@ -217,6 +243,8 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
     let configure = |rate: u64| -> Config {
         let mut c = Config::for_rate(rate);
         c.mtu = a.mtu;
+        c.datagram_size = a.datagram_size.0;
+        c.frame_overhead = a.frame_overhead as usize;
         c.cc = match a.cc {
             CcArg::Adaptive => CcMode::Adaptive,
             CcArg::Rate => CcMode::Rate,

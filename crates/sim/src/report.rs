@@ -40,6 +40,9 @@ pub struct TimelineRow {
     pub cross_mbps: f64,
     pub queue_max_ms: f64,
     pub estimate_mbps: f64,
+    /// Stream bytes read at the receivers, as a rate.
+    pub goodput_mbps: f64,
+    pub datagram_size: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -105,6 +108,9 @@ pub struct Report {
     pub interactive: Option<InteractiveReport>,
     pub step_responses: Vec<StepResponse>,
     pub capacity: CapacityReport,
+    /// The first sender's datagram size at the end, and how often it changed.
+    pub datagram_size: u64,
+    pub datagram_size_changes: u64,
     pub timeline: Option<Vec<TimelineRow>>,
     pub sim_seconds: f64,
     pub cpu_seconds: f64,
@@ -219,6 +225,8 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             cross_mbps: b.cross_bytes as f64 * 8.0 / secs / 1e6,
             queue_max_ms: b.queue_max_ms,
             estimate_mbps: out.estimates.get(i).copied().unwrap_or(0) as f64 / 1e6,
+            goodput_mbps: out.payload.get(i).copied().unwrap_or(0) as f64 * 8.0 / secs / 1e6,
+            datagram_size: out.datagram_sizes.get(i).copied().unwrap_or(0),
         })
         .collect();
     Report {
@@ -297,6 +305,8 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             limited_by_estimate_s: cap.limited_by_estimate.as_secs_f64(),
             limited_by_ceiling_s: cap.limited_by_ceiling.as_secs_f64(),
         },
+        datagram_size: a.first().map_or(0, |s| s.datagram_size),
+        datagram_size_changes: a.first().map_or(0, |s| s.datagram_size_changes),
         timeline: Some(timeline),
         sim_seconds: out.sim_end.as_secs_f64(),
         cpu_seconds,

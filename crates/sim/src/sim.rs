@@ -91,6 +91,10 @@ pub struct Outcome {
     pub interactive_latencies: Vec<Duration>,
     /// The first A side's capacity estimate (bit/s) at the start of each timeline bucket.
     pub estimates: Vec<u64>,
+    /// The first A side's datagram size at the start of each timeline bucket.
+    pub datagram_sizes: Vec<u64>,
+    /// Stream bytes the B sides read in each timeline bucket.
+    pub payload: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -200,6 +204,8 @@ pub struct Simulation {
     interactive_latencies: Vec<Duration>,
     interactive_corrupt: bool,
     estimates: Vec<u64>,
+    datagram_sizes: Vec<u64>,
+    payload: Vec<u64>,
 }
 
 /// Flow index (for its byte stream) of the interactive flow.
@@ -262,6 +268,8 @@ impl Simulation {
             interactive_latencies: Vec::new(),
             interactive_corrupt: false,
             estimates: Vec::new(),
+            datagram_sizes: Vec::new(),
+            payload: Vec::new(),
         })
     }
 
@@ -322,8 +330,9 @@ impl Simulation {
                     continue;
                 }
                 EvKind::Sample => {
-                    let est = self.nodes[0].assoc.stats().capacity.estimate_bps;
-                    self.estimates.push(est);
+                    let st = self.nodes[0].assoc.stats();
+                    self.estimates.push(st.capacity.estimate_bps);
+                    self.datagram_sizes.push(st.datagram_size);
                     self.push(self.now + BUCKET, EvKind::Sample);
                     continue;
                 }
@@ -580,6 +589,11 @@ impl Simulation {
                     }
                     let before = rx.received;
                     rx.received += bytes.len() as u64;
+                    let bucket = (now.as_nanos() / BUCKET.as_nanos()) as usize;
+                    if self.payload.len() <= bucket {
+                        self.payload.resize(bucket + 1, 0);
+                    }
+                    self.payload[bucket] += bytes.len() as u64;
                     if rx.interactive {
                         // Every message whose last byte arrived with this read.
                         for k in before / message_bytes..rx.received / message_bytes {
@@ -682,6 +696,8 @@ impl Simulation {
             forward_timeline: self.forward.timeline().clone(),
             interactive_latencies: self.interactive_latencies,
             estimates: self.estimates,
+            datagram_sizes: self.datagram_sizes,
+            payload: self.payload,
         }
     }
 }

@@ -453,13 +453,18 @@ pub fn config_toml(
             ("side", side.as_str().into()),
         ],
     );
-    table(
-        "link",
-        vec![
-            ("tx_rate", rate_bps(tx, "transmit")?.into()),
-            ("rx_rate", rate_bps(rx, "receive")?.into()),
-        ],
-    );
+    let mut link_keys = vec![
+        ("tx_rate", rate_bps(tx, "transmit")?.into()),
+        ("rx_rate", rate_bps(rx, "receive")?.into()),
+    ];
+    // pepd is told what the emulated link layer adds to each packet, as an operator would.
+    if link.forward.frame_overhead > 0 {
+        link_keys.push((
+            "frame_overhead",
+            (link.forward.frame_overhead as i64).into(),
+        ));
+    }
+    table("link", link_keys);
     table(
         "intercept",
         vec![

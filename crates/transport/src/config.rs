@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use crate::datagram_size::SizeMode;
+
 /// How the sender decides how much to put in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CcMode {
@@ -87,6 +89,11 @@ pub struct Config {
     pub ack: AckPolicy,
     /// Largest datagram on the path including `wire_overhead` (an IP MTU).
     pub mtu: usize,
+    /// How big data datagrams are (at most the MTU's; docs/PROTOCOL.md §5.8).
+    pub datagram_size: SizeMode,
+    /// Bytes the link layer adds to each packet beyond IP (encapsulation such as GSE),
+    /// counted when the datagram size is chosen.
+    pub frame_overhead: usize,
     /// Bytes each datagram costs on the wire beyond what the transport writes: IP + UDP
     /// headers and the AEAD tag the protection layer appends.
     pub wire_overhead: usize,
@@ -134,6 +141,8 @@ impl Config {
             loss_default: LossCause::Corruption,
             ack: AckPolicy::default(),
             mtu: 1500,
+            datagram_size: SizeMode::Adaptive,
+            frame_overhead: 0,
             wire_overhead: 28 + 16,
             flow_window,
             assoc_window: flow_window.saturating_mul(8).max(64 << 20),
@@ -159,6 +168,20 @@ impl Config {
                 "mtu",
                 "must leave at least 128 bytes after wire_overhead and be at most 65535",
             ));
+        }
+        if self.frame_overhead > 1024 {
+            return Err(ConfigError::new(
+                "frame_overhead",
+                "must be at most 1024 bytes",
+            ));
+        }
+        if let SizeMode::Fixed(n) = self.datagram_size {
+            if n < 128 {
+                return Err(ConfigError::new(
+                    "datagram_size",
+                    "a fixed size must be at least 128 bytes",
+                ));
+            }
         }
         if self.flow_window < 16 * 1024 || self.flow_window > 1 << 30 {
             return Err(ConfigError::new("flow_window", "must be 16 KiB to 1 GiB"));

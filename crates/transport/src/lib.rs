@@ -10,6 +10,7 @@ mod association;
 pub mod cc;
 pub mod codec;
 pub mod config;
+pub mod datagram_size;
 mod flow;
 pub mod frame;
 pub mod loss;
@@ -23,7 +24,7 @@ pub mod stats;
 mod stream;
 
 pub use association::{Association, Event, FlowError, LostReason, OpenError, ReadOutcome, Role};
-pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, VegasParams};
+pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, SizeMode, VegasParams};
 pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};
 pub use loss::LossCounts;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::cc::CapacityStats;
+use crate::datagram_size::ClassLoss;
 use crate::loss::LossCounts;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -15,6 +16,12 @@ pub struct Stats {
     pub bytes_in_flight: u64,
     /// The congestion controller's view of the path's capacity.
     pub capacity: CapacityStats,
+    /// Bytes data datagrams are cut to now (docs/PROTOCOL.md §5.8).
+    pub datagram_size: u64,
+    /// Times the datagram size changed.
+    pub datagram_size_changes: u64,
+    /// Corruption by the size of data packets on the link, that the size is chosen from.
+    pub corruption_by_size: Vec<ClassLoss>,
     pub packets_sent: u64,
     /// On-wire bytes sent, overhead included.
     pub wire_bytes_sent: u64,

@@ -14,6 +14,7 @@ use crate::ack::AckTracker;
 use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController, SentInfo};
 use crate::codec::{expand_truncated, truncation_len, Reader};
 use crate::config::{Config, ConfigError, LossCause};
+use crate::datagram_size::{DatagramSizer, HEADER};
 use crate::flow::{Flow, FlowId, OpenState, ResetState};
 use crate::frame::{self, AckFrame, FlowMeta, Frame, ResetReason};
 use crate::loss::LossClassifier;
@@ -163,6 +164,8 @@ pub struct Association {
     rtt: RttEstimator,
     cc: Box<dyn CongestionController>,
     pacer: Pacer,
+    /// How big data datagrams are cut.
+    sizer: DatagramSizer,
     classifier: LossClassifier,
     /// Losses of packets numbered below this belong to the current congestion epoch.
     recovery_start_pn: u64,
@@ -261,6 +264,12 @@ impl Association {
     ) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let epoch = epoch.max(1);
+        // The AEAD tag is in every protected datagram and is not payload.
+        let tag = if security.is_some() {
+            crate::security::TAG_LEN
+        } else {
+            0
+        };
         let classifier = LossClassifier {
             default: cfg.loss_default,
             vegas: cfg.vegas,
@@ -287,6 +296,12 @@ impl Association {
             rtt: RttEstimator::new(cfg.initial_rtt),
             cc: new_controller(&cfg),
             pacer: Pacer::new(cfg.rate_bps, cfg.mtu).with_burst(cfg.pacing_burst),
+            sizer: DatagramSizer::new(
+                cfg.datagram_size,
+                cfg.max_datagram(),
+                HEADER + tag,
+                cfg.wire_overhead - tag + cfg.frame_overhead,
+            ),
             classifier,
             recovery_start_pn: 0,
             loss_time: None,
@@ -353,6 +368,9 @@ impl Association {
         s.pacing_rate_bps = self.pacer.rate_bps();
         s.cwnd_bytes = self.cc.window(&self.rtt);
         s.capacity = self.cc.capacity(&self.rtt);
+        s.datagram_size = self.sizer.current() as u64;
+        s.datagram_size_changes = self.sizer.changes();
+        s.corruption_by_size = self.sizer.class_losses();
         s.bytes_in_flight = self.sent.bytes_in_flight();
         s.flows_open = self.flows.len() as u64;
         s

@@ -63,6 +63,10 @@ impl Association {
                 continue;
             };
             self.loss_rate.on_delivered();
+            if p.has_data {
+                let link = p.wire_bytes as usize + self.cfg.frame_overhead;
+                self.sizer.on_resolved(now, link, false);
+            }
             for fr in &p.frames {
                 self.on_frame_acked(*fr);
             }
@@ -166,6 +170,10 @@ impl Association {
         self.stats.lost.add(cause);
         if cause == LossCause::Corruption {
             self.cc.on_corruption_loss(p.wire_bytes);
+            if p.has_data {
+                let link = p.wire_bytes as usize + self.cfg.frame_overhead;
+                self.sizer.on_resolved(now, link, true);
+            }
         }
         if cause == LossCause::Congestion && pn >= self.recovery_start_pn {
             self.cc.on_congestion(now, &self.rtt);

@@ -221,7 +221,10 @@ impl Association {
         // 128 packets (an ACK-only sender is never acknowledged, so the span rule alone
         // would allow it).
         let pn_len = truncation_len(unacked, 4).max(MIN_PN_LEN);
-        let budget = self.cfg.max_datagram() - 1 - pn_len - self.tag_len();
+        // Data packets are cut to the size the error rate calls for (§5.8); every packet is
+        // built to it, so one that ends up without data is only smaller.
+        let (size, _probe) = self.sizer.next_data_size();
+        let budget = size.min(self.cfg.max_datagram()) - 1 - pn_len - self.tag_len();
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
         let mut frames: Vec<SentFrame> = Vec::new();
@@ -333,6 +336,9 @@ impl Association {
         }
         if !frames.is_empty() {
             let has_data = frames.iter().any(|f| matches!(f, SentFrame::Data { .. }));
+            if has_data {
+                self.sizer.on_data_sent();
+            }
             if self.sent.is_empty() {
                 self.sent_since = Some(now);
             }
