@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 13's testbed benchmarks: links that do not hold still. Each cell runs pepd (the
-# default `cc = "adaptive"`) beside plain end-to-end CUBIC and BBR on the same emulated link,
+# Testbed benchmarks for links that do not hold still (issue 13) and noisy links (issue 17,
+# cell `noisy`). Each cell runs pepd (the default `cc = "adaptive"`) beside plain end-to-end
+# CUBIC and BBR on the same emulated link,
 # RUNS times (default 3), and prints mean and spread with a PASS/FAIL verdict against the
 # acceptance bounds. Every run's JSON line goes to $OUT (default bench-capacity.jsonl).
 # Needs root (namespaces). Usage:
@@ -13,7 +14,7 @@ TB="$bin/pep-testbed"
 export PEPD_BIN=${PEPD_BIN:-$bin/pepd}
 RUNS=${RUNS:-3}
 OUT=${OUT:-bench-capacity.jsonl}
-CELLS=${CELLS:-"fade acm udp tcp leo nodelay lawson"}
+CELLS=${CELLS:-"fade acm udp tcp leo nodelay lawson noisy"}
 : >"$OUT"
 
 # run CELL VARIANT ARGS...: RUNS runs of `pep-testbed run ARGS --json`, each line tagged.
@@ -74,6 +75,12 @@ for cell in $CELLS; do
     lawson)
         for ber in 0 1e-5; do
             run lawson "pepd-ber-$ber" --profile lawson --ber "$ber" --mode pepd --workload download --seconds 60 --max-seconds 120
+        done
+        ;;
+    noisy)
+        # Issue 17: lawson at BER 1e-4, where the datagram size follows the error rate.
+        for mode in pepd plain-cubic plain-bbr; do
+            run noisy "$mode" --profile lawson --ber 1e-4 --mode "$mode" --workload download --seconds 60 --max-seconds 120
         done
         ;;
     *)
@@ -187,6 +194,13 @@ for ber in ["0", "1e-5"]:
         rs = by[k]
         verdict(f"lawson 60 s BER {ber}: efficiency >= 0.95", intact(rs) and all(r["efficiency"] >= 0.95 for r in rs),
                 stat([r["efficiency"] for r in rs]))
+
+if ("noisy", "pepd") in by:
+    print("noisy: lawson (1.544 Mb/s, 570 ms RTT) at BER 1e-4, 60 s download; goodput (Mb/s), pepd's datagram size")
+    show("noisy", lambda r: r["goodput_bps"] / 1e6, "goodput Mb/s")
+    rs = by[("noisy", "pepd")]
+    verdict("noisy: pepd >= 0.85 Mb/s, byte-exact", intact(rs) and all(r["goodput_bps"] >= 0.85e6 for r in rs),
+            stat([r["goodput_bps"] / 1e6 for r in rs]))
 
 print(f"failed: {fails}")
 sys.exit(1 if fails else 0)
