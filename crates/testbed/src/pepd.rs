@@ -369,6 +369,9 @@ pub struct CapacityReport {
     pub rebases: f64,
     pub limited_by_estimate_s: f64,
     pub limited_by_ceiling_s: f64,
+    /// The datagram size the sender uses now, and how often it changed.
+    pub datagram_size: f64,
+    pub datagram_size_changes: f64,
 }
 
 impl CapacityReport {
@@ -399,6 +402,8 @@ impl CapacityReport {
             rebases: events("rebase"),
             limited_by_estimate_s: limited("estimate"),
             limited_by_ceiling_s: limited("ceiling"),
+            datagram_size: get("pepd_datagram_size_bytes", None),
+            datagram_size_changes: get("pepd_datagram_size_changes_total", None),
         })
     }
 }
@@ -1041,5 +1046,42 @@ impl PepdTestbed {
 
     pub fn log_tail(&self, side: Side, lines: usize) -> String {
         self.gateways.log_tail(side, lines)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_report_reads_the_daemons_metric_names() {
+        let text = "\
+# TYPE pepd_capacity_estimate_bytes_per_second gauge
+pepd_capacity_estimate_bytes_per_second 1250000
+# TYPE pepd_queue_delay_seconds gauge
+pepd_queue_delay_seconds 0.012
+# TYPE pepd_capacity_events_total counter
+pepd_capacity_events_total{kind=\"drain\"} 3
+pepd_capacity_events_total{kind=\"probe\"} 7
+pepd_capacity_events_total{kind=\"rebase\"} 1
+# TYPE pepd_send_limited_seconds_total counter
+pepd_send_limited_seconds_total{by=\"estimate\"} 40.5
+pepd_send_limited_seconds_total{by=\"ceiling\"} 2
+# TYPE pepd_datagram_size_bytes gauge
+pepd_datagram_size_bytes 230
+# TYPE pepd_datagram_size_changes_total counter
+pepd_datagram_size_changes_total 2
+";
+        let r = CapacityReport::from_metrics(text).expect("parses");
+        assert_eq!(r.estimate_bps, 10_000_000.0);
+        assert_eq!(r.queue_delay_ms, 12.0);
+        assert_eq!((r.drains, r.probes, r.rebases), (3.0, 7.0, 1.0));
+        assert_eq!(
+            (r.limited_by_estimate_s, r.limited_by_ceiling_s),
+            (40.5, 2.0)
+        );
+        assert_eq!((r.datagram_size, r.datagram_size_changes), (230.0, 2.0));
+        // An absent series reads as zero.
+        assert_eq!(r.pacing_bps, 0.0);
     }
 }
