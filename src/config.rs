@@ -11,6 +11,7 @@ use serde::Deserialize;
 mod cidr;
 mod error;
 mod messages;
+mod peers;
 mod report;
 mod security;
 mod source;
@@ -19,7 +20,8 @@ mod validate;
 
 pub use cidr::{Cidr, CidrError};
 pub use error::{ConfigError, Diagnostic};
-pub use security::LoadedSecurity;
+pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, PAIR_PEER_NAME};
+pub use security::{LoadedSecurity, LocalKeys};
 pub use source::SourceMap;
 pub use units::{BitRate, ByteSize};
 
@@ -34,7 +36,12 @@ pub struct PepdConfig {
     /// `pepd nft-rules` and the start-up self-check.
     #[serde(default)]
     pub rules: RulesConfig,
-    pub peer: PeerConfig,
+    /// One `[peer]` table (a pair of gateways) or `[[peer]]` entries (a hub and its
+    /// terminals); read through [`PepdConfig::peer_specs`].
+    pub peer: Peers,
+    /// Side and bind of the `[[peer]]` form; the `[peer]` table keeps its own.
+    #[serde(default)]
+    pub tunnel: Option<TunnelConfig>,
     pub link: LinkConfig,
     #[serde(default)]
     pub transport: TransportConfig,
@@ -129,6 +136,9 @@ pub struct RulesConfig {
     /// this host.
     pub route_table: u32,
     pub fail: FailMode,
+    /// Name of the nftables table (`table inet NAME`) the rules live in, so that two pepd
+    /// instances on one host never replace each other's rules.
+    pub table: String,
 }
 
 impl Default for RulesConfig {
@@ -141,16 +151,18 @@ impl Default for RulesConfig {
             tproxy_mark: DEFAULT_TPROXY_MARK,
             route_table: DEFAULT_ROUTE_TABLE,
             fail: FailMode::Open,
+            table: DEFAULT_NFT_TABLE.to_owned(),
         }
     }
 }
 
 pub const DEFAULT_TPROXY_MARK: u32 = 0x1;
 pub const DEFAULT_ROUTE_TABLE: u32 = 100;
+pub const DEFAULT_NFT_TABLE: &str = "pepd";
 pub const DEFAULT_TUNNEL_PORT: u16 = 7400;
 
 /// Which end of the hop this gateway is. Decides the flow-id parity; the two ends of an
-/// association must differ.
+/// association must differ. A hub may serve several terminals (`[[peer]]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Side {
@@ -158,6 +170,7 @@ pub enum Side {
     Hub,
 }
 
+/// The `[peer]` table of a pair of gateways.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PeerConfig {
@@ -430,26 +443,29 @@ impl PepdConfig {
         Ok(config)
     }
 
-    pub fn tunnel_bind(&self) -> SocketAddr {
-        self.peer.bind.unwrap_or_else(|| match self.peer.address {
-            SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], DEFAULT_TUNNEL_PORT)),
-            SocketAddr::V6(_) => {
-                SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, DEFAULT_TUNNEL_PORT))
-            }
-        })
-    }
-
     pub fn role(&self) -> pep_transport::Role {
-        match self.peer.side {
+        match self.side() {
             Side::Terminal => pep_transport::Role::Initiator,
             Side::Hub => pep_transport::Role::Responder,
         }
     }
 
-    /// The transport settings this config asks for.
+    /// The transport settings this config asks for, sized from the `[link]` rates.
     pub fn transport(&self) -> pep_transport::Config {
-        let mut c = pep_transport::Config::for_rate(self.link.tx_rate.bps());
-        let rx = pep_transport::Config::for_rate(self.link.rx_rate.bps());
+        self.transport_with(self.link.tx_rate.bps(), self.link.rx_rate.bps())
+    }
+
+    /// The transport settings of the association with `peer`: its rates and keepalive. The
+    /// same as [`PepdConfig::transport`] for the `[peer]` table, whose rates are `[link]`'s.
+    pub fn transport_for(&self, peer: &PeerSpec) -> pep_transport::Config {
+        let mut c = self.transport_with(peer.tx_bps, peer.rx_bps);
+        c.keepalive_interval = peer.keepalive;
+        c
+    }
+
+    fn transport_with(&self, tx_bps: u64, rx_bps: u64) -> pep_transport::Config {
+        let mut c = pep_transport::Config::for_rate(tx_bps);
+        let rx = pep_transport::Config::for_rate(rx_bps);
         // What we advertise as receiver is sized by what the peer sends; what we buffer
         // for sending by our own rate.
         c.flow_window = rx.flow_window;
@@ -491,10 +507,12 @@ impl PepdConfig {
             DatagramSizeName::Adaptive => pep_transport::SizeMode::Adaptive,
             DatagramSizeName::Mtu => pep_transport::SizeMode::Fixed(usize::MAX),
         };
-        c.wire_overhead = match self.peer.address {
-            SocketAddr::V4(_) => 20 + 8,
-            SocketAddr::V6(_) => 40 + 8,
-        } + 16;
+        let ip_udp = if self.tunnel_is_ipv6() {
+            40 + 8
+        } else {
+            20 + 8
+        };
+        c.wire_overhead = ip_udp + 16;
         c.max_flows = self.limits.max_flows;
         c
     }

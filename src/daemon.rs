@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::config::{OverLimit, PepdConfig};
+use crate::config::{OverLimit, PeerSpec, Peers, PepdConfig};
 use crate::driver::{Driver, FlowAcceptor};
 use crate::hub::{Counters, FlowRef, Hub, OpenRefused};
 use crate::metrics::AssociationState;
@@ -63,6 +63,51 @@ impl Live {
 
 pub type LiveRef = Arc<RwLock<Live>>;
 
+/// The most names a refusal lists; a hub may have thousands of entries.
+const NAMES_SHOWN: usize = 5;
+
+/// The one peer `pepd run` serves, and its address. Several `[[peer]]` entries, or one
+/// without an address, need the multi-peer endpoint that a later step of issue 14 brings;
+/// until then pepd refuses them at start rather than serve part of its config.
+pub fn served_peer(cfg: &PepdConfig) -> anyhow::Result<(PeerSpec, SocketAddr)> {
+    let mut specs = cfg.peer_specs();
+    if specs.len() > 1 {
+        let mut names: Vec<&str> = specs
+            .iter()
+            .take(NAMES_SHOWN)
+            .map(|p| p.name.as_str())
+            .collect();
+        let more = specs.len().saturating_sub(NAMES_SHOWN);
+        let more = format!("{more} more");
+        if specs.len() > NAMES_SHOWN {
+            names.push(&more);
+        }
+        anyhow::bail!(
+            "the config has {} `[[peer]]` entries ({}), but serving several peers is not \
+             implemented yet: it lands with the multi-peer endpoint in a later step. `pepd \
+             check-config` accepts the config; `pepd run` needs a single peer for now",
+            specs.len(),
+            names.join(", ")
+        );
+    }
+    let Some(peer) = specs.pop() else {
+        anyhow::bail!("the config has no peer");
+    };
+    let Some(address) = peer.address else {
+        let key = match cfg.peer {
+            Peers::Pair(_) => "peer.address",
+            Peers::List(_) => "peer[0].address",
+        };
+        anyhow::bail!(
+            "`{key}` of peer {} is not set, but learning a peer's address from its packets is \
+             not implemented yet: it lands with the multi-peer endpoint in a later step. Set \
+             it to the peer's tunnel address for now",
+            peer.name
+        );
+    };
+    Ok((peer, address))
+}
+
 fn read_live(live: &LiveRef) -> Live {
     live.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
@@ -85,7 +130,8 @@ impl Daemon {
             log_reload,
         } = self;
         let notifier = Notifier;
-        let tcfg = cfg.transport();
+        let (peer, peer_address) = served_peer(&cfg)?;
+        let tcfg = cfg.transport_for(&peer);
         let assoc = match security {
             Some(sec) => {
                 let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
@@ -128,7 +174,7 @@ impl Daemon {
         let driver = Driver {
             hub: hub.clone(),
             socket,
-            peer: cfg.peer.address,
+            peer: peer_address,
             acceptor: Arc::new(UpstreamAcceptor { live: live.clone() }),
             notifier,
         };
@@ -159,8 +205,8 @@ impl Daemon {
             tokio::spawn(watchdog(hub.clone(), notifier, period));
         }
         info!(
-            side = ?cfg.peer.side,
-            peer = %cfg.peer.address,
+            side = ?cfg.side(),
+            peer = %peer_address,
             tunnel = %bind,
             listen = ?cfg.intercept.listen,
             metrics = %cfg.metrics.listen,
@@ -168,8 +214,7 @@ impl Daemon {
             "pepd running"
         );
         notifier.ready(&format!(
-            "listening; association with {} connecting",
-            cfg.peer.address
+            "listening; association with {peer_address} connecting"
         ));
 
         let signal = loop {

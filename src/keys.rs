@@ -24,6 +24,15 @@ pub const ENCODED_LEN: usize = 44;
 /// start a tunnel that never authenticates.
 pub const PLACEHOLDER_PUBLIC_KEY: &str = "REPLACE+with+output+of+pepd+pubkey+on+peer0=";
 
+/// How every placeholder starts: config/hub-spoke.toml needs one per `[[peer]]` entry, since
+/// two entries with the same key are an error.
+const PLACEHOLDER_PREFIX: &str = "REPLACE+with+";
+
+/// Whether `text` is an example config's placeholder rather than a key someone made.
+pub fn is_placeholder(text: &str) -> bool {
+    text.trim().starts_with(PLACEHOLDER_PREFIX)
+}
+
 /// A key file is never more than a line; reading stops well past that, so a path to a
 /// huge file or a device does not fill memory.
 const MAX_FILE_LEN: u64 = 4096;
@@ -330,6 +339,18 @@ mod tests {
     fn placeholder_is_a_valid_key_that_says_what_to_do() {
         let key = decode_key(PLACEHOLDER_PUBLIC_KEY).expect("placeholder decodes");
         assert_eq!(encode_key(&key), PLACEHOLDER_PUBLIC_KEY);
+        assert!(is_placeholder(PLACEHOLDER_PUBLIC_KEY));
+        // config/hub-spoke.toml's, one per terminal.
+        for text in include_str!("../config/hub-spoke.toml")
+            .lines()
+            .filter_map(|l| l.strip_prefix("public_key = \""))
+        {
+            let text = text.trim_end_matches('"');
+            assert!(is_placeholder(text), "{text}");
+            let key = decode_key(text).expect("placeholder decodes");
+            assert_eq!(encode_key(&key), text);
+        }
+        assert!(!is_placeholder(&encode_key(&[7; KEY_LEN])));
     }
 
     #[test]

@@ -168,7 +168,7 @@ fn nft_rules(path: &std::path::Path, routes: bool, remove: bool) -> ExitCode {
     };
     let text = match (routes, remove) {
         (false, false) => rules::nft_ruleset(&cfg),
-        (false, true) => rules::nft_teardown(),
+        (false, true) => rules::nft_teardown(&cfg),
         (true, false) => rules::routes_script(&cfg),
         (true, true) => rules::routes_teardown_script(&cfg),
     };
@@ -182,6 +182,8 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // Keys are read here as well as where the tunnel is set up, so that a bad key file
     // stops pepd before it takes any connection, and its warnings are logged once.
     let security = cfg.load_security()?;
+    // A config this version cannot serve whole stops here, before anything is logged.
+    let (peer, _) = daemon::served_peer(&cfg)?;
     // RUST_LOG wins over the config at start; SIGHUP applies the config's level.
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log.level))
@@ -214,7 +216,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
         daemon::Daemon {
             path: path.to_owned(),
             cfg,
-            security: security.config,
+            security: security.towards(&peer),
             log_reload,
         }
         .run(),

@@ -72,7 +72,12 @@ fn apply_live(
             }
         },
         LiveSetting::TxRate => {
-            hub.lock().assoc.set_rate(new.link.tx_rate.bps());
+            // The peer's own `tx_rate` caps it; the `[peer]` table's is `link.tx_rate`.
+            let rate = new
+                .peer_specs()
+                .first()
+                .map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
+            hub.lock().assoc.set_rate(rate);
             running.link.tx_rate = new.link.tx_rate;
         }
         LiveSetting::AckPolicy => {

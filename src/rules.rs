@@ -17,9 +17,6 @@ use std::net::SocketAddr;
 
 use crate::config::{Cidr, FailMode, PepdConfig};
 
-/// `table inet pepd`.
-pub const TABLE: &str = "pepd";
-
 /// An address family pepd intercepts, i.e. one it has a listener for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -122,12 +119,15 @@ fn mark(m: u32) -> String {
 /// Declaring the table before deleting it makes the delete succeed on a host that does not
 /// have it yet; both happen in the same transaction as the new table, so there is no moment
 /// without rules.
-const REPLACE_TABLE: &str = "table inet pepd {}\ndelete table inet pepd\n";
+fn replace_table(table: &str) -> String {
+    format!("table inet {table} {{}}\ndelete table inet {table}\n")
+}
 
 /// The complete nftables ruleset for `cfg`, for `nft -f`. Applying it again replaces the
-/// table as a whole; nothing outside `table inet pepd` is touched.
+/// table as a whole; nothing outside `table inet NAME` (`rules.table`) is touched.
 pub fn nft_ruleset(cfg: &PepdConfig) -> String {
     let r = &cfg.rules;
+    let table = &r.table;
     let fams = families(cfg);
     let tmark = mark(r.tproxy_mark);
     let mut s = String::new();
@@ -139,14 +139,14 @@ pub fn nft_ruleset(cfg: &PepdConfig) -> String {
          # (mark {tmark} -> table {} -> local delivery).",
         r.route_table
     );
-    s.push_str(REPLACE_TABLE);
-    s.push_str("table inet pepd {\n");
+    s.push_str(&replace_table(table));
+    let _ = writeln!(s, "table inet {table} {{");
 
     if let Some(first) = fams.first() {
         let _ = writeln!(
             s,
             "\t# rules.bypass_subnets: never intercepted, as destination or source. More can be\n\
-             \t# added at run time: nft add element inet pepd bypass{} {{ {} }}",
+             \t# added at run time: nft add element inet {table} bypass{} {{ {} }}",
             first.suffix(),
             match first {
                 Family::V4 => "198.18.0.0/15",
@@ -282,9 +282,12 @@ fn write_set(s: &mut String, name: &str, family: Family, elements: &[String]) {
     s.push_str("\t}\n\n");
 }
 
-/// Removes pepd's table, for `nft -f`; harmless when it is not there.
-pub fn nft_teardown() -> String {
-    format!("# Removes pepd's interception rules (`pepd nft-rules --remove`).\n{REPLACE_TABLE}")
+/// Removes pepd's table (`rules.table`), for `nft -f`; harmless when it is not there.
+pub fn nft_teardown(cfg: &PepdConfig) -> String {
+    format!(
+        "# Removes pepd's interception rules (`pepd nft-rules --remove`).\n{}",
+        replace_table(&cfg.rules.table)
+    )
 }
 
 /// One `ip` invocation of the policy routing.

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde::Deserialize;
 
-use crate::config::{FailMode, PepdConfig};
+use crate::config::{FailMode, Peers, PepdConfig};
 use crate::rules::{self, Family};
 
 /// What a command printed.
@@ -72,7 +72,7 @@ pub fn startup_checks_with(cfg: &PepdConfig, probe: &dyn Probe) -> Vec<String> {
     check_policy_routing(cfg, probe, &mut w);
     check_forwarding(cfg, probe, &mut w);
     check_rp_filter(cfg, probe, &mut w);
-    check_peer_route(cfg, probe, &mut w);
+    check_peer_routes(cfg, probe, &mut w);
     // A missing tool is reported by every check that needs it; once is enough.
     let mut seen = HashSet::new();
     w.retain(|m| seen.insert(m.clone()));
@@ -133,6 +133,8 @@ pub struct Ruleset {
     pub tproxy: Vec<TproxyRule>,
     /// Whether a rule uses iptables-nft's TPROXY target, whose port nft does not show.
     pub xt_tproxy: bool,
+    /// The names of the `inet` tables, where `pepd nft-rules` puts its rules.
+    pub inet_tables: Vec<String>,
 }
 
 impl Ruleset {
@@ -140,6 +142,11 @@ impl Ruleset {
     pub fn from_json(json: &str) -> serde_json::Result<Self> {
         let listing: NftListing = serde_json::from_str(json)?;
         let mut ruleset = Ruleset::default();
+        for object in &listing.nftables {
+            if let Some(table) = object.table.as_ref().filter(|t| t.family == "inet") {
+                ruleset.inet_tables.push(table.name.clone());
+            }
+        }
         for rule in listing.nftables.into_iter().filter_map(|o| o.rule) {
             let mark = rule
                 .expr
@@ -181,10 +188,17 @@ struct NftListing {
     nftables: Vec<NftObject>,
 }
 
-/// One of a listing's tables, chains, sets, rules…; only rules are read.
+/// One of a listing's tables, chains, sets, rules…; only tables and rules are read.
 #[derive(Deserialize)]
 struct NftObject {
+    table: Option<NftTable>,
     rule: Option<NftRule>,
+}
+
+#[derive(Deserialize)]
+struct NftTable {
+    family: String,
+    name: String,
 }
 
 #[derive(Deserialize)]
@@ -298,11 +312,13 @@ fn check_nft(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
     }
     let found = ruleset.tproxy;
     let tmark = cfg.rules.tproxy_mark;
+    let mut served = false;
     for f in rules::families(cfg) {
         let Some(listener) = rules::listener(cfg, f) else {
             continue;
         };
         let ours: Vec<&TproxyRule> = found.iter().filter(|r| r.sends_to(f, listener)).collect();
+        served |= !ours.is_empty();
         if ours.is_empty() {
             w.push(format!(
                 "no nftables `tproxy` rule sends {} TCP to port {} (`intercept.listen` {listener}): \
@@ -328,6 +344,16 @@ fn check_nft(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
                 listener.port()
             ));
         }
+    }
+    // Our table is there but sends to none of our listeners: what is left when a second
+    // instance with the same `rules.table` loaded its rules over ours.
+    let table = &cfg.rules.table;
+    if !served && ruleset.inet_tables.contains(table) {
+        w.push(format!(
+            "table inet {table} (`rules.table`) is loaded but none of its rules sends to \
+             this gateway's listeners: another pepd instance on this host with the same \
+             `rules.table` may have replaced them; give each instance its own table"
+        ));
     }
 }
 
@@ -622,47 +648,103 @@ fn check_rp_filter(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
     }
 }
 
-fn check_peer_route(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
-    let peer = cfg.peer.address.ip().to_string();
+/// A route to every peer with a known address, with pepd's mark.
+fn check_peer_routes(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
+    let pair = matches!(cfg.peer, Peers::Pair(_));
+    for (i, peer) in cfg.peer_specs().iter().enumerate() {
+        let Some(address) = peer.address else {
+            continue;
+        };
+        let target = PeerTarget {
+            ip: address.ip().to_string(),
+            // The pair's messages read as they always have.
+            whom: if pair {
+                "the peer".to_owned()
+            } else {
+                format!("peer {}", peer.name)
+            },
+            key: cfg.peer.address_key(i),
+            pair,
+        };
+        if !check_peer_route(cfg, probe, &target, w) {
+            return;
+        }
+    }
+}
+
+/// A peer as the route check names it.
+struct PeerTarget {
+    ip: String,
+    /// "the peer", or "peer ship-7".
+    whom: String,
+    /// Its address key: `peer.address` or `peer[2].address`.
+    key: String,
+    pair: bool,
+}
+
+/// False when `ip` cannot be run, so the other peers are not tried.
+fn check_peer_route(
+    cfg: &PepdConfig,
+    probe: &dyn Probe,
+    peer: &PeerTarget,
+    w: &mut Vec<String>,
+) -> bool {
+    let PeerTarget {
+        ip,
+        whom,
+        key,
+        pair,
+    } = peer;
     let mark = format!("{:#x}", cfg.intercept.own_mark);
     // With pepd's mark, as the tunnel socket's packets are routed.
-    let out = match probe.run("ip", &["-j", "route", "get", &peer, "mark", &mark]) {
+    let out = match probe.run("ip", &["-j", "route", "get", ip, "mark", &mark]) {
         Ok(out) => out,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             w.push(IP_MISSING.into());
-            return;
+            return false;
         }
         Err(e) => {
             w.push(format!(
-                "cannot run `ip` ({e}): the route to the peer was not checked"
+                "cannot run `ip` ({e}): the route to {whom} was not checked"
             ));
-            return;
+            return false;
         }
     };
     let no_route = |why: &str| {
-        format!("no route to the peer {peer} (`ip route get`: {why}): the tunnel cannot reach it")
+        let at = if *pair {
+            format!("{whom} {ip}")
+        } else {
+            format!("{whom} ({ip})")
+        };
+        format!("no route to {at} (`ip route get`: {why}): the tunnel cannot reach it")
     };
     if !out.success {
         w.push(no_route(&first_line(&out)));
-        return;
+        return true;
     }
     let kind = match Route::list_from_json(&out.stdout) {
         Ok(routes) => routes.into_iter().next().and_then(|r| r.kind),
         Err(e) => {
             w.push(format!(
                 "`ip route get` printed output this check does not understand ({e}): the route \
-                 to the peer was not checked"
+                 to {whom} was not checked"
             ));
-            return;
+            return true;
         }
+    };
+    let theirs = if *pair {
+        "the other gateway's"
+    } else {
+        "that peer's"
     };
     match kind.as_deref() {
         Some(k @ ("unreachable" | "prohibit" | "blackhole" | "throw")) => w.push(no_route(k)),
         Some("local") => w.push(format!(
-            "`peer.address` {peer} is an address of this host: it must be the other gateway's"
+            "`{key}` {ip} is an address of this host: it must be {theirs}"
         )),
         _ => {}
     }
+    true
 }
 
 #[cfg(test)]

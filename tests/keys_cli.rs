@@ -12,6 +12,7 @@ use tempfile::TempDir;
 const PEPD: &str = env!("CARGO_BIN_EXE_pepd");
 const TERMINAL: &str = include_str!("../config/terminal.toml");
 const HUB: &str = include_str!("../config/hub.toml");
+const HUB_SPOKE: &str = include_str!("../config/hub-spoke.toml");
 const PLACEHOLDER: &str = "REPLACE+with+output+of+pepd+pubkey+on+peer0=";
 
 /// A fresh directory, removed on drop.
@@ -189,6 +190,83 @@ fn check_config_accepts_the_examples_with_real_keys() {
             "{name}: examples are quiet: {out}"
         );
     }
+}
+
+#[test]
+fn check_config_accepts_the_hub_spoke_example() {
+    let dir = temp_dir();
+    let hub_key = dir.path().join("hub.key");
+    let hub_public = genkey(&hub_key);
+    let mut text = example_with(HUB_SPOKE, &hub_key, "unused");
+    let mut terminals = Vec::new();
+    for (name, placeholder) in [
+        ("rig-3", "REPLACE+with+output+of+pepd+pubkey+on+rig00="),
+        ("ship-7", "REPLACE+with+output+of+pepd+pubkey+on+ship0="),
+        ("cell-12", "REPLACE+with+output+of+pepd+pubkey+on+cell0="),
+    ] {
+        let public = genkey(&dir.path().join(format!("{name}.key")));
+        assert!(text.contains(placeholder), "{name}: the example changed");
+        text = text.replace(placeholder, &public);
+        terminals.push(public);
+    }
+    let o = check_config(&dir, "hub-spoke.toml", &text);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("{}: ok", dir.path().join("hub-spoke.toml").display())
+    );
+    for want in [
+        "side:       hub (responder)",
+        "peers:      3 `[[peer]]` entries over UDP, tunnel bound to 198.18.0.1:7400 (`pepd run` \
+         serves one peer for now; several land in a later step)",
+        "  ship-7: address learned from its packets; subnets 10.7.0.0/24; tx 10 Mbit/s \
+         (weight 1), rx 2 Mbit/s; keepalive 25s",
+        &format!("public key: {hub_public} (this gateway's, for the peer's config)"),
+    ] {
+        assert!(lines.contains(&want), "missing {want:?} in\n{out}");
+    }
+    assert!(!out.contains("warning:"), "the example is quiet: {out}");
+    // `pepd run` refuses it before it starts anything.
+    let path = dir.path().join("hub-spoke.toml");
+    let o = pepd(&["run", "-c", path.to_str().expect("utf-8 path")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "pepd: the config has 3 `[[peer]]` entries (rig-3, ship-7, cell-12), but serving \
+         several peers is not implemented yet: it lands with the multi-peer endpoint in a \
+         later step. `pepd check-config` accepts the config; `pepd run` needs a single peer \
+         for now\n"
+    );
+    // A terminal's key twice is an error naming both entries.
+    let twice = text.replace(&terminals[2], &terminals[0]);
+    let o = check_config(&dir, "twice.toml", &twice);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let line_of = |needle: &str| {
+        twice
+            .lines()
+            .position(|l| l.contains(needle))
+            .expect("line")
+            + 1
+    };
+    let first = line_of(&terminals[0]);
+    let second = twice
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(&terminals[0]))
+        .nth(1)
+        .expect("second")
+        .0
+        + 1;
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "pepd: {} line {second}: `peer[2].public_key` is also `peer[0].public_key` (line \
+             {first}): each peer has its own key pair\n",
+            dir.path().join("twice.toml").display()
+        )
+    );
 }
 
 #[test]

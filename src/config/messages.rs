@@ -68,3 +68,18 @@ fn backquoted_after<'m>(message: &'m str, prefix: &str) -> Option<(&'m str, &'m 
     let end = after.find('`')?;
     Some((&after[..end], &after[end + 1..]))
 }
+
+/// Where a key of the `[peer]` table goes in the `[[peer]]` form, for an entry that sets it
+/// (`peer[1].side`): `side` and `bind` are the gateway's, not a peer's.
+pub(super) fn moved_key(path: &str) -> Option<&'static str> {
+    let (entry, field) = path.rsplit_once('.')?;
+    let index = entry.strip_prefix("peer[")?.strip_suffix(']')?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match field {
+        "side" => Some("tunnel.side"),
+        "bind" => Some("tunnel.bind"),
+        _ => None,
+    }
+}

@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::error::sort_by_position;
-use super::{CcModeName, FailMode, LossDefault, OverLimit, PepdConfig, SecurityMode, Side};
+use super::{
+    BitRate, CcModeName, FailMode, LossDefault, OverLimit, PeerSpec, Peers, PepdConfig,
+    SecurityMode, Side,
+};
 
 /// The round trip a flow buffer must cover to keep a GEO link busy (two hops up and down,
 /// plus ground segments and ACK delay).
@@ -43,17 +46,38 @@ impl PepdConfig {
         let t = self.transport();
         let mut s = String::new();
         // Writing to a String cannot fail; the results are discarded for that reason.
-        let side = match self.peer.side {
+        let side = match self.side() {
             Side::Terminal => "terminal (initiator)",
             Side::Hub => "hub (responder)",
         };
         let _ = writeln!(s, "side:       {side}");
-        let _ = writeln!(
-            s,
-            "peer:       {} over UDP, tunnel bound to {}",
-            self.peer.address,
-            self.tunnel_bind()
-        );
+        match &self.peer {
+            Peers::Pair(pair) => {
+                let _ = writeln!(
+                    s,
+                    "peer:       {} over UDP, tunnel bound to {}",
+                    pair.address,
+                    self.tunnel_bind()
+                );
+            }
+            Peers::List(entries) => {
+                let n = entries.len();
+                let _ = writeln!(
+                    s,
+                    "peers:      {n} `[[peer]]` {} over UDP, tunnel bound to {}{}",
+                    if n == 1 { "entry" } else { "entries" },
+                    self.tunnel_bind(),
+                    if n > 1 {
+                        " (`pepd run` serves one peer for now; several land in a later step)"
+                    } else {
+                        ""
+                    }
+                );
+                for peer in self.peer_specs() {
+                    let _ = writeln!(s, "  {}", peer_line(&peer));
+                }
+            }
+        }
         let listen: Vec<String> = self
             .intercept
             .listen
@@ -149,9 +173,13 @@ impl PepdConfig {
         match sec.mode {
             SecurityMode::None => "none: the tunnel is not authenticated or encrypted".to_owned(),
             SecurityMode::Noise => {
-                let peer = match &sec.peer_public_key {
-                    Some(k) => format!("peer key {}", k.trim()),
-                    None => "no peer key".to_owned(),
+                let peer = match (&self.peer, &sec.peer_public_key) {
+                    (Peers::List(entries), _) => match entries.len() {
+                        1 => "1 peer key, in its `[[peer]]` entry".to_owned(),
+                        n => format!("{n} peer keys, one per `[[peer]]` entry"),
+                    },
+                    (Peers::Pair(_), Some(k)) => format!("peer key {}", k.trim()),
+                    (Peers::Pair(_), None) => "no peer key".to_owned(),
                 };
                 let psk = match &sec.psk_file {
                     Some(p) => format!("psk from {}", p.display()),
@@ -198,8 +226,13 @@ impl PepdConfig {
             FailMode::Open => "open",
             FailMode::Closed => "closed",
         };
+        // Named only when it is not the default, which every pair of gateways keeps.
+        let nft_table = match r.table.as_str() {
+            super::DEFAULT_NFT_TABLE => String::new(),
+            name => format!("; nftables table inet {name}"),
+        };
         format!(
-            "TCP from {from} to {ports}{to}{bypass}; mark {:#x}, table {}; fail {fail}",
+            "TCP from {from} to {ports}{to}{bypass}; mark {:#x}, table {}; fail {fail}{nft_table}",
             r.tproxy_mark, r.route_table
         )
     }
@@ -311,12 +344,17 @@ impl PepdConfig {
         let sec = &self.security;
         match sec.mode {
             SecurityMode::None => {
+                let checked = match self.peer {
+                    Peers::Pair(_) => "`peer.address`",
+                    Peers::List(_) => "a peer's `address`",
+                };
                 warn(
                     "security.mode",
-                    "= \"none\" leaves the tunnel unauthenticated and unencrypted: pepd only \
-                     checks that packets come from `peer.address`, which anyone on the path \
-                     can forge. Use it only on a link already encrypted below pepd"
-                        .into(),
+                    format!(
+                        "= \"none\" leaves the tunnel unauthenticated and unencrypted: pepd \
+                         only checks that packets come from {checked}, which anyone on the path \
+                         can forge. Use it only on a link already encrypted below pepd"
+                    ),
                 );
                 for key in [
                     "security.private_key_file",
@@ -327,6 +365,12 @@ impl PepdConfig {
                 ] {
                     if map.contains(key) {
                         warn(key, "has no effect with `security.mode = \"none\"`".into());
+                    }
+                }
+                for i in 0..self.peer.len() {
+                    let key = format!("peer[{i}].public_key");
+                    if map.contains(&key) {
+                        warn(&key, "has no effect with `security.mode = \"none\"`".into());
                     }
                 }
             }
@@ -343,6 +387,28 @@ impl PepdConfig {
         sort_by_position(&mut found);
         found.iter().map(ToString::to_string).collect()
     }
+}
+
+/// One `[[peer]]` entry as `check-config` shows it, defaults filled in.
+fn peer_line(p: &PeerSpec) -> String {
+    let at = match p.address {
+        Some(a) => a.to_string(),
+        None => "address learned from its packets".to_owned(),
+    };
+    let subnets: Vec<String> = p.subnets.iter().map(ToString::to_string).collect();
+    let min = match p.min_bps {
+        0 => String::new(),
+        bps => format!("min {}, ", BitRate(bps)),
+    };
+    format!(
+        "{}: {at}; subnets {}; tx {} ({min}weight {}), rx {}; keepalive {}",
+        p.name,
+        subnets.join(", "),
+        BitRate(p.tx_bps),
+        p.weight,
+        BitRate(p.rx_bps),
+        dur(p.keepalive)
+    )
 }
 
 #[cfg(test)]

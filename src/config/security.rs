@@ -3,47 +3,89 @@
 //! `pepd run` and `pepd check-config` refuse a missing, unreadable, malformed or exposed key.
 
 use std::path::Path;
+use std::time::Duration;
 
 use pep_transport::security::{public_key, SecurityConfig, KEY_LEN};
 
 use super::error::{sort_by_position, Position};
-use super::{ConfigError, Diagnostic, PepdConfig, SecurityMode};
+use super::{ConfigError, Diagnostic, PeerSpec, Peers, PepdConfig, SecurityMode};
 use crate::keys::{self, Exposure, KeyError};
 
 /// What [`PepdConfig::load_security`] found.
 #[derive(Debug)]
 pub struct LoadedSecurity {
-    /// The transport's settings; `None` with `mode = "none"`.
-    pub config: Option<SecurityConfig>,
+    /// This gateway's keys; `None` with `mode = "none"`.
+    pub local: Option<LocalKeys>,
     /// Legal but worth fixing (a group-readable key file), in the form of
     /// [`PepdConfig::warnings`].
     pub warnings: Vec<String>,
 }
 
+/// This gateway's half of every association's security: what does not depend on the peer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LocalKeys {
+    pub private_key: [u8; KEY_LEN],
+    pub psk: Option<[u8; KEY_LEN]>,
+    pub rekey_interval: Duration,
+    pub rekey_after_packets: u64,
+}
+
+impl std::fmt::Debug for LocalKeys {
+    // Secrets stay out of logs and test output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalKeys")
+            .field("public_key", &public_key(&self.private_key))
+            .field("psk", &self.psk.map(|_| "<set>"))
+            .field("rekey_interval", &self.rekey_interval)
+            .field("rekey_after_packets", &self.rekey_after_packets)
+            .finish()
+    }
+}
+
 impl LoadedSecurity {
     /// This gateway's public key, base64, for `check-config` to show: it is what the
-    /// other gateway's `security.peer_public_key` must say.
+    /// other gateway's `security.peer_public_key` (or a hub's `[[peer]]` entry for this
+    /// terminal) must say.
     pub fn local_public_key(&self) -> Option<String> {
-        self.config
+        self.local
             .as_ref()
-            .map(|c| keys::encode_key(&public_key(&c.local_private_key)))
+            .map(|l| keys::encode_key(&public_key(&l.private_key)))
+    }
+
+    /// The transport's settings for the association with `peer`; `None` with
+    /// `mode = "none"`.
+    pub fn towards(&self, peer: &PeerSpec) -> Option<SecurityConfig> {
+        let local = self.local.as_ref()?;
+        Some(SecurityConfig {
+            local_private_key: local.private_key,
+            peer_public_key: peer.public_key?,
+            psk: local.psk,
+            rekey_interval: local.rekey_interval,
+            rekey_after_packets: local.rekey_after_packets,
+        })
     }
 }
 
 impl PepdConfig {
-    /// The tunnel's security settings with the key files read; `None` with
-    /// `mode = "none"`. Errors name the key, its line and the file.
+    /// The tunnel's security settings with the key files read, towards the first peer (the
+    /// only one of a `[peer]` table); `None` with `mode = "none"`. Errors name the key, its
+    /// line and the file.
     pub fn security(&self) -> Result<Option<SecurityConfig>, ConfigError> {
-        self.load_security().map(|l| l.config)
+        let loaded = self.load_security()?;
+        Ok(self
+            .peer_specs()
+            .first()
+            .and_then(|peer| loaded.towards(peer)))
     }
 
-    /// As [`PepdConfig::security`], with the warnings found while reading the key files.
-    /// Reports every problem at once, like `validate`.
+    /// This gateway's keys with the warnings found while reading the key files, after
+    /// checking every peer's key against them. Reports every problem at once, like
+    /// `validate`.
     pub fn load_security(&self) -> Result<LoadedSecurity, ConfigError> {
         let s = &self.security;
         if s.mode == SecurityMode::None {
             return Ok(LoadedSecurity {
-                config: None,
+                local: None,
                 warnings: Vec::new(),
             });
         }
@@ -63,24 +105,37 @@ impl PepdConfig {
                 None
             }
         };
-        let peer = match &s.peer_public_key {
-            Some(text) => r.peer_key(text, private.as_ref()),
-            None => {
-                r.missing(
+        match &self.peer {
+            Peers::Pair(_) => match &s.peer_public_key {
+                Some(text) => r.peer_key(
+                    "security.peer_public_key",
+                    text,
+                    private.as_ref(),
+                    Whose::OtherGateway,
+                ),
+                None => r.missing(
                     "security.peer_public_key",
                     "set it to the other gateway's public key (`pepd pubkey \
                      /etc/pepd/private.key` there)",
-                );
-                None
+                ),
+            },
+            // Validation insists on a key in every entry.
+            Peers::List(entries) => {
+                for (i, entry) in entries.iter().enumerate() {
+                    if let Some(text) = &entry.public_key {
+                        let key = format!("peer[{i}].public_key");
+                        r.peer_key(&key, text, private.as_ref(), Whose::Entry);
+                    }
+                }
             }
-        };
+        }
         let psk = s
             .psk_file
             .as_ref()
             .map(|path| r.secret("security.psk_file", path, "genpsk"));
         let mut problems = r.problems;
         let mut warnings = r.warnings;
-        let (Some(private), Some(peer), true) = (private, peer, problems.is_empty()) else {
+        let (Some(private), true) = (private, problems.is_empty()) else {
             sort_by_position(&mut problems);
             return Err(ConfigError::Invalid(problems));
         };
@@ -88,9 +143,8 @@ impl PepdConfig {
         let psk = psk.flatten();
         sort_by_position(&mut warnings);
         Ok(LoadedSecurity {
-            config: Some(SecurityConfig {
-                local_private_key: private,
-                peer_public_key: peer,
+            local: Some(LocalKeys {
+                private_key: private,
                 psk,
                 rekey_interval: s.rekey_interval,
                 rekey_after_packets: s.rekey_after_packets,
@@ -98,6 +152,15 @@ impl PepdConfig {
             warnings: warnings.iter().map(ToString::to_string).collect(),
         })
     }
+}
+
+/// Whose key a peer key is, for the messages about it.
+#[derive(Clone, Copy)]
+enum Whose {
+    /// `security.peer_public_key`, of a pair's other gateway.
+    OtherGateway,
+    /// A `[[peer]]` entry's `public_key`.
+    Entry,
 }
 
 struct Reader<'a> {
@@ -162,36 +225,38 @@ impl Reader<'_> {
         }
     }
 
-    fn peer_key(&mut self, text: &str, private: Option<&[u8; KEY_LEN]>) -> Option<[u8; KEY_LEN]> {
-        const KEY: &str = "security.peer_public_key";
-        if text.trim() == keys::PLACEHOLDER_PUBLIC_KEY {
+    /// A peer's public key at `key`: not the example's placeholder, not our own.
+    fn peer_key(&mut self, key: &str, text: &str, private: Option<&[u8; KEY_LEN]>, peer: Whose) {
+        let (whose, theirs) = match peer {
+            Whose::OtherGateway => ("the other gateway", "the other gateway's"),
+            Whose::Entry => ("that peer", "that peer's"),
+        };
+        if keys::is_placeholder(text) {
             self.fail(
-                KEY,
+                key,
                 format!(
-                    "`{KEY}` is still the example's placeholder: replace it with the output of \
-                     `pepd pubkey /etc/pepd/private.key` on the other gateway"
+                    "`{key}` is still the example's placeholder: replace it with the output of \
+                     `pepd pubkey /etc/pepd/private.key` on {whose}"
                 ),
             );
-            return None;
+            return;
         }
         let peer = match keys::decode_key(text) {
             Ok(k) => k,
             // `validate` reports this already for a parsed config; here for completeness.
             Err(why) => {
-                self.fail(KEY, format!("`{KEY}` {why}"));
-                return None;
+                self.fail(key, format!("`{key}` {why}"));
+                return;
             }
         };
         if private.is_some_and(|p| public_key(p) == peer) {
             self.fail(
-                KEY,
+                key,
                 format!(
-                    "`{KEY}` is this gateway's own public key; it must be the other gateway's \
-                     (`pepd pubkey` there)"
+                    "`{key}` is this gateway's own public key; it must be {theirs} (`pepd \
+                     pubkey` there)"
                 ),
             );
-            return None;
         }
-        Some(peer)
     }
 }

@@ -174,7 +174,10 @@ impl SourceMap {
         match messages::schema_error(error.message()) {
             SchemaError::UnknownKey { expected } => {
                 let hint = expected.map_or_else(String::new, |e| format!(" ({e})"));
-                let message = format!("unknown key `{path}`{hint}");
+                let moved = messages::moved_key(&path).map_or_else(String::new, |to| {
+                    format!("; with `[[peer]]` entries it goes in `[tunnel]`, as `{to}`")
+                });
+                let message = format!("unknown key `{path}`{hint}{moved}");
                 diag(Some(path), at, message)
             }
             SchemaError::MissingKey { name } if path.is_empty() => diag(
@@ -189,7 +192,12 @@ impl SourceMap {
                     .entries
                     .get(&path)
                     .map_or(Position::Document, |e| e.key_at);
-                let message = format!("missing required key `{key}` in `[{path}]`");
+                // An element of an array of tables is an entry of `[[name]]`.
+                let section = match path.strip_suffix(']').and_then(|p| p.rsplit_once('[')) {
+                    Some((array, _)) => format!("[[{array}]]"),
+                    None => format!("[{path}]"),
+                };
+                let message = format!("missing required key `{key}` in `{section}`");
                 diag(Some(key), header, message)
             }
             SchemaError::Value(message) if path.is_empty() => diag(None, at, message),

@@ -9,6 +9,16 @@ use super::*;
 
 const TERMINAL: &str = include_str!("../../config/terminal.toml");
 const HUB: &str = include_str!("../../config/hub.toml");
+const HUB_SPOKE: &str = include_str!("../../config/hub-spoke.toml");
+
+/// The `[peer]` table of a config in the pair form.
+#[track_caller]
+fn pair(c: &PepdConfig) -> &PeerConfig {
+    match &c.peer {
+        Peers::Pair(p) => p,
+        Peers::List(_) => panic!("not the pair form"),
+    }
+}
 
 /// The smallest valid config: six lines, so an appended section starts on line 7.
 const MIN: &str = "[peer]
@@ -65,8 +75,8 @@ fn min_with(extra: &str) -> String {
 fn example_configs_parse_validate_and_are_quiet() {
     let t = PepdConfig::parse_named(TERMINAL, "terminal.toml").expect("terminal.toml");
     let h = PepdConfig::parse_named(HUB, "hub.toml").expect("hub.toml");
-    assert_eq!(t.peer.side, Side::Terminal);
-    assert_eq!(h.peer.side, Side::Hub);
+    assert_eq!(pair(&t).side, Side::Terminal);
+    assert_eq!(pair(&h).side, Side::Hub);
     assert_eq!(t.role(), pep_transport::Role::Initiator);
     assert_eq!(h.role(), pep_transport::Role::Responder);
     // Mirror images: each side's rx is the other's tx, and each names the other's bind.
@@ -74,8 +84,8 @@ fn example_configs_parse_validate_and_are_quiet() {
     assert_eq!(t.link.rx_rate, h.link.tx_rate);
     assert_eq!(h.link.tx_rate, BitRate(10_000_000));
     assert_eq!(t.link.tx_rate, BitRate(2_000_000));
-    assert_eq!(Some(t.peer.address), h.peer.bind);
-    assert_eq!(Some(h.peer.address), t.peer.bind);
+    assert_eq!(Some(pair(&t).address), pair(&h).bind);
+    assert_eq!(Some(pair(&h).address), pair(&t).bind);
     for c in [&t, &h] {
         assert!(c.warnings().is_empty(), "{:?}", c.warnings());
         c.transport().validate().expect("transport config");
@@ -83,7 +93,7 @@ fn example_configs_parse_validate_and_are_quiet() {
             SocketAddr::V4(v4) => (v4.ip().octets()[0], v4.ip().octets()[1] & 0xfe) == (198, 18),
             SocketAddr::V6(_) => false,
         };
-        assert!(in_test_net(c.peer.address) && in_test_net(c.tunnel_bind()));
+        assert!(in_test_net(pair(c).address) && in_test_net(c.tunnel_bind()));
     }
 }
 
@@ -114,7 +124,7 @@ fn defaults() {
         ]
     );
     assert_eq!(c.intercept.own_mark, 0x2);
-    assert_eq!(c.peer.bind, None);
+    assert_eq!(pair(&c).bind, None);
     assert_eq!(c.tunnel_bind(), "0.0.0.0:7400".parse().expect("addr"));
     assert_eq!(c.link.mtu, 1500);
     let t = &c.transport;
@@ -212,9 +222,9 @@ fn unknown_key_names_key_and_exact_line() {
 
 #[test]
 fn unknown_section_and_nested_keys() {
-    const SECTIONS: &str = "(expected one of `log`, `intercept`, `rules`, `peer`, `link`, \
-                            `transport`, `limits`, `timeouts`, `upstream`, `metrics`, \
-                            `shutdown`, `security`)";
+    const SECTIONS: &str = "(expected one of `log`, `intercept`, `rules`, `peer`, `tunnel`, \
+                            `link`, `transport`, `limits`, `timeouts`, `upstream`, \
+                            `metrics`, `shutdown`, `security`)";
     assert_parse_error(
         &min_with("\n\n[tuning]\n"),
         Some("tuning"),
@@ -867,7 +877,55 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 43, "every key of the schema");
+    assert_eq!(count, 44, "every key of the schema");
+    // The `[[peer]]` form's keys, in config/hub-spoke.toml, which sets every one.
+    let root = toml::de::DeTable::parse(HUB_SPOKE).expect("toml");
+    let mut list_keys = std::collections::BTreeSet::new();
+    for (section, value) in root.get_ref() {
+        let section = section.get_ref();
+        let tables: Vec<_> = match value.get_ref() {
+            toml::de::DeValue::Array(entries) => entries.iter().map(|e| e.get_ref()).collect(),
+            table => vec![table],
+        };
+        let heading = match value.get_ref() {
+            toml::de::DeValue::Array(_) => format!("### `[[{section}]]`"),
+            _ => format!("### `[{section}]`"),
+        };
+        assert!(DOC.contains(&heading), "{heading} undocumented");
+        for table in tables {
+            for key in table.as_table().expect("sections only").keys() {
+                let row = format!("| `{}` |", key.get_ref());
+                assert!(
+                    DOC.contains(&row),
+                    "{section}.{} undocumented",
+                    key.get_ref()
+                );
+                list_keys.insert(format!("{section}.{}", key.get_ref()));
+            }
+        }
+    }
+    let new: Vec<&str> = list_keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| k.starts_with("peer.") || k.starts_with("tunnel."))
+        .collect();
+    assert_eq!(
+        new,
+        [
+            "peer.address",
+            "peer.keepalive",
+            "peer.min_rate",
+            "peer.name",
+            "peer.public_key",
+            "peer.rx_rate",
+            "peer.subnets",
+            "peer.tx_rate",
+            "peer.weight",
+            "tunnel.bind",
+            "tunnel.side",
+        ],
+        "every key of the `[[peer]]` form"
+    );
 }
 
 // ---- [rules] ---------------------------------------------------------------------------

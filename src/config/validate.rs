@@ -7,9 +7,13 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::error::sort_by_position;
+use super::error::{sort_by_position, Position};
+use super::peers::{self, PeerEntry, MAX_NAME_LEN, MAX_PEERS};
 use super::report::approx;
-use super::{ConfigError, Diagnostic, PepdConfig, SourceMap};
+use super::{
+    BitRate, Cidr, ConfigError, Diagnostic, PeerConfig, Peers, PepdConfig, SecurityMode, Side,
+    SourceMap,
+};
 
 const MIN_RATE_BPS: u64 = 8_000;
 const MAX_RATE_BPS: u64 = 100_000_000_000;
@@ -33,6 +37,9 @@ const MIN_REKEY_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_REKEY_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// Fewer packets per key would spend a good part of the link on handshakes.
 const MIN_REKEY_PACKETS: u64 = 1000;
+const MAX_WEIGHT: u32 = 1000;
+/// nftables takes longer table names; this keeps them plain words that need no quoting.
+const MAX_NFT_TABLE_LEN: usize = 32;
 
 struct Checker<'a> {
     map: &'a SourceMap,
@@ -48,6 +55,23 @@ impl Checker<'_> {
     fn check(&mut self, ok: bool, key: &str, why: impl Display) {
         if !ok {
             self.fail(key, why);
+        }
+    }
+
+    /// A problem with `key` shown at `position`: for a key the file leaves out but must
+    /// have, there is no default to blame.
+    fn fail_at(&mut self, key: &str, position: Position, why: impl Display) {
+        let d = self
+            .map
+            .diagnostic_at(key, position, format!("`{key}` {why}"));
+        self.found.push(d);
+    }
+
+    /// Where the `[[peer]]` entry `i` starts: its header.
+    fn entry_position(&self, i: usize) -> Position {
+        match self.map.position(&format!("peer[{i}]")) {
+            Position::Default => Position::Document,
+            at => at,
         }
     }
 }
@@ -67,7 +91,11 @@ impl PepdConfig {
         self.check_log(&mut c);
         self.check_intercept(&mut c);
         self.check_rules(&mut c);
-        self.check_peer(&mut c);
+        self.check_tunnel(&mut c);
+        match &self.peer {
+            Peers::Pair(pair) => self.check_peer(pair, &mut c),
+            Peers::List(entries) => self.check_peers(entries, &mut c),
+        }
         self.check_link(&mut c);
         self.check_transport(&mut c);
         self.check_limits(&mut c);
@@ -152,11 +180,7 @@ impl PepdConfig {
                 c.check(
                     !subnet.has_host_bits(),
                     &format!("{list}[{i}]"),
-                    format!(
-                        "({subnet}) has bits set after the prefix: write {}/{}",
-                        subnet.network(),
-                        subnet.prefix
-                    ),
+                    host_bits(subnet),
                 );
             }
         }
@@ -193,32 +217,300 @@ impl PepdConfig {
                 r.route_table
             ),
         );
+        c.check(
+            is_nft_table_name(&r.table),
+            "rules.table",
+            format!(
+                "({:?}) must be a letter followed by at most {} letters, digits or '_'",
+                r.table,
+                MAX_NFT_TABLE_LEN - 1
+            ),
+        );
     }
 
-    fn check_peer(&self, c: &mut Checker<'_>) {
-        let addr = self.peer.address;
-        c.check(
-            addr.port() != 0,
-            "peer.address",
-            format!("({addr}) needs a port other than 0"),
-        );
-        c.check(
-            !addr.ip().is_unspecified(),
-            "peer.address",
-            format!("({addr}) must be the peer's address, not the unspecified address"),
-        );
-        c.check(
-            !addr.ip().is_multicast(),
-            "peer.address",
-            format!("({addr}) must be a unicast address"),
-        );
-        if let Some(bind) = self.peer.bind {
+    fn check_peer(&self, pair: &PeerConfig, c: &mut Checker<'_>) {
+        let addr = pair.address;
+        check_peer_address(c, "peer.address", addr);
+        if let Some(bind) = pair.bind {
             c.check(
                 bind.is_ipv4() == addr.is_ipv4(),
                 "peer.bind",
                 format!("({bind}) must be of the same address family as `peer.address` ({addr})"),
             );
         }
+    }
+
+    /// `[tunnel]` belongs to the `[[peer]]` form, and that form needs it.
+    fn check_tunnel(&self, c: &mut Checker<'_>) {
+        match (&self.peer, &self.tunnel) {
+            (Peers::List(_), None) => c.fail_at(
+                "tunnel",
+                Position::Document,
+                "is required with `[[peer]]` entries: add a `[tunnel]` section with this \
+                 gateway's `side` (\"hub\" or \"terminal\") and, optionally, its `bind` address",
+            ),
+            (Peers::Pair(_), Some(_)) => c.fail(
+                "peer",
+                format!(
+                    "is a single `[peer]` table, which keeps its own `side` and `bind`: \
+                     `[tunnel]` ({}) is only for `[[peer]]` entries; move its keys into \
+                     `[peer]`, or write the peers as `[[peer]]` entries",
+                    c.map.describe("tunnel")
+                ),
+            ),
+            _ => {}
+        }
+    }
+
+    /// The `[[peer]]` form: each entry on its own, then what entries must not share.
+    fn check_peers(&self, entries: &[PeerEntry], c: &mut Checker<'_>) {
+        let count = entries.len();
+        if count == 0 {
+            c.fail("peer", "must have at least one `[[peer]]` entry");
+        } else if count > MAX_PEERS {
+            c.fail(
+                "peer",
+                format!("has {count} entries; at most {MAX_PEERS} are supported"),
+            );
+        }
+        if count > 1 && self.side() == Side::Terminal {
+            c.fail(
+                "peer",
+                format!(
+                    "has {count} entries, but a terminal (`tunnel.side = \"terminal\"`, {}) \
+                     has one peer, its hub: only a hub serves several",
+                    c.map.describe("tunnel.side")
+                ),
+            );
+        }
+        if self.security.peer_public_key.is_some() {
+            c.fail(
+                "security.peer_public_key",
+                "is for a single `[peer]` table; with `[[peer]]` entries each has \
+                 `public_key`: move it into the entry of that peer",
+            );
+        }
+        for (i, entry) in entries.iter().enumerate() {
+            self.check_entry(i, entry, c);
+        }
+        self.check_entries_differ(entries, c);
+        self.check_min_rates_fit(entries, c);
+    }
+
+    fn check_entry(&self, i: usize, e: &PeerEntry, c: &mut Checker<'_>) {
+        let key = |field: &str| format!("peer[{i}].{field}");
+        if !peers::is_valid_name(&e.name) {
+            c.fail(
+                &key("name"),
+                format!(
+                    "({:?}) must be 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'",
+                    e.name
+                ),
+            );
+        }
+        let noise = self.security.mode == SecurityMode::Noise;
+        match &e.public_key {
+            Some(text) => check_public_key(c, &key("public_key"), text, "that peer"),
+            None if noise => c.fail_at(
+                &key("public_key"),
+                c.entry_position(i),
+                "is required with `security.mode = \"noise\"` (the default): that peer's \
+                 public key, as `pepd pubkey` prints it there",
+            ),
+            None => {}
+        }
+        match e.address {
+            Some(addr) => {
+                check_peer_address(c, &key("address"), addr);
+                let bind = self.tunnel_bind();
+                if bind.is_ipv4() != addr.is_ipv4() {
+                    let whence = match c.map.line("tunnel.bind") {
+                        Some(line) => format!("`tunnel.bind`, line {line}"),
+                        None => "the default bind address".to_owned(),
+                    };
+                    c.fail(
+                        &key("address"),
+                        format!(
+                            "({addr}) must be of the same address family as the tunnel's \
+                             ({bind}, {whence})"
+                        ),
+                    );
+                }
+            }
+            // Without authentication the source address is all that tells peers apart.
+            None if !noise => c.fail_at(
+                &key("address"),
+                c.entry_position(i),
+                "is required with `security.mode = \"none\"`: without keys, a peer is known \
+                 by its address",
+            ),
+            None => {}
+        }
+        if e.subnets.is_empty() {
+            c.fail(
+                &key("subnets"),
+                "must list at least one prefix reached through this peer (its LAN at a hub; \
+                 \"0.0.0.0/0\" and \"::/0\" at a terminal)",
+            );
+        }
+        for (k, subnet) in e.subnets.iter().enumerate() {
+            let at = format!("peer[{i}].subnets[{k}]");
+            if subnet.has_host_bits() {
+                c.fail(&at, host_bits(subnet));
+            } else if e.subnets[..k]
+                .iter()
+                .any(|s| s.network() == subnet.network() && s.prefix == subnet.prefix)
+            {
+                c.fail(&at, format!("({subnet}) is listed twice"));
+            }
+        }
+        self.check_entry_rates(i, e, c);
+        if !(1..=MAX_WEIGHT).contains(&e.weight) {
+            c.fail(
+                &key("weight"),
+                format!("must be 1 to {MAX_WEIGHT}, not {}", e.weight),
+            );
+        }
+        if let Some(keepalive) = e.keepalive {
+            check_keepalive(c, &key("keepalive"), keepalive, self.transport.outage_limit);
+        }
+    }
+
+    fn check_entry_rates(&self, i: usize, e: &PeerEntry, c: &mut Checker<'_>) {
+        let key = |field: &str| format!("peer[{i}].{field}");
+        for (field, rate) in [
+            ("tx_rate", e.tx_rate),
+            ("rx_rate", e.rx_rate),
+            ("min_rate", e.min_rate),
+        ] {
+            if let Some(rate) = rate {
+                c.check(
+                    rate_in_range(rate),
+                    &key(field),
+                    format!("must be 8 kbit/s to 100 Gbit/s, not {rate}"),
+                );
+            }
+        }
+        let link = self.link.tx_rate;
+        if let Some(tx) = e
+            .tx_rate
+            .filter(|tx| rate_in_range(*tx) && rate_in_range(link))
+        {
+            c.check(
+                tx <= link,
+                &key("tx_rate"),
+                format!(
+                    "({tx}) must be at most `link.tx_rate` ({link}, {}), the carrier it shares",
+                    c.map.describe("link.tx_rate")
+                ),
+            );
+        }
+        let (ceiling, ceiling_key) = match e.tx_rate {
+            Some(tx) => (tx, key("tx_rate")),
+            None => (link, "link.tx_rate".to_owned()),
+        };
+        if let Some(min) = e
+            .min_rate
+            .filter(|min| rate_in_range(*min) && rate_in_range(ceiling))
+        {
+            c.check(
+                min <= ceiling,
+                &key("min_rate"),
+                format!(
+                    "({min}) must be at most `{ceiling_key}` ({ceiling}, {}): a peer is never \
+                     sent more than its `tx_rate`",
+                    c.map.describe(&ceiling_key)
+                ),
+            );
+        }
+    }
+
+    /// Names, keys and addresses are unique; subnets of different peers are disjoint.
+    fn check_entries_differ(&self, entries: &[PeerEntry], c: &mut Checker<'_>) {
+        let mut also = |field: &str, what: &str, dups: Vec<(usize, usize)>| {
+            for (first, later) in dups {
+                let other = format!("peer[{first}].{field}");
+                c.fail(
+                    &format!("peer[{later}].{field}"),
+                    format!("is also `{other}` ({}): {what}", c.map.describe(&other)),
+                );
+            }
+        };
+        also(
+            "name",
+            "each peer needs its own name",
+            peers::duplicates(entries.iter().map(|e| Some(e.name.as_str()))),
+        );
+        also(
+            "public_key",
+            "each peer has its own key pair",
+            peers::duplicates(entries.iter().map(|e| {
+                e.public_key
+                    .as_deref()
+                    .and_then(|k| crate::keys::decode_key(k).ok())
+            })),
+        );
+        also(
+            "address",
+            "each peer has its own tunnel address",
+            peers::duplicates(entries.iter().map(|e| e.address)),
+        );
+        for (outer, inner) in peers::overlaps(&peers::subnets_of(entries)) {
+            // Blame the one written later; name the other with its line.
+            let (blamed, other) = if (outer.peer, outer.index) > (inner.peer, inner.index) {
+                (outer, inner)
+            } else {
+                (inner, outer)
+            };
+            let other_key = format!("peer[{}].subnets[{}]", other.peer, other.index);
+            c.fail(
+                &format!("peer[{}].subnets[{}]", blamed.peer, blamed.index),
+                format!(
+                    "({}) overlaps `{other_key}` ({}, {}): each destination must belong to \
+                     one peer",
+                    blamed.net,
+                    other.net,
+                    c.map.describe(&other_key)
+                ),
+            );
+        }
+    }
+
+    /// The CIRs must fit on the carrier together.
+    fn check_min_rates_fit(&self, entries: &[PeerEntry], c: &mut Checker<'_>) {
+        let link = self.link.tx_rate;
+        let committed: Vec<(usize, &PeerEntry, BitRate)> = entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.min_rate.map(|min| (i, e, min)))
+            .collect();
+        if !rate_in_range(link) || committed.iter().any(|(_, _, min)| !rate_in_range(*min)) {
+            return;
+        }
+        let sum = committed
+            .iter()
+            .fold(0u64, |sum, (_, _, min)| sum.saturating_add(min.bps()));
+        if sum <= link.bps() {
+            return;
+        }
+        let each: Vec<String> = committed
+            .iter()
+            .map(|(i, e, min)| {
+                format!(
+                    "{} {min} ({})",
+                    e.name,
+                    c.map.describe(&format!("peer[{i}].min_rate"))
+                )
+            })
+            .collect();
+        c.fail(
+            "link.tx_rate",
+            format!(
+                "({link}) is less than the `min_rate` of the peers together ({}): {}",
+                BitRate(sum),
+                each.join(", ")
+            ),
+        );
     }
 
     fn check_link(&self, c: &mut Checker<'_>) {
@@ -233,7 +525,7 @@ impl PepdConfig {
             );
         }
         let mtu = self.link.mtu;
-        let v6 = matches!(self.peer.address, SocketAddr::V6(_));
+        let v6 = self.tunnel_is_ipv6();
         if !(MIN_MTU..=MAX_MTU).contains(&mtu) {
             c.fail(
                 "link.mtu",
@@ -270,20 +562,7 @@ impl PepdConfig {
             "transport.outage_limit",
             format!("must be at least 1s, not {}", ms(t.outage_limit)),
         );
-        if t.keepalive.is_zero() {
-            c.fail("transport.keepalive", "must be more than 0");
-        } else if t.keepalive >= t.outage_limit {
-            c.fail(
-                "transport.keepalive",
-                format!(
-                    "({}) must be shorter than `transport.outage_limit` ({}, {}), or idle \
-                     outages go unnoticed",
-                    ms(t.keepalive),
-                    ms(t.outage_limit),
-                    c.map.describe("transport.outage_limit"),
-                ),
-            );
-        }
+        check_keepalive(c, "transport.keepalive", t.keepalive, t.outage_limit);
         c.check(
             t.pacing_burst <= MAX_PACING_BURST,
             "transport.pacing_burst",
@@ -428,21 +707,7 @@ impl PepdConfig {
             ),
         );
         if let Some(key) = &s.peer_public_key {
-            match crate::keys::decode_key(key) {
-                Ok(k) if k == [0; crate::keys::KEY_LEN] => c.fail(
-                    "security.peer_public_key",
-                    "is all zeros, which is no one's public key; use the output of `pepd \
-                     pubkey` on the other gateway",
-                ),
-                Ok(_) => {}
-                Err(why) => c.fail(
-                    "security.peer_public_key",
-                    format!(
-                        "{why}; expected base64 of a 32-byte key, as `pepd pubkey` prints on the \
-                         other gateway"
-                    ),
-                ),
-            }
+            check_public_key(c, "security.peer_public_key", key, "the other gateway");
         }
         for (key, path) in [
             ("security.private_key_file", &s.private_key_file),
@@ -462,6 +727,78 @@ impl PepdConfig {
             }
         }
     }
+}
+
+/// A peer's tunnel address: somewhere a datagram can be sent.
+fn check_peer_address(c: &mut Checker<'_>, key: &str, addr: SocketAddr) {
+    c.check(
+        addr.port() != 0,
+        key,
+        format!("({addr}) needs a port other than 0"),
+    );
+    c.check(
+        !addr.ip().is_unspecified(),
+        key,
+        format!("({addr}) must be the peer's address, not the unspecified address"),
+    );
+    c.check(
+        !addr.ip().is_multicast(),
+        key,
+        format!("({addr}) must be a unicast address"),
+    );
+}
+
+/// A peer's public key as written: base64 of 32 bytes, not all zeros. `whose` says where
+/// `pepd pubkey` prints it. The example's placeholder and our own key are refused when
+/// the keys are loaded (`security()`), so the examples parse.
+fn check_public_key(c: &mut Checker<'_>, key: &str, text: &str, whose: &str) {
+    match crate::keys::decode_key(text) {
+        Ok(k) if k == [0; crate::keys::KEY_LEN] => c.fail(
+            key,
+            format!(
+                "is all zeros, which is no one's public key; use the output of `pepd pubkey` \
+                 on {whose}"
+            ),
+        ),
+        Ok(_) => {}
+        Err(why) => c.fail(
+            key,
+            format!("{why}; expected base64 of a 32-byte key, as `pepd pubkey` prints on {whose}"),
+        ),
+    }
+}
+
+fn check_keepalive(c: &mut Checker<'_>, key: &str, keepalive: Duration, outage_limit: Duration) {
+    if keepalive.is_zero() {
+        c.fail(key, "must be more than 0");
+    } else if keepalive >= outage_limit {
+        c.fail(
+            key,
+            format!(
+                "({}) must be shorter than `transport.outage_limit` ({}, {}), or idle \
+                 outages go unnoticed",
+                ms(keepalive),
+                ms(outage_limit),
+                c.map.describe("transport.outage_limit"),
+            ),
+        );
+    }
+}
+
+fn host_bits(subnet: &Cidr) -> String {
+    format!(
+        "({subnet}) has bits set after the prefix: write {}/{}",
+        subnet.network(),
+        subnet.prefix
+    )
+}
+
+/// `[A-Za-z][A-Za-z0-9_]{0,31}`: a plain nftables identifier.
+fn is_nft_table_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+        && name.len() <= MAX_NFT_TABLE_LEN
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// Routing tables the kernel and iproute2 use themselves: unspec, default, main, local.
@@ -486,7 +823,7 @@ fn check_interface_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn rate_in_range(rate: super::BitRate) -> bool {
+fn rate_in_range(rate: BitRate) -> bool {
     (MIN_RATE_BPS..=MAX_RATE_BPS).contains(&rate.bps())
 }
 

@@ -9,8 +9,9 @@
 use std::collections::BTreeSet;
 
 use crate::config::{
-    InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PeerConfig, PepdConfig,
-    RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig, TransportConfig, UpstreamConfig,
+    InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PeerConfig, PeerEntry,
+    Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig,
+    TransportConfig, TunnelConfig, UpstreamConfig,
 };
 
 /// Keys a reload applies to the running daemon, grouped as they are applied; in the
@@ -37,7 +38,9 @@ pub enum RestartSetting {
     FlowBuffer,
     /// Every `[transport]` key but the ACK policy.
     Transport,
+    /// `[peer]`, or every `[[peer]]` entry: the peers are set up once, at start.
     Peer,
+    Tunnel,
     Intercept,
     Metrics,
     /// Keys are read once at start; a changed file at the same path needs a restart too,
@@ -86,6 +89,7 @@ impl RestartSetting {
                  datagram_size)"
             }
             RestartSetting::Peer => "peer",
+            RestartSetting::Tunnel => "tunnel",
             RestartSetting::Intercept => "intercept",
             RestartSetting::Metrics => "metrics",
             RestartSetting::Security => "security",
@@ -129,12 +133,10 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 tproxy_mark,
                 route_table,
                 fail,
+                table,
             },
-        peer: PeerConfig {
-            address,
-            bind,
-            side,
-        },
+        peer,
+        tunnel,
         link:
             LinkConfig {
                 tx_rate,
@@ -182,12 +184,7 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
         source_map: _,
     } = new;
     let r = running;
-    let key = |name, setting, changed| Key {
-        name,
-        setting,
-        changed,
-    };
-    vec![
+    let mut keys = vec![
         key("log.level", Live(L::LogLevel), *level != r.log.level),
         key(
             "intercept.listen",
@@ -226,9 +223,11 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             *route_table != r.rules.route_table,
         ),
         key("rules.fail", RulesUnit, *fail != r.rules.fail),
-        key("peer.address", Restart(R::Peer), *address != r.peer.address),
-        key("peer.bind", Restart(R::Peer), *bind != r.peer.bind),
-        key("peer.side", Restart(R::Peer), *side != r.peer.side),
+        key("rules.table", RulesUnit, *table != r.rules.table),
+    ];
+    keys.extend(peer_keys(peer, &r.peer));
+    keys.extend(tunnel_keys(tunnel.as_ref(), r.tunnel.as_ref()));
+    keys.extend([
         key("link.tx_rate", Live(L::TxRate), *tx_rate != r.link.tx_rate),
         key(
             "link.rx_rate",
@@ -363,6 +362,121 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             Restart(R::Security),
             *rekey_after_packets != r.security.rekey_after_packets,
         ),
+    ]);
+    keys
+}
+
+fn key(name: &'static str, setting: Setting, changed: bool) -> Key {
+    Key {
+        name,
+        setting,
+        changed,
+    }
+}
+
+/// The `[peer]` table's keys, or the `[[peer]]` fields: `peer[].name` is changed when any
+/// entry's name is, or an entry came or went. Compared with the running config's form;
+/// a change of form changes every key.
+fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
+    let peer = Setting::Restart(RestartSetting::Peer);
+    match new {
+        Peers::Pair(PeerConfig {
+            address,
+            bind,
+            side,
+        }) => {
+            let r = match running {
+                Peers::Pair(r) => Some(r),
+                Peers::List(_) => None,
+            };
+            vec![
+                key(
+                    "peer.address",
+                    peer,
+                    r.is_none_or(|r| *address != r.address),
+                ),
+                key("peer.bind", peer, r.is_none_or(|r| *bind != r.bind)),
+                key("peer.side", peer, r.is_none_or(|r| *side != r.side)),
+            ]
+        }
+        Peers::List(entries) => {
+            let old: &[PeerEntry] = match running {
+                Peers::List(r) => r,
+                Peers::Pair(_) => &[],
+            };
+            let removed = old.len() > entries.len();
+            let mut keys: Vec<Key> = Vec::new();
+            for (i, entry) in entries.iter().enumerate() {
+                let changes = entry_changes(entry, old.get(i));
+                if keys.is_empty() {
+                    keys = changes
+                        .iter()
+                        .map(|&(name, changed)| key(name, peer, changed || removed))
+                        .collect();
+                } else {
+                    for (k, (_, changed)) in keys.iter_mut().zip(changes) {
+                        k.changed |= changed;
+                    }
+                }
+            }
+            keys
+        }
+    }
+}
+
+/// Each field of a `[[peer]]` entry and whether it differs from the running entry at the
+/// same place (every field, for an entry that is new there).
+fn entry_changes(new: &PeerEntry, old: Option<&PeerEntry>) -> [(&'static str, bool); 9] {
+    let PeerEntry {
+        name,
+        public_key,
+        address,
+        subnets,
+        tx_rate,
+        rx_rate,
+        min_rate,
+        weight,
+        keepalive,
+    } = new;
+    [
+        ("peer[].name", old.is_none_or(|o| *name != o.name)),
+        (
+            "peer[].public_key",
+            old.is_none_or(|o| *public_key != o.public_key),
+        ),
+        ("peer[].address", old.is_none_or(|o| *address != o.address)),
+        ("peer[].subnets", old.is_none_or(|o| *subnets != o.subnets)),
+        ("peer[].tx_rate", old.is_none_or(|o| *tx_rate != o.tx_rate)),
+        ("peer[].rx_rate", old.is_none_or(|o| *rx_rate != o.rx_rate)),
+        (
+            "peer[].min_rate",
+            old.is_none_or(|o| *min_rate != o.min_rate),
+        ),
+        ("peer[].weight", old.is_none_or(|o| *weight != o.weight)),
+        (
+            "peer[].keepalive",
+            old.is_none_or(|o| *keepalive != o.keepalive),
+        ),
+    ]
+}
+
+/// `[tunnel]`'s keys, when the new config has the section.
+fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Vec<Key> {
+    let tunnel = Setting::Restart(RestartSetting::Tunnel);
+    let Some(TunnelConfig { side, bind }) = new else {
+        return Vec::new();
+    };
+    vec![
+        key(
+            "tunnel.side",
+            tunnel,
+            running.is_none_or(|r| *side != r.side),
+        ),
+        key(
+            "tunnel.bind",
+            tunnel,
+            running.is_none_or(|r| *bind != r.bind),
+        ),
     ]
 }
 
@@ -376,18 +490,46 @@ mod tests {
         LossDefault, OverLimit, SecurityMode, Side,
     };
 
+    const HUB_SPOKE: &str = include_str!("../../config/hub-spoke.toml");
+
     fn every_key() -> PepdConfig {
         PepdConfig::parse(&example_with_every_key()).expect("example with every key")
     }
 
-    /// "section.key" for every key `text` sets.
+    /// The `[peer]` table of a config in the pair form.
+    fn pair(c: &mut PepdConfig) -> &mut PeerConfig {
+        match &mut c.peer {
+            Peers::Pair(p) => p,
+            Peers::List(_) => panic!("not the pair form"),
+        }
+    }
+
+    /// The first `[[peer]]` entry of a config in the list form.
+    fn entry(c: &mut PepdConfig) -> &mut PeerEntry {
+        match &mut c.peer {
+            Peers::List(entries) => &mut entries[0],
+            Peers::Pair(_) => panic!("not the list form"),
+        }
+    }
+
+    /// "section.key" for every key `text` sets; "peer[].key" for the keys of `[[peer]]`
+    /// entries.
     fn keys_in(text: &str) -> BTreeSet<String> {
         let root = toml::de::DeTable::parse(text).expect("toml");
         let mut keys = BTreeSet::new();
-        for (section, table) in root.get_ref() {
-            let table = table.get_ref().as_table().expect("sections only");
-            for key in table.keys() {
-                keys.insert(format!("{}.{}", section.get_ref(), key.get_ref()));
+        for (section, value) in root.get_ref() {
+            let tables = match value.get_ref() {
+                toml::de::DeValue::Array(entries) => entries
+                    .iter()
+                    .map(|e| (format!("{}[]", section.get_ref()), e.get_ref()))
+                    .collect(),
+                table => vec![(section.get_ref().to_string(), table)],
+            };
+            for (name, table) in tables {
+                let table = table.as_table().expect("sections only");
+                for key in table.keys() {
+                    keys.insert(format!("{name}.{}", key.get_ref()));
+                }
             }
         }
         keys
@@ -470,8 +612,132 @@ mod tests {
                 "rules.tproxy_mark",
                 "rules.route_table",
                 "rules.fail",
+                "rules.table",
             ]
         );
+    }
+
+    #[test]
+    fn every_key_of_the_list_form_is_listed_once_and_needs_a_restart() {
+        let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+        let keys = compare(&c, &c);
+        let listed = names(&keys, |_| true);
+        let unique: BTreeSet<String> = listed.iter().map(|n| (*n).to_owned()).collect();
+        assert_eq!(unique.len(), listed.len(), "a key listed twice: {listed:?}");
+        // The schema's keys, with the `[peer]` table's replaced by the entries' and `[tunnel]`.
+        let mut expected: BTreeSet<String> = keys_in(&example_with_every_key())
+            .into_iter()
+            .filter(|k| !k.starts_with("peer."))
+            .collect();
+        expected.extend(
+            keys_in(HUB_SPOKE)
+                .into_iter()
+                .filter(|k| k.starts_with("peer[].") || k.starts_with("tunnel.")),
+        );
+        assert_eq!(unique, expected);
+        assert_eq!(names(&keys, |k| k.changed), Vec::<&str>::new());
+        let peer = |k: &Key| k.name.starts_with("peer") || k.name.starts_with("tunnel");
+        assert_eq!(
+            names(&keys, peer),
+            [
+                "peer[].name",
+                "peer[].public_key",
+                "peer[].address",
+                "peer[].subnets",
+                "peer[].tx_rate",
+                "peer[].rx_rate",
+                "peer[].min_rate",
+                "peer[].weight",
+                "peer[].keepalive",
+                "tunnel.side",
+                "tunnel.bind",
+            ]
+        );
+        let settings: BTreeSet<Setting> =
+            keys.iter().filter(|k| peer(k)).map(|k| k.setting).collect();
+        assert_eq!(
+            settings.into_iter().collect::<Vec<_>>(),
+            [
+                Setting::Restart(RestartSetting::Peer),
+                Setting::Restart(RestartSetting::Tunnel),
+            ]
+        );
+        assert_eq!(RestartSetting::Tunnel.label(), "tunnel");
+    }
+
+    #[test]
+    fn a_change_to_one_entry_field_is_seen_as_that_key_alone() {
+        type Mutation = (&'static str, fn(&mut PepdConfig));
+        let mutations: Vec<Mutation> = vec![
+            ("peer[].name", |c| entry(c).name.push('x')),
+            ("peer[].public_key", |c| entry(c).public_key = None),
+            ("peer[].address", |c| entry(c).address = None),
+            ("peer[].subnets", |c| {
+                entry(c).subnets.pop();
+            }),
+            ("peer[].tx_rate", |c| entry(c).tx_rate = None),
+            ("peer[].rx_rate", |c| entry(c).rx_rate = None),
+            ("peer[].min_rate", |c| entry(c).min_rate = None),
+            ("peer[].weight", |c| entry(c).weight += 1),
+            ("peer[].keepalive", |c| entry(c).keepalive = None),
+            ("tunnel.side", |c| {
+                if let Some(t) = &mut c.tunnel {
+                    t.side = Side::Terminal;
+                }
+            }),
+            ("tunnel.bind", |c| {
+                if let Some(t) = &mut c.tunnel {
+                    t.bind = None;
+                }
+            }),
+        ];
+        let base = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+        for (name, mutate) in mutations {
+            let mut new = base.clone();
+            mutate(&mut new);
+            assert!(
+                new.peer != base.peer || new.tunnel != base.tunnel,
+                "{name}: the example must set it"
+            );
+            assert_eq!(names(&compare(&base, &new), |k| k.changed), [name]);
+        }
+        // An entry more or less changes every entry key; so does a change of form.
+        let mut fewer = base.clone();
+        if let Peers::List(entries) = &mut fewer.peer {
+            entries.pop();
+        }
+        let all_entry_keys = names(&compare(&base, &base), |k| k.name.starts_with("peer["));
+        assert_eq!(
+            names(&compare(&base, &fewer), |k| k.changed),
+            all_entry_keys
+        );
+        assert_eq!(
+            names(&compare(&fewer, &base), |k| k.changed),
+            [
+                "peer[].name",
+                "peer[].public_key",
+                "peer[].address",
+                "peer[].subnets",
+                "peer[].tx_rate",
+                "peer[].rx_rate",
+                "peer[].min_rate",
+                "peer[].weight",
+                "peer[].keepalive"
+            ]
+        );
+        let pair = every_key();
+        assert_eq!(
+            names(&compare(&base, &pair), |k| k.name.starts_with("peer")),
+            ["peer.address", "peer.bind", "peer.side"]
+        );
+        assert!(compare(&base, &pair)
+            .iter()
+            .filter(|k| k.name.starts_with("peer"))
+            .all(|k| k.changed));
+        assert!(compare(&pair, &base)
+            .iter()
+            .filter(|k| k.name.starts_with("peer") || k.name.starts_with("tunnel"))
+            .all(|k| k.changed));
     }
 
     #[test]
@@ -492,9 +758,10 @@ mod tests {
             ("rules.tproxy_mark", |c| c.rules.tproxy_mark += 1),
             ("rules.route_table", |c| c.rules.route_table += 1),
             ("rules.fail", |c| c.rules.fail = FailMode::Closed),
-            ("peer.address", |c| c.peer.address.set_port(7401)),
-            ("peer.bind", |c| c.peer.bind = None),
-            ("peer.side", |c| c.peer.side = Side::Hub),
+            ("rules.table", |c| c.rules.table.push_str("_b")),
+            ("peer.address", |c| pair(c).address.set_port(7401)),
+            ("peer.bind", |c| pair(c).bind = None),
+            ("peer.side", |c| pair(c).side = Side::Hub),
             ("link.tx_rate", |c| {
                 c.link.tx_rate = BitRate(c.link.tx_rate.0 + 1)
             }),
@@ -583,7 +850,7 @@ mod tests {
         let base = every_key();
         let mut new = base.clone();
         new.rules.ports.push(22);
-        new.peer.side = Side::Hub;
+        pair(&mut new).side = Side::Hub;
         new.shutdown.grace += Duration::from_secs(1);
         new.transport.ack_max_delay += Duration::from_millis(1);
         new.transport.ack_every_packets += 1;

@@ -167,12 +167,81 @@ table inet pepd {
 #[test]
 fn teardown_removes_only_the_table() {
     assert_eq!(
-        nft_teardown(),
+        nft_teardown(&config(FULL)),
         r#"# Removes pepd's interception rules (`pepd nft-rules --remove`).
 table inet pepd {}
 delete table inet pepd
 "#
     );
+}
+
+#[test]
+fn nft_rules_use_the_configured_table() {
+    // A second instance on the same host: its own table, listener, marks and routing table.
+    let cfg = config(
+        &V6_ONLY
+            .replace(
+                "[rules]\n",
+                "[rules]\ntable = \"pepd_b\"\ntproxy_mark = 0x11\nroute_table = 101\n",
+            )
+            .replace("[::]:7000", "[::]:7001")
+            .replace("[intercept]\n", "[intercept]\nown_mark = 0x12\n"),
+    );
+    assert_eq!(
+        nft_ruleset(&cfg),
+        r#"# pepd interception rules, from `pepd nft-rules`. Load with `nft -f`; loading again
+# replaces the whole table. Needs the policy routing from `pepd nft-rules --routes`
+# (mark 0x11 -> table 101 -> local delivery).
+table inet pepd_b {}
+delete table inet pepd_b
+table inet pepd_b {
+	# rules.bypass_subnets: never intercepted, as destination or source. More can be
+	# added at run time: nft add element inet pepd_b bypass6 { fd00:198:18::/48 }
+	set bypass6 {
+		type ipv6_addr
+		flags interval
+		auto-merge
+	}
+
+	# rules.proxy_subnets: only these destinations are intercepted.
+	set proxy6 {
+		type ipv6_addr
+		flags interval
+		auto-merge
+		elements = { fd00:198:18::/48 }
+	}
+
+	chain prerouting {
+		type filter hook prerouting priority mangle; policy accept;
+		# pepd's own sockets (tunnel, upstream connections) are never intercepted.
+		meta mark 0x12 return
+		# Packets for sockets pepd holds: the client side of intercepted connections and,
+		# with upstream.transparent_source, the servers' replies to client addresses.
+		meta l4proto tcp socket transparent 1 meta mark set 0x11 accept
+		# Connections selected by rules.interfaces and rules.ports.
+		meta nfproto ipv6 tcp dport 22 ct direction original jump intercept
+	}
+
+	chain intercept {
+		# Connections to this host itself are not proxied.
+		fib daddr type local return
+		ip6 daddr @bypass6 return
+		ip6 saddr @bypass6 return
+		ip6 daddr != @proxy6 return
+		meta l4proto tcp tproxy ip6 to :7001 meta mark set 0x11 accept
+	}
+}
+"#
+    );
+    assert_eq!(
+        nft_teardown(&cfg),
+        r#"# Removes pepd's interception rules (`pepd nft-rules --remove`).
+table inet pepd_b {}
+delete table inet pepd_b
+"#
+    );
+    // The default names the table as it always has.
+    assert_eq!(config(V6_ONLY).rules.table, "pepd");
 }
 
 #[test]

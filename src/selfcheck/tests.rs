@@ -511,3 +511,82 @@ fn output_that_is_not_the_json_expected() {
         ]
     );
 }
+
+/// A hub with four terminals, three with an address.
+fn hub_config() -> PepdConfig {
+    let key = |n: u8| crate::keys::encode_key(&pep_transport::security::public_key(&[n; 32]));
+    let entry = |n: u8, name: &str, address: &str| {
+        format!(
+            "[[peer]]\nname = \"{name}\"\npublic_key = \"{}\"\n{address}subnets = [\"10.{n}.0.0/24\"]\n",
+            key(n)
+        )
+    };
+    PepdConfig::parse(&format!(
+        "[intercept]\nlisten = [\"0.0.0.0:7000\", \"[::]:7000\"]\n\
+         [rules]\ninterfaces = [\"lan0\"]\n\
+         [tunnel]\nside = \"hub\"\n\
+         [link]\ntx_rate = \"2M\"\nrx_rate = \"10M\"\n{}{}{}{}",
+        entry(1, "rig-3", "address = \"198.18.0.1:7400\"\n"),
+        entry(2, "van-1", ""),
+        entry(3, "ship-7", "address = \"198.19.0.7:7400\"\n"),
+        entry(4, "cell-12", "address = \"198.19.0.12:7400\"\n"),
+    ))
+    .expect("hub config")
+}
+
+#[test]
+fn self_check_names_each_peer_without_route() {
+    let probe = healthy()
+        .fail(
+            "ip -j route get 198.19.0.7 mark 0x2",
+            "RTNETLINK answers: Network is unreachable\n",
+        )
+        .ok(
+            "ip -j route get 198.19.0.12 mark 0x2",
+            r#"[{"type":"local","dst":"198.19.0.12","dev":"lo","table":"local","prefsrc":"198.19.0.12","flags":[],"mark":2,"uid":0,"cache":["local"]}]"#,
+        );
+    // rig-3 has a route; van-1 has no address to check.
+    assert_eq!(
+        startup_checks_with(&hub_config(), &probe),
+        [
+            "no route to peer ship-7 (198.19.0.7) (`ip route get`: RTNETLINK answers: Network \
+             is unreachable): the tunnel cannot reach it",
+            "`peer[3].address` 198.19.0.12 is an address of this host: it must be that peer's",
+        ]
+    );
+    // Without `ip`, said once for all peers.
+    let probe = Fake {
+        no_programs: true,
+        ..healthy()
+    };
+    let w = startup_checks_with(&hub_config(), &probe);
+    assert_eq!(w.iter().filter(|m| *m == IP_MISSING).count(), 1, "{w:#?}");
+}
+
+#[test]
+fn a_table_with_rules_for_other_listeners_is_named() {
+    // The healthy listing's rules go to port 7000; this instance listens on 7001.
+    let cfg = |table: &str| {
+        PepdConfig::parse(&format!(
+            "[intercept]\nlisten = [\"0.0.0.0:7001\"]\n\
+             [rules]\ninterfaces = [\"lan0\"]\ntable = \"{table}\"\n\
+             [peer]\naddress = \"198.18.0.1:7400\"\nside = \"terminal\"\n\
+             [link]\ntx_rate = \"2M\"\nrx_rate = \"10M\"\n"
+        ))
+        .expect("config")
+    };
+    let no_rule = "no nftables `tproxy` rule sends IPv4 TCP to port 7001 (`intercept.listen` \
+                   0.0.0.0:7001): connections are routed past pepd; load the rules from `pepd \
+                   nft-rules` (or, with iptables-legacy, check them there)";
+    assert_eq!(
+        startup_checks_with(&cfg("pepd"), &healthy()),
+        [
+            no_rule,
+            "table inet pepd (`rules.table`) is loaded but none of its rules sends to this \
+             gateway's listeners: another pepd instance on this host with the same \
+             `rules.table` may have replaced them; give each instance its own table",
+        ]
+    );
+    // With a table of its own that is not loaded, only the missing rule.
+    assert_eq!(startup_checks_with(&cfg("pepd_b"), &healthy()), [no_rule]);
+}
