@@ -13,6 +13,7 @@ pub mod metrics;
 mod notify;
 mod relay;
 mod reload;
+pub mod routes;
 pub mod rules;
 pub mod selfcheck;
 mod sockopt;
