@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every simulator acceptance scenario of the transport (issues 2 and 13) in release mode
-# and checks each against its target. Prints one line per check: PASS/FAIL, the figure, the
-# command. Exit status is non-zero if any check fails. Used to produce docs/BENCHMARKS.md.
+# Runs every simulator acceptance scenario of the transport (issues 2, 13 and 17) in release mode
+# and checks each against its target. Prints one tab-separated line per check: PASS/FAIL, the
+# check, the figure, the command. Exit status is non-zero if any check fails. Used to produce
+# docs/BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p pep-sim
@@ -23,7 +24,7 @@ r=json.loads(sys.argv[1])
 ok = bool($cond)
 print(('PASS' if ok else 'FAIL') + '\t' + str($show))
 " "$json")
-    printf '%s\t%s\tpep-sim bulk %s --json\n' "${verdict%%$'\t'*}" "$name: ${verdict#*$'\t'}" "$*"
+    printf '%s\t%s\t%s\tpep-sim bulk %s --json\n' "${verdict%%$'\t'*}" "$name" "${verdict#*$'\t'}" "$*"
     [[ $verdict == PASS* ]] || fails=$((fails + 1))
 }
 
@@ -169,7 +170,7 @@ print(("PASS" if ok else "FAIL") + "\tadaptive " + str([round(m, 3) for m in min
       " (" + str([max(fixed, key=lambda d: fixed[d][i]) for i in range(3)]) + " bytes) settled " + str([round(s, 1) for s in settle]) + " s after each step, closest changes " + str(round(closest, 1)) + " s apart")
 PY
 )
-printf '%s\t%s\t%s\n' "${verdict%%$'\t'*}" "BER steps 1e-6/1e-4/1e-6 every 60 s: settles within 10 s, changes >=2 s apart, each phase within 10 % of the best fixed size: ${verdict#*$'\t'}" "pep-sim bulk ${steps[*]} --json (and --datagram-size 1456..200)"
+printf '%s\t%s\t%s\t%s\n' "${verdict%%$'\t'*}" "BER steps 1e-6/1e-4/1e-6 every 60 s: settles within 10 s, changes >=2 s apart, each phase within 10 % of the best fixed size" "${verdict#*$'\t'}" "pep-sim bulk ${steps[*]} --json (and --datagram-size 1456..200)"
 [[ $verdict == PASS* ]] || fails=$((fails + 1))
 
 echo "failed checks: $fails"
