@@ -15,6 +15,7 @@ mod share;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -114,10 +115,12 @@ pub struct CarrierScheduler {
     cir_due: DueQueue,
     /// Members held back by their MIR, by when it lets them send again.
     mir_parked: DueQueue,
-    level: WaterLevel,
+    /// `None` after a change of members or rates: recomputed when next needed, so adding
+    /// a thousand members costs one computation, not a thousand.
+    level: Cell<Option<WaterLevel>>,
     refresh_at: Option<Instant>,
     last_now: Option<Instant>,
-    /// Reused by each allocation refresh.
+    /// Reused by each periodic refresh of `level`.
     scratch: Vec<MemberRates>,
 }
 
@@ -134,7 +137,7 @@ impl CarrierScheduler {
             ring: VecDeque::new(),
             cir_due: DueQueue::default(),
             mir_parked: DueQueue::default(),
-            level: WaterLevel::EveryoneAtMir,
+            level: Cell::new(None),
             refresh_at: None,
             last_now: None,
             scratch: Vec::new(),
@@ -157,7 +160,7 @@ impl CarrierScheduler {
     /// A new carrier rate (ACM changed the forward carrier's modulation, or a reload).
     pub fn set_carrier_rate(&mut self, carrier_bps: u64) {
         self.carrier.set_rate(carrier_bps);
-        self.refresh(self.last_now);
+        self.level.set(None);
     }
 
     /// Adds a member, taken to have data until [`next`](Self::next) learns otherwise.
@@ -183,7 +186,7 @@ impl CarrierScheduler {
         let slot = self.members.insert(member);
         let id = MemberId { slot, serial };
         self.wake(id);
-        self.refresh(self.last_now);
+        self.level.set(None);
         id
     }
 
@@ -203,7 +206,7 @@ impl CarrierScheduler {
             });
         }
         self.compact();
-        self.refresh(self.last_now);
+        self.level.set(None);
         true
     }
 
@@ -225,7 +228,7 @@ impl CarrierScheduler {
         if had_cir != member.cir.is_some() {
             self.requeue_cir(id);
         }
-        self.refresh(self.last_now);
+        self.level.set(None);
         true
     }
 
@@ -320,9 +323,15 @@ impl CarrierScheduler {
     /// CIRs of the recently active members leave, at most its MIR (a ceiling for the
     /// association's congestion controller). 0 for an unknown member.
     pub fn allocation(&self, id: MemberId) -> u64 {
-        self.member(id).map_or(0, |m| {
-            share::allocation(&m.rates, self.level, self.carrier.rate_bps())
-        })
+        let Some(member) = self.member(id) else {
+            return 0;
+        };
+        let level = self.level.get().unwrap_or_else(|| {
+            let level = self.water_level(self.last_now, &mut Vec::new());
+            self.level.set(Some(level));
+            level
+        });
+        share::allocation(&member.rates, level, self.carrier.rate_bps())
     }
 
     fn member_pacer(&self, rate_bps: u64) -> Pacer {
@@ -409,29 +418,32 @@ impl CarrierScheduler {
                 self.ring.push_back(id);
             }
         }
-        if self.refresh_at.is_none_or(|t| now >= t) {
-            self.refresh(Some(now));
+        if self.level.get().is_none() || self.refresh_at.is_none_or(|t| now >= t) {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            self.level
+                .set(Some(self.water_level(Some(now), &mut scratch)));
+            self.scratch = scratch;
+            self.refresh_at = Some(now + ALLOCATION_REFRESH);
         }
     }
 
-    /// Recomputes the water level over the members with data or seen sending within
-    /// [`ACTIVITY_WINDOW`] of `now` (with data only, before any time was seen).
-    fn refresh(&mut self, now: Option<Instant>) {
-        self.scratch.clear();
+    /// The water level of the members with data or seen sending within [`ACTIVITY_WINDOW`]
+    /// of `now` (with data only, before any time was seen).
+    fn water_level(&self, now: Option<Instant>, scratch: &mut Vec<MemberRates>) -> WaterLevel {
         let recently = |m: &Member| {
             m.backlogged
                 || matches!((now, m.last_sent), (Some(now), Some(t))
                     if now.saturating_duration_since(t) < ACTIVITY_WINDOW)
         };
-        self.scratch.extend(
+        scratch.clear();
+        scratch.extend(
             self.members
                 .iter()
                 .map(|(_, m)| m)
                 .filter(|m| recently(m))
                 .map(|m| m.rates),
         );
-        self.level = share::water_level(self.carrier.rate_bps(), &mut self.scratch);
-        self.refresh_at = now.map(|t| t + ALLOCATION_REFRESH);
+        share::water_level(self.carrier.rate_bps(), scratch)
     }
 
     /// Pass 1: the member whose CIR schedule has been due longest, if it has data and its MIR

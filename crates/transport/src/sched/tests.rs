@@ -337,6 +337,30 @@ fn poll_timeout_says_when_the_next_send_may_happen() {
     assert_eq!(sched.poll_timeout(t10), Some(t10));
 }
 
+#[test]
+fn ten_thousand_members_cost_o1_per_decision() {
+    // Half of them with data, every one with a CIR (the queue by due time at work): `ready`
+    // is asked about each idle member once, then about one or two members per datagram.
+    let mut sched = CarrierScheduler::new(1_000_000_000, 1500);
+    let ids: Vec<MemberId> = (0..10_000)
+        .map(|_| sched.add_member(rates(10_000, 1_000_000_000, 1)))
+        .collect();
+    let busy = |m: MemberId| ids.iter().position(|x| *x == m).is_some_and(|i| i % 2 == 0);
+    let busy: std::collections::HashSet<MemberId> =
+        ids.iter().copied().filter(|m| busy(*m)).collect();
+    let mut asked = 0u64;
+    let mut run = Run::new(sched);
+    run.until(SECOND, |m| {
+        asked += 1;
+        busy.contains(&m).then_some(1500)
+    });
+    let sent = run.sends.len() as u64;
+    assert_eq!(sent, 1_000_000_000 / 8 / 1500 + 1);
+    // Run asks once more per datagram to learn its size.
+    assert!(asked <= 3 * sent + 5_000, "{asked} for {sent}");
+    assert_eq!(run.sched.allocation(ids[0]), 200_000);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Add { cir: u64, mir: u64, weight: u32 },
