@@ -18,6 +18,7 @@ mod pacer;
 pub mod packet;
 pub mod range_set;
 mod rtt;
+pub mod sched;
 pub mod security;
 mod sent;
 pub mod stats;
@@ -28,6 +29,7 @@ pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, SizeMode, Ve
 pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};
 pub use loss::LossCounts;
+pub use sched::{CarrierScheduler, MemberId, MemberRates};
 pub use stats::{SecurityCounts, Stats};
 
 /// Version carried in HELLO; peers with another version do not associate.

@@ -1,0 +1,555 @@
+//! Shares one forward carrier between members (one per terminal association at a hub): each
+//! gets its CIR whenever it has data, never more than its MIR, and what the CIRs leave by
+//! weight; what an idle member leaves goes to the others. Sans-IO like the rest of the crate:
+//! the caller passes `Instant`s in, asks [`CarrierScheduler::next`] whose datagram goes next,
+//! sends it and reports it with [`CarrierScheduler::on_sent`]. docs/PROTOCOL.md §5.9 states
+//! the guarantees and the constants.
+//!
+//! Three kinds of [`Pacer`] schedules, all booked with the bytes actually sent: the carrier's,
+//! and per member one at its MIR (a send must fit it) and one at its CIR (a member whose CIR
+//! schedule is due is served first). Members whose CIR is due wait in a queue by due time;
+//! the others take turns by deficit round robin.
+
+mod due;
+mod share;
+#[cfg(test)]
+mod tests;
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use slab::Slab;
+
+use crate::pacer::Pacer;
+use due::{Due, DueQueue};
+use share::WaterLevel;
+
+/// A member counts towards the shares for this long after it was last seen with data: long
+/// enough that one sending a request every few hundred milliseconds keeps its share, short
+/// enough that a member gone quiet hands its share on within a few round trips of the others.
+const ACTIVITY_WINDOW: Duration = Duration::from_millis(200);
+
+/// Allocations are recomputed at most this often (and at once when members or rates change):
+/// the association's controller takes them as a ceiling and moves on round-trip time scales.
+const ALLOCATION_REFRESH: Duration = Duration::from_millis(100);
+
+/// Queues holding more stale entries than this beyond twice the member count are compacted.
+const STALE_ENTRY_SLACK: usize = 64;
+
+/// What a member is promised and how it shares the rest. Rates in bit/s of the bytes passed
+/// to [`CarrierScheduler::on_sent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberRates {
+    /// Committed rate: served ahead of any weight share whenever the member has data.
+    pub cir_bps: u64,
+    /// Maximum rate: never exceeded over any window longer than a burst.
+    pub mir_bps: u64,
+    /// Share of what is left once every CIR is served (0 counts as 1).
+    pub weight: u32,
+}
+
+impl MemberRates {
+    /// A weight of at least 1 and a MIR of at least the CIR.
+    fn normalised(self) -> Self {
+        MemberRates {
+            cir_bps: self.cir_bps,
+            mir_bps: self.mir_bps.max(self.cir_bps),
+            weight: self.weight.max(1),
+        }
+    }
+}
+
+/// One member of a [`CarrierScheduler`]. Never reused: an id of a removed member stays
+/// unknown even when its slot serves a new member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemberId {
+    slot: usize,
+    serial: u64,
+}
+
+#[derive(Debug)]
+struct Member {
+    serial: u64,
+    rates: MemberRates,
+    mir: Pacer,
+    /// `None` with a CIR of 0.
+    cir: Option<Pacer>,
+    /// Deficit round robin credit in bytes; negative after a send the caller made beyond it.
+    deficit: i64,
+    /// Its turn at the head of the ring has begun (its quantum is added).
+    turn_started: bool,
+    /// Believed to have data: woken and not since seen without.
+    backlogged: bool,
+    in_ring: bool,
+    /// Out of the ring until its MIR schedule is due.
+    parked: bool,
+    park_epoch: u32,
+    /// Has a live entry in the CIR queue.
+    cir_queued: bool,
+    cir_epoch: u32,
+    last_sent: Option<Instant>,
+}
+
+impl Member {
+    fn id(&self, slot: usize) -> MemberId {
+        MemberId {
+            slot,
+            serial: self.serial,
+        }
+    }
+}
+
+/// Shares one paced carrier between members by CIR, MIR and weight. See the module docs.
+#[derive(Debug)]
+pub struct CarrierScheduler {
+    carrier: Pacer,
+    mtu: usize,
+    burst: Duration,
+    members: Slab<Member>,
+    next_serial: u64,
+    /// Deficit round robin order; may hold entries of removed or idle members, dropped when
+    /// they reach the head.
+    ring: VecDeque<MemberId>,
+    /// Backlogged members with a CIR, by when their CIR schedule is due.
+    cir_due: DueQueue,
+    /// Members held back by their MIR, by when it lets them send again.
+    mir_parked: DueQueue,
+    /// `None` after a change of members or rates: recomputed when next needed, so adding
+    /// a thousand members costs one computation, not a thousand.
+    level: Cell<Option<WaterLevel>>,
+    refresh_at: Option<Instant>,
+    last_now: Option<Instant>,
+    /// Reused by each periodic refresh of `level`.
+    scratch: Vec<MemberRates>,
+}
+
+impl CarrierScheduler {
+    /// A carrier of `carrier_bps` carrying datagrams of at most `mtu` bytes (the deficit
+    /// round robin quantum is weight × `mtu`).
+    pub fn new(carrier_bps: u64, mtu: usize) -> Self {
+        CarrierScheduler {
+            carrier: Pacer::new(carrier_bps, mtu),
+            mtu,
+            burst: Duration::ZERO,
+            members: Slab::new(),
+            next_serial: 0,
+            ring: VecDeque::new(),
+            cir_due: DueQueue::default(),
+            mir_parked: DueQueue::default(),
+            level: Cell::new(None),
+            refresh_at: None,
+            last_now: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Lets the carrier and each MIR and CIR schedule fall behind by up to `burst` (at least
+    /// two datagrams) and catch up back to back, for an event loop with a coarse timer.
+    /// Applies to the carrier now and to members added afterwards.
+    pub fn with_burst(mut self, burst: Duration) -> Self {
+        self.burst = burst;
+        self.carrier = self.carrier.with_burst(burst);
+        self
+    }
+
+    pub fn carrier_bps(&self) -> u64 {
+        self.carrier.rate_bps()
+    }
+
+    /// A new carrier rate (ACM changed the forward carrier's modulation, or a reload).
+    pub fn set_carrier_rate(&mut self, carrier_bps: u64) {
+        self.carrier.set_rate(carrier_bps);
+        self.level.set(None);
+    }
+
+    /// Adds a member, taken to have data until [`next`](Self::next) learns otherwise.
+    pub fn add_member(&mut self, rates: MemberRates) -> MemberId {
+        let rates = rates.normalised();
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let member = Member {
+            serial,
+            rates,
+            mir: self.member_pacer(rates.mir_bps),
+            cir: (rates.cir_bps > 0).then(|| self.member_pacer(rates.cir_bps)),
+            deficit: 0,
+            turn_started: false,
+            backlogged: false,
+            in_ring: false,
+            parked: false,
+            park_epoch: 0,
+            cir_queued: false,
+            cir_epoch: 0,
+            last_sent: None,
+        };
+        let slot = self.members.insert(member);
+        let id = MemberId { slot, serial };
+        self.wake(id);
+        self.level.set(None);
+        id
+    }
+
+    /// Removes a member; its share goes to the others at once. False if it was unknown.
+    pub fn remove(&mut self, id: MemberId) -> bool {
+        if self.member(id).is_none() {
+            return false;
+        }
+        self.members.remove(id.slot);
+        let limit = 2 * self.members.len() + STALE_ENTRY_SLACK;
+        if self.ring.len() > limit {
+            let members = &self.members;
+            self.ring.retain(|id| {
+                members
+                    .get(id.slot)
+                    .is_some_and(|m| m.serial == id.serial && m.in_ring)
+            });
+        }
+        self.compact();
+        self.level.set(None);
+        true
+    }
+
+    /// New rates for a member, in force from its next datagram. False if it was unknown.
+    pub fn set_rates(&mut self, id: MemberId, rates: MemberRates) -> bool {
+        let rates = rates.normalised();
+        let new_cir = (rates.cir_bps > 0).then(|| self.member_pacer(rates.cir_bps));
+        let Some(member) = self.member_mut(id) else {
+            return false;
+        };
+        member.rates = rates;
+        member.mir.set_rate(rates.mir_bps);
+        let had_cir = member.cir.is_some();
+        match (member.cir.as_mut(), new_cir) {
+            // Keeps the schedule's place: a rate change is no reason for a burst.
+            (Some(cir), Some(_)) => cir.set_rate(rates.cir_bps),
+            (_, new_cir) => member.cir = new_cir,
+        }
+        if had_cir != member.cir.is_some() {
+            self.requeue_cir(id);
+        }
+        self.level.set(None);
+        true
+    }
+
+    /// Says that a member has data again. A member seen without data by [`next`](Self::next)
+    /// is not asked again until woken.
+    pub fn wake(&mut self, id: MemberId) {
+        let Some(member) = self.member_mut(id) else {
+            return;
+        };
+        if member.backlogged {
+            return;
+        }
+        member.backlogged = true;
+        if !member.in_ring && !member.parked {
+            member.in_ring = true;
+            self.ring.push_back(id);
+        }
+        if !self.member(id).is_some_and(|m| m.cir_queued) {
+            self.requeue_cir(id);
+        }
+    }
+
+    /// The member whose datagram should leave now, or `None` if none may (see
+    /// [`poll_timeout`](Self::poll_timeout)). `ready` gives the size of a member's next
+    /// datagram, or `None` if it has nothing to send; it may be asked several times per call
+    /// and must not change its answer within one call. The caller sends one datagram of the
+    /// member returned and reports it with [`on_sent`](Self::on_sent).
+    pub fn next(
+        &mut self,
+        now: Instant,
+        mut ready: impl FnMut(MemberId) -> Option<usize>,
+    ) -> Option<MemberId> {
+        self.observe(now);
+        if self.carrier.delay_until(now).is_some() {
+            return None;
+        }
+        if let Some(id) = self.next_within_cir(now, &mut ready) {
+            return Some(id);
+        }
+        self.next_by_weight(now, &mut ready)
+    }
+
+    /// Books a datagram of `bytes` that the caller sent for `id` (normally the member
+    /// [`next`](Self::next) returned) on the carrier and on the member's schedules. Bytes
+    /// within the member's CIR schedule do not count against its weight share.
+    pub fn on_sent(&mut self, now: Instant, id: MemberId, bytes: usize) {
+        self.observe(now);
+        let bytes = bytes as u64;
+        self.carrier.on_sent(now, bytes);
+        let Some(member) = self.member_mut(id) else {
+            return;
+        };
+        member.last_sent = Some(now);
+        member.mir.on_sent(now, bytes);
+        let within_cir = match member.cir.as_mut() {
+            Some(cir) if cir.delay_until(now).is_none() => {
+                cir.on_sent(now, bytes);
+                true
+            }
+            _ => false,
+        };
+        if within_cir {
+            self.requeue_cir(id);
+        } else {
+            member.deficit = member
+                .deficit
+                .saturating_sub(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// When [`next`](Self::next) may next return a member (never before `now`), or `None`
+    /// while no member is known to have data: wait for [`wake`](Self::wake).
+    pub fn poll_timeout(&self, now: Instant) -> Option<Instant> {
+        let earliest = |due: Option<Due>| due.map(|d| d.at.map_or(now, |t| t.max(now)));
+        let ring = (!self.ring.is_empty()).then_some(now);
+        let member_due = [
+            ring,
+            earliest(self.cir_due.peek()),
+            earliest(self.mir_parked.peek()),
+        ]
+        .into_iter()
+        .flatten()
+        .min()?;
+        Some(
+            self.carrier
+                .delay_until(now)
+                .map_or(member_due, |t| t.max(member_due)),
+        )
+    }
+
+    /// What the member may use now, in bit/s: its CIR plus its weighted share of what the
+    /// CIRs of the recently active members leave, at most its MIR (a ceiling for the
+    /// association's congestion controller). 0 for an unknown member.
+    pub fn allocation(&self, id: MemberId) -> u64 {
+        let Some(member) = self.member(id) else {
+            return 0;
+        };
+        let level = self.level.get().unwrap_or_else(|| {
+            let level = self.water_level(self.last_now, &mut Vec::new());
+            self.level.set(Some(level));
+            level
+        });
+        share::allocation(&member.rates, level, self.carrier.rate_bps())
+    }
+
+    fn member_pacer(&self, rate_bps: u64) -> Pacer {
+        Pacer::new(rate_bps, self.mtu).with_burst(self.burst)
+    }
+
+    fn member(&self, id: MemberId) -> Option<&Member> {
+        self.members.get(id.slot).filter(|m| m.serial == id.serial)
+    }
+
+    fn member_mut(&mut self, id: MemberId) -> Option<&mut Member> {
+        self.members
+            .get_mut(id.slot)
+            .filter(|m| m.serial == id.serial)
+    }
+
+    fn quantum(&self, member: &Member) -> i64 {
+        i64::from(member.rates.weight).saturating_mul(self.mtu as i64)
+    }
+
+    /// Moves the member's CIR queue entry to when its CIR schedule is due (or drops it).
+    fn requeue_cir(&mut self, id: MemberId) {
+        let Some(member) = self.member_mut(id) else {
+            return;
+        };
+        member.cir_epoch = member.cir_epoch.wrapping_add(1);
+        member.cir_queued = member.backlogged && member.cir.is_some();
+        let due = member.cir.as_ref().map(Pacer::delay_until_or_now);
+        if let (true, Some(at)) = (member.cir_queued, due) {
+            let entry = Due {
+                at,
+                slot: id.slot,
+                serial: id.serial,
+                epoch: member.cir_epoch,
+            };
+            self.cir_due.push(entry);
+            self.compact();
+        }
+    }
+
+    fn cir_entry_is_live(members: &Slab<Member>, due: &Due) -> bool {
+        members
+            .get(due.slot)
+            .is_some_and(|m| m.serial == due.serial && m.cir_queued && m.cir_epoch == due.epoch)
+    }
+
+    fn park_entry_is_live(members: &Slab<Member>, due: &Due) -> bool {
+        members
+            .get(due.slot)
+            .is_some_and(|m| m.serial == due.serial && m.parked && m.park_epoch == due.epoch)
+    }
+
+    /// Drops stale queue entries once they outnumber the members (removals and rate changes
+    /// leave entries behind that may not reach the top for a while).
+    fn compact(&mut self) {
+        let limit = 2 * self.members.len() + STALE_ENTRY_SLACK;
+        let members = &self.members;
+        if self.cir_due.len() > limit {
+            self.cir_due.retain(|d| Self::cir_entry_is_live(members, d));
+        }
+        if self.mir_parked.len() > limit {
+            self.mir_parked
+                .retain(|d| Self::park_entry_is_live(members, d));
+        }
+    }
+
+    /// Takes the time: members whose MIR lets them send again rejoin the ring, and the
+    /// allocations are refreshed when due.
+    fn observe(&mut self, now: Instant) {
+        self.last_now = Some(now);
+        while let Some(due) = self.mir_parked.peek() {
+            if due.at.is_some_and(|t| t > now) {
+                break;
+            }
+            self.mir_parked.pop();
+            if !Self::park_entry_is_live(&self.members, &due) {
+                continue;
+            }
+            let member = &mut self.members[due.slot];
+            member.parked = false;
+            if member.backlogged && !member.in_ring {
+                member.in_ring = true;
+                let id = member.id(due.slot);
+                self.ring.push_back(id);
+            }
+        }
+        if self.level.get().is_none() || self.refresh_at.is_none_or(|t| now >= t) {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            self.level
+                .set(Some(self.water_level(Some(now), &mut scratch)));
+            self.scratch = scratch;
+            self.refresh_at = Some(now + ALLOCATION_REFRESH);
+        }
+    }
+
+    /// The water level of the members with data or seen sending within [`ACTIVITY_WINDOW`]
+    /// of `now` (with data only, before any time was seen).
+    fn water_level(&self, now: Option<Instant>, scratch: &mut Vec<MemberRates>) -> WaterLevel {
+        let recently = |m: &Member| {
+            m.backlogged
+                || matches!((now, m.last_sent), (Some(now), Some(t))
+                    if now.saturating_duration_since(t) < ACTIVITY_WINDOW)
+        };
+        scratch.clear();
+        scratch.extend(
+            self.members
+                .iter()
+                .map(|(_, m)| m)
+                .filter(|m| recently(m))
+                .map(|m| m.rates),
+        );
+        share::water_level(self.carrier.rate_bps(), scratch)
+    }
+
+    /// Pass 1: the member whose CIR schedule has been due longest, if it has data and its MIR
+    /// lets it send.
+    fn next_within_cir(
+        &mut self,
+        now: Instant,
+        ready: &mut impl FnMut(MemberId) -> Option<usize>,
+    ) -> Option<MemberId> {
+        while let Some(due) = self.cir_due.peek() {
+            if due.at.is_some_and(|t| t > now) {
+                return None;
+            }
+            if !Self::cir_entry_is_live(&self.members, &due) {
+                self.cir_due.pop();
+                continue;
+            }
+            let member = &mut self.members[due.slot];
+            let id = member.id(due.slot);
+            if !member.backlogged || ready(id).is_none() {
+                member.backlogged = false;
+                member.cir_queued = false;
+                self.cir_due.pop();
+                continue;
+            }
+            if let Some(mir_due) = member.mir.delay_until(now) {
+                // It waits for its MIR anyway; look again then.
+                self.cir_due.pop();
+                member.cir_epoch = member.cir_epoch.wrapping_add(1);
+                self.cir_due.push(Due {
+                    at: Some(mir_due),
+                    epoch: member.cir_epoch,
+                    ..due
+                });
+                continue;
+            }
+            // Its entry stays: on_sent moves it to the next due time.
+            return Some(id);
+        }
+        None
+    }
+
+    /// Pass 2: deficit round robin over the ring, skipping members held by their MIR.
+    fn next_by_weight(
+        &mut self,
+        now: Instant,
+        ready: &mut impl FnMut(MemberId) -> Option<usize>,
+    ) -> Option<MemberId> {
+        // A round visits every entry once. Rounds repeat while some member only lacked credit
+        // (a datagram larger than its deficit plus quantum); they end once no member in the
+        // ring has data and may send.
+        let mut round_left = self.ring.len();
+        let mut lacked_credit = false;
+        loop {
+            if round_left == 0 {
+                if !lacked_credit {
+                    return None;
+                }
+                round_left = self.ring.len();
+                lacked_credit = false;
+            }
+            let id = *self.ring.front()?;
+            round_left -= 1;
+            let quantum = match self.member(id) {
+                Some(m) => self.quantum(m),
+                None => {
+                    self.ring.pop_front();
+                    continue;
+                }
+            };
+            let member = &mut self.members[id.slot];
+            let size = if member.backlogged { ready(id) } else { None };
+            let Some(size) = size else {
+                member.backlogged = false;
+                member.in_ring = false;
+                member.deficit = 0;
+                member.turn_started = false;
+                self.ring.pop_front();
+                continue;
+            };
+            if let Some(mir_due) = member.mir.delay_until(now) {
+                // Unused credit is not saved up while the member is held by its own MIR.
+                member.in_ring = false;
+                member.parked = true;
+                member.park_epoch = member.park_epoch.wrapping_add(1);
+                member.deficit = member.deficit.min(0);
+                member.turn_started = false;
+                self.ring.pop_front();
+                self.mir_parked.push(Due {
+                    at: Some(mir_due),
+                    slot: id.slot,
+                    serial: id.serial,
+                    epoch: member.park_epoch,
+                });
+                continue;
+            }
+            if !member.turn_started {
+                member.turn_started = true;
+                member.deficit = member.deficit.saturating_add(quantum);
+            }
+            if member.deficit >= i64::try_from(size).unwrap_or(i64::MAX) {
+                return Some(id);
+            }
+            member.turn_started = false;
+            lacked_credit = true;
+            self.ring.rotate_left(1);
+        }
+    }
+}
