@@ -81,6 +81,12 @@ const TRAIN_LOWERS_BELOW: f64 = 0.8;
 const TRAIN_QUEUE_GROWTH: Duration = Duration::from_millis(2);
 /// A late timer's worth of extra time a train may take to leave and still count.
 const TRAIN_SLACK: Duration = Duration::from_millis(2);
+/// The train is padded out (PINGs with PADDING when there is no data) only if it takes at
+/// most this long at the ceiling: padding sits in the bottleneck's queue ahead of whatever
+/// the application sends next, and on a slow link (24 packets at 256 kb/s are 1.1 s) that
+/// costs the first requests more than the train can save; there the train measures only the
+/// data it carries.
+const TRAIN_PAD_MAX: Duration = Duration::from_millis(50);
 /// After a failed probe the next waits twice as long, up to the larger of this and the base
 /// RTT: a link whose capacity came back is found within a few seconds, and one at its
 /// estimate sees a probe every base RTT plus that (0.5 s, or one RTT on GEO).
@@ -551,6 +557,10 @@ impl CongestionController for Adaptive {
 
     fn wants_padding(&self) -> bool {
         matches!(self.state, State::Train { .. })
+            && self
+                .packet_time(self.ceiling)
+                .mul_f64(f64::from(self.train_packets()))
+                <= TRAIN_PAD_MAX
     }
 
     fn take_pause(&mut self) -> Option<Duration> {
@@ -705,6 +715,26 @@ mod tests {
         }
         assert_eq!(a.sent_log.bytes_after(0), 4 * 1500);
         assert_eq!(a.next_pn, 5);
+    }
+
+    #[test]
+    fn the_train_is_padded_only_where_it_is_short_on_the_link() {
+        // (rate, packets in the train, padded). Three ACKs of the default ACK-every-8 make
+        // at least 24 packets of 1500 bytes: 14.4 ms at 20 Mb/s, 36 ms at 8 Mb/s, 72 ms at
+        // 4 Mb/s, 141 ms at 2.048 Mb/s and 1.1 s at 256 kb/s; at 100 Mb/s 64 packets, 7.7 ms.
+        for (rate, packets, padded) in [
+            (100_000_000, 64, true),
+            (20_000_000, 24, true),
+            (8_000_000, 24, true),
+            (4_000_000, 24, false),
+            (2_048_000, 24, false),
+            (256_000, 24, false),
+        ] {
+            let mut a = Adaptive::new(&Config::for_rate(rate));
+            a.on_established(Instant::now());
+            assert_eq!(a.state, State::Train { left: packets }, "{rate}");
+            assert_eq!(a.wants_padding(), padded, "{rate}");
+        }
     }
 
     #[test]
