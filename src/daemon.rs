@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::{OverLimit, PeerSpec, Peers, PepdConfig};
 use crate::driver::{Driver, FlowAcceptor};
-use crate::hub::{Counters, FlowRef, Hub, OpenRefused};
+use crate::link::{FlowRef, LinkCounters, OpenRefused, PeerLink};
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::relay::{abort_tcp, Relay, RelayEnd};
@@ -148,7 +148,7 @@ impl Daemon {
             None => Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now()),
         }
         .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
-        let hub = Arc::new(Hub::new(assoc, cfg.limits.memory_budget.bytes() / 2));
+        let link = Arc::new(PeerLink::new(assoc, cfg.limits.memory_budget.bytes() / 2));
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
@@ -172,7 +172,7 @@ impl Daemon {
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
         let driver = Driver {
-            hub: hub.clone(),
+            link: link.clone(),
             socket,
             peer: peer_address,
             acceptor: Arc::new(UpstreamAcceptor { live: live.clone() }),
@@ -180,7 +180,7 @@ impl Daemon {
         };
         let driver_task = tokio::spawn(driver.run(driver_stop_rx.clone()));
         let ctx = Arc::new(InterceptCtx {
-            hub: hub.clone(),
+            link: link.clone(),
             live: live.clone(),
         });
         for l in listeners {
@@ -189,20 +189,20 @@ impl Daemon {
         let mut signals = Signals::install().context("installing signal handlers")?;
         let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
             .context("installing signal handlers")?;
-        tokio::spawn(log_stats_on_sigusr1(hub.clone(), usr1));
+        tokio::spawn(log_stats_on_sigusr1(link.clone(), usr1));
         let budget = Arc::new(std::sync::atomic::AtomicU64::new(
             cfg.limits.memory_budget.bytes(),
         ));
-        let (metrics_hub, metrics_budget) = (hub.clone(), budget.clone());
+        let (metrics_link, metrics_budget) = (link.clone(), budget.clone());
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
             Arc::new(move || {
-                metrics_hub.snapshot(metrics_budget.load(std::sync::atomic::Ordering::Relaxed))
+                metrics_link.snapshot(metrics_budget.load(std::sync::atomic::Ordering::Relaxed))
             }),
             driver_stop_rx.clone(),
         ));
         if let Some(period) = notifier.watchdog_period() {
-            tokio::spawn(watchdog(hub.clone(), notifier, period));
+            tokio::spawn(watchdog(link.clone(), notifier, period));
         }
         info!(
             side = ?cfg.side(),
@@ -220,7 +220,7 @@ impl Daemon {
         let signal = loop {
             match signals.next().await {
                 Signal::Hangup => {
-                    reload::apply(&path, &mut cfg, &hub, &live, &log_reload);
+                    reload::apply(&path, &mut cfg, &link, &live, &log_reload);
                     budget.store(
                         cfg.limits.memory_budget.bytes(),
                         std::sync::atomic::Ordering::Relaxed,
@@ -233,7 +233,7 @@ impl Daemon {
         notifier.stopping();
         let _ = stop_accepting.send(true);
         live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
-        drain(&hub, cfg.shutdown.grace, &notifier).await;
+        drain(&link, cfg.shutdown.grace, &notifier).await;
         let _ = stop_driver.send(true);
         let result = match driver_task.await {
             Ok(Ok(())) => Ok(()),
@@ -242,21 +242,21 @@ impl Daemon {
         };
         // Closing the association reset what was left; let those relays send their RSTs.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        while Counters::get(&hub.counters.relays_active) > 0
+        while LinkCounters::get(&link.counters.relays_active) > 0
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        hub.counters.set_state(AssociationState::Closed);
+        link.counters.set_state(AssociationState::Closed);
         result
     }
 }
 
 /// Waits until every relay has finished or the grace period is over.
-async fn drain(hub: &Hub, grace: Duration, notifier: &Notifier) {
+async fn drain(link: &PeerLink, grace: Duration, notifier: &Notifier) {
     let deadline = tokio::time::Instant::now() + grace;
     loop {
-        let open = Counters::get(&hub.counters.relays_active);
+        let open = LinkCounters::get(&link.counters.relays_active);
         if open == 0 {
             info!("all flows finished");
             return;
@@ -306,12 +306,12 @@ impl Signals {
 
 /// Pings systemd's watchdog at half its period while the association lock is obtainable,
 /// so a deadlocked or wedged daemon gets restarted.
-async fn watchdog(hub: Arc<Hub>, notifier: Notifier, period: Duration) {
+async fn watchdog(link: Arc<PeerLink>, notifier: Notifier, period: Duration) {
     let mut tick = tokio::time::interval(period / 2);
     loop {
         tick.tick().await;
-        let hub = hub.clone();
-        let alive = tokio::task::spawn_blocking(move || drop(hub.lock())).await;
+        let link = link.clone();
+        let alive = tokio::task::spawn_blocking(move || drop(link.lock())).await;
         if alive.is_ok() {
             notifier.watchdog();
         }
@@ -319,9 +319,9 @@ async fn watchdog(hub: Arc<Hub>, notifier: Notifier, period: Duration) {
 }
 
 /// SIGUSR1 logs the association's counters.
-async fn log_stats_on_sigusr1(hub: Arc<Hub>, mut usr1: tokio::signal::unix::Signal) {
+async fn log_stats_on_sigusr1(link: Arc<PeerLink>, mut usr1: tokio::signal::unix::Signal) {
     while usr1.recv().await.is_some() {
-        let stats = hub.lock().assoc.stats();
+        let stats = link.lock().assoc.stats();
         info!(?stats, "association statistics");
     }
 }
@@ -357,7 +357,7 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
 }
 
 struct InterceptCtx {
-    hub: Arc<Hub>,
+    link: Arc<PeerLink>,
     live: LiveRef,
 }
 
@@ -373,12 +373,12 @@ async fn accept_loop(l: TcpListener, ctx: Arc<InterceptCtx>, mut stop: watch::Re
                     tokio::spawn(intercepted(ctx.clone(), conn));
                 }
                 Err(e) => {
-                    Counters::add(&ctx.hub.counters.inspect_errors, 1);
+                    LinkCounters::add(&ctx.link.counters.inspect_errors, 1);
                     debug!(error = %e, "accepted connection vanished");
                 }
             },
             Err(e) => {
-                Counters::add(&ctx.hub.counters.accept_errors, 1);
+                LinkCounters::add(&ctx.link.counters.accept_errors, 1);
                 // Out of descriptors or memory: back off instead of spinning.
                 warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -394,7 +394,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         server,
         dscp,
     } = conn;
-    Counters::add(&ctx.hub.counters.flows_intercepted, 1);
+    LinkCounters::add(&ctx.link.counters.flows_intercepted, 1);
     let _ = tcp.set_nodelay(true);
     let mut first = vec![0u8; FIRST_BYTES_MAX];
     let mut first_len = 0;
@@ -416,19 +416,19 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         dscp,
     };
     let live = read_live(&ctx.live);
-    let flow = match ctx.hub.open(meta, &first) {
+    let flow = match ctx.link.open(meta, &first) {
         Ok(f) => f,
         Err(why) => {
-            over_limit(&ctx.hub, &live, tcp, meta, first, why).await;
+            over_limit(&ctx.link, &live, tcp, meta, first, why).await;
             return;
         }
     };
     debug!(flow = flow.id, %client, %server, dscp, "intercepted; flow opened");
     if client_done {
-        let _ = ctx.hub.finish(&flow);
+        let _ = ctx.link.finish(&flow);
     }
     let relay = Relay {
-        hub: ctx.hub.clone(),
+        link: ctx.link.clone(),
         flow,
         tcp,
         idle_timeout: live.idle,
@@ -440,7 +440,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
 }
 
 async fn over_limit(
-    hub: &Hub,
+    link: &PeerLink,
     live: &Live,
     tcp: tokio::net::TcpStream,
     meta: FlowMeta,
@@ -449,12 +449,12 @@ async fn over_limit(
 ) {
     match live.over_limit {
         OverLimit::Refuse => {
-            Counters::add(&hub.counters.flows_refused, 1);
+            LinkCounters::add(&link.counters.flows_refused, 1);
             warn!(client = %meta.client, server = %meta.server, ?why, "connection refused");
             abort_tcp(tcp);
         }
         OverLimit::Bypass => {
-            Counters::add(&hub.counters.flows_bypassed, 1);
+            LinkCounters::add(&link.counters.flows_bypassed, 1);
             debug!(client = %meta.client, server = %meta.server, ?why, "relayed unproxied");
             bypass::run(tcp, meta, first, &live.upstream).await;
         }
@@ -471,12 +471,10 @@ struct UpstreamAcceptor {
 }
 
 impl FlowAcceptor for UpstreamAcceptor {
-    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta) {
+    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta) {
         let live = read_live(&self.live);
         if live.draining {
-            // `accept` runs under the hub lock (from the driver's dispatch); resetting
-            // needs that lock, so it happens right after, on its own task.
-            tokio::spawn(async move { hub.reset(&flow, ResetReason::ResourceLimit) });
+            link.reset(&flow, ResetReason::ResourceLimit);
             return;
         }
         tokio::spawn(async move {
@@ -488,7 +486,7 @@ impl FlowAcceptor for UpstreamAcceptor {
             match connected {
                 Ok(tcp) => {
                     let relay = Relay {
-                        hub,
+                        link,
                         flow,
                         tcp,
                         idle_timeout: live.idle,
@@ -499,10 +497,10 @@ impl FlowAcceptor for UpstreamAcceptor {
                     log_end(id, meta.client, meta.server, end);
                 }
                 Err(f) => {
-                    hub.counters.connect_errors.add(f.reason);
+                    link.counters.connect_errors.add(f.reason);
                     debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
                         "upstream connect failed");
-                    hub.reset(&flow, f.reason);
+                    link.reset(&flow, f.reason);
                 }
             }
         });

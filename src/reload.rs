@@ -8,11 +8,17 @@ use tracing::{info, warn};
 
 use crate::config::PepdConfig;
 use crate::daemon::{Live, LiveRef, LogReload};
-use crate::hub::Hub;
+use crate::link::PeerLink;
 use changes::{LiveSetting, Setting};
 
 /// Applies `path` to the running daemon; on a bad file the running config stays.
-pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, log: &LogReload) {
+pub fn apply(
+    path: &Path,
+    running: &mut PepdConfig,
+    link: &PeerLink,
+    live: &LiveRef,
+    log: &LogReload,
+) {
     let new = match PepdConfig::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -25,7 +31,7 @@ pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, l
     for setting in changes::changed_settings(running, &new) {
         match setting {
             Setting::Live(s) => {
-                if apply_live(s, &new, running, hub, log) {
+                if apply_live(s, &new, running, link, log) {
                     changed.push(s.label());
                 }
             }
@@ -60,7 +66,7 @@ fn apply_live(
     setting: LiveSetting,
     new: &PepdConfig,
     running: &mut PepdConfig,
-    hub: &Hub,
+    link: &PeerLink,
     log: &LogReload,
 ) -> bool {
     match setting {
@@ -77,22 +83,22 @@ fn apply_live(
                 .peer_specs()
                 .first()
                 .map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
-            hub.lock().assoc.set_rate(rate);
+            link.lock().assoc.set_rate(rate);
             running.link.tx_rate = new.link.tx_rate;
         }
         LiveSetting::AckPolicy => {
-            hub.lock().assoc.set_ack_policy(new.transport().ack);
+            link.lock().assoc.set_ack_policy(new.transport().ack);
             running.transport.ack_every_packets = new.transport.ack_every_packets;
             running.transport.ack_max_delay = new.transport.ack_max_delay;
         }
         LiveSetting::MaxFlows => {
-            hub.lock().assoc.set_max_flows(new.limits.max_flows);
+            link.lock().assoc.set_max_flows(new.limits.max_flows);
             running.limits.max_flows = new.limits.max_flows;
         }
         LiveSetting::MemoryBudget => {
             // The send side follows at once; the receive window was advertised at the
             // handshake and changes with the next association.
-            hub.set_send_budget(new.limits.memory_budget.bytes() / 2);
+            link.set_send_budget(new.limits.memory_budget.bytes() / 2);
             running.limits.memory_budget = new.limits.memory_budget;
         }
         // Read from `Live` by connections opened from now on.

@@ -59,7 +59,7 @@ pub enum OpenRefused {
     MemoryBudget,
 }
 
-pub struct State {
+pub struct LinkState {
     pub assoc: Association,
     flows: HashMap<FlowId, FlowSlot>,
     next_token: u64,
@@ -67,19 +67,19 @@ pub struct State {
     budget_waiters: Vec<Arc<FlowSignal>>,
 }
 
-pub struct Hub {
-    state: Mutex<State>,
+pub struct PeerLink {
+    state: Mutex<LinkState>,
     /// Wakes the driver: something was queued for sending.
     pub driver_wake: Notify,
     /// Budget for bytes waiting to be sent (the receive side is bounded by the windows we
     /// advertise); changes on reload.
     send_budget: AtomicU64,
-    pub counters: Counters,
+    pub counters: LinkCounters,
 }
 
 /// Relay-side counters the metrics read.
 #[derive(Default)]
-pub struct Counters {
+pub struct LinkCounters {
     pub flows_intercepted: AtomicU64,
     pub flows_from_peer: AtomicU64,
     pub flows_refused: AtomicU64,
@@ -103,7 +103,7 @@ pub struct Counters {
     association_state: std::sync::atomic::AtomicU8,
 }
 
-impl Counters {
+impl LinkCounters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
@@ -154,7 +154,7 @@ impl ByReason {
     }
 }
 
-impl Hub {
+impl PeerLink {
     /// What the metrics endpoint serves at this instant.
     pub fn snapshot(&self, memory_budget: u64) -> crate::metrics::Snapshot {
         use crate::metrics::{RelaySnapshot, Snapshot};
@@ -166,7 +166,7 @@ impl Hub {
             )
         };
         let c = &self.counters;
-        let get = Counters::get;
+        let get = LinkCounters::get;
         Snapshot {
             stats,
             association: c.state(),
@@ -193,9 +193,9 @@ impl Hub {
         }
     }
 
-    pub fn new(assoc: Association, send_budget: u64) -> Hub {
-        Hub {
-            state: Mutex::new(State {
+    pub fn new(assoc: Association, send_budget: u64) -> PeerLink {
+        PeerLink {
+            state: Mutex::new(LinkState {
                 assoc,
                 flows: HashMap::new(),
                 next_token: 0,
@@ -203,7 +203,7 @@ impl Hub {
             }),
             driver_wake: Notify::new(),
             send_budget: AtomicU64::new(send_budget),
-            counters: Counters::default(),
+            counters: LinkCounters::default(),
         }
     }
 
@@ -216,7 +216,7 @@ impl Hub {
         self.driver_wake.notify_one();
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, State> {
+    pub fn lock(&self) -> MutexGuard<'_, LinkState> {
         // A relay that panicked while holding the lock leaves a consistent association (its
         // calls are all-or-nothing), so the poison is not worth taking the daemon down.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -235,7 +235,7 @@ impl Hub {
         if !first.is_empty() {
             // A new flow's send buffer holds far more than one read.
             if let Ok(n) = st.assoc.write(id, first) {
-                Counters::add(&self.counters.bytes_to_peer, n as u64);
+                LinkCounters::add(&self.counters.bytes_to_peer, n as u64);
             }
         }
         drop(st);
@@ -308,7 +308,7 @@ fn gone(e: FlowError, flow: &FlowRef) -> FlowGone {
     }
 }
 
-impl State {
+impl LinkState {
     fn check(&self, flow: &FlowRef) -> Result<(), FlowGone> {
         if let Some(r) = flow.signal.reset_reason() {
             return Err(FlowGone::Reset(r));
