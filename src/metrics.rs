@@ -93,7 +93,8 @@ pub struct RelaySnapshot {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     pub stats: pep_transport::Stats,
-    pub association: AssociationState,
+    /// Each peer's association, in config order.
+    pub associations: Vec<AssociationState>,
     /// Times the association was (re)established after a loss or a peer restart.
     pub association_restarts: u64,
     pub relay: RelaySnapshot,
@@ -147,12 +148,15 @@ impl Collector for SnapshotCollector {
 
         let states: Vec<(&str, u64)> = AssociationState::ALL
             .iter()
-            .map(|&x| (x.label(), u64::from(x == s.association)))
+            .map(|&x| {
+                let peers = s.associations.iter().filter(|&&a| a == x).count();
+                (x.label(), peers as u64)
+            })
             .collect();
         gauge_family(
             e,
             "association_state",
-            "1 for the association's current state, 0 for the others",
+            "Peers whose association is in this state (with one peer: 1 for its current state, 0 for the others)",
             None,
             "state",
             &states,

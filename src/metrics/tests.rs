@@ -89,7 +89,7 @@ fn sample() -> Snapshot {
             handshakes_completed: 151,
             rekeys: 152,
         },
-        association: AssociationState::Outage,
+        associations: vec![AssociationState::Outage],
         association_restarts: 126,
         relay: RelaySnapshot {
             flows_active: 127,
@@ -388,7 +388,7 @@ fn no_window_in_rate_mode_means_no_cwnd_series() {
 fn state_gauge_is_one_hot() {
     for current in AssociationState::ALL {
         let snap = Snapshot {
-            association: current,
+            associations: vec![current],
             ..Snapshot::default()
         };
         let s = parse(&encode(&snap).expect("encodes"));
