@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::config::{FailMode, LoadedSecurity, OverLimit, PeerSpec, Peers, PepdConfig};
+use crate::config::{FailMode, LoadedSecurity, OverLimit, PeerSpec, PepdConfig, Side};
 use crate::driver::{Driver, FlowAcceptor};
 use crate::gateway::{Gateway, GatewayCounters};
 use crate::link::{FlowRef, LinkCounters, OpenRefused, PeerLink};
@@ -67,49 +67,27 @@ impl Live {
 
 pub type LiveRef = Arc<RwLock<Live>>;
 
-/// The most names a refusal lists; a hub may have thousands of entries.
+/// The most peers the start-up line lists; a hub may have thousands of entries.
 const NAMES_SHOWN: usize = 5;
 
-/// The one peer `pepd run` serves, and its address. Several `[[peer]]` entries, or one
-/// without an address, need the multi-peer endpoint that a later step of issue 14 brings;
-/// until then pepd refuses them at start rather than serve part of its config.
-pub fn served_peer(cfg: &PepdConfig) -> anyhow::Result<(PeerSpec, SocketAddr)> {
-    let mut specs = cfg.peer_specs();
-    if specs.len() > 1 {
-        let mut names: Vec<&str> = specs
-            .iter()
-            .take(NAMES_SHOWN)
-            .map(|p| p.name.as_str())
-            .collect();
-        let more = specs.len().saturating_sub(NAMES_SHOWN);
-        let more = format!("{more} more");
-        if specs.len() > NAMES_SHOWN {
-            names.push(&more);
-        }
-        anyhow::bail!(
-            "the config has {} `[[peer]]` entries ({}), but serving several peers is not \
-             implemented yet: it lands with the multi-peer endpoint in a later step. `pepd \
-             check-config` accepts the config; `pepd run` needs a single peer for now",
-            specs.len(),
-            names.join(", ")
-        );
+/// What `pepd run` cannot serve although `check-config` accepts it, refused at start
+/// rather than served in part: a terminal sends first, so it needs its hub's address (a
+/// hub learns a terminal's from its authenticated initiation).
+pub fn check_servable(cfg: &PepdConfig) -> anyhow::Result<()> {
+    if cfg.side() != Side::Terminal {
+        return Ok(());
     }
-    let Some(peer) = specs.pop() else {
-        anyhow::bail!("the config has no peer");
-    };
-    let Some(address) = peer.address else {
-        let key = match cfg.peer {
-            Peers::Pair(_) => "peer.address",
-            Peers::List(_) => "peer[0].address",
-        };
-        anyhow::bail!(
-            "`{key}` of peer {} is not set, but learning a peer's address from its packets is \
-             not implemented yet: it lands with the multi-peer endpoint in a later step. Set \
-             it to the peer's tunnel address for now",
-            peer.name
-        );
-    };
-    Ok((peer, address))
+    for (i, peer) in cfg.peer_specs().iter().enumerate() {
+        if peer.address.is_none() {
+            anyhow::bail!(
+                "`{}` of peer {} is not set: a terminal starts the association, so it needs \
+                 its hub's tunnel address (only a hub learns its peers' addresses)",
+                cfg.peer.address_key(i),
+                peer.name
+            );
+        }
+    }
+    Ok(())
 }
 
 fn read_live(live: &LiveRef) -> Live {
@@ -134,7 +112,7 @@ impl Daemon {
             log_reload,
         } = self;
         let notifier = Notifier;
-        served_peer(&cfg)?;
+        check_servable(&cfg)?;
         let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
         let tunnel = crate::tunnel::build(&cfg, &security, fresh_epoch(), seed)?;
         let gateway = tunnel.gateway.clone();

@@ -439,14 +439,14 @@ impl Collector for SnapshotCollector {
         counter(
             e,
             "flows_refused",
-            "Intercepted connections refused because a limit was reached",
+            "Intercepted connections refused (a limit, or no route with fail = closed), and flows a peer may not open",
             None,
             r.flows_refused_total,
         )?;
         counter(
             e,
             "flows_bypassed",
-            "Intercepted connections relayed unproxied because a limit was reached",
+            "Intercepted connections relayed unproxied (a limit, or no route with fail = open)",
             None,
             r.flows_bypassed_total,
         )?;
