@@ -1,4 +1,6 @@
-//! Hub and spoke end to end: one hub gateway with a `[[peer]]` entry per terminal (each its
+//! Hub and spoke end to end (byte-exact transfers from three terminals at once, routing by
+//! destination from the hub, `[rules] fail` for unrouted destinations, isolation between
+//! terminals): one hub gateway with a `[[peer]]` entry per terminal (each its
 //! own key and LAN subnet, no address: the hub learns it from the terminal's initiation),
 //! three terminal gateways in the pair form pointing at the hub, a client behind each
 //! terminal and a server behind the hub, every one a namespace of its own. No namespace
@@ -174,6 +176,11 @@ impl HubNet {
     /// The hub with a `[[peer]]` per terminal and the terminals in the pair form, each
     /// with its own key; returns once the hub has every association established.
     fn start_gateways(&mut self) {
+        self.start_gateways_with("");
+    }
+
+    /// As `start_gateways`, with `hub_extra` (TOML tables) in the hub's config.
+    fn start_gateways_with(&mut self, hub_extra: &str) {
         let (hub_key, hub_public) = self.key("hub");
         let mut entries = String::new();
         let mut terminal_keys = Vec::new();
@@ -190,7 +197,7 @@ impl HubNet {
              [intercept]\nlisten = [\"0.0.0.0:{TPROXY_PORT}\"]\nown_mark = {OWN_MARK}\n"
         );
         let hub = format!(
-            "[tunnel]\nside = \"hub\"\nbind = \"0.0.0.0:7400\"\n\n{common}\n\
+            "[tunnel]\nside = \"hub\"\nbind = \"0.0.0.0:7400\"\n\n{common}\n{hub_extra}\n\
              [security]\nprivate_key_file = {:?}\n{entries}",
             path_str(&hub_key)
         );
@@ -425,4 +432,144 @@ fn terminal_cannot_open_into_another_terminals_subnet() {
         net.metric(&net.hub, "pepd_flows_total", Some(("origin", "peer"))),
         Some(1.0)
     );
+}
+
+/// Listens on `at` inside `ns`; the listener is non-blocking.
+fn listen_in(ns: &str, at: SocketAddr) -> TcpListener {
+    let l = pep_testbed::in_netns(ns, move || TcpListener::bind(at))
+        .expect("namespace")
+        .unwrap_or_else(|e| panic!("listening on {at} in {ns}: {e}"));
+    l.set_nonblocking(true).expect("nonblocking");
+    l
+}
+
+/// The next connection `l` accepts within `wait`.
+fn accept_within(l: &TcpListener, wait: Duration) -> Option<(TcpStream, SocketAddr)> {
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        match l.accept() {
+            Ok((s, from)) => {
+                s.set_nonblocking(false).expect("blocking");
+                return Some((s, from));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+    None
+}
+
+/// From the server behind the hub to the client behind each terminal: the hub routes each
+/// connection by its destination to the terminal whose subnet holds it.
+#[test]
+fn hub_originated_flow_reaches_each_terminal_lan() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_gateways();
+    for i in 1..=TERMINALS {
+        let at = SocketAddr::from((client(i), 5003));
+        let listener = listen_in(&net.clients[i - 1], at);
+        let mut s = pep_testbed::in_netns(&net.server, move || {
+            TcpStream::connect_timeout(&at, Duration::from_secs(10))
+        })
+        .expect("server namespace")
+        .unwrap_or_else(|e| panic!("connect to {at}: {e}"));
+        let greeting = format!("hello terminal {i}");
+        s.write_all(greeting.as_bytes()).expect("write");
+        s.shutdown(Shutdown::Write).expect("shutdown");
+        let (mut c, from) = accept_within(&listener, Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("client {i} got no connection\n{}", net.logs()));
+        // The terminal connected on the hub's behalf (the upstream source is the gateway's).
+        assert_eq!(from.ip(), std::net::IpAddr::V4(lan_gateway(i)));
+        let mut got = String::new();
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        c.read_to_string(&mut got).expect("read");
+        assert_eq!(got, greeting);
+        let flows = net.metric(
+            &net.terminals[i - 1],
+            "pepd_flows_total",
+            Some(("origin", "peer")),
+        );
+        assert_eq!(flows, Some(1.0), "terminal {i}");
+    }
+    assert_eq!(
+        net.metric(
+            &net.hub,
+            "pepd_flows_total",
+            Some(("origin", "intercepted"))
+        ),
+        Some(TERMINALS as f64)
+    );
+}
+
+/// A destination in no terminal's subnets (terminal 1's tunnel address, reachable from the
+/// hub directly) follows `[rules] fail`: relayed unproxied when open, refused when closed.
+#[test]
+fn unrouted_destination_bypasses_when_open_and_refuses_when_closed() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let at = SocketAddr::from((terminal_sat(1), 5004));
+    for fail in ["open", "closed"] {
+        let mut net = HubNet::new();
+        net.start_gateways_with(&format!("[rules]\nfail = \"{fail}\"\n"));
+        let listener = listen_in(&net.terminals[0], at);
+        // The hub answers the SYN itself (TPROXY) either way; when it refuses, its reset
+        // may come before the connect returns.
+        let connected = pep_testbed::in_netns(&net.server, move || {
+            TcpStream::connect_timeout(&at, Duration::from_secs(10))
+        })
+        .expect("server namespace");
+        let mut s = match connected {
+            Ok(s) => Some(s),
+            Err(e) if fail == "closed" && e.kind() == std::io::ErrorKind::ConnectionReset => None,
+            Err(e) => panic!("{fail}: connect to {at}: {e}"),
+        };
+        if let Some(s) = s.as_mut() {
+            // A write may race the reset too; what counts is what arrives.
+            let _ = s.write_all(b"unrouted");
+            let _ = s.shutdown(Shutdown::Write);
+        }
+        // What pepd does is decided at once: a refused connection has had its chance
+        // after a second.
+        let wait = Duration::from_secs(if fail == "open" { 10 } else { 1 });
+        let accepted = accept_within(&listener, wait);
+        let metric = |name| net.metric(&net.hub, name, None);
+        if fail == "open" {
+            let (mut c, from) = accepted.expect("the bypass connected");
+            // Relayed by the hub as plain TCP, from its own address on that link.
+            assert_eq!(from.ip(), std::net::IpAddr::V4(hub_sat(1)));
+            let mut got = String::new();
+            c.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            c.read_to_string(&mut got).expect("read");
+            assert_eq!(got, "unrouted");
+            assert_eq!(metric("pepd_flows_bypassed_total"), Some(1.0));
+            assert_eq!(metric("pepd_flows_refused_total"), Some(0.0));
+        } else {
+            assert!(accepted.is_none(), "closed: a connection got through");
+            if let Some(s) = s.as_mut() {
+                let (end, n) = read_until_end(s, Instant::now() + Duration::from_secs(10));
+                assert!(matches!(end, End::Reset { .. }), "{end:?}");
+                assert_eq!(n, 0);
+            }
+            assert_eq!(metric("pepd_flows_refused_total"), Some(1.0));
+            assert_eq!(metric("pepd_flows_bypassed_total"), Some(0.0));
+        }
+        // No terminal saw a flow: nothing went into a tunnel.
+        for t in &net.terminals {
+            assert_eq!(
+                net.metric(t, "pepd_flows_total", Some(("origin", "peer"))),
+                Some(0.0),
+                "{fail} {t}"
+            );
+        }
+    }
 }
