@@ -124,6 +124,8 @@ impl Gateway {
                 flows_from_peer_total: sum(|c| &c.flows_from_peer),
                 flows_refused_total: get(&c.flows_refused),
                 flows_bypassed_total: get(&c.flows_bypassed),
+                flows_unrouted_total: get(&c.flows_unrouted),
+                flows_isolated_total: get(&c.flows_isolated),
                 bytes_to_peer_total: sum(|c| &c.bytes_to_peer),
                 bytes_from_peer_total: sum(|c| &c.bytes_from_peer),
                 connect_errors: by_reason(|c| c.connect_errors.snapshot()),

@@ -75,6 +75,11 @@ pub struct RelaySnapshot {
     /// Intercepted connections relayed unproxied because a limit was reached
     /// (`over_limit = bypass`).
     pub flows_bypassed_total: u64,
+    /// Intercepted connections no peer's subnets hold; also in refused or bypassed, as
+    /// `[rules] fail` decided.
+    pub flows_unrouted_total: u64,
+    /// Flows a peer opened that it may not (isolation); also in refused.
+    pub flows_isolated_total: u64,
     /// Read from local TCP connections into the tunnel.
     pub bytes_to_peer_total: u64,
     /// Written from the tunnel to local TCP connections.
@@ -449,6 +454,20 @@ impl Collector for SnapshotCollector {
             "Intercepted connections relayed unproxied (a limit, or no route with fail = open)",
             None,
             r.flows_bypassed_total,
+        )?;
+        counter(
+            e,
+            "flows_unrouted",
+            "Intercepted connections whose destination no peer's subnets hold (refused or bypassed by [rules] fail)",
+            None,
+            r.flows_unrouted_total,
+        )?;
+        counter(
+            e,
+            "flows_isolated",
+            "Flows a peer opened from outside its subnets or into another peer's, reset (also in flows_refused)",
+            None,
+            r.flows_isolated_total,
         )?;
         counter_family(
             e,

@@ -429,6 +429,10 @@ fn terminal_cannot_open_into_another_terminals_subnet() {
         Some(1.0)
     );
     assert_eq!(
+        net.metric(&net.hub, "pepd_flows_isolated_total", None),
+        Some(1.0)
+    );
+    assert_eq!(
         net.metric(&net.hub, "pepd_flows_total", Some(("origin", "peer"))),
         Some(1.0)
     );
@@ -542,6 +546,7 @@ fn unrouted_destination_bypasses_when_open_and_refuses_when_closed() {
         let wait = Duration::from_secs(if fail == "open" { 10 } else { 1 });
         let accepted = accept_within(&listener, wait);
         let metric = |name| net.metric(&net.hub, name, None);
+        assert_eq!(metric("pepd_flows_unrouted_total"), Some(1.0), "{fail}");
         if fail == "open" {
             let (mut c, from) = accepted.expect("the bypass connected");
             // Relayed by the hub as plain TCP, from its own address on that link.
