@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::hub::{Counters, FlowGone, FlowRef, Hub};
+use crate::link::{FlowGone, FlowRef, LinkCounters, PeerLink};
 
 /// Largest piece moved per read, either way.
 pub const CHUNK: usize = 64 * 1024;
@@ -28,7 +28,7 @@ pub enum RelayEnd {
 }
 
 pub struct Relay {
-    pub hub: Arc<Hub>,
+    pub link: Arc<PeerLink>,
     pub flow: FlowRef,
     pub tcp: TcpStream,
     pub idle_timeout: Option<Duration>,
@@ -39,15 +39,15 @@ pub struct Relay {
 impl Relay {
     pub async fn run(self) -> RelayEnd {
         let Relay {
-            hub,
+            link,
             flow,
             tcp,
             idle_timeout,
             tcp_read_done,
         } = self;
-        let _active = ActiveRelay::new(&hub);
+        let _active = ActiveRelay::new(&link);
         let mut st = Pump {
-            hub: &hub,
+            link: &link,
             flow: &flow,
             tcp: &tcp,
             reading_tcp: !tcp_read_done,
@@ -66,12 +66,12 @@ impl Relay {
 }
 
 /// Counts a relay as active for as long as it lives (what a drain waits for).
-struct ActiveRelay<'a>(&'a Hub);
+struct ActiveRelay<'a>(&'a PeerLink);
 
 impl<'a> ActiveRelay<'a> {
-    fn new(hub: &'a Hub) -> Self {
-        Counters::add(&hub.counters.relays_active, 1);
-        ActiveRelay(hub)
+    fn new(link: &'a PeerLink) -> Self {
+        LinkCounters::add(&link.counters.relays_active, 1);
+        ActiveRelay(link)
     }
 }
 
@@ -91,7 +91,7 @@ pub fn abort_tcp(tcp: TcpStream) {
 }
 
 struct Pump<'a> {
-    hub: &'a Hub,
+    link: &'a PeerLink,
     flow: &'a FlowRef,
     tcp: &'a TcpStream,
     /// The TCP side has not sent FIN yet.
@@ -153,7 +153,7 @@ impl Pump<'_> {
                 match self.tcp.try_write(data) {
                     Ok(n) => {
                         self.last_activity = Instant::now();
-                        Counters::add(&self.hub.counters.bytes_from_peer, n as u64);
+                        LinkCounters::add(&self.link.counters.bytes_from_peer, n as u64);
                         let _ = data.split_to(n);
                         if data.is_empty() {
                             self.pending = None;
@@ -167,7 +167,7 @@ impl Pump<'_> {
             if self.fin_to_tcp {
                 return Ok(());
             }
-            match self.hub.read(self.flow, CHUNK) {
+            match self.link.read(self.flow, CHUNK) {
                 Ok(ReadOutcome::Data(b)) => self.pending = Some(b),
                 Ok(ReadOutcome::Blocked) => return Ok(()),
                 Ok(ReadOutcome::Finished) | Err(FlowGone::Closed) => {
@@ -189,7 +189,7 @@ impl Pump<'_> {
     /// room left (0: wait for the flow to drain).
     fn tcp_to_flow(&mut self) -> Result<usize, RelayEnd> {
         while self.reading_tcp {
-            let room = match self.hub.write_room(self.flow) {
+            let room = match self.link.write_room(self.flow) {
                 Ok(r) => r,
                 Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
                 Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
@@ -201,7 +201,7 @@ impl Pump<'_> {
             match self.tcp.try_read(&mut self.buf[..want]) {
                 Ok(0) => {
                     self.reading_tcp = false;
-                    match self.hub.finish(self.flow) {
+                    match self.link.finish(self.flow) {
                         Ok(()) => {}
                         Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
                         Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
@@ -209,8 +209,8 @@ impl Pump<'_> {
                 }
                 Ok(n) => {
                     self.last_activity = Instant::now();
-                    Counters::add(&self.hub.counters.bytes_to_peer, n as u64);
-                    match self.hub.write(self.flow, &self.buf[..n]) {
+                    LinkCounters::add(&self.link.counters.bytes_to_peer, n as u64);
+                    match self.link.write(self.flow, &self.buf[..n]) {
                         // The room was checked under the same budget a moment ago and only
                         // this relay writes to the flow, so all of it fits.
                         Ok(_) => {}
@@ -226,7 +226,7 @@ impl Pump<'_> {
     }
 
     fn local_reset(&self, reason: ResetReason) -> RelayEnd {
-        self.hub.reset(self.flow, reason);
+        self.link.reset(self.flow, reason);
         RelayEnd::ResetLocally(reason)
     }
 }
