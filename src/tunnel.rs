@@ -18,6 +18,7 @@ use crate::driver::AssocFactory;
 use crate::gateway::{Gateway, GatewayCounters};
 use crate::link::PeerLink;
 use crate::routes::Routes;
+use crate::share::CarrierShare;
 
 /// Connection ID length of a hub with `[[peer]]` entries: 2 bytes name up to 65,536
 /// associations, even with one peer so that more can be added. Everywhere else (a
@@ -30,6 +31,8 @@ pub struct Tunnel {
     pub factory: AssocFactory,
     /// `None`: datagrams from any address (connection IDs and authentication gate them).
     pub allowed: Option<HashSet<SocketAddr>>,
+    /// With `[[peer]]` entries: the peers share `[link] tx_rate`.
+    pub share: Option<CarrierShare>,
 }
 
 /// The connection ID length this gateway's endpoint chooses.
@@ -110,6 +113,21 @@ pub fn build(
     // peer's identity.
     let allowed = (matches!(cfg.peer, Peers::Pair(_)) || !secure)
         .then(|| specs.iter().filter_map(|p| p.address).collect());
+    let share = matches!(cfg.peer, Peers::List(_)).then(|| {
+        let transport = cfg.transport();
+        CarrierShare::new(
+            cfg.link.tx_rate.bps(),
+            factory
+                .configs
+                .iter()
+                .map(|c| c.mtu)
+                .max()
+                .unwrap_or(transport.mtu),
+            transport.pacing_burst,
+            &specs,
+            factory.configs.iter().map(|c| c.wire_overhead).collect(),
+        )
+    });
     let gateway = Gateway {
         links,
         routes: Routes::new(&specs),
@@ -122,5 +140,6 @@ pub fn build(
         endpoint,
         factory,
         allowed,
+        share,
     })
 }
