@@ -163,17 +163,7 @@ impl Driver {
         let mut accepts: Accepts = Vec::new();
         let wake = self.gateway.wake.clone();
         loop {
-            let carrier = self
-                .share
-                .as_ref()
-                .and_then(|s| s.poll_timeout(Instant::now()));
-            let deadline = self
-                .deadlines
-                .iter()
-                .flatten()
-                .chain(&carrier)
-                .min()
-                .copied();
+            let deadline = self.next_deadline(Instant::now());
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -257,6 +247,22 @@ impl Driver {
                 wake.notify_one();
             }
         }
+    }
+
+    /// When the loop must look again without a datagram or a wake-up. A link whose datagram
+    /// waits for the carrier is overdue while it has more to send (its pacer allows it):
+    /// its turn on the carrier is what it waits for, and the link is serviced when its
+    /// datagram leaves.
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let Some(share) = self.share.as_ref() else {
+            return self.deadlines.iter().flatten().min().copied();
+        };
+        let links = self
+            .deadlines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.filter(|&d| d > now || !share.is_staged(i)));
+        links.chain(share.poll_timeout(now)).min()
     }
 
     /// Where a datagram goes: to the link the endpoint routes it to, or, for an
