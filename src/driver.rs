@@ -432,6 +432,7 @@ impl Driver {
         let Some(share) = self.share.as_mut() else {
             return;
         };
+        share.set_carrier(self.gateway.carrier_bps.load(Ordering::Relaxed));
         for (i, l) in self.gateway.links.iter().enumerate() {
             let mut st = l.lock();
             let Some(assoc) = st.assoc.as_mut() else {
@@ -648,6 +649,7 @@ mod tests {
                 specs: Vec::new(),
                 routes: Routes::default(),
                 counters: GatewayCounters::default(),
+                carrier_bps: Default::default(),
                 wake,
             };
             let acceptor = Arc::new(ResettingAcceptor {

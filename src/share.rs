@@ -39,7 +39,7 @@ pub struct CarrierShare {
 
 impl CarrierShare {
     /// One member per peer in `specs` (by link), at its `tx_rate`, `min_rate` and `weight`;
-    /// `overhead` by link as in [`pep_transport::Config::wire_overhead`].
+    /// `overhead` by link: what a datagram costs on the wire beyond its bytes.
     pub fn new(
         carrier_bps: u64,
         mtu: usize,
@@ -113,6 +113,13 @@ impl CarrierShare {
     /// Whether the associations' ceilings are due to follow the allocations.
     pub fn refresh_due(&self, now: Instant) -> bool {
         self.next_refresh.is_none_or(|t| t <= now)
+    }
+
+    /// The carrier's rate as `[link] tx_rate` says now (a reload may have changed it).
+    pub fn set_carrier(&mut self, carrier_bps: u64) {
+        if self.sched.carrier_bps() != carrier_bps {
+            self.sched.set_carrier_rate(carrier_bps);
+        }
     }
 
     /// `link`'s ceiling now: its allocation, at most `mir_bps` (its association's configured

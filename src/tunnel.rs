@@ -5,11 +5,12 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use pep_transport::security::{LocalIdentity, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST};
+use pep_transport::security::{LocalIdentity, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, TAG_LEN};
 use pep_transport::{Endpoint, EndpointConfig, PeerId, PeerIdentity};
 use tokio::sync::Notify;
 
@@ -125,7 +126,17 @@ pub fn build(
                 .unwrap_or(transport.mtu),
             transport.pacing_burst,
             &specs,
-            factory.configs.iter().map(|c| c.wire_overhead).collect(),
+            // As the association counts a datagram on the wire: `wire_overhead` holds room
+            // for the AEAD tag, which a sealed datagram carries already.
+            factory
+                .configs
+                .iter()
+                .zip(&factory.security)
+                .map(|(c, sec)| {
+                    c.wire_overhead
+                        .saturating_sub(sec.as_ref().map_or(0, |_| TAG_LEN))
+                })
+                .collect(),
         )
     });
     let gateway = Gateway {
@@ -133,6 +144,7 @@ pub fn build(
         routes: Routes::new(&specs),
         specs,
         counters: GatewayCounters::default(),
+        carrier_bps: AtomicU64::new(cfg.link.tx_rate.bps()),
         wake,
     };
     Ok(Tunnel {
