@@ -149,7 +149,8 @@ impl Daemon {
                 gateway: gateway.clone(),
             }),
             notifier,
-        );
+        )
+        .with_share(tunnel.share);
         let driver_task = tokio::spawn(driver.run(driver_stop_rx.clone()));
         let ctx = Arc::new(InterceptCtx {
             gateway: gateway.clone(),

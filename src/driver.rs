@@ -23,6 +23,7 @@ use crate::gateway::Gateway;
 use crate::link::{FlowRef, LinkCounters, LinkState, PeerLink};
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
+use crate::share::CarrierShare;
 
 /// Datagrams taken from the socket, or produced, per pass.
 const BATCH: usize = 64;
@@ -103,6 +104,9 @@ pub struct Driver {
     deadlines: Vec<Option<Instant>>,
     /// Where the next pass starts, so no link is always served first.
     cursor: usize,
+    /// With `[[peer]]` entries: whose datagram goes next on the shared carrier. Without
+    /// (the pair), links take turns within each pass.
+    share: Option<CarrierShare>,
 }
 
 impl Driver {
@@ -135,7 +139,14 @@ impl Driver {
             by_handle,
             deadlines,
             cursor: 0,
+            share: None,
         }
+    }
+
+    /// Shares the carrier between the links by `share` instead of turns within a pass.
+    pub fn with_share(mut self, share: Option<CarrierShare>) -> Driver {
+        self.share = share;
+        self
     }
 
     /// Runs until `stop` turns true, then closes every association with one CLOSE.
@@ -152,7 +163,7 @@ impl Driver {
         let mut accepts: Accepts = Vec::new();
         let wake = self.gateway.wake.clone();
         loop {
-            let deadline = self.deadlines.iter().flatten().min().copied();
+            let deadline = self.next_deadline(Instant::now());
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -228,11 +239,30 @@ impl Driver {
                 again |= more[i];
                 self.accept_all(i, &mut accepts);
             }
-            self.send_all(&mut tx, &mut spare).await?;
+            if self.share.is_some() {
+                again |= self.send_shared(&rx, &mut tx, &mut spare, &mut accepts);
+            }
+            Self::send_all(&self.socket, &mut tx, &mut spare).await?;
             if again {
                 wake.notify_one();
             }
         }
+    }
+
+    /// When the loop must look again without a datagram or a wake-up. A link whose datagram
+    /// waits for the carrier is overdue while it has more to send (its pacer allows it):
+    /// its turn on the carrier is what it waits for, and the link is serviced when its
+    /// datagram leaves.
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let Some(share) = self.share.as_ref() else {
+            return self.deadlines.iter().flatten().min().copied();
+        };
+        let links = self
+            .deadlines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.filter(|&d| d > now || !share.is_staged(i)));
+        links.chain(share.poll_timeout(now)).min()
     }
 
     /// Where a datagram goes: to the link the endpoint routes it to, or, for an
@@ -327,21 +357,33 @@ impl Driver {
             assoc.handle_timeout(now);
         }
         let mut more = false;
-        let mut sent = 0;
-        loop {
-            if sent == quota {
-                more = true;
-                break;
-            }
-            let mut buf = spare.pop().unwrap_or_default();
-            match assoc.poll_transmit_to(now, &mut buf) {
-                Some(to) => {
-                    tx.push((to, buf));
-                    sent += 1;
+        if let Some(share) = self.share.as_mut() {
+            // One datagram waits for the carrier; the next is made once it has left, so
+            // the association's pacing sees the share it gets.
+            if !share.is_staged(link) {
+                let mut buf = spare.pop().unwrap_or_default();
+                match assoc.poll_transmit_to(now, &mut buf) {
+                    Some(to) => share.stage(link, to, buf),
+                    None => spare.push(buf),
                 }
-                None => {
-                    spare.push(buf);
+            }
+        } else {
+            let mut sent = 0;
+            loop {
+                if sent == quota {
+                    more = true;
                     break;
+                }
+                let mut buf = spare.pop().unwrap_or_default();
+                match assoc.poll_transmit_to(now, &mut buf) {
+                    Some(to) => {
+                        tx.push((to, buf));
+                        sent += 1;
+                    }
+                    None => {
+                        spare.push(buf);
+                        break;
+                    }
                 }
             }
         }
@@ -353,17 +395,69 @@ impl Driver {
         more
     }
 
+    /// Up to a batch of datagrams the carrier lets leave now, each link's next one made as
+    /// its previous leaves; and every [`crate::share::REFRESH`] each association capped at
+    /// its allocation. True if more may leave at once.
+    fn send_shared(
+        &mut self,
+        rx: &[Vec<u8>],
+        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
+        spare: &mut Vec<Vec<u8>>,
+        accepts: &mut Accepts,
+    ) -> bool {
+        let now = Instant::now();
+        if self.share.as_ref().is_some_and(|s| s.refresh_due(now)) {
+            self.refresh_ceilings(now);
+        }
+        let mut none = Vec::new();
+        while tx.len() < BATCH {
+            let now = Instant::now();
+            let Some((link, to, buf)) = self.share.as_mut().and_then(|s| s.next(now)) else {
+                return false;
+            };
+            tx.push((to, buf));
+            let r = Received {
+                rx,
+                inputs: &mut none,
+            };
+            self.service(link, now, r, 1, tx, spare, accepts);
+            self.accept_all(link, accepts);
+        }
+        true
+    }
+
+    /// Each association's rate ceiling becomes its share of the carrier, at most its own
+    /// configured rate.
+    fn refresh_ceilings(&mut self, now: Instant) {
+        let Some(share) = self.share.as_mut() else {
+            return;
+        };
+        share.set_carrier(self.gateway.carrier_bps.load(Ordering::Relaxed));
+        for (i, l) in self.gateway.links.iter().enumerate() {
+            let mut st = l.lock();
+            let Some(assoc) = st.assoc.as_mut() else {
+                continue;
+            };
+            let ceiling = share.ceiling(i, assoc.config().rate_bps);
+            assoc.set_rate_ceiling(ceiling);
+            self.deadlines[i] = assoc.poll_timeout();
+        }
+        share.refreshed(now);
+    }
+
+    /// Takes the socket rather than the driver: the carrier scheduler in the driver is not
+    /// `Sync`, and the future must be `Send`.
     async fn send_all(
-        &self,
+        socket: &UdpSocket,
         tx: &mut Vec<(SocketAddr, Vec<u8>)>,
         spare: &mut Vec<Vec<u8>>,
     ) -> io::Result<()> {
         for (to, buf) in tx.drain(..) {
             loop {
-                match self.socket.try_send_to(&buf, to) {
+                match socket.try_send_to(&buf, to) {
                     Ok(_) => break,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        self.socket.writable().await?;
+                        socket.writable().await?;
                     }
                     // A full device queue or an ICMP error from an earlier datagram: the
                     // datagram is lost like on the link, and recovery repairs it.
@@ -471,7 +565,7 @@ impl Driver {
             self.accept_all(i, &mut accepts);
         }
         let mut spare = Vec::new();
-        let _ = self.send_all(tx, &mut spare).await;
+        let _ = Self::send_all(&self.socket, tx, &mut spare).await;
     }
 }
 
@@ -555,6 +649,7 @@ mod tests {
                 specs: Vec::new(),
                 routes: Routes::default(),
                 counters: GatewayCounters::default(),
+                carrier_bps: Default::default(),
                 wake,
             };
             let acceptor = Arc::new(ResettingAcceptor {

@@ -19,6 +19,9 @@ pub struct Gateway {
     pub specs: Vec<PeerSpec>,
     pub routes: Routes,
     pub counters: GatewayCounters,
+    /// `[link] tx_rate`, which a reload may change: with `[[peer]]` entries the carrier the
+    /// peers share.
+    pub carrier_bps: AtomicU64,
     /// Wakes the driver; every link holds it.
     pub wake: Arc<Notify>,
 }

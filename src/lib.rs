@@ -17,6 +17,7 @@ mod reload;
 pub mod routes;
 pub mod rules;
 pub mod selfcheck;
+mod share;
 mod sockopt;
 mod tproxy;
 mod tunnel;

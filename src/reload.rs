@@ -85,6 +85,11 @@ fn apply_live(
                 let rate = specs.get(i).map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
                 with_assoc(link, |a| a.set_rate(rate));
             }
+            // With `[[peer]]` entries the driver shares the new carrier from its next
+            // refresh of the ceilings.
+            gateway
+                .carrier_bps
+                .store(new.link.tx_rate.bps(), std::sync::atomic::Ordering::Relaxed);
             running.link.tx_rate = new.link.tx_rate;
         }
         LiveSetting::AckPolicy => {

@@ -5,11 +5,12 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use pep_transport::security::{LocalIdentity, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST};
+use pep_transport::security::{LocalIdentity, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, TAG_LEN};
 use pep_transport::{Endpoint, EndpointConfig, PeerId, PeerIdentity};
 use tokio::sync::Notify;
 
@@ -18,6 +19,7 @@ use crate::driver::AssocFactory;
 use crate::gateway::{Gateway, GatewayCounters};
 use crate::link::PeerLink;
 use crate::routes::Routes;
+use crate::share::CarrierShare;
 
 /// Connection ID length of a hub with `[[peer]]` entries: 2 bytes name up to 65,536
 /// associations, even with one peer so that more can be added. Everywhere else (a
@@ -30,6 +32,8 @@ pub struct Tunnel {
     pub factory: AssocFactory,
     /// `None`: datagrams from any address (connection IDs and authentication gate them).
     pub allowed: Option<HashSet<SocketAddr>>,
+    /// With `[[peer]]` entries: the peers share `[link] tx_rate`.
+    pub share: Option<CarrierShare>,
 }
 
 /// The connection ID length this gateway's endpoint chooses.
@@ -110,11 +114,37 @@ pub fn build(
     // peer's identity.
     let allowed = (matches!(cfg.peer, Peers::Pair(_)) || !secure)
         .then(|| specs.iter().filter_map(|p| p.address).collect());
+    let share = matches!(cfg.peer, Peers::List(_)).then(|| {
+        let transport = cfg.transport();
+        CarrierShare::new(
+            cfg.link.tx_rate.bps(),
+            factory
+                .configs
+                .iter()
+                .map(|c| c.mtu)
+                .max()
+                .unwrap_or(transport.mtu),
+            transport.pacing_burst,
+            &specs,
+            // As the association counts a datagram on the wire: `wire_overhead` holds room
+            // for the AEAD tag, which a sealed datagram carries already.
+            factory
+                .configs
+                .iter()
+                .zip(&factory.security)
+                .map(|(c, sec)| {
+                    c.wire_overhead
+                        .saturating_sub(sec.as_ref().map_or(0, |_| TAG_LEN))
+                })
+                .collect(),
+        )
+    });
     let gateway = Gateway {
         links,
         routes: Routes::new(&specs),
         specs,
         counters: GatewayCounters::default(),
+        carrier_bps: AtomicU64::new(cfg.link.tx_rate.bps()),
         wake,
     };
     Ok(Tunnel {
@@ -122,5 +152,6 @@ pub fn build(
         endpoint,
         factory,
         allowed,
+        share,
     })
 }

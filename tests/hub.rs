@@ -181,23 +181,30 @@ impl HubNet {
 
     /// As `start_gateways`, with `hub_extra` (TOML tables) in the hub's config.
     fn start_gateways_with(&mut self, hub_extra: &str) {
+        self.start_shaped_gateways(hub_extra, "50Mbit", &[]);
+    }
+
+    /// As `start_gateways_with`, the hub's carrier (`link.tx_rate`) at `carrier` and
+    /// `peer_keys[i - 1]` (TOML keys) in terminal i's `[[peer]]` entry.
+    fn start_shaped_gateways(&mut self, hub_extra: &str, carrier: &str, peer_keys: &[&str]) {
         let (hub_key, hub_public) = self.key("hub");
         let mut entries = String::new();
         let mut terminal_keys = Vec::new();
         for i in 1..=TERMINALS {
             let (key, public) = self.key(&format!("t{i}"));
             entries.push_str(&format!(
-                "\n[[peer]]\nname = \"t{i}\"\npublic_key = \"{public}\"\nsubnets = [\"198.18.{}.0/24\"]\n",
-                10 + i
+                "\n[[peer]]\nname = \"t{i}\"\npublic_key = \"{public}\"\nsubnets = [\"198.18.{}.0/24\"]\n{}\n",
+                10 + i,
+                peer_keys.get(i - 1).unwrap_or(&"")
             ));
             terminal_keys.push(key);
         }
-        let common = format!(
-            "[link]\ntx_rate = \"50Mbit\"\nrx_rate = \"50Mbit\"\n\n\
-             [intercept]\nlisten = [\"0.0.0.0:{TPROXY_PORT}\"]\nown_mark = {OWN_MARK}\n"
-        );
+        let intercept =
+            format!("[intercept]\nlisten = [\"0.0.0.0:{TPROXY_PORT}\"]\nown_mark = {OWN_MARK}\n");
+        let common = format!("[link]\ntx_rate = \"50Mbit\"\nrx_rate = \"50Mbit\"\n\n{intercept}");
         let hub = format!(
-            "[tunnel]\nside = \"hub\"\nbind = \"0.0.0.0:7400\"\n\n{common}\n{hub_extra}\n\
+            "[tunnel]\nside = \"hub\"\nbind = \"0.0.0.0:7400\"\n\n\
+             [link]\ntx_rate = \"{carrier}\"\nrx_rate = \"50Mbit\"\n\n{intercept}\n{hub_extra}\n\
              [security]\nprivate_key_file = {:?}\n{entries}",
             path_str(&hub_key)
         );
@@ -577,4 +584,139 @@ fn unrouted_destination_bypasses_when_open_and_refuses_when_closed() {
             );
         }
     }
+}
+
+/// Downloads are sampled in bins of this length.
+const BIN: Duration = Duration::from_millis(100);
+
+/// Serves `count` connections with an endless download each (until the client goes).
+fn serve_downloads(listener: TcpListener, count: usize) {
+    std::thread::spawn(move || {
+        for seed in 0..count as u64 {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            std::thread::spawn(move || write_pattern(&mut s, seed, 1, u64::MAX));
+        }
+    });
+}
+
+/// Client `i` downloads from `at` from `start` for `length`; the bytes it received in each
+/// [`BIN`] since `start`.
+fn download(
+    net: &HubNet,
+    i: usize,
+    at: SocketAddr,
+    start: Instant,
+    length: Duration,
+) -> std::thread::JoinHandle<Vec<u64>> {
+    let mut s = pep_testbed::in_netns(&net.clients[i - 1], move || {
+        TcpStream::connect_timeout(&at, Duration::from_secs(10))
+    })
+    .expect("client namespace")
+    .unwrap_or_else(|e| panic!("client {i} connect: {e}"));
+    std::thread::spawn(move || {
+        let bins = (length.as_millis() / BIN.as_millis()) as usize;
+        let mut got = vec![0u64; bins];
+        let mut buf = vec![0u8; 64 * 1024];
+        s.set_read_timeout(Some(BIN)).expect("timeout");
+        loop {
+            let bin = (start.elapsed().as_millis() / BIN.as_millis()) as usize;
+            if bin >= bins {
+                return got;
+            }
+            match s.read(&mut buf) {
+                Ok(0) => return got,
+                Ok(k) => got[bin] += k as u64,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock) => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {}
+                Err(e) => panic!("client {i} download: {e}"),
+            }
+        }
+    })
+}
+
+/// Bit/s of `bytes` received over `bins` bins.
+fn bps(bytes: u64, bins: usize) -> f64 {
+    bytes as f64 * 8.0 / (bins as f64 * BIN.as_secs_f64())
+}
+
+/// Terminal 1 alone downloads with its `tx_rate` below the hub's carrier: the hub sends it
+/// its `tx_rate` (goodput within 10 % below it) and never more (no 5 s above it by 5 %).
+#[test]
+fn a_terminal_alone_gets_its_mir() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    const MIR: f64 = 8e6;
+    let mut net = HubNet::new();
+    net.start_shaped_gateways("", "20Mbit", &["tx_rate = \"8Mbit\""]);
+    let at = SocketAddr::from((SERVER, 5005));
+    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
+        .expect("server namespace")
+        .expect("listen");
+    serve_downloads(listener, 1);
+    let got = download(&net, 1, at, Instant::now(), Duration::from_secs(10))
+        .join()
+        .expect("client thread");
+    // The first second holds the connection's setup and the controller's start.
+    let steady = &got[10..];
+    let goodput = bps(steady.iter().sum(), steady.len());
+    let window = (Duration::from_secs(5).as_millis() / BIN.as_millis()) as usize;
+    let most = got
+        .windows(window)
+        .map(|w| bps(w.iter().sum(), window))
+        .fold(0.0, f64::max);
+    eprintln!("alone: goodput {goodput:.0} bit/s, busiest 5 s {most:.0} bit/s, MIR {MIR}");
+    assert!(
+        goodput >= 0.9 * MIR,
+        "goodput {goodput:.0} bit/s\n{}",
+        net.logs()
+    );
+    assert!(most <= 1.05 * MIR, "5 s at {most:.0} bit/s");
+}
+
+/// Terminals 1 and 2 (weights 1 and 2, `tx_rate` the whole carrier) download at once: the
+/// hub's carrier goes 1:2 between them.
+#[test]
+fn two_bulk_terminals_share_by_weight() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_shaped_gateways("", "20Mbit", &["weight = 1", "weight = 2"]);
+    let at = SocketAddr::from((SERVER, 5006));
+    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
+        .expect("server namespace")
+        .expect("listen");
+    serve_downloads(listener, 2);
+    let start = Instant::now();
+    let length = Duration::from_secs(9);
+    let downloads: Vec<_> = [1, 2]
+        .iter()
+        .map(|&i| download(&net, i, at, start, length))
+        .collect();
+    let got: Vec<Vec<u64>> = downloads
+        .into_iter()
+        .map(|d| d.join().expect("client thread"))
+        .collect();
+    // From 2 s on both have been downloading for a while.
+    let goodput: Vec<f64> = got
+        .iter()
+        .map(|g| bps(g[20..].iter().sum(), g.len() - 20))
+        .collect();
+    let ratio = goodput[1] / goodput[0];
+    let per_weight = [goodput[0], goodput[1] / 2.0];
+    let sum: f64 = per_weight.iter().sum();
+    let squares: f64 = per_weight.iter().map(|x| x * x).sum();
+    let jain = sum * sum / (2.0 * squares);
+    eprintln!("by weight: goodput {goodput:?} bit/s, ratio {ratio:.3}, Jain {jain:.4}");
+    assert!(
+        (ratio / 2.0 - 1.0).abs() <= 0.1,
+        "ratio {ratio:.3} of {goodput:?}\n{}",
+        net.logs()
+    );
+    assert!(jain >= 0.98, "Jain index {jain:.4}");
 }

@@ -414,6 +414,14 @@ impl Association {
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
     }
 
+    /// Caps the sending rate below the configured one (a hub's share of its carrier) without
+    /// restarting the congestion controller's view of the path; `config().rate_bps` stays.
+    pub fn set_rate_ceiling(&mut self, rate_bps: u64) {
+        let ceiling = rate_bps.clamp(8_000, self.cfg.rate_bps);
+        self.cc.set_ceiling(ceiling);
+        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
+    }
+
     /// Changes the flow limit live; flows already open above it stay.
     pub fn set_max_flows(&mut self, max_flows: usize) {
         self.cfg.max_flows = max_flows.max(1);

@@ -673,6 +673,19 @@ impl CongestionController for Adaptive {
         self.evidence.reset(self.next_pn, Duration::MAX);
     }
 
+    fn set_ceiling(&mut self, rate_bps: u64) {
+        // The path is what it was: the estimate and the state stay, only what exceeds the
+        // new cap comes down to it. A raised cap is found by the probes, as after a drain.
+        self.ceiling = rate_bps as f64;
+        self.estimate = self.estimate.min(self.ceiling);
+        if let State::Probe { rate, until } = self.state {
+            self.state = State::Probe {
+                rate: rate.min(self.ceiling),
+                until,
+            };
+        }
+    }
+
     fn capacity(&self, _rtt: &RttEstimator) -> CapacityStats {
         CapacityStats {
             estimate_bps: self.estimate as u64,
@@ -765,5 +778,23 @@ mod tests {
         a.on_congestion(t0 + base * 2, &rtt);
         let c = a.capacity(&rtt);
         assert_eq!((c.drains, c.estimate_bps), (0, 20_000_000));
+    }
+
+    #[test]
+    fn a_ceiling_caps_the_estimate_and_keeps_the_state() {
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let rtt = RttEstimator::new(Duration::from_millis(600));
+        a.on_established(Instant::now());
+        let train = a.train_packets();
+        a.set_ceiling(5_000_000);
+        assert_eq!(a.capacity(&rtt).estimate_bps, 5_000_000);
+        assert_eq!(a.pacing_rate(&rtt), 5_000_000);
+        // The establishment measurement goes on, at the new ceiling.
+        assert_eq!(a.state, State::Train { left: train });
+        // A raised ceiling is for the probes to find, not taken on trust.
+        a.set_ceiling(20_000_000);
+        assert_eq!(a.capacity(&rtt).estimate_bps, 5_000_000);
+        a.set_rate(20_000_000);
+        assert_eq!(a.capacity(&rtt).estimate_bps, 20_000_000);
     }
 }
