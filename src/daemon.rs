@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 use crate::config::{OverLimit, PeerSpec, Peers, PepdConfig};
 use crate::driver::{Driver, FlowAcceptor};
 use crate::hub::{Counters, FlowRef, Hub, OpenRefused};
+use crate::memory::{FlowCharge, MemoryAccount};
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::relay::{abort_tcp, Relay, RelayEnd};
@@ -29,6 +30,7 @@ const FIRST_BYTES_WAIT: Duration = Duration::from_millis(2);
 
 /// Largest first read carried in the open.
 const FIRST_BYTES_MAX: usize = 16 * 1024;
+const _: () = assert!(FIRST_BYTES_MAX <= crate::scratch::SIZE);
 
 /// Socket buffer of the tunnel socket: bursts at the link rate must not overflow it.
 const TUNNEL_SOCKET_BUFFER: usize = 8 << 20;
@@ -148,7 +150,12 @@ impl Daemon {
             None => Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now()),
         }
         .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
-        let hub = Arc::new(Hub::new(assoc, cfg.limits.memory_budget.bytes() / 2));
+        let memory = Arc::new(MemoryAccount::new(
+            cfg.limits.memory_budget.bytes(),
+            tcfg.assoc_window,
+            crate::memory::fixed(tcfg.mtu, crate::memory::worker_threads()),
+        ));
+        let hub = Arc::new(Hub::new(assoc, memory));
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
@@ -190,15 +197,10 @@ impl Daemon {
         let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
             .context("installing signal handlers")?;
         tokio::spawn(log_stats_on_sigusr1(hub.clone(), usr1));
-        let budget = Arc::new(std::sync::atomic::AtomicU64::new(
-            cfg.limits.memory_budget.bytes(),
-        ));
-        let (metrics_hub, metrics_budget) = (hub.clone(), budget.clone());
+        let metrics_hub = hub.clone();
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
-            Arc::new(move || {
-                metrics_hub.snapshot(metrics_budget.load(std::sync::atomic::Ordering::Relaxed))
-            }),
+            Arc::new(move || metrics_hub.snapshot()),
             driver_stop_rx.clone(),
         ));
         if let Some(period) = notifier.watchdog_period() {
@@ -221,10 +223,6 @@ impl Daemon {
             match signals.next().await {
                 Signal::Hangup => {
                     reload::apply(&path, &mut cfg, &hub, &live, &log_reload);
-                    budget.store(
-                        cfg.limits.memory_budget.bytes(),
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
                 }
                 other => break other,
             }
@@ -396,29 +394,35 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
     } = conn;
     Counters::add(&ctx.hub.counters.flows_intercepted, 1);
     let _ = tcp.set_nodelay(true);
-    let mut first = vec![0u8; FIRST_BYTES_MAX];
-    let mut first_len = 0;
-    let mut client_done = false;
-    if tokio::time::timeout(FIRST_BYTES_WAIT, tcp.readable())
+    let readable = tokio::time::timeout(FIRST_BYTES_WAIT, tcp.readable())
         .await
-        .is_ok()
-    {
-        match tcp.try_read(&mut first) {
-            Ok(0) => client_done = true,
-            Ok(n) => first_len = n,
-            Err(_) => {}
-        }
-    }
-    first.truncate(first_len);
+        .is_ok();
     let meta = FlowMeta {
         client,
         server,
         dscp,
     };
     let live = read_live(&ctx.live);
-    let flow = match ctx.hub.open(meta, &first) {
-        Ok(f) => f,
-        Err(why) => {
+    // The first bytes are read into this thread's scratch buffer and, from there, into the
+    // flow's open, with no await between: nothing of them stays with the connection. Only
+    // a connection over the limit keeps a copy, for the bypass to send.
+    let (opened, client_done) = crate::scratch::with(|buf| {
+        let buf = &mut buf[..FIRST_BYTES_MAX];
+        let (first_len, client_done) = match readable.then(|| tcp.try_read(buf)) {
+            Some(Ok(0)) => (0, true),
+            Some(Ok(n)) => (n, false),
+            Some(Err(_)) | None => (0, false),
+        };
+        let first = &buf[..first_len];
+        let opened = ctx
+            .hub
+            .open(meta, first)
+            .map_err(|why| (why, first.to_vec()));
+        (opened, client_done)
+    });
+    let (flow, charge) = match opened {
+        Ok(opened) => opened,
+        Err((why, first)) => {
             over_limit(&ctx.hub, &live, tcp, meta, first, why).await;
             return;
         }
@@ -433,6 +437,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         tcp,
         idle_timeout: live.idle,
         tcp_read_done: client_done,
+        charge,
     };
     let id = relay.flow.id;
     let end = relay.run().await;
@@ -471,7 +476,7 @@ struct UpstreamAcceptor {
 }
 
 impl FlowAcceptor for UpstreamAcceptor {
-    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta) {
+    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge) {
         let live = read_live(&self.live);
         if live.draining {
             // `accept` runs under the hub lock (from the driver's dispatch); resetting
@@ -479,33 +484,37 @@ impl FlowAcceptor for UpstreamAcceptor {
             tokio::spawn(async move { hub.reset(&flow, ResetReason::ResourceLimit) });
             return;
         }
-        tokio::spawn(async move {
-            let connected = tokio::select! {
-                r = upstream::connect(&meta, &live.upstream) => r,
-                // The client may give up (reset) while the connect is still pending.
-                () = wait_reset(&flow) => return,
+        tokio::spawn(from_peer(hub, flow, meta, live, charge));
+    }
+}
+
+/// A flow the peer opened: the connect to its destination, then the relay.
+async fn from_peer(hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, live: Live, charge: FlowCharge) {
+    let connected = tokio::select! {
+        r = upstream::connect(&meta, &live.upstream) => r,
+        // The client may give up (reset) while the connect is still pending.
+        () = wait_reset(&flow) => return,
+    };
+    match connected {
+        Ok(tcp) => {
+            let relay = Relay {
+                hub,
+                flow,
+                tcp,
+                idle_timeout: live.idle,
+                tcp_read_done: false,
+                charge,
             };
-            match connected {
-                Ok(tcp) => {
-                    let relay = Relay {
-                        hub,
-                        flow,
-                        tcp,
-                        idle_timeout: live.idle,
-                        tcp_read_done: false,
-                    };
-                    let id = relay.flow.id;
-                    let end = relay.run().await;
-                    log_end(id, meta.client, meta.server, end);
-                }
-                Err(f) => {
-                    hub.counters.connect_errors.add(f.reason);
-                    debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
-                        "upstream connect failed");
-                    hub.reset(&flow, f.reason);
-                }
-            }
-        });
+            let id = relay.flow.id;
+            let end = relay.run().await;
+            log_end(id, meta.client, meta.server, end);
+        }
+        Err(f) => {
+            hub.counters.connect_errors.add(f.reason);
+            debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
+                "upstream connect failed");
+            hub.reset(&flow, f.reason);
+        }
     }
 }
 
@@ -516,4 +525,43 @@ async fn wait_reset(flow: &FlowRef) {
         }
         flow.signal.notify.notified().await;
     }
+}
+
+/// Each kind of flow task, not started, to weigh for the per-flow cost (memory.rs).
+#[cfg(test)]
+pub(crate) fn flow_tasks(
+    hub: Arc<Hub>,
+    flow: FlowRef,
+    tcp: tokio::net::TcpStream,
+) -> (
+    impl std::future::Future<Output = ()>,
+    impl std::future::Future<Output = ()>,
+) {
+    let live = Live {
+        over_limit: OverLimit::Refuse,
+        upstream: UpstreamOptions {
+            mark: 0,
+            transparent_source: false,
+            connect_timeout: Duration::from_secs(1),
+        },
+        idle: None,
+        draining: false,
+    };
+    let meta = FlowMeta {
+        client: "198.18.0.2:1000".parse().expect("addr"),
+        server: "198.18.1.2:80".parse().expect("addr"),
+        dscp: 0,
+    };
+    let ctx = Arc::new(InterceptCtx {
+        hub: hub.clone(),
+        live: Arc::new(RwLock::new(live.clone())),
+    });
+    let conn = Intercepted {
+        tcp,
+        client: meta.client,
+        server: meta.server,
+        dscp: 0,
+    };
+    let peer = from_peer(hub.clone(), flow, meta, live, hub.charge_flow());
+    (intercepted(ctx, conn), peer)
 }

@@ -7,24 +7,26 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pep_transport::{Event, FlowMeta};
+use pep_transport::{Event, FlowMeta, ResetReason};
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::hub::{Counters, FlowRef, Hub};
+use crate::memory::FlowCharge;
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 
 /// Datagrams taken from the socket, or produced, per pass under one lock.
-const BATCH: usize = 64;
+pub const BATCH: usize = 64;
 
 /// Largest datagram read; longer ones are truncated by the kernel and then fail to parse.
-const RECV_BUF: usize = 65_536;
+pub const RECV_BUF: usize = 65_536;
 
 /// Opens the local end of a flow the peer started (connect upstream and relay).
 pub trait FlowAcceptor: Send + Sync + 'static {
-    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta);
+    /// `charge` counts the flow against the memory budget; the relay keeps it to its end.
+    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge);
 }
 
 pub struct Driver {
@@ -110,7 +112,7 @@ impl Driver {
                 while let Some(ev) = st.assoc.poll_event() {
                     self.dispatch(&mut st, ev);
                 }
-                st.wake_budget_waiters(self.hub.send_budget(), crate::relay::CHUNK as u64);
+                st.wake_budget_waiters(&self.hub.memory, crate::relay::CHUNK as u64);
                 more || rx_lens.len() == BATCH
             };
             self.send_all(&mut tx, &mut spare).await?;
@@ -167,8 +169,20 @@ impl Driver {
             Event::FlowOpened { flow, meta } => {
                 debug!(flow, client = %meta.client, server = %meta.server, "flow opened by peer");
                 Counters::add(&self.hub.counters.flows_from_peer, 1);
+                if !st.admits_peer_flow(&self.hub.memory) {
+                    // The peer's client gets the reset, as it would from a full `max_flows`.
+                    debug!(flow, "memory budget reached; flow refused");
+                    if st.assoc.reset(flow, ResetReason::ResourceLimit).is_ok() {
+                        self.hub
+                            .counters
+                            .flow_resets
+                            .add(ResetReason::ResourceLimit);
+                    }
+                    return;
+                }
                 let r = st.insert_slot(flow);
-                self.acceptor.accept(self.hub.clone(), r, meta);
+                let charge = self.hub.charge_flow();
+                self.acceptor.accept(self.hub.clone(), r, meta, charge);
             }
             Event::FlowReadable { flow } | Event::FlowWritable { flow } => st.signal_flow(flow),
             Event::FlowReset { flow, reason } => {

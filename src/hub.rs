@@ -11,6 +11,7 @@ use pep_transport::{
 };
 use tokio::sync::Notify;
 
+use crate::memory::{FlowCharge, MemoryAccount};
 use crate::metrics::AssociationState;
 
 /// What a relay waits on: the driver pokes it when its flow becomes readable or writable,
@@ -71,9 +72,8 @@ pub struct Hub {
     state: Mutex<State>,
     /// Wakes the driver: something was queued for sending.
     pub driver_wake: Notify,
-    /// Budget for bytes waiting to be sent (the receive side is bounded by the windows we
-    /// advertise); changes on reload.
-    send_budget: AtomicU64,
+    /// The memory budget and what counts against it; the budget changes on reload.
+    pub memory: Arc<MemoryAccount>,
     pub counters: Counters,
 }
 
@@ -156,13 +156,14 @@ impl ByReason {
 
 impl Hub {
     /// What the metrics endpoint serves at this instant.
-    pub fn snapshot(&self, memory_budget: u64) -> crate::metrics::Snapshot {
+    pub fn snapshot(&self) -> crate::metrics::Snapshot {
         use crate::metrics::{RelaySnapshot, Snapshot};
-        let (stats, memory) = {
+        let (stats, send, recv) = {
             let st = self.lock();
             (
                 st.assoc.stats(),
-                st.assoc.send_buffered() + st.assoc.recv_buffered(),
+                st.assoc.send_buffered(),
+                st.assoc.recv_buffered(),
             )
         };
         let c = &self.counters;
@@ -186,14 +187,15 @@ impl Hub {
                 ],
                 flow_resets: c.flow_resets.snapshot(),
             },
-            memory_in_use_bytes: memory,
-            memory_budget_bytes: memory_budget,
+            memory_in_use_bytes: send + recv,
+            memory_accounted_bytes: self.memory.accounted(send, recv),
+            memory_budget_bytes: self.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
         }
     }
 
-    pub fn new(assoc: Association, send_budget: u64) -> Hub {
+    pub fn new(assoc: Association, memory: Arc<MemoryAccount>) -> Hub {
         Hub {
             state: Mutex::new(State {
                 assoc,
@@ -202,18 +204,19 @@ impl Hub {
                 budget_waiters: Vec::new(),
             }),
             driver_wake: Notify::new(),
-            send_budget: AtomicU64::new(send_budget),
+            memory,
             counters: Counters::default(),
         }
     }
 
-    pub fn send_budget(&self) -> u64 {
-        self.send_budget.load(Ordering::Relaxed)
+    pub fn set_memory_budget(&self, bytes: u64) {
+        self.memory.set_budget(bytes);
+        self.driver_wake.notify_one();
     }
 
-    pub fn set_send_budget(&self, bytes: u64) {
-        self.send_budget.store(bytes, Ordering::Relaxed);
-        self.driver_wake.notify_one();
+    /// Counts a flow against the budget for as long as the charge lives.
+    pub fn charge_flow(&self) -> FlowCharge {
+        self.memory.charge_flow()
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {
@@ -222,10 +225,14 @@ impl Hub {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens a flow for an intercepted connection; `first` rides with the open.
-    pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<FlowRef, OpenRefused> {
+    /// Opens a flow for an intercepted connection; `first` rides with the open. The flow
+    /// counts against the budget until the returned charge is dropped.
+    pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<(FlowRef, FlowCharge), OpenRefused> {
         let mut st = self.lock();
-        if st.assoc.send_buffered() + first.len() as u64 > self.send_budget() {
+        if !self
+            .memory
+            .admits_flow(st.assoc.send_buffered(), first.len() as u64)
+        {
             return Err(OpenRefused::MemoryBudget);
         }
         let id = st.assoc.open_flow(meta).map_err(|e| match e {
@@ -238,9 +245,11 @@ impl Hub {
                 Counters::add(&self.counters.bytes_to_peer, n as u64);
             }
         }
+        // Charged under the lock, so concurrent opens cannot all pass the check above.
+        let charge = self.charge_flow();
         drop(st);
         self.driver_wake.notify_one();
-        Ok(flow)
+        Ok((flow, charge))
     }
 
     /// Bytes a relay may hand to the flow now: its own room, within the global budget.
@@ -248,7 +257,7 @@ impl Hub {
         let mut st = self.lock();
         st.check(flow)?;
         let room = st.assoc.send_capacity(flow.id) as u64;
-        let left = self.send_budget().saturating_sub(st.assoc.send_buffered());
+        let left = self.memory.send_room(st.assoc.send_buffered());
         if left == 0 && room > 0 {
             // Woken by the driver when acknowledgements free budget.
             st.budget_waiters.push(flow.signal.clone());
@@ -334,6 +343,11 @@ impl State {
         FlowRef { id, token, signal }
     }
 
+    /// Whether a flow the peer opened fits the budget (it is reset when not).
+    pub fn admits_peer_flow(&self, memory: &MemoryAccount) -> bool {
+        memory.admits_flow(self.assoc.send_buffered(), 0)
+    }
+
     pub fn signal_flow(&self, id: FlowId) {
         if let Some(slot) = self.flows.get(&id) {
             slot.signal.notify.notify_one();
@@ -354,8 +368,14 @@ impl State {
     }
 
     /// Wakes relays that waited for budget, once a read's worth is free again.
-    pub fn wake_budget_waiters(&mut self, send_budget: u64, chunk: u64) {
-        if self.budget_waiters.is_empty() || self.assoc.send_buffered() + chunk > send_budget {
+    pub fn wake_budget_waiters(&mut self, memory: &MemoryAccount, chunk: u64) {
+        if self.budget_waiters.is_empty() {
+            return;
+        }
+        let buffered = self.assoc.send_buffered();
+        let room = memory.send_room(buffered);
+        // With nothing left to acknowledge, no more will free up here: hand out what there is.
+        if room == 0 || (room < chunk && buffered > 0) {
             return;
         }
         for s in self.budget_waiters.drain(..) {

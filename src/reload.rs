@@ -92,7 +92,7 @@ fn apply_live(
         LiveSetting::MemoryBudget => {
             // The send side follows at once; the receive window was advertised at the
             // handshake and changes with the next association.
-            hub.set_send_budget(new.limits.memory_budget.bytes() / 2);
+            hub.set_memory_budget(new.limits.memory_budget.bytes());
             running.limits.memory_budget = new.limits.memory_budget;
         }
         // Read from `Live` by connections opened from now on.
