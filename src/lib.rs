@@ -7,6 +7,7 @@ pub mod config;
 pub mod daemon;
 mod driver;
 mod droplog;
+pub mod fdlimit;
 mod hub;
 pub mod keys;
 pub mod memory;

@@ -86,8 +86,16 @@ fn apply_live(
             running.transport.ack_max_delay = new.transport.ack_max_delay;
         }
         LiveSetting::MaxFlows => {
-            hub.lock().assoc.set_max_flows(new.limits.max_flows);
-            running.limits.max_flows = new.limits.max_flows;
+            // Within what the open-file limit raised at start serves.
+            let served = crate::fdlimit::served(new.limits.max_flows, new.limits.over_limit);
+            if served < new.limits.max_flows {
+                warn!(
+                    max_flows = new.limits.max_flows,
+                    served, "the open-file limit serves fewer flows than `limits.max_flows`"
+                );
+            }
+            hub.lock().assoc.set_max_flows(served);
+            running.limits.max_flows = served;
         }
         LiveSetting::MemoryBudget => {
             // The send side follows at once; the receive window was advertised at the

@@ -140,7 +140,7 @@ fn defaults() {
     assert_eq!(t.outage_limit, Duration::from_secs(120));
     assert_eq!(t.keepalive, Duration::from_secs(5));
     assert_eq!(t.pacing_burst, Duration::from_millis(2));
-    assert_eq!(c.limits.max_flows, 4096);
+    assert_eq!(c.limits.max_flows, 10_000);
     assert_eq!(c.limits.over_limit, OverLimit::Refuse);
     assert_eq!(c.limits.flow_buffer, None);
     assert_eq!(c.limits.memory_budget, ByteSize(512 << 20));
@@ -779,7 +779,7 @@ fn summary_shows_effective_settings() {
         "transport:  cc adaptive, unexplained loss = corruption, pacing burst 2ms",
         "acks:       every 8 packets or 50ms",
         "windows:    flow 5.7 MiB, association 64 MiB, send buffer 4 MiB, sized from the link rates",
-        "limits:     4096 flows (then refuse), memory budget 512 MiB",
+        "limits:     10000 flows (then refuse), memory budget 512 MiB",
         "timeouts:   connect 10s, idle 2h, outage 2m, keepalive 5s",
         "log:        info",
         "metrics:    127.0.0.1:9464",
@@ -794,10 +794,13 @@ fn summary_shows_effective_settings() {
     assert_eq!(m.fixed, fixed);
     assert_eq!(m.receive_reserve, 64 << 20);
     assert_eq!(m.max_idle_flows, ((512 << 20) - (64 << 20) - fixed) / 4096);
-    assert_eq!(m.worst_case, fixed + (64 << 20) + (256 << 20) + 4096 * 4096);
+    assert_eq!(
+        m.worst_case,
+        fixed + (64 << 20) + (256 << 20) + 10_000 * 4096
+    );
     let want = format!(
         "memory:     fixed {} + 4 KiB per flow + payload (receive reserve 64 MiB, send up to \
-         256 MiB): the budget carries {} idle flows; at most {} in use with 4096 flows, plus \
+         256 MiB): the budget carries {} idle flows; at most {} in use with 10000 flows, plus \
          the process itself",
         approx(fixed),
         m.max_idle_flows,
