@@ -163,7 +163,8 @@ impl Daemon {
             .with_context(|| format!("tunnel socket on {bind}"))?;
         let mut listeners = Vec::new();
         for addr in &cfg.intercept.listen {
-            let l = tproxy::listen(*addr).with_context(|| {
+            // A burst of `max_flows` new connections waits in the accept queue.
+            let l = tproxy::listen(*addr, cfg.limits.max_flows).with_context(|| {
                 format!(
                     "TPROXY listener on {addr} (needs CAP_NET_ADMIN for IP_TRANSPARENT, \
                      and the address family enabled)"
