@@ -9,7 +9,7 @@
 //!   have no limit of their own; room for as many as `max_flows` is kept for them;
 //! - fixed: stdio, the tunnel socket, the listeners, the metrics listener and its scrapes,
 //!   the runtime's epoll and wakers, the signal pipe, the self-check's and systemd's
-//!   short-lived ones. [`FIXED`] covers them with room to spare (measured: 14 at start).
+//!   short-lived ones. [`FIXED`] covers them with room to spare (measured: 15 once it runs, tests/limits.rs).
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
