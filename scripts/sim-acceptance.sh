@@ -130,11 +130,28 @@ for ber in 0 1e-7 1e-6 1e-5; do
     today=$(mtu_goodput "${lawson[@]}" --ber "$ber")
     check "lawson ber=$ber: goodput>=0.99 x the MTU's size ($today)" "r['goodput_bps']>=0.99*$today and r['intact']" "$size" -- "${lawson[@]}" --ber "$ber"
 done
-# Losses that do not depend on size (whole frames, bursty): the size stays the MTU's.
+# Losses that do not depend on size (whole frames, bursty): the size stays the MTU's. One
+# seed's goodput swings by ±5 % with where the bursts fall (seeds 1-8 at ge=0.01,0.1 span
+# 1.14-1.34 Mb/s), so both modes run the same eight seeds and their means are compared.
 for ge in 0.001,0.1 0.01,0.1; do
-    today=$(mtu_goodput "${lawson[@]}" --ge "$ge")
-    check "lawson ge=$ge (size-independent bursts): size stays the MTU's, goodput>=0.99 x ($today)" \
-        "r['datagram_size']==1456 and r['goodput_bps']>=0.99*$today and r['intact']" "$size" -- "${lawson[@]}" --ge "$ge"
+    for seed in 1 2 3 4 5 6 7 8; do
+        "$SIM" bulk "${lawson[@]}" --ge "$ge" --seed "$seed" --datagram-size mtu --json >"$tmp/ge-mtu-$seed.json"
+        "$SIM" bulk "${lawson[@]}" --ge "$ge" --seed "$seed" --json >"$tmp/ge-adaptive-$seed.json"
+    done
+    verdict=$(python3 - "$tmp" <<'PY'
+import glob, json, statistics, sys
+mtu = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/ge-mtu-*.json"))]
+mine = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/ge-adaptive-*.json"))]
+m = statistics.mean(r["goodput_bps"] for r in mtu)
+a = statistics.mean(r["goodput_bps"] for r in mine)
+sizes = sorted({r["datagram_size"] for r in mine})
+intact = all(r["intact"] for r in mtu + mine)
+ok = len(mine) == len(mtu) == 8 and a >= 0.99 * m and sizes == [1456] and intact
+print(("PASS" if ok else "FAIL") + "\tmean of seeds 1-8: goodput=%.3fMb/s vs %.3fMb/s at the MTU's size (%.3f x) datagram=%s intact=%s" % (a / 1e6, m / 1e6, a / m, sizes, intact))
+PY
+)
+    printf '%s\t%s\t%s\t%s\n' "${verdict%%$'\t'*}" "lawson ge=$ge (size-independent bursts): size stays the MTU's, mean goodput>=0.99 x the MTU size's" "${verdict#*$'\t'}" "pep-sim bulk ${lawson[*]} --ge $ge --seed 1..8 [--datagram-size mtu] --json"
+    [[ $verdict == PASS* ]] || fails=$((fails + 1))
 done
 # BER stepping 1e-6 -> 1e-4 -> 1e-6 every 60 s: the size settles within 10 s of each step
 # with no two changes closer than 2 s, and each phase's goodput is within

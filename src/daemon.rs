@@ -4,19 +4,20 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use pep_transport::{Association, FlowMeta, ResetReason};
+use pep_transport::{FlowMeta, ResetReason};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::config::{OverLimit, PeerSpec, Peers, PepdConfig};
+use crate::config::{FailMode, LoadedSecurity, OverLimit, PeerSpec, PepdConfig, Side};
 use crate::driver::{Driver, FlowAcceptor};
-use crate::hub::{Counters, FlowRef, Hub, OpenRefused};
-use crate::memory::{FlowCharge, MemoryAccount};
+use crate::gateway::{Gateway, GatewayCounters};
+use crate::link::{FlowRef, LinkCounters, OpenRefused, PeerLink};
+use crate::memory::FlowCharge;
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::relay::{abort_tcp, Relay, RelayEnd};
@@ -42,6 +43,8 @@ pub type LogReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 #[derive(Debug, Clone)]
 pub struct Live {
     pub over_limit: OverLimit,
+    /// What a connection that no peer's subnets hold gets (`[rules] fail`).
+    pub fail: FailMode,
     pub upstream: UpstreamOptions,
     pub idle: Option<Duration>,
     /// SIGTERM received: new connections are refused while open ones finish.
@@ -52,6 +55,7 @@ impl Live {
     pub fn from_config(cfg: &PepdConfig) -> Live {
         Live {
             over_limit: cfg.limits.over_limit,
+            fail: cfg.rules.fail,
             upstream: UpstreamOptions {
                 mark: cfg.intercept.own_mark,
                 transparent_source: cfg.upstream.transparent_source,
@@ -65,49 +69,27 @@ impl Live {
 
 pub type LiveRef = Arc<RwLock<Live>>;
 
-/// The most names a refusal lists; a hub may have thousands of entries.
+/// The most peers the start-up line lists; a hub may have thousands of entries.
 const NAMES_SHOWN: usize = 5;
 
-/// The one peer `pepd run` serves, and its address. Several `[[peer]]` entries, or one
-/// without an address, need the multi-peer endpoint that a later step of issue 14 brings;
-/// until then pepd refuses them at start rather than serve part of its config.
-pub fn served_peer(cfg: &PepdConfig) -> anyhow::Result<(PeerSpec, SocketAddr)> {
-    let mut specs = cfg.peer_specs();
-    if specs.len() > 1 {
-        let mut names: Vec<&str> = specs
-            .iter()
-            .take(NAMES_SHOWN)
-            .map(|p| p.name.as_str())
-            .collect();
-        let more = specs.len().saturating_sub(NAMES_SHOWN);
-        let more = format!("{more} more");
-        if specs.len() > NAMES_SHOWN {
-            names.push(&more);
-        }
-        anyhow::bail!(
-            "the config has {} `[[peer]]` entries ({}), but serving several peers is not \
-             implemented yet: it lands with the multi-peer endpoint in a later step. `pepd \
-             check-config` accepts the config; `pepd run` needs a single peer for now",
-            specs.len(),
-            names.join(", ")
-        );
+/// What `pepd run` cannot serve although `check-config` accepts it, refused at start
+/// rather than served in part: a terminal sends first, so it needs its hub's address (a
+/// hub learns a terminal's from its authenticated initiation).
+pub fn check_servable(cfg: &PepdConfig) -> anyhow::Result<()> {
+    if cfg.side() != Side::Terminal {
+        return Ok(());
     }
-    let Some(peer) = specs.pop() else {
-        anyhow::bail!("the config has no peer");
-    };
-    let Some(address) = peer.address else {
-        let key = match cfg.peer {
-            Peers::Pair(_) => "peer.address",
-            Peers::List(_) => "peer[0].address",
-        };
-        anyhow::bail!(
-            "`{key}` of peer {} is not set, but learning a peer's address from its packets is \
-             not implemented yet: it lands with the multi-peer endpoint in a later step. Set \
-             it to the peer's tunnel address for now",
-            peer.name
-        );
-    };
-    Ok((peer, address))
+    for (i, peer) in cfg.peer_specs().iter().enumerate() {
+        if peer.address.is_none() {
+            anyhow::bail!(
+                "`{}` of peer {} is not set: a terminal starts the association, so it needs \
+                 its hub's tunnel address (only a hub learns its peers' addresses)",
+                cfg.peer.address_key(i),
+                peer.name
+            );
+        }
+    }
+    Ok(())
 }
 
 fn read_live(live: &LiveRef) -> Live {
@@ -117,9 +99,9 @@ fn read_live(live: &LiveRef) -> Live {
 pub struct Daemon {
     pub path: PathBuf,
     pub cfg: PepdConfig,
-    /// The keys, read (and their warnings logged) with the config at start; `None` with
-    /// `security.mode = "none"`.
-    pub security: Option<pep_transport::security::SecurityConfig>,
+    /// The keys, read (and their warnings logged) with the config at start; no local keys
+    /// with `security.mode = "none"`.
+    pub security: LoadedSecurity,
     pub log_reload: LogReload,
 }
 
@@ -132,30 +114,10 @@ impl Daemon {
             log_reload,
         } = self;
         let notifier = Notifier;
-        let (peer, peer_address) = served_peer(&cfg)?;
-        let tcfg = cfg.transport_for(&peer);
-        let assoc = match security {
-            Some(sec) => {
-                let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
-                Association::new_secure(
-                    tcfg.clone(),
-                    cfg.role(),
-                    fresh_epoch(),
-                    Instant::now(),
-                    sec,
-                    seed,
-                )
-            }
-            // Warned about with the other config warnings at start.
-            None => Association::new(tcfg.clone(), cfg.role(), fresh_epoch(), Instant::now()),
-        }
-        .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))?;
-        let memory = Arc::new(MemoryAccount::new(
-            cfg.limits.memory_budget.bytes(),
-            tcfg.assoc_window,
-            crate::memory::fixed(tcfg.mtu, crate::memory::worker_threads()),
-        ));
-        let hub = Arc::new(Hub::new(assoc, memory));
+        check_servable(&cfg)?;
+        let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
+        let tunnel = crate::tunnel::build(&cfg, &security, fresh_epoch(), seed)?;
+        let gateway = tunnel.gateway.clone();
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
@@ -179,16 +141,22 @@ impl Daemon {
 
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
-        let driver = Driver {
-            hub: hub.clone(),
+        let driver = Driver::new(
+            gateway.clone(),
             socket,
-            peer: peer_address,
-            acceptor: Arc::new(UpstreamAcceptor { live: live.clone() }),
+            tunnel.endpoint,
+            tunnel.factory,
+            tunnel.allowed,
+            Arc::new(UpstreamAcceptor {
+                live: live.clone(),
+                gateway: gateway.clone(),
+            }),
             notifier,
-        };
+        )
+        .with_share(tunnel.share);
         let driver_task = tokio::spawn(driver.run(driver_stop_rx.clone()));
         let ctx = Arc::new(InterceptCtx {
-            hub: hub.clone(),
+            gateway: gateway.clone(),
             live: live.clone(),
         });
         for l in listeners {
@@ -197,33 +165,32 @@ impl Daemon {
         let mut signals = Signals::install().context("installing signal handlers")?;
         let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
             .context("installing signal handlers")?;
-        tokio::spawn(log_stats_on_sigusr1(hub.clone(), usr1));
-        let metrics_hub = hub.clone();
+        tokio::spawn(log_stats_on_sigusr1(gateway.clone(), usr1));
+        let metrics_gateway = gateway.clone();
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
-            Arc::new(move || metrics_hub.snapshot()),
+            Arc::new(move || metrics_gateway.snapshot()),
             driver_stop_rx.clone(),
         ));
         if let Some(period) = notifier.watchdog_period() {
-            tokio::spawn(watchdog(hub.clone(), notifier, period));
+            tokio::spawn(watchdog(gateway.clone(), notifier, period));
         }
+        let peers = peer_list(&gateway.specs);
         info!(
             side = ?cfg.side(),
-            peer = %peer_address,
+            peer = %peers,
             tunnel = %bind,
             listen = ?cfg.intercept.listen,
             metrics = %cfg.metrics.listen,
-            tx_rate_bps = tcfg.rate_bps,
+            tx_rate_bps = cfg.link.tx_rate.bps(),
             "pepd running"
         );
-        notifier.ready(&format!(
-            "listening; association with {peer_address} connecting"
-        ));
+        notifier.ready(&format!("listening; association with {peers} connecting"));
 
         let signal = loop {
             match signals.next().await {
                 Signal::Hangup => {
-                    reload::apply(&path, &mut cfg, &hub, &live, &log_reload);
+                    reload::apply(&path, &mut cfg, &gateway, &live, &log_reload);
                 }
                 other => break other,
             }
@@ -232,30 +199,44 @@ impl Daemon {
         notifier.stopping();
         let _ = stop_accepting.send(true);
         live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
-        drain(&hub, cfg.shutdown.grace, &notifier).await;
+        drain(&gateway, cfg.shutdown.grace, &notifier).await;
         let _ = stop_driver.send(true);
         let result = match driver_task.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e).context("tunnel socket failed"),
             Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
         };
-        // Closing the association reset what was left; let those relays send their RSTs.
+        // Closing the associations reset what was left; let those relays send their RSTs.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        while Counters::get(&hub.counters.relays_active) > 0
-            && tokio::time::Instant::now() < deadline
-        {
+        while gateway.relays_active() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        hub.counters.set_state(AssociationState::Closed);
+        for link in &gateway.links {
+            link.counters.set_state(AssociationState::Closed);
+        }
         result
     }
 }
 
+/// The peers for the start-up line: the address of each (the name of one without), the
+/// first few of a long list.
+fn peer_list(specs: &[PeerSpec]) -> String {
+    let mut shown: Vec<String> = specs
+        .iter()
+        .take(NAMES_SHOWN)
+        .map(|p| p.address.map_or_else(|| p.name.clone(), |a| a.to_string()))
+        .collect();
+    if specs.len() > NAMES_SHOWN {
+        shown.push(format!("{} more", specs.len() - NAMES_SHOWN));
+    }
+    shown.join(", ")
+}
+
 /// Waits until every relay has finished or the grace period is over.
-async fn drain(hub: &Hub, grace: Duration, notifier: &Notifier) {
+async fn drain(gateway: &Gateway, grace: Duration, notifier: &Notifier) {
     let deadline = tokio::time::Instant::now() + grace;
     loop {
-        let open = Counters::get(&hub.counters.relays_active);
+        let open = gateway.relays_active();
         if open == 0 {
             info!("all flows finished");
             return;
@@ -305,12 +286,17 @@ impl Signals {
 
 /// Pings systemd's watchdog at half its period while the association lock is obtainable,
 /// so a deadlocked or wedged daemon gets restarted.
-async fn watchdog(hub: Arc<Hub>, notifier: Notifier, period: Duration) {
+async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
     let mut tick = tokio::time::interval(period / 2);
     loop {
         tick.tick().await;
-        let hub = hub.clone();
-        let alive = tokio::task::spawn_blocking(move || drop(hub.lock())).await;
+        let gateway = gateway.clone();
+        let alive = tokio::task::spawn_blocking(move || {
+            for link in &gateway.links {
+                drop(link.lock());
+            }
+        })
+        .await;
         if alive.is_ok() {
             notifier.watchdog();
         }
@@ -318,10 +304,13 @@ async fn watchdog(hub: Arc<Hub>, notifier: Notifier, period: Duration) {
 }
 
 /// SIGUSR1 logs the association's counters.
-async fn log_stats_on_sigusr1(hub: Arc<Hub>, mut usr1: tokio::signal::unix::Signal) {
+async fn log_stats_on_sigusr1(gateway: Arc<Gateway>, mut usr1: tokio::signal::unix::Signal) {
     while usr1.recv().await.is_some() {
-        let stats = hub.lock().assoc.stats();
-        info!(?stats, "association statistics");
+        for link in &gateway.links {
+            if let Some((stats, _, _)) = link.stats() {
+                info!(peer = %link.name, ?stats, "association statistics");
+            }
+        }
     }
 }
 
@@ -356,7 +345,7 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
 }
 
 struct InterceptCtx {
-    hub: Arc<Hub>,
+    gateway: Arc<Gateway>,
     live: LiveRef,
 }
 
@@ -372,12 +361,12 @@ async fn accept_loop(l: TcpListener, ctx: Arc<InterceptCtx>, mut stop: watch::Re
                     tokio::spawn(intercepted(ctx.clone(), conn));
                 }
                 Err(e) => {
-                    Counters::add(&ctx.hub.counters.inspect_errors, 1);
+                    LinkCounters::add(&ctx.gateway.counters.inspect_errors, 1);
                     debug!(error = %e, "accepted connection vanished");
                 }
             },
             Err(e) => {
-                Counters::add(&ctx.hub.counters.accept_errors, 1);
+                LinkCounters::add(&ctx.gateway.counters.accept_errors, 1);
                 // Out of descriptors or memory: back off instead of spinning.
                 warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -393,7 +382,8 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         server,
         dscp,
     } = conn;
-    Counters::add(&ctx.hub.counters.flows_intercepted, 1);
+    let counters = &ctx.gateway.counters;
+    LinkCounters::add(&counters.flows_intercepted, 1);
     let _ = tcp.set_nodelay(true);
     let readable = tokio::time::timeout(FIRST_BYTES_WAIT, tcp.readable())
         .await
@@ -404,9 +394,10 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         dscp,
     };
     let live = read_live(&ctx.live);
+    let link = ctx.gateway.route(server.ip()).cloned();
     // The first bytes are read into this thread's scratch buffer and, from there, into the
     // flow's open, with no await between: nothing of them stays with the connection. Only
-    // a connection over the limit keeps a copy, for the bypass to send.
+    // a connection the peers do not take keeps a copy, for the bypass to send.
     let (opened, client_done) = crate::scratch::with(|buf| {
         let buf = &mut buf[..FIRST_BYTES_MAX];
         let (first_len, client_done) = match readable.then(|| tcp.try_read(buf)) {
@@ -415,25 +406,41 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
             Some(Err(_)) | None => (0, false),
         };
         let first = &buf[..first_len];
-        let opened = ctx
-            .hub
-            .open(meta, first)
-            .map_err(|why| (why, first.to_vec()));
+        let opened = match link {
+            Some(link) => match link.open(meta, first) {
+                Ok((flow, charge)) => Ok((link, flow, charge)),
+                Err(why) => Err((Some(why), first.to_vec())),
+            },
+            None => Err((None, first.to_vec())),
+        };
         (opened, client_done)
     });
-    let (flow, charge) = match opened {
+    let (link, flow, charge) = match opened {
         Ok(opened) => opened,
-        Err((why, first)) => {
-            over_limit(&ctx.hub, &live, tcp, meta, first, why).await;
+        Err((None, first)) => {
+            LinkCounters::add(&counters.flows_unrouted, 1);
+            fail(
+                counters,
+                &live,
+                tcp,
+                meta,
+                first,
+                "no peer's subnets hold the destination",
+            )
+            .await;
+            return;
+        }
+        Err((Some(why), first)) => {
+            over_limit(counters, &live, tcp, meta, first, why).await;
             return;
         }
     };
-    debug!(flow = flow.id, %client, %server, dscp, "intercepted; flow opened");
+    debug!(flow = flow.id, %client, %server, dscp, peer = %link.name, "intercepted; flow opened");
     if client_done {
-        let _ = ctx.hub.finish(&flow);
+        let _ = link.finish(&flow);
     }
     let relay = Relay {
-        hub: ctx.hub.clone(),
+        link,
         flow,
         tcp,
         idle_timeout: live.idle,
@@ -446,7 +453,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
 }
 
 async fn over_limit(
-    hub: &Hub,
+    counters: &GatewayCounters,
     live: &Live,
     tcp: tokio::net::TcpStream,
     meta: FlowMeta,
@@ -455,13 +462,37 @@ async fn over_limit(
 ) {
     match live.over_limit {
         OverLimit::Refuse => {
-            Counters::add(&hub.counters.flows_refused, 1);
+            LinkCounters::add(&counters.flows_refused, 1);
             warn!(client = %meta.client, server = %meta.server, ?why, "connection refused");
             abort_tcp(tcp);
         }
         OverLimit::Bypass => {
-            Counters::add(&hub.counters.flows_bypassed, 1);
+            LinkCounters::add(&counters.flows_bypassed, 1);
             debug!(client = %meta.client, server = %meta.server, ?why, "relayed unproxied");
+            bypass::run(tcp, meta, first, &live.upstream).await;
+        }
+    }
+}
+
+/// A connection no peer takes follows `[rules] fail`, as if pepd were not there: routed
+/// unproxied when open, refused when closed.
+async fn fail(
+    counters: &GatewayCounters,
+    live: &Live,
+    tcp: tokio::net::TcpStream,
+    meta: FlowMeta,
+    first: Vec<u8>,
+    why: &'static str,
+) {
+    match live.fail {
+        FailMode::Closed => {
+            LinkCounters::add(&counters.flows_refused, 1);
+            debug!(client = %meta.client, server = %meta.server, why, "connection refused");
+            abort_tcp(tcp);
+        }
+        FailMode::Open => {
+            LinkCounters::add(&counters.flows_bypassed, 1);
+            debug!(client = %meta.client, server = %meta.server, why, "relayed unproxied");
             bypass::run(tcp, meta, first, &live.upstream).await;
         }
     }
@@ -474,23 +505,50 @@ fn log_end(flow: pep_transport::FlowId, client: SocketAddr, server: SocketAddr, 
 /// Connects flows the peer opened to their destination.
 struct UpstreamAcceptor {
     live: LiveRef,
+    gateway: Arc<Gateway>,
+}
+
+impl UpstreamAcceptor {
+    /// Whether the peer may open this flow: from an address of its own subnets (WireGuard's
+    /// inbound check), to a destination no other peer is reached through, so one terminal
+    /// cannot use the hub as a relay into another's LAN. The pair's one peer holds every
+    /// address, so this never refuses there.
+    fn may_open(&self, link: &PeerLink, meta: &FlowMeta) -> bool {
+        let routes = &self.gateway.routes;
+        let peer = link.peer.0 as usize;
+        routes.admits(peer, meta.client.ip())
+            && routes.lookup(meta.server.ip()).is_none_or(|p| p == peer)
+    }
 }
 
 impl FlowAcceptor for UpstreamAcceptor {
-    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge) {
+    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge) {
         let live = read_live(&self.live);
         if live.draining {
-            // `accept` runs under the hub lock (from the driver's dispatch); resetting
-            // needs that lock, so it happens right after, on its own task.
-            tokio::spawn(async move { hub.reset(&flow, ResetReason::ResourceLimit) });
+            link.reset(&flow, ResetReason::ResourceLimit);
             return;
         }
-        tokio::spawn(from_peer(hub, flow, meta, live, charge));
+        if !self.may_open(&link, &meta) {
+            let c = &self.gateway.counters;
+            LinkCounters::add(&c.flows_refused, 1);
+            LinkCounters::add(&c.flows_isolated, 1);
+            warn!(peer = %link.name, client = %meta.client, server = %meta.server,
+                "flow refused: the peer may not open it (isolation)");
+            link.reset(&flow, ResetReason::Refused);
+            return;
+        }
+        tokio::spawn(from_peer(link, flow, meta, live, charge));
     }
 }
 
 /// A flow the peer opened: the connect to its destination, then the relay.
-async fn from_peer(hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, live: Live, charge: FlowCharge) {
+async fn from_peer(
+    link: Arc<PeerLink>,
+    flow: FlowRef,
+    meta: FlowMeta,
+    live: Live,
+    charge: FlowCharge,
+) {
     let connected = tokio::select! {
         r = upstream::connect(&meta, &live.upstream) => r,
         // The client may give up (reset) while the connect is still pending.
@@ -499,7 +557,7 @@ async fn from_peer(hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, live: Live, cha
     match connected {
         Ok(tcp) => {
             let relay = Relay {
-                hub,
+                link,
                 flow,
                 tcp,
                 idle_timeout: live.idle,
@@ -511,10 +569,10 @@ async fn from_peer(hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, live: Live, cha
             log_end(id, meta.client, meta.server, end);
         }
         Err(f) => {
-            hub.counters.connect_errors.add(f.reason);
+            link.counters.connect_errors.add(f.reason);
             debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
                 "upstream connect failed");
-            hub.reset(&flow, f.reason);
+            link.reset(&flow, f.reason);
         }
     }
 }
@@ -531,7 +589,7 @@ async fn wait_reset(flow: &FlowRef) {
 /// Each kind of flow task, not started, to weigh for the per-flow cost (memory.rs).
 #[cfg(test)]
 pub(crate) fn flow_tasks(
-    hub: Arc<Hub>,
+    link: Arc<PeerLink>,
     flow: FlowRef,
     tcp: tokio::net::TcpStream,
 ) -> (
@@ -540,6 +598,7 @@ pub(crate) fn flow_tasks(
 ) {
     let live = Live {
         over_limit: OverLimit::Refuse,
+        fail: FailMode::Closed,
         upstream: UpstreamOptions {
             mark: 0,
             transparent_source: false,
@@ -553,8 +612,17 @@ pub(crate) fn flow_tasks(
         server: "198.18.1.2:80".parse().expect("addr"),
         dscp: 0,
     };
+    let gateway = Gateway {
+        links: vec![link.clone()],
+        specs: Vec::new(),
+        routes: crate::routes::Routes::default(),
+        counters: GatewayCounters::default(),
+        carrier_bps: Default::default(),
+        wake: Arc::new(tokio::sync::Notify::new()),
+        memory: link.memory.clone(),
+    };
     let ctx = Arc::new(InterceptCtx {
-        hub: hub.clone(),
+        gateway: Arc::new(gateway),
         live: Arc::new(RwLock::new(live.clone())),
     });
     let conn = Intercepted {
@@ -563,6 +631,7 @@ pub(crate) fn flow_tasks(
         server: meta.server,
         dscp: 0,
     };
-    let peer = from_peer(hub.clone(), flow, meta, live, hub.charge_flow());
+    let charge = link.charge_flow();
+    let peer = from_peer(link, flow, meta, live, charge);
     (intercepted(ctx, conn), peer)
 }

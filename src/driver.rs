@@ -1,52 +1,172 @@
-//! Drives the sans-IO association: feeds it datagrams from the tunnel socket and timer
-//! expiries, sends what it produces, and hands its events to the relays.
+//! Drives the sans-IO associations: owns the tunnel socket and the endpoint in front of every
+//! association, feeds each datagram to the link the endpoint routes it to (locking only that
+//! link), runs the timers, sends what the associations produce in turn, and hands their
+//! events to the relays.
 
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pep_transport::{Event, FlowMeta, ResetReason};
+use pep_transport::security::{AcceptedInitiation, SecurityConfig};
+use pep_transport::{
+    AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowMeta,
+    PeerId, ResetReason, Role,
+};
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::hub::{Counters, FlowRef, Hub};
+use crate::gateway::Gateway;
+use crate::link::{FlowRef, LinkCounters, LinkState, PeerLink};
 use crate::memory::FlowCharge;
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
+use crate::share::CarrierShare;
 
-/// Datagrams taken from the socket, or produced, per pass under one lock.
+/// Datagrams taken from the socket, or produced, per pass.
 pub const BATCH: usize = 64;
 
 /// Largest datagram read; longer ones are truncated by the kernel and then fail to parse.
 pub const RECV_BUF: usize = 65_536;
 
-/// Opens the local end of a flow the peer started (connect upstream and relay).
+/// Opens the local end of a flow the peer started (connect upstream and relay). Called with
+/// no lock held, so it may use the link (reset the flow) right away.
 pub trait FlowAcceptor: Send + Sync + 'static {
     /// `charge` counts the flow against the memory budget; the relay keeps it to its end.
-    fn accept(&self, hub: Arc<Hub>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge);
+    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge);
+}
+
+/// Flows the peer opened, collected under the link lock (charged there, so that the next
+/// one is admitted against them) and accepted once it is released.
+type Accepts = Vec<(FlowRef, FlowMeta, FlowCharge)>;
+
+/// How a peer's association is made: at start for a peer whose address is configured, else
+/// by the driver on the peer's first authenticated initiation.
+pub struct AssocFactory {
+    /// By link.
+    pub configs: Vec<Config>,
+    /// By link; `None` with `security.mode = "none"`.
+    pub security: Vec<Option<SecurityConfig>>,
+    pub role: Role,
+    pub epoch: u64,
+}
+
+impl AssocFactory {
+    pub fn make(
+        &self,
+        endpoint: &mut Endpoint,
+        now: Instant,
+        link: usize,
+    ) -> Result<(AssocHandle, Association), ConfigError> {
+        let missing = || ConfigError {
+            key: "peer",
+            why: "no settings for this peer",
+        };
+        let cfg = self.configs.get(link).ok_or_else(missing)?;
+        let security = self.security.get(link).ok_or_else(missing)?;
+        endpoint.new_association(
+            now,
+            PeerId(link as u32),
+            cfg.clone(),
+            self.role,
+            self.epoch,
+            security.clone(),
+        )
+    }
+}
+
+/// A received datagram on its way to a link.
+enum Input {
+    Datagram {
+        buf: usize,
+        len: usize,
+        from: SocketAddr,
+    },
+    Initiation {
+        from: SocketAddr,
+        accepted: AcceptedInitiation,
+    },
 }
 
 pub struct Driver {
-    pub hub: Arc<Hub>,
-    pub socket: UdpSocket,
-    pub peer: SocketAddr,
-    pub acceptor: Arc<dyn FlowAcceptor>,
-    pub notifier: Notifier,
+    gateway: Arc<Gateway>,
+    socket: UdpSocket,
+    endpoint: Endpoint,
+    factory: AssocFactory,
+    /// Addresses datagrams may come from; `None`: any, connection IDs and authentication
+    /// gate them.
+    allowed: Option<HashSet<SocketAddr>>,
+    acceptor: Arc<dyn FlowAcceptor>,
+    notifier: Notifier,
+    /// The link of each association.
+    by_handle: HashMap<AssocHandle, usize>,
+    /// Each link's next timer, as of its last service.
+    deadlines: Vec<Option<Instant>>,
+    /// Where the next pass starts, so no link is always served first.
+    cursor: usize,
+    /// With `[[peer]]` entries: whose datagram goes next on the shared carrier. Without
+    /// (the pair), links take turns within each pass.
+    share: Option<CarrierShare>,
 }
 
 impl Driver {
-    /// Runs until `stop` turns true, then closes the association with one CLOSE.
+    /// The links' associations made so far must come from `endpoint`.
+    pub fn new(
+        gateway: Arc<Gateway>,
+        socket: UdpSocket,
+        endpoint: Endpoint,
+        factory: AssocFactory,
+        allowed: Option<HashSet<SocketAddr>>,
+        acceptor: Arc<dyn FlowAcceptor>,
+        notifier: Notifier,
+    ) -> Driver {
+        let by_handle = (0..gateway.links.len())
+            .filter_map(|i| Some((endpoint.association_of(PeerId(i as u32))?, i)))
+            .collect();
+        let deadlines = gateway
+            .links
+            .iter()
+            .map(|l| l.lock().assoc.as_ref().and_then(Association::poll_timeout))
+            .collect();
+        Driver {
+            gateway,
+            socket,
+            endpoint,
+            factory,
+            allowed,
+            acceptor,
+            notifier,
+            by_handle,
+            deadlines,
+            cursor: 0,
+            share: None,
+        }
+    }
+
+    /// Shares the carrier between the links by `share` instead of turns within a pass.
+    pub fn with_share(mut self, share: Option<CarrierShare>) -> Driver {
+        self.share = share;
+        self
+    }
+
+    /// Runs until `stop` turns true, then closes every association with one CLOSE.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
+        let links = self.gateway.links.len();
         let mut rx: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; RECV_BUF]).collect();
-        let mut rx_lens: Vec<usize> = Vec::with_capacity(BATCH);
-        let mut tx: Vec<Vec<u8>> = Vec::with_capacity(BATCH);
+        let mut received: Vec<(usize, SocketAddr)> = Vec::with_capacity(BATCH);
+        let mut inputs: Vec<Vec<Input>> = (0..links).map(|_| Vec::new()).collect();
+        let mut more: Vec<bool> = vec![false; links];
+        let mut serviced: Vec<usize> = Vec::with_capacity(links);
+        let mut tx: Vec<(SocketAddr, Vec<u8>)> = Vec::with_capacity(BATCH);
         let mut spare: Vec<Vec<u8>> = Vec::new();
         let mut drop_log = crate::droplog::DropLog::default();
+        let mut accepts: Accepts = Vec::new();
+        let wake = self.gateway.wake.clone();
         loop {
-            let deadline = self.hub.lock().assoc.poll_timeout();
+            let deadline = self.next_deadline(Instant::now());
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -55,7 +175,7 @@ impl Driver {
             };
             tokio::select! {
                 r = self.socket.readable() => r?,
-                _ = self.hub.driver_wake.notified() => {}
+                _ = wake.notified() => {}
                 _ = sleep => {}
                 _ = stop.changed() => {
                     if *stop.borrow() {
@@ -64,14 +184,16 @@ impl Driver {
                     }
                 }
             }
-            rx_lens.clear();
-            while rx_lens.len() < BATCH {
-                let buf = &mut rx[rx_lens.len()];
+            received.clear();
+            while received.len() < BATCH {
+                let buf = &mut rx[received.len()];
                 match self.socket.try_recv_from(buf) {
-                    Ok((n, from)) if from == self.peer => rx_lens.push(n),
+                    Ok((n, from)) if self.allowed.as_ref().is_none_or(|a| a.contains(&from)) => {
+                        received.push((n, from))
+                    }
                     Ok((_, from)) => {
-                        Counters::add(&self.hub.counters.foreign_datagrams, 1);
-                        debug!(%from, "datagram from an address that is not the peer dropped");
+                        LinkCounters::add(&self.gateway.counters.foreign_datagrams, 1);
+                        debug!(%from, "datagram from an address that is not a peer's dropped");
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // ICMP errors (peer port unreachable) surface here; the transport's
@@ -80,55 +202,273 @@ impl Driver {
                     Err(e) => return Err(e),
                 }
             }
-            let more = {
-                let now = Instant::now();
-                let hub = self.hub.clone();
-                let mut st = hub.lock();
-                for (buf, &n) in rx.iter().zip(&rx_lens) {
-                    st.assoc.handle_datagram(now, &buf[..n]);
+            let now = Instant::now();
+            for (i, &(len, from)) in received.iter().enumerate() {
+                self.route(now, from, i, &rx[i][..len], &mut inputs);
+            }
+            if !received.is_empty() {
+                self.gateway.counters.set_endpoint(self.endpoint.stats());
+            }
+            if drop_log.is_due(now) {
+                let foreign = self
+                    .gateway
+                    .counters
+                    .foreign_datagrams
+                    .load(Ordering::Relaxed);
+                if let Some(s) = drop_log.summary(now, &self.gateway.stats().0, foreign) {
+                    warn!("dropped datagrams: {s}");
                 }
-                if drop_log.is_due(now) {
-                    let foreign = self.hub.counters.foreign_datagrams.load(Ordering::Relaxed);
-                    if let Some(s) = drop_log.summary(now, &st.assoc.stats(), foreign) {
-                        warn!("dropped datagrams: {s}");
-                    }
+            }
+            serviced.clear();
+            for k in 0..links {
+                let i = (self.cursor + k) % links;
+                let queued = self.gateway.links[i].take_queued();
+                let due = self.deadlines[i].is_some_and(|t| t <= now);
+                if queued || due || more[i] || !inputs[i].is_empty() {
+                    serviced.push(i);
                 }
-                if st.assoc.poll_timeout().is_some_and(|t| t <= now) {
-                    st.assoc.handle_timeout(now);
+            }
+            self.cursor = (self.cursor + 1) % links.max(1);
+            // Sending takes turns: each link gets its share of a pass, and one with more
+            // to send is serviced again on the next.
+            let quota = (BATCH / serviced.len().max(1)).max(1);
+            let mut again = received.len() == BATCH;
+            let send_buffered = self.gateway.memory.send_buffered();
+            for &i in &serviced {
+                let r = Received {
+                    rx: &rx,
+                    inputs: &mut inputs[i],
+                };
+                more[i] = self.service(i, now, r, quota, &mut tx, &mut spare, &mut accepts);
+                again |= more[i];
+                self.accept_all(i, &mut accepts);
+            }
+            if self.share.is_some() {
+                again |= self.send_shared(&rx, &mut tx, &mut spare, &mut accepts);
+            }
+            if self.gateway.memory.send_buffered() < send_buffered {
+                // The budget is the gateway's: acknowledgements on one link may free what
+                // relays of another wait for.
+                for l in self.gateway.links.iter().filter(|l| l.waits_for_budget()) {
+                    l.wake();
                 }
-                let mut more = false;
-                loop {
-                    if tx.len() == BATCH {
-                        more = true;
-                        break;
-                    }
-                    let mut buf = spare.pop().unwrap_or_default();
-                    if !st.assoc.poll_transmit(now, &mut buf) {
-                        spare.push(buf);
-                        break;
-                    }
-                    tx.push(buf);
-                }
-                while let Some(ev) = st.assoc.poll_event() {
-                    self.dispatch(&mut st, ev);
-                }
-                st.wake_budget_waiters(&self.hub.memory, crate::relay::CHUNK as u64);
-                more || rx_lens.len() == BATCH
-            };
-            self.send_all(&mut tx, &mut spare).await?;
-            if more {
-                self.hub.driver_wake.notify_one();
+            }
+            Self::send_all(&self.socket, &mut tx, &mut spare).await?;
+            if again {
+                wake.notify_one();
             }
         }
     }
 
-    async fn send_all(&self, tx: &mut Vec<Vec<u8>>, spare: &mut Vec<Vec<u8>>) -> io::Result<()> {
-        for buf in tx.drain(..) {
+    /// When the loop must look again without a datagram or a wake-up. A link whose datagram
+    /// waits for the carrier is overdue while it has more to send (its pacer allows it):
+    /// its turn on the carrier is what it waits for, and the link is serviced when its
+    /// datagram leaves.
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let Some(share) = self.share.as_ref() else {
+            return self.deadlines.iter().flatten().min().copied();
+        };
+        let links = self
+            .deadlines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.filter(|&d| d > now || !share.is_staged(i)));
+        links.chain(share.poll_timeout(now)).min()
+    }
+
+    /// Where a datagram goes: to the link the endpoint routes it to, or, for an
+    /// initiation from a peer that has no association yet, to the one made for it now.
+    fn route(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        buf: usize,
+        datagram: &[u8],
+        inputs: &mut [Vec<Input>],
+    ) {
+        let (link, input) = match self.endpoint.handle(now, from, datagram) {
+            None => return,
+            Some(DatagramEvent::Routed(h)) => {
+                let Some(&link) = self.by_handle.get(&h) else {
+                    return;
+                };
+                let len = datagram.len();
+                (link, Input::Datagram { buf, len, from })
+            }
+            Some(DatagramEvent::Initiation {
+                peer,
+                handle,
+                accepted,
+            }) => {
+                let link = peer.0 as usize;
+                if handle.is_none() && !self.associate(now, link, from) {
+                    return;
+                }
+                (link, Input::Initiation { from, accepted })
+            }
+        };
+        if let Some(queue) = inputs.get_mut(link) {
+            queue.push(input);
+        }
+    }
+
+    /// Makes the association of a peer whose address was not configured, on its first
+    /// authenticated initiation.
+    fn associate(&mut self, now: Instant, link: usize, from: SocketAddr) -> bool {
+        let Some(l) = self.gateway.links.get(link).cloned() else {
+            return false;
+        };
+        match self.factory.make(&mut self.endpoint, now, link) {
+            Ok((handle, assoc)) => {
+                self.deadlines[link] = assoc.poll_timeout();
+                l.lock().assoc = Some(assoc);
+                self.by_handle.insert(handle, link);
+                info!(peer = %l.name, %from, "association made on the peer's initiation");
+                true
+            }
+            Err(e) => {
+                warn!(peer = %l.name, %from, key = e.key, why = e.why, "cannot make the association");
+                false
+            }
+        }
+    }
+
+    /// One link's pass under its lock: its datagrams, its timer, up to `quota` datagrams
+    /// out, its events. True if it has more to send.
+    #[allow(clippy::too_many_arguments)]
+    fn service(
+        &mut self,
+        link: usize,
+        now: Instant,
+        received: Received<'_>,
+        quota: usize,
+        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
+        spare: &mut Vec<Vec<u8>>,
+        accepts: &mut Accepts,
+    ) -> bool {
+        let l = self.gateway.links[link].clone();
+        let mut st = l.lock();
+        let Some(assoc) = st.assoc.as_mut() else {
+            received.inputs.clear();
+            return false;
+        };
+        for input in received.inputs.drain(..) {
+            match input {
+                Input::Datagram { buf, len, from } => {
+                    if let Some(d) = received.rx.get(buf).and_then(|b| b.get(..len)) {
+                        assoc.handle_datagram_from(now, from, d);
+                    }
+                }
+                Input::Initiation { from, accepted } => {
+                    assoc.accept_initiation(now, from, accepted)
+                }
+            }
+        }
+        if assoc.poll_timeout().is_some_and(|t| t <= now) {
+            assoc.handle_timeout(now);
+        }
+        let mut more = false;
+        if let Some(share) = self.share.as_mut() {
+            // One datagram waits for the carrier; the next is made once it has left, so
+            // the association's pacing sees the share it gets.
+            if !share.is_staged(link) {
+                let mut buf = spare.pop().unwrap_or_default();
+                match assoc.poll_transmit_to(now, &mut buf) {
+                    Some(to) => share.stage(link, to, buf),
+                    None => spare.push(buf),
+                }
+            }
+        } else {
+            let mut sent = 0;
             loop {
-                match self.socket.try_send_to(&buf, self.peer) {
+                if sent == quota {
+                    more = true;
+                    break;
+                }
+                let mut buf = spare.pop().unwrap_or_default();
+                match assoc.poll_transmit_to(now, &mut buf) {
+                    Some(to) => {
+                        tx.push((to, buf));
+                        sent += 1;
+                    }
+                    None => {
+                        spare.push(buf);
+                        break;
+                    }
+                }
+            }
+        }
+        while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
+            self.dispatch(&l, &mut st, ev, accepts);
+        }
+        st.wake_budget_waiters(&l, crate::relay::CHUNK as u64);
+        self.deadlines[link] = st.assoc.as_ref().and_then(Association::poll_timeout);
+        more
+    }
+
+    /// Up to a batch of datagrams the carrier lets leave now, each link's next one made as
+    /// its previous leaves; and every [`crate::share::REFRESH`] each association capped at
+    /// its allocation. True if more may leave at once.
+    fn send_shared(
+        &mut self,
+        rx: &[Vec<u8>],
+        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
+        spare: &mut Vec<Vec<u8>>,
+        accepts: &mut Accepts,
+    ) -> bool {
+        let now = Instant::now();
+        if self.share.as_ref().is_some_and(|s| s.refresh_due(now)) {
+            self.refresh_ceilings(now);
+        }
+        let mut none = Vec::new();
+        while tx.len() < BATCH {
+            let now = Instant::now();
+            let Some((link, to, buf)) = self.share.as_mut().and_then(|s| s.next(now)) else {
+                return false;
+            };
+            tx.push((to, buf));
+            let r = Received {
+                rx,
+                inputs: &mut none,
+            };
+            self.service(link, now, r, 1, tx, spare, accepts);
+            self.accept_all(link, accepts);
+        }
+        true
+    }
+
+    /// Each association's rate ceiling becomes its share of the carrier, at most its own
+    /// configured rate.
+    fn refresh_ceilings(&mut self, now: Instant) {
+        let Some(share) = self.share.as_mut() else {
+            return;
+        };
+        share.set_carrier(self.gateway.carrier_bps.load(Ordering::Relaxed));
+        for (i, l) in self.gateway.links.iter().enumerate() {
+            let mut st = l.lock();
+            let Some(assoc) = st.assoc.as_mut() else {
+                continue;
+            };
+            let ceiling = share.ceiling(i, assoc.config().rate_bps);
+            assoc.set_rate_ceiling(ceiling);
+            self.deadlines[i] = assoc.poll_timeout();
+        }
+        share.refreshed(now);
+    }
+
+    /// Takes the socket rather than the driver: the carrier scheduler in the driver is not
+    /// `Sync`, and the future must be `Send`.
+    async fn send_all(
+        socket: &UdpSocket,
+        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
+        spare: &mut Vec<Vec<u8>>,
+    ) -> io::Result<()> {
+        for (to, buf) in tx.drain(..) {
+            loop {
+                match socket.try_send_to(&buf, to) {
                     Ok(_) => break,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        self.socket.writable().await?;
+                        socket.writable().await?;
                     }
                     // A full device queue or an ICMP error from an earlier datagram: the
                     // datagram is lost like on the link, and recovery repairs it.
@@ -151,61 +491,71 @@ impl Driver {
         Ok(())
     }
 
-    fn dispatch(&self, st: &mut crate::hub::State, ev: Event) {
+    fn accept_all(&self, link: usize, accepts: &mut Accepts) {
+        for (flow, meta, charge) in accepts.drain(..) {
+            self.acceptor
+                .accept(self.gateway.links[link].clone(), flow, meta, charge);
+        }
+    }
+
+    fn dispatch(&self, link: &PeerLink, st: &mut LinkState, ev: Event, accepts: &mut Accepts) {
+        let remote = st.assoc.as_ref().and_then(Association::remote);
+        // The address while known (the pair form always knows it), else the name.
+        let peer = remote.map_or_else(|| link.name.to_string(), |r| r.to_string());
+        let c = &link.counters;
         match ev {
             Event::Established => {
-                let c = &self.hub.counters;
-                Counters::add(&c.associations_established, 1);
+                LinkCounters::add(&c.associations_established, 1);
                 c.set_state(AssociationState::Established);
-                let rtt = st.assoc.stats().rtt_smoothed;
-                info!(peer = %self.peer, ?rtt, "association established");
+                let rtt = st.assoc.as_ref().map(|a| a.stats().rtt_smoothed);
+                info!(peer = %peer, name = %link.name, ?rtt, "association established");
                 self.notifier
-                    .status(&format!("association established with {}", self.peer));
+                    .status(&format!("association established with {peer}"));
             }
             Event::PeerRestarted => {
-                self.hub.counters.set_state(AssociationState::Connecting);
-                warn!(peer = %self.peer, "peer gateway restarted; its flows were reset");
+                c.set_state(AssociationState::Connecting);
+                warn!(peer = %peer, name = %link.name, "peer gateway restarted; its flows were reset");
             }
             Event::FlowOpened { flow, meta } => {
                 debug!(flow, client = %meta.client, server = %meta.server, "flow opened by peer");
-                Counters::add(&self.hub.counters.flows_from_peer, 1);
-                if !st.admits_peer_flow(&self.hub.memory) {
+                LinkCounters::add(&c.flows_from_peer, 1);
+                if !st.admits_peer_flow(link) {
                     // The peer's client gets the reset, as it would from a full `max_flows`.
                     debug!(flow, "memory budget reached; flow refused");
-                    if st.assoc.reset(flow, ResetReason::ResourceLimit).is_ok() {
-                        self.hub
-                            .counters
-                            .flow_resets
-                            .add(ResetReason::ResourceLimit);
+                    let reset = st
+                        .assoc
+                        .as_mut()
+                        .is_some_and(|a| a.reset(flow, ResetReason::ResourceLimit).is_ok());
+                    if reset {
+                        c.flow_resets.add(ResetReason::ResourceLimit);
                     }
                     return;
                 }
-                let r = st.insert_slot(flow);
-                let charge = self.hub.charge_flow();
-                self.acceptor.accept(self.hub.clone(), r, meta, charge);
+                accepts.push((st.insert_slot(flow), meta, link.charge_flow()));
             }
             Event::FlowReadable { flow } | Event::FlowWritable { flow } => st.signal_flow(flow),
             Event::FlowReset { flow, reason } => {
                 debug!(flow, ?reason, "flow reset");
-                self.hub.counters.flow_resets.add(reason);
+                c.flow_resets.add(reason);
                 st.flow_reset(flow, reason);
             }
             Event::FlowClosed { flow } => st.flow_closed(flow),
             Event::OutageStarted => {
-                self.hub.counters.set_state(AssociationState::Outage);
-                warn!(peer = %self.peer, "satellite link outage: no answer from the peer");
+                c.set_state(AssociationState::Outage);
+                warn!(peer = %peer, name = %link.name, "satellite link outage: no answer from the peer");
                 self.notifier.status("link outage");
             }
             Event::OutageEnded { duration } => {
-                self.hub.counters.set_state(AssociationState::Established);
-                info!(?duration, "satellite link back");
+                c.set_state(AssociationState::Established);
+                info!(?duration, name = %link.name, "satellite link back");
                 self.notifier
-                    .status(&format!("association established with {}", self.peer));
+                    .status(&format!("association established with {peer}"));
             }
             Event::AssociationLost { reason } => {
-                self.hub.counters.set_state(AssociationState::Connecting);
+                c.set_state(AssociationState::Connecting);
                 warn!(
                     ?reason,
+                    name = %link.name,
                     "association lost; every flow was reset; re-establishing"
                 );
                 self.notifier
@@ -214,24 +564,178 @@ impl Driver {
         }
     }
 
-    /// Tells the peer we are going (one best-effort CLOSE).
-    async fn close(&mut self, tx: &mut Vec<Vec<u8>>) {
-        {
-            let now = Instant::now();
-            let hub = self.hub.clone();
-            let mut st = hub.lock();
-            st.assoc.close(0, "gateway shutting down");
-            // Only the CLOSE: the HELLO of the fresh epoch that would follow it must not
-            // reach the peer from a gateway that is going away.
-            let mut buf = Vec::new();
-            if st.assoc.poll_transmit(now, &mut buf) {
-                tx.push(buf);
+    /// Tells every peer we are going (one best-effort CLOSE each).
+    async fn close(&mut self, tx: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let now = Instant::now();
+        let mut accepts = Accepts::new();
+        for (i, l) in self.gateway.links.clone().iter().enumerate() {
+            {
+                let mut st = l.lock();
+                let Some(assoc) = st.assoc.as_mut() else {
+                    continue;
+                };
+                assoc.close(0, "gateway shutting down");
+                // Only the CLOSE: the HELLO of the fresh epoch that would follow it must
+                // not reach the peer from a gateway that is going away.
+                let mut buf = Vec::new();
+                if let Some(to) = assoc.poll_transmit_to(now, &mut buf) {
+                    tx.push((to, buf));
+                }
+                while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
+                    self.dispatch(l, &mut st, ev, &mut accepts);
+                }
             }
-            while let Some(ev) = st.assoc.poll_event() {
-                self.dispatch(&mut st, ev);
-            }
+            self.accept_all(i, &mut accepts);
         }
         let mut spare = Vec::new();
-        let _ = self.send_all(tx, &mut spare).await;
+        let _ = Self::send_all(&self.socket, tx, &mut spare).await;
+    }
+}
+
+/// The pass's receive buffers and one link's share of them.
+struct Received<'a> {
+    rx: &'a [Vec<u8>],
+    inputs: &'a mut Vec<Input>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use pep_transport::{EndpointConfig, PeerIdentity, ResetReason};
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::gateway::GatewayCounters;
+    use crate::routes::Routes;
+    use std::sync::Mutex;
+
+    /// Resets every flow the peer opens from inside `accept`, which takes the link lock.
+    struct ResettingAcceptor {
+        accepted: Mutex<mpsc::Sender<FlowMeta>>,
+    }
+
+    impl FlowAcceptor for ResettingAcceptor {
+        fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, _: FlowCharge) {
+            link.reset(&flow, ResetReason::Refused);
+            let _ = self
+                .accepted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .send(meta);
+        }
+    }
+
+    fn meta() -> FlowMeta {
+        FlowMeta {
+            client: SocketAddr::from(([198, 18, 0, 2], 40000)),
+            server: SocketAddr::from(([198, 18, 1, 2], 80)),
+            dscp: 0,
+        }
+    }
+
+    #[test]
+    fn accept_may_take_the_link_lock() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let theirs = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        theirs
+            .set_read_timeout(Some(Duration::from_millis(5)))
+            .unwrap();
+        let (accepted_tx, accepted) = mpsc::channel();
+        let (stop, stop_rx) = watch::channel(false);
+        let cfg = Config::for_rate(10_000_000);
+        let ours = rt.block_on(async {
+            let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let ours = socket.local_addr().unwrap();
+            let mut endpoint = Endpoint::new(EndpointConfig::new(0), None, [7; 32]).unwrap();
+            let identity = PeerIdentity {
+                public_key: None,
+                address: Some(theirs.local_addr().unwrap()),
+            };
+            endpoint.set_peers([(PeerId(0), identity)]);
+            let factory = AssocFactory {
+                configs: vec![cfg.clone()],
+                security: vec![None],
+                role: Role::Responder,
+                epoch: 1,
+            };
+            let (_, assoc) = factory.make(&mut endpoint, Instant::now(), 0).unwrap();
+            let wake = Arc::new(Notify::new());
+            let memory = Arc::new(crate::memory::MemoryAccount::new(1 << 30, 0, 0));
+            let link = PeerLink::new(
+                PeerId(0),
+                "peer",
+                Some(assoc),
+                1 << 20,
+                memory.clone(),
+                wake.clone(),
+            );
+            let gateway = Gateway {
+                links: vec![Arc::new(link)],
+                memory,
+                specs: Vec::new(),
+                routes: Routes::default(),
+                counters: GatewayCounters::default(),
+                carrier_bps: Default::default(),
+                wake,
+            };
+            let acceptor = Arc::new(ResettingAcceptor {
+                accepted: Mutex::new(accepted_tx),
+            });
+            let driver = Driver::new(
+                Arc::new(gateway),
+                socket,
+                endpoint,
+                factory,
+                None,
+                acceptor,
+                Notifier,
+            );
+            tokio::spawn(driver.run(stop_rx));
+            ours
+        });
+
+        let mut peer = Association::new(cfg, Role::Initiator, 2, Instant::now()).unwrap();
+        let flow = peer.open_flow(meta()).unwrap();
+        peer.write(flow, b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buf = vec![0u8; 65_536];
+        let mut out = Vec::new();
+        let mut got = None;
+        let mut reset = None;
+        while Instant::now() < deadline && (got.is_none() || reset.is_none()) {
+            let now = Instant::now();
+            if peer.poll_timeout().is_some_and(|t| t <= now) {
+                peer.handle_timeout(now);
+            }
+            while peer.poll_transmit(now, &mut out) {
+                theirs.send_to(&out, ours).unwrap();
+            }
+            if let Ok((n, _)) = theirs.recv_from(&mut buf) {
+                peer.handle_datagram(Instant::now(), &buf[..n]);
+            }
+            while let Some(ev) = peer.poll_event() {
+                if let Event::FlowReset { flow: f, reason } = ev {
+                    assert_eq!(f, flow);
+                    reset = Some(reason);
+                }
+            }
+            if let Ok(m) = accepted.try_recv() {
+                got = Some(m);
+            }
+        }
+        let _ = stop.send(true);
+        rt.shutdown_timeout(Duration::from_secs(1));
+        assert_eq!(got, Some(meta()), "the acceptor ran within 5 s");
+        assert_eq!(
+            reset,
+            Some(ResetReason::Refused),
+            "its reset reached the peer"
+        );
     }
 }

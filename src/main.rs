@@ -183,7 +183,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // stops pepd before it takes any connection, and its warnings are logged once.
     let security = cfg.load_security()?;
     // A config this version cannot serve whole stops here, before anything is logged.
-    let (peer, _) = daemon::served_peer(&cfg)?;
+    daemon::check_servable(&cfg)?;
     // RUST_LOG wins over the config at start; SIGHUP applies the config's level.
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log.level))
@@ -216,7 +216,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
         daemon::Daemon {
             path: path.to_owned(),
             cfg,
-            security: security.towards(&peer),
+            security,
             log_reload,
         }
         .run(),

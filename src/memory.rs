@@ -69,8 +69,10 @@ pub fn implied(budget: u64, receive_reserve: u64, fixed: u64, max_flows: u64) ->
     }
 }
 
-/// The running count. Flows and relay-held bytes are tracked here; the transport's send
-/// buffers are counted by the association and passed in.
+/// The running count, one per gateway: the budget is the process's, whatever the number
+/// of peers. Flows and relay-held bytes are tracked here; the transport's send buffers are
+/// counted by each association, and each link reports its own into `send_buffered` so that
+/// a link admits against what every link buffers.
 #[derive(Debug)]
 pub struct MemoryAccount {
     budget: AtomicU64,
@@ -79,6 +81,8 @@ pub struct MemoryAccount {
     flows: AtomicU64,
     /// Payload taken out of the transport and not yet written to TCP.
     held: AtomicU64,
+    /// Every link's send buffers, as each last reported them.
+    send_buffered: AtomicU64,
 }
 
 impl MemoryAccount {
@@ -89,6 +93,7 @@ impl MemoryAccount {
             fixed,
             flows: AtomicU64::new(0),
             held: AtomicU64::new(0),
+            send_buffered: AtomicU64::new(0),
         }
     }
 
@@ -106,6 +111,20 @@ impl MemoryAccount {
 
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
+    }
+
+    /// Every link's send buffers, as last reported with [`MemoryAccount::report_send`].
+    pub fn send_buffered(&self) -> u64 {
+        self.send_buffered.load(Ordering::Relaxed)
+    }
+
+    /// A link's send buffers went from `was` to `now` bytes.
+    pub fn report_send(&self, was: u64, now: u64) {
+        if now >= was {
+            self.send_buffered.fetch_add(now - was, Ordering::Relaxed);
+        } else {
+            self.send_buffered.fetch_sub(was - now, Ordering::Relaxed);
+        }
     }
 
     /// Everything but the send buffers and the receive side.

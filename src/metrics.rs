@@ -75,6 +75,11 @@ pub struct RelaySnapshot {
     /// Intercepted connections relayed unproxied because a limit was reached
     /// (`over_limit = bypass`).
     pub flows_bypassed_total: u64,
+    /// Intercepted connections no peer's subnets hold; also in refused or bypassed, as
+    /// `[rules] fail` decided.
+    pub flows_unrouted_total: u64,
+    /// Flows a peer opened that it may not (isolation); also in refused.
+    pub flows_isolated_total: u64,
     /// Read from local TCP connections into the tunnel.
     pub bytes_to_peer_total: u64,
     /// Written from the tunnel to local TCP connections.
@@ -93,7 +98,8 @@ pub struct RelaySnapshot {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     pub stats: pep_transport::Stats,
-    pub association: AssociationState,
+    /// Each peer's association, in config order.
+    pub associations: Vec<AssociationState>,
     /// Times the association was (re)established after a loss or a peer restart.
     pub association_restarts: u64,
     pub relay: RelaySnapshot,
@@ -150,12 +156,15 @@ impl Collector for SnapshotCollector {
 
         let states: Vec<(&str, u64)> = AssociationState::ALL
             .iter()
-            .map(|&x| (x.label(), u64::from(x == s.association)))
+            .map(|&x| {
+                let peers = s.associations.iter().filter(|&&a| a == x).count();
+                (x.label(), peers as u64)
+            })
             .collect();
         gauge_family(
             e,
             "association_state",
-            "1 for the association's current state, 0 for the others",
+            "Peers whose association is in this state (with one peer: 1 for its current state, 0 for the others)",
             None,
             "state",
             &states,
@@ -438,16 +447,30 @@ impl Collector for SnapshotCollector {
         counter(
             e,
             "flows_refused",
-            "Intercepted connections refused because a limit was reached",
+            "Intercepted connections refused (a limit, or no route with fail = closed), and flows a peer may not open",
             None,
             r.flows_refused_total,
         )?;
         counter(
             e,
             "flows_bypassed",
-            "Intercepted connections relayed unproxied because a limit was reached",
+            "Intercepted connections relayed unproxied (a limit, or no route with fail = open)",
             None,
             r.flows_bypassed_total,
+        )?;
+        counter(
+            e,
+            "flows_unrouted",
+            "Intercepted connections whose destination no peer's subnets hold (refused or bypassed by [rules] fail)",
+            None,
+            r.flows_unrouted_total,
+        )?;
+        counter(
+            e,
+            "flows_isolated",
+            "Flows a peer opened from outside its subnets or into another peer's, reset (also in flows_refused)",
+            None,
+            r.flows_isolated_total,
         )?;
         counter_family(
             e,

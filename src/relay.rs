@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::hub::{Counters, FlowGone, FlowRef, Hub};
+use crate::link::{FlowGone, FlowRef, LinkCounters, PeerLink};
 use crate::memory::FlowCharge;
 use crate::scratch;
 
@@ -30,7 +30,7 @@ pub enum RelayEnd {
 }
 
 pub struct Relay {
-    pub hub: Arc<Hub>,
+    pub link: Arc<PeerLink>,
     pub flow: FlowRef,
     pub tcp: TcpStream,
     pub idle_timeout: Option<Duration>,
@@ -43,16 +43,16 @@ pub struct Relay {
 impl Relay {
     pub async fn run(self) -> RelayEnd {
         let Relay {
-            hub,
+            link,
             flow,
             tcp,
             idle_timeout,
             tcp_read_done,
             charge,
         } = self;
-        let _active = ActiveRelay::new(&hub);
+        let _active = ActiveRelay::new(&link);
         let mut st = Pump {
-            hub: &hub,
+            link: &link,
             flow: &flow,
             tcp: &tcp,
             reading_tcp: !tcp_read_done,
@@ -72,12 +72,12 @@ impl Relay {
 }
 
 /// Counts a relay as active for as long as it lives (what a drain waits for).
-struct ActiveRelay<'a>(&'a Hub);
+struct ActiveRelay<'a>(&'a PeerLink);
 
 impl<'a> ActiveRelay<'a> {
-    fn new(hub: &'a Hub) -> Self {
-        Counters::add(&hub.counters.relays_active, 1);
-        ActiveRelay(hub)
+    fn new(link: &'a PeerLink) -> Self {
+        LinkCounters::add(&link.counters.relays_active, 1);
+        ActiveRelay(link)
     }
 }
 
@@ -97,7 +97,7 @@ pub fn abort_tcp(tcp: TcpStream) {
 }
 
 struct Pump<'a> {
-    hub: &'a Hub,
+    link: &'a PeerLink,
     flow: &'a FlowRef,
     tcp: &'a TcpStream,
     /// The TCP side has not sent FIN yet.
@@ -112,7 +112,7 @@ struct Pump<'a> {
 impl Drop for Pump<'_> {
     fn drop(&mut self) {
         if let Some(data) = &self.pending {
-            self.hub.memory.release(data.len() as u64);
+            self.link.memory.release(data.len() as u64);
         }
     }
 }
@@ -166,8 +166,8 @@ impl Pump<'_> {
                 match self.tcp.try_write(data) {
                     Ok(n) => {
                         self.last_activity = Instant::now();
-                        Counters::add(&self.hub.counters.bytes_from_peer, n as u64);
-                        self.hub.memory.release(n as u64);
+                        LinkCounters::add(&self.link.counters.bytes_from_peer, n as u64);
+                        self.link.memory.release(n as u64);
                         let _ = data.split_to(n);
                         if data.is_empty() {
                             self.pending = None;
@@ -181,9 +181,9 @@ impl Pump<'_> {
             if self.fin_to_tcp {
                 return Ok(());
             }
-            match self.hub.read(self.flow, CHUNK) {
+            match self.link.read(self.flow, CHUNK) {
                 Ok(ReadOutcome::Data(b)) => {
-                    self.hub.memory.hold(b.len() as u64);
+                    self.link.memory.hold(b.len() as u64);
                     self.pending = Some(b);
                 }
                 Ok(ReadOutcome::Blocked) => return Ok(()),
@@ -206,7 +206,7 @@ impl Pump<'_> {
     /// room left (0: wait for the flow to drain).
     fn tcp_to_flow(&mut self) -> Result<usize, RelayEnd> {
         while self.reading_tcp {
-            let room = match self.hub.write_room(self.flow) {
+            let room = match self.link.write_room(self.flow) {
                 Ok(r) => r,
                 Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
                 Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
@@ -220,7 +220,7 @@ impl Pump<'_> {
             let read = scratch::with(|buf| {
                 let r = self.tcp.try_read(&mut buf[..want]);
                 let written = match r {
-                    Ok(n) if n > 0 => Some(self.hub.write(self.flow, &buf[..n])),
+                    Ok(n) if n > 0 => Some(self.link.write(self.flow, &buf[..n])),
                     _ => None,
                 };
                 (r, written)
@@ -228,7 +228,7 @@ impl Pump<'_> {
             match read {
                 (Ok(0), _) => {
                     self.reading_tcp = false;
-                    match self.hub.finish(self.flow) {
+                    match self.link.finish(self.flow) {
                         Ok(()) => {}
                         Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
                         Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
@@ -236,7 +236,7 @@ impl Pump<'_> {
                 }
                 (Ok(n), written) => {
                     self.last_activity = Instant::now();
-                    Counters::add(&self.hub.counters.bytes_to_peer, n as u64);
+                    LinkCounters::add(&self.link.counters.bytes_to_peer, n as u64);
                     match written {
                         // The room was checked under the same budget a moment ago and only
                         // this relay writes to the flow, so all of it fits.
@@ -255,7 +255,7 @@ impl Pump<'_> {
     }
 
     fn local_reset(&self, reason: ResetReason) -> RelayEnd {
-        self.hub.reset(self.flow, reason);
+        self.link.reset(self.flow, reason);
         RelayEnd::ResetLocally(reason)
     }
 }

@@ -8,11 +8,18 @@ use tracing::{info, warn};
 
 use crate::config::PepdConfig;
 use crate::daemon::{Live, LiveRef, LogReload};
-use crate::hub::Hub;
+use crate::gateway::Gateway;
+use crate::link::PeerLink;
 use changes::{LiveSetting, Setting};
 
 /// Applies `path` to the running daemon; on a bad file the running config stays.
-pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, log: &LogReload) {
+pub fn apply(
+    path: &Path,
+    running: &mut PepdConfig,
+    gateway: &Gateway,
+    live: &LiveRef,
+    log: &LogReload,
+) {
     let new = match PepdConfig::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -25,7 +32,7 @@ pub fn apply(path: &Path, running: &mut PepdConfig, hub: &Hub, live: &LiveRef, l
     for setting in changes::changed_settings(running, &new) {
         match setting {
             Setting::Live(s) => {
-                if apply_live(s, &new, running, hub, log) {
+                if apply_live(s, &new, running, gateway, log) {
                     changed.push(s.label());
                 }
             }
@@ -60,7 +67,7 @@ fn apply_live(
     setting: LiveSetting,
     new: &PepdConfig,
     running: &mut PepdConfig,
-    hub: &Hub,
+    gateway: &Gateway,
     log: &LogReload,
 ) -> bool {
     match setting {
@@ -72,16 +79,24 @@ fn apply_live(
             }
         },
         LiveSetting::TxRate => {
-            // The peer's own `tx_rate` caps it; the `[peer]` table's is `link.tx_rate`.
-            let rate = new
-                .peer_specs()
-                .first()
-                .map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
-            hub.lock().assoc.set_rate(rate);
+            // Each peer's own `tx_rate` caps it; the `[peer]` table's is `link.tx_rate`.
+            let specs = new.peer_specs();
+            for (i, link) in gateway.links.iter().enumerate() {
+                let rate = specs.get(i).map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
+                with_assoc(link, |a| a.set_rate(rate));
+            }
+            // With `[[peer]]` entries the driver shares the new carrier from its next
+            // refresh of the ceilings.
+            gateway
+                .carrier_bps
+                .store(new.link.tx_rate.bps(), std::sync::atomic::Ordering::Relaxed);
             running.link.tx_rate = new.link.tx_rate;
         }
         LiveSetting::AckPolicy => {
-            hub.lock().assoc.set_ack_policy(new.transport().ack);
+            let ack = new.transport().ack;
+            for link in &gateway.links {
+                with_assoc(link, |a| a.set_ack_policy(ack));
+            }
             running.transport.ack_every_packets = new.transport.ack_every_packets;
             running.transport.ack_max_delay = new.transport.ack_max_delay;
         }
@@ -94,13 +109,21 @@ fn apply_live(
                     served, "the open-file limit serves fewer flows than `limits.max_flows`"
                 );
             }
-            hub.lock().assoc.set_max_flows(served);
+            for link in &gateway.links {
+                with_assoc(link, |a| a.set_max_flows(served));
+            }
             running.limits.max_flows = served;
         }
         LiveSetting::MemoryBudget => {
             // The send side follows at once; the receive window was advertised at the
             // handshake and changes with the next association.
-            hub.set_memory_budget(new.limits.memory_budget.bytes());
+            // One budget for the gateway; each peer's share of the send side follows it.
+            let budget = new.limits.memory_budget.bytes();
+            gateway.memory.set_budget(budget);
+            let share = crate::tunnel::peer_send_share(budget, gateway.links.len());
+            for link in &gateway.links {
+                link.set_send_budget(share);
+            }
             running.limits.memory_budget = new.limits.memory_budget;
         }
         // Read from `Live` by connections opened from now on.
@@ -111,4 +134,12 @@ fn apply_live(
         LiveSetting::Shutdown => running.shutdown = new.shutdown.clone(),
     }
     true
+}
+
+/// Changes a link's association, if it has one yet, and has the driver look at it again.
+fn with_assoc(link: &PeerLink, f: impl FnOnce(&mut pep_transport::Association)) {
+    if let Some(a) = link.lock().assoc.as_mut() {
+        f(a);
+    }
+    link.wake();
 }

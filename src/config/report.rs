@@ -64,14 +64,9 @@ impl PepdConfig {
                 let n = entries.len();
                 let _ = writeln!(
                     s,
-                    "peers:      {n} `[[peer]]` {} over UDP, tunnel bound to {}{}",
+                    "peers:      {n} `[[peer]]` {} over UDP, tunnel bound to {}",
                     if n == 1 { "entry" } else { "entries" },
                     self.tunnel_bind(),
-                    if n > 1 {
-                        " (`pepd run` serves one peer for now; several land in a later step)"
-                    } else {
-                        ""
-                    }
                 );
                 for peer in self.peer_specs() {
                     let _ = writeln!(s, "  {}", peer_line(&peer));

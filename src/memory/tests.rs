@@ -6,7 +6,7 @@ use std::time::Instant;
 use pep_transport::{Association, FlowMeta, Role};
 
 use super::*;
-use crate::hub::{Hub, OpenRefused};
+use crate::link::{OpenRefused, PeerLink};
 
 /// Counts what the current thread has allocated and not freed, so a test can weigh the
 /// structures it builds while others run in parallel.
@@ -103,12 +103,23 @@ fn the_account_adds_flows_held_bytes_and_payload() {
     assert_eq!(m.send_room(0), 0);
 }
 
-fn hub(budget: u64, receive_reserve: u64, fixed: u64) -> Hub {
+/// A gateway's one link, with the whole send side of the budget as its share.
+fn hub(budget: u64, receive_reserve: u64, fixed: u64) -> PeerLink {
+    let memory = Arc::new(MemoryAccount::new(budget, receive_reserve, fixed));
+    link_on(&memory, send_cap(budget))
+}
+
+/// A link of a gateway whose account is `memory`, with `share` of the send side.
+fn link_on(memory: &Arc<MemoryAccount>, share: u64) -> PeerLink {
     let cfg = pep_transport::Config::for_rate(10_000_000);
     let assoc = Association::new(cfg, Role::Initiator, 1, Instant::now()).expect("association");
-    Hub::new(
-        assoc,
-        Arc::new(MemoryAccount::new(budget, receive_reserve, fixed)),
+    PeerLink::new(
+        pep_transport::PeerId(0),
+        "peer",
+        Some(assoc),
+        share,
+        memory.clone(),
+        Arc::new(tokio::sync::Notify::new()),
     )
 }
 
@@ -164,6 +175,56 @@ fn relays_stop_reading_once_buffered_payload_fills_the_budget() {
 }
 
 #[test]
+fn the_links_of_a_gateway_share_its_one_budget() {
+    // Room for exactly three flows, whichever peers they go to.
+    let budget = MIB + 3 * PER_FLOW;
+    let memory = Arc::new(MemoryAccount::new(budget, MIB, 0));
+    let share = crate::tunnel::peer_send_share(budget, 2);
+    let (a, b) = (link_on(&memory, share), link_on(&memory, share));
+    let mut open = vec![
+        a.open(meta(1), &[]).expect("fits"),
+        a.open(meta(2), &[]).expect("fits"),
+        b.open(meta(3), &[]).expect("fits"),
+    ];
+    assert_eq!(memory.flows(), 3);
+    assert_eq!(b.open(meta(4), &[]).err(), Some(OpenRefused::MemoryBudget));
+    assert_eq!(a.open(meta(5), &[]).err(), Some(OpenRefused::MemoryBudget));
+    // A flow of one peer ending makes room for the other's.
+    drop(open.remove(0));
+    open.push(b.open(meta(6), &[]).expect("room again"));
+    assert_eq!(memory.flows(), 3);
+
+    // Bytes one link buffers to send leave less for the other.
+    let budget = MIB + 2 * PER_FLOW + 10_000;
+    let memory = Arc::new(MemoryAccount::new(budget, MIB, 0));
+    let share = crate::tunnel::peer_send_share(budget, 2);
+    let (a, b) = (link_on(&memory, share), link_on(&memory, share));
+    let (fa, _ca) = a.open(meta(1), &[7u8; 6000]).expect("fits");
+    let (fb, _cb) = b.open(meta(2), &[]).expect("fits");
+    assert_eq!(memory.send_buffered(), 6000);
+    assert_eq!(b.write_room(&fb).expect("room"), 4000);
+    assert_eq!(b.write(&fb, &[1u8; 4000]).expect("write"), 4000);
+    assert_eq!(memory.send_buffered(), 10_000);
+    assert_eq!(a.write_room(&fa).expect("room"), 0);
+    assert_eq!(b.write_room(&fb).expect("room"), 0);
+}
+
+#[test]
+fn a_peer_buffers_no_more_than_its_share() {
+    let budget = 64 * MIB;
+    let memory = Arc::new(MemoryAccount::new(budget, 0, 0));
+    // A share below what the flow itself could take.
+    let link = link_on(&memory, 5000);
+    let (flow, _charge) = link.open(meta(1), &[7u8; 3000]).expect("fits");
+    assert_eq!(link.write_room(&flow).expect("room"), 2000);
+    assert_eq!(
+        link.open(meta(2), &[0u8; 2001]).err(),
+        Some(OpenRefused::MemoryBudget)
+    );
+    assert!(memory.send_room(memory.send_buffered()) > 2000);
+}
+
+#[test]
 fn per_flow_cost_is_covered() {
     // The heap a flow takes in the association and the hub, opened here (a peer's flow
     // takes the same: a transport flow and a slot).
@@ -187,9 +248,9 @@ fn per_flow_cost_is_covered() {
         let before = live_bytes();
         let tcp = tokio::net::TcpStream::from_std(sock.into()).expect("tcp");
         let registration = live_bytes() - before;
-        let hub = Arc::new(self::hub(64 * MIB, MIB, 0));
-        let (flow, _charge) = hub.open(meta(1), &[]).expect("fits");
-        let (intercepted, peer) = crate::daemon::flow_tasks(hub.clone(), flow, tcp);
+        let link = Arc::new(self::hub(64 * MIB, MIB, 0));
+        let (flow, _charge) = link.open(meta(1), &[]).expect("fits");
+        let (intercepted, peer) = crate::daemon::flow_tasks(link.clone(), flow, tcp);
         let sizes = [size_of_val(&intercepted), size_of_val(&peer)];
         // Spawned, weighed and aborted before they run (this runtime runs them only when
         // the test yields).

@@ -89,7 +89,7 @@ fn sample() -> Snapshot {
             handshakes_completed: 151,
             rekeys: 152,
         },
-        association: AssociationState::Outage,
+        associations: vec![AssociationState::Outage],
         association_restarts: 126,
         relay: RelaySnapshot {
             flows_active: 127,
@@ -97,6 +97,8 @@ fn sample() -> Snapshot {
             flows_from_peer_total: 129,
             flows_refused_total: 130,
             flows_bypassed_total: 131,
+            flows_unrouted_total: 153,
+            flows_isolated_total: 154,
             bytes_to_peer_total: 132,
             bytes_from_peer_total: 133,
             connect_errors: vec![("refused", 134), ("unreachable", 135), ("timeout", 0)],
@@ -239,6 +241,8 @@ fn encode_reports_every_value_exactly() {
         ("pepd_flows_total", &[("origin", "peer")], 129),
         ("pepd_flows_refused_total", &[], 130),
         ("pepd_flows_bypassed_total", &[], 131),
+        ("pepd_flows_unrouted_total", &[], 153),
+        ("pepd_flows_isolated_total", &[], 154),
         ("pepd_relay_bytes_total", &[("direction", "to_peer")], 132),
         ("pepd_relay_bytes_total", &[("direction", "from_peer")], 133),
         ("pepd_connect_errors_total", &[("reason", "refused")], 134),
@@ -391,7 +395,7 @@ fn no_window_in_rate_mode_means_no_cwnd_series() {
 fn state_gauge_is_one_hot() {
     for current in AssociationState::ALL {
         let snap = Snapshot {
-            association: current,
+            associations: vec![current],
             ..Snapshot::default()
         };
         let s = parse(&encode(&snap).expect("encodes"));

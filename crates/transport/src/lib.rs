@@ -11,6 +11,7 @@ pub mod cc;
 pub mod codec;
 pub mod config;
 pub mod datagram_size;
+pub mod endpoint;
 mod flow;
 pub mod frame;
 pub mod loss;
@@ -26,11 +27,15 @@ mod stream;
 
 pub use association::{Association, Event, FlowError, LostReason, OpenError, ReadOutcome, Role};
 pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, SizeMode, VegasParams};
+pub use endpoint::{
+    AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerId, PeerIdentity,
+};
 pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};
 pub use loss::LossCounts;
 pub use sched::{CarrierScheduler, MemberId, MemberRates};
 pub use stats::{SecurityCounts, Stats};
 
-/// Version carried in HELLO; peers with another version do not associate.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version carried in HELLO and in front of every handshake message; peers with another
+/// version do not associate. 2: connection IDs.
+pub const PROTOCOL_VERSION: u32 = 2;

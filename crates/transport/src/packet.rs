@@ -1,5 +1,6 @@
-//! Packet headers. A short header carries one byte of flags and a truncated packet number; a
-//! long header carries the association handshake (HELLO). Layout: docs/PROTOCOL.md.
+//! Packet headers. A short header carries one byte of flags, the receiver's connection ID and
+//! a truncated packet number; a long header carries the association handshake (HELLO).
+//! Layout: docs/PROTOCOL.md.
 
 use crate::codec::{put_uint, put_varint, DecodeError, Reader};
 use crate::frame::{decode_payload, Frame};
@@ -21,6 +22,73 @@ const IMPLICIT_OFFSET_LEN_SHIFT: u8 = 1;
 const IMPLICIT_OFFSET_LEN_MASK: u8 = 0x06;
 const IMPLICIT_FIN_BIT: u8 = 0x01;
 
+/// Longest connection ID the wire format can carry.
+pub const MAX_CID_LEN: usize = 8;
+
+/// A connection ID: chosen by the receiver of the packets that carry it, so it can find the
+/// association before it knows the sender. Zero bytes at a gateway with one peer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ConnectionId {
+    len: u8,
+    bytes: [u8; MAX_CID_LEN],
+}
+
+impl ConnectionId {
+    pub const EMPTY: ConnectionId = ConnectionId {
+        len: 0,
+        bytes: [0; MAX_CID_LEN],
+    };
+
+    /// `None` if `bytes` is longer than [`MAX_CID_LEN`].
+    pub fn new(bytes: &[u8]) -> Option<Self> {
+        let mut cid = ConnectionId::EMPTY;
+        cid.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        cid.len = bytes.len() as u8;
+        Some(cid)
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads a connection ID of a length the reader already knows (a short header's DCID).
+    pub fn read(r: &mut Reader<'_>, len: usize) -> Result<Self, DecodeError> {
+        if len > MAX_CID_LEN {
+            return Err(DecodeError::Invalid("connection ID too long"));
+        }
+        ConnectionId::new(r.bytes(len)?).ok_or(DecodeError::Invalid("connection ID too long"))
+    }
+
+    /// Reads a length-prefixed connection ID (HELLO, INIT).
+    pub fn read_prefixed(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let len = usize::from(r.u8()?);
+        Self::read(r, len)
+    }
+
+    pub fn write_prefixed(&self, out: &mut Vec<u8>) {
+        out.push(self.len);
+        out.extend_from_slice(self.as_slice());
+    }
+}
+
+impl std::fmt::Debug for ConnectionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cid:")?;
+        for b in self.as_slice() {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A packet whose payload is exactly one DATA frame carries that frame's flags in the header
 /// byte and omits the frame type and length: the "compressed" data packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +100,8 @@ pub struct ImplicitData {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShortHeader {
+    /// The receiver's connection ID, of the length the receiver chose.
+    pub dcid: ConnectionId,
     /// Low `pn_len` bytes of the packet number.
     pub pn_truncated: u64,
     /// 1..=4.
@@ -42,7 +112,7 @@ pub struct ShortHeader {
 
 impl ShortHeader {
     pub fn encoded_len(&self) -> usize {
-        1 + self.pn_len
+        1 + self.dcid.len() + self.pn_len
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -60,10 +130,11 @@ impl ShortHeader {
             }
         }
         out.push(b);
+        out.extend_from_slice(self.dcid.as_slice());
         put_uint(out, self.pn_truncated, self.pn_len);
     }
 
-    fn decode(first: u8, r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+    fn decode(first: u8, r: &mut Reader<'_>, cid_len: usize) -> Result<Self, DecodeError> {
         let pn_len = usize::from((first & PN_LEN_MASK) >> PN_LEN_SHIFT) + 1;
         let implicit_data = if first & IMPLICIT_DATA_BIT != 0 {
             Some(ImplicitData {
@@ -76,6 +147,7 @@ impl ShortHeader {
             None
         };
         Ok(ShortHeader {
+            dcid: ConnectionId::read(r, cid_len)?,
             pn_truncated: r.uint(pn_len)?,
             pn_len,
             key_phase: first & KEY_PHASE_BIT != 0,
@@ -105,6 +177,8 @@ pub struct Hello {
     /// The peer epoch the sender has seen, or 0 if none yet.
     pub echo: u64,
     pub params: HelloParams,
+    /// The connection ID the sender wants in the short packets it receives.
+    pub cid: ConnectionId,
 }
 
 impl Hello {
@@ -117,6 +191,7 @@ impl Hello {
         put_varint(out, self.params.initial_flow_window);
         put_varint(out, self.params.initial_assoc_window);
         put_varint(out, self.params.max_ack_delay_us);
+        self.cid.write_prefixed(out);
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -132,6 +207,7 @@ impl Hello {
                 initial_assoc_window: r.varint()?,
                 max_ack_delay_us: r.varint()?,
             },
+            cid: ConnectionId::read_prefixed(r)?,
         };
         if hello.epoch == 0 {
             return Err(DecodeError::Invalid("zero epoch"));
@@ -146,16 +222,27 @@ impl Hello {
 pub enum Header {
     Short(ShortHeader),
     Hello(Hello),
-    /// A Noise handshake message follows (`r` is left at the version field).
+    /// A Noise handshake message follows (`r` is left at the version field; the rest of
+    /// the layout belongs to the security layer).
     HandshakeInit,
     HandshakeReply,
 }
 
-/// Parses the header at the start of `datagram`; `r` is left at the payload.
+/// Parses the header at the start of a datagram sent to a receiver without connection IDs;
+/// `r` is left at the payload.
 pub fn decode_header(r: &mut Reader<'_>) -> Result<Header, DecodeError> {
+    decode_header_with_cid(r, 0)
+}
+
+/// Parses the header at the start of a datagram whose short header carries a connection ID
+/// of `local_cid_len` bytes (the length this receiver chose).
+pub fn decode_header_with_cid(
+    r: &mut Reader<'_>,
+    local_cid_len: usize,
+) -> Result<Header, DecodeError> {
     let first = r.u8()?;
     if first & LONG_HEADER_BIT == 0 {
-        return ShortHeader::decode(first, r).map(Header::Short);
+        return ShortHeader::decode(first, r, local_cid_len).map(Header::Short);
     }
     match first & !LONG_HEADER_BIT {
         LONG_TYPE_HELLO => Hello::decode(r).map(Header::Hello),
@@ -170,8 +257,16 @@ pub fn decode_header(r: &mut Reader<'_>) -> Result<Header, DecodeError> {
 /// This is the decoding `Association::handle_datagram` does before it touches any state,
 /// exposed so fuzzers and property tests can drive it directly.
 pub fn parse_packet(datagram: &[u8]) -> Result<(Header, Vec<Frame<'_>>), DecodeError> {
+    parse_packet_with_cid(datagram, 0)
+}
+
+/// [`parse_packet`] for a receiver whose connection IDs are `local_cid_len` bytes long.
+pub fn parse_packet_with_cid(
+    datagram: &[u8],
+    local_cid_len: usize,
+) -> Result<(Header, Vec<Frame<'_>>), DecodeError> {
     let mut r = Reader::new(datagram);
-    let header = decode_header(&mut r)?;
+    let header = decode_header_with_cid(&mut r, local_cid_len)?;
     let frames = match &header {
         Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply => Vec::new(),
         Header::Short(s) => decode_payload(r.rest(), s)?,
@@ -185,6 +280,15 @@ mod tests {
 
     #[test]
     fn short_header_roundtrip() {
+        for cid in [
+            ConnectionId::EMPTY,
+            ConnectionId::new(&[0xa5, 0x01]).unwrap(),
+        ] {
+            short_header_roundtrip_with(cid);
+        }
+    }
+
+    fn short_header_roundtrip_with(dcid: ConnectionId) {
         for pn_len in 1..=4 {
             for implicit_data in [
                 None,
@@ -194,6 +298,7 @@ mod tests {
                 }),
             ] {
                 let h = ShortHeader {
+                    dcid,
                     pn_truncated: 0x0102_0304 & ((1u64 << (8 * pn_len)) - 1),
                     pn_len,
                     key_phase: pn_len % 2 == 0,
@@ -201,9 +306,14 @@ mod tests {
                 };
                 let mut out = Vec::new();
                 h.encode(&mut out);
+                assert_eq!(out.len(), 1 + dcid.len() + pn_len);
                 assert_eq!(out.len(), h.encoded_len());
+                assert_eq!(&out[1..1 + dcid.len()], dcid.as_slice());
                 let mut r = Reader::new(&out);
-                assert_eq!(decode_header(&mut r).unwrap(), Header::Short(h));
+                assert_eq!(
+                    decode_header_with_cid(&mut r, dcid.len()).unwrap(),
+                    Header::Short(h)
+                );
                 assert!(r.is_empty());
             }
         }
@@ -221,6 +331,7 @@ mod tests {
                 initial_assoc_window: 1 << 26,
                 max_ack_delay_us: 50_000,
             },
+            cid: ConnectionId::new(&[7, 9]).unwrap(),
         };
         let mut out = Vec::new();
         h.encode(&mut out);
@@ -238,6 +349,7 @@ mod tests {
     #[test]
     fn parse_packet_decodes_header_and_every_frame() {
         let h = ShortHeader {
+            dcid: ConnectionId::EMPTY,
             pn_truncated: 7,
             pn_len: 2,
             key_phase: false,

@@ -11,7 +11,11 @@ use std::time::Duration;
 
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
-use pep_transport::packet::{decode_header, parse_packet};
+use pep_transport::packet::{
+    decode_header, decode_header_with_cid, parse_packet, parse_packet_with_cid,
+};
+use pep_transport::security::LocalIdentity;
+use pep_transport::{Endpoint, EndpointConfig, PeerId, PeerIdentity};
 use proptest::prelude::*;
 use support::{pattern, test_config, Faults, Net};
 
@@ -85,12 +89,37 @@ fn apply(mut d: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
     d
 }
 
-/// Every way the crate decodes received bytes; none may panic or loop.
+/// Every way the crate decodes received bytes, for a receiver without connection IDs and for
+/// one that chose them (0..=8 bytes, the longest the format carries); none may panic or loop.
+/// Endpoints of both kinds route or drop the bytes without panicking either.
 fn decode_everything(bytes: &[u8]) {
     let _ = parse_packet(bytes);
     let mut r = Reader::new(bytes);
     if decode_header(&mut r).is_ok() {
         while !r.is_empty() && Frame::decode(&mut r).is_ok() {}
+    }
+    for cid_len in 0..=9 {
+        let _ = parse_packet_with_cid(bytes, cid_len);
+        let mut r = Reader::new(bytes);
+        if decode_header_with_cid(&mut r, cid_len).is_ok() {
+            while !r.is_empty() && Frame::decode(&mut r).is_ok() {}
+        }
+    }
+    for cid_len in [0, 2] {
+        for secure in [false, true] {
+            let local = secure.then_some(LocalIdentity {
+                private_key: [7; 32],
+                psk: None,
+            });
+            let mut e = Endpoint::new(EndpointConfig::new(cid_len), local, [1; 32]).unwrap();
+            let peer = PeerIdentity {
+                public_key: Some([9; 32]),
+                address: Some("198.18.0.9:7400".parse().unwrap()),
+            };
+            e.set_peers([(PeerId(1), peer)]);
+            let from = "198.18.0.9:7400".parse().unwrap();
+            let _ = e.handle(std::time::Instant::now(), from, bytes);
+        }
     }
     for offset_len in 1..=4 {
         let _ = Frame::decode_implicit_data(&mut Reader::new(bytes), false, offset_len);

@@ -72,7 +72,9 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
                 0 => {
                     d.resize(150, 0);
                     d[0] = INIT;
-                    d[1..5].copy_from_slice(&1u32.to_be_bytes());
+                    d[1..5].copy_from_slice(&pep_transport::PROTOCOL_VERSION.to_be_bytes());
+                    // No source connection ID.
+                    d[5] = 0;
                 }
                 // Replays of a genuine initiation.
                 1 => d = captured_init.clone(),

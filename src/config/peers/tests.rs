@@ -573,8 +573,7 @@ fn check_config_reports_every_peer() {
     let s = c.summary();
     for want in [
         "side:       hub (responder)",
-        "peers:      3 `[[peer]]` entries over UDP, tunnel bound to 198.18.0.1:7400 (`pepd run` \
-         serves one peer for now; several land in a later step)",
+        "peers:      3 `[[peer]]` entries over UDP, tunnel bound to 198.18.0.1:7400",
         "  rig-3: 198.19.0.3:7400; subnets 10.3.0.0/24, fd00:198:19:3::/64; tx 20 Mbit/s (min \
          5 Mbit/s, weight 2), rx 4 Mbit/s; keepalive 10s",
         "  ship-7: address learned from its packets; subnets 10.7.0.0/24; tx 10 Mbit/s \
@@ -655,44 +654,38 @@ fn keys_of_the_list_are_checked_when_loaded() {
 }
 
 #[test]
-fn run_serves_one_peer_and_refuses_several() {
+fn run_serves_every_peer_of_a_hub_and_needs_the_hubs_address_at_a_terminal() {
     let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
-    let e = crate::daemon::served_peer(&c).unwrap_err().to_string();
-    assert_eq!(
-        e,
-        "the config has 3 `[[peer]]` entries (rig-3, ship-7, cell-12), but serving several \
-         peers is not implemented yet: it lands with the multi-peer endpoint in a later step. \
-         `pepd check-config` accepts the config; `pepd run` needs a single peer for now"
-    );
-    // One entry with an address runs as the pair does.
-    let one = two_peers().replace(
-        &format!(
-            "[[peer]]\nname = \"b\"\npublic_key = \"{}\"\nsubnets = [\"10.2.0.0/24\"]\n",
-            key(2)
-        ),
-        "",
-    );
+    crate::daemon::check_servable(&c).expect("a hub with three peers, one without address");
+    assert_eq!(crate::tunnel::cid_len(&c), 2);
+    let c = PepdConfig::parse(&two_peers()).expect("two peers");
+    crate::daemon::check_servable(&c).expect("b has no address: learned");
+    assert_eq!(crate::tunnel::cid_len(&c), 2);
+    // A terminal in the list form: one entry, which must say where the hub is.
+    let one = two_peers()
+        .replace(
+            &format!(
+                "[[peer]]\nname = \"b\"\npublic_key = \"{}\"\nsubnets = [\"10.2.0.0/24\"]\n",
+                key(2)
+            ),
+            "",
+        )
+        .replace("side = \"hub\"", "side = \"terminal\"");
     let c = PepdConfig::parse(&one).expect("one entry");
-    let (peer, address) = crate::daemon::served_peer(&c).expect("served");
-    assert_eq!(
-        (peer.name.as_str(), address),
-        ("a", addr("198.19.0.1:7400"))
-    );
-    // Without an address, it waits for a later step.
+    crate::daemon::check_servable(&c).expect("with its address");
+    assert_eq!(crate::tunnel::cid_len(&c), 0);
     let c = PepdConfig::parse(&one.replace("address = \"198.19.0.1:7400\"\n", "")).expect("ok");
     assert_eq!(
-        crate::daemon::served_peer(&c).unwrap_err().to_string(),
-        "`peer[0].address` of peer a is not set, but learning a peer's address from its \
-         packets is not implemented yet: it lands with the multi-peer endpoint in a later \
-         step. Set it to the peer's tunnel address for now"
+        crate::daemon::check_servable(&c).unwrap_err().to_string(),
+        "`peer[0].address` of peer a is not set: a terminal starts the association, so it \
+         needs its hub's tunnel address (only a hub learns its peers' addresses)"
     );
-    // The pair form, as always.
-    let t = PepdConfig::parse(TERMINAL).expect("terminal.toml");
-    let (peer, address) = crate::daemon::served_peer(&t).expect("served");
-    assert_eq!(
-        (peer.name.as_str(), address),
-        ("peer", addr("198.18.0.1:7400"))
-    );
+    // The pair form, as always: no connection IDs at either end.
+    for text in [TERMINAL, HUB] {
+        let c = PepdConfig::parse(text).expect("pair");
+        crate::daemon::check_servable(&c).expect("served");
+        assert_eq!(crate::tunnel::cid_len(&c), 0);
+    }
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! an argument.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -15,14 +16,18 @@ use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController, S
 use crate::codec::{expand_truncated, truncation_len, Reader};
 use crate::config::{Config, ConfigError, LossCause};
 use crate::datagram_size::{DatagramSizer, HEADER};
+use crate::endpoint::PeerId;
 use crate::flow::{Flow, FlowId, OpenState, ResetState};
 use crate::frame::{self, AckFrame, FlowMeta, Frame, ResetReason};
 use crate::loss::LossClassifier;
 use crate::pacer::Pacer;
-use crate::packet::{decode_header, Header, Hello, HelloParams, ImplicitData, ShortHeader};
+use crate::packet::{
+    decode_header, decode_header_with_cid, ConnectionId, Header, Hello, HelloParams, ImplicitData,
+    ShortHeader,
+};
 use crate::range_set::RangeSet;
 use crate::rtt::RttEstimator;
-use crate::security::{Security, SecurityConfig};
+use crate::security::{HandshakeGuard, Security, SecurityConfig};
 use crate::sent::{SentFrame, SentPacket, SentPackets};
 use crate::stats::Stats;
 use crate::PROTOCOL_VERSION;
@@ -135,6 +140,14 @@ const MAX_REDUNDANT_COPIES: u8 = 3;
 /// Successive PTOs without an ACK after which the link is taken to be down.
 const OUTAGE_PTO_COUNT: u32 = 2;
 
+/// How an endpoint finds an association and its peer.
+pub(crate) struct EndpointRouting {
+    pub(crate) local_cid: ConnectionId,
+    pub(crate) peer: PeerId,
+    /// The peer's configured address, if any.
+    pub(crate) remote: Option<SocketAddr>,
+}
+
 pub struct Association {
     cfg: Config,
     role: Role,
@@ -154,6 +167,16 @@ pub struct Association {
     close_pending: Option<Vec<u8>>,
     /// Noise authentication and packet keys; `None` when security is off.
     security: Option<Box<Security>>,
+    /// The connection ID the peer puts in the packets it sends us (we chose it).
+    local_cid: ConnectionId,
+    /// The connection ID we put in the packets we send (the peer chose it).
+    peer_cid: ConnectionId,
+    /// Where the peer is, as far as it proved (known in advance, or learned).
+    remote: Option<SocketAddr>,
+    /// Where the handshake reply queued now goes: where its initiation came from.
+    reply_to: Option<SocketAddr>,
+    /// The peer an endpoint made this association for.
+    peer: Option<PeerId>,
 
     // Sending.
     next_pn: u64,
@@ -245,14 +268,34 @@ impl Association {
         security: SecurityConfig,
         rng_seed: [u8; 32],
     ) -> Result<Self, ConfigError> {
-        if security.rekey_after_packets == 0 || security.rekey_interval.is_zero() {
-            return Err(ConfigError::new(
-                "security.rekey",
-                "rekey interval and packet count must be positive",
-            ));
-        }
-        let sec = Security::new(security, rng_seed);
+        check_rekey(&security)?;
+        let guard = Box::new(HandshakeGuard::standalone());
+        let sec = Security::new(security, rng_seed, Some(guard));
         Self::build(cfg, role, epoch, now, Some(Box::new(sec)))
+    }
+
+    /// An association an endpoint routes to: packets to us carry `local_cid`, and the
+    /// endpoint screens initiations (replays, work budget) before they reach us.
+    pub(crate) fn for_endpoint(
+        cfg: Config,
+        role: Role,
+        epoch: u64,
+        now: Instant,
+        security: Option<(SecurityConfig, [u8; 32])>,
+        routing: EndpointRouting,
+    ) -> Result<Self, ConfigError> {
+        let security = match security {
+            Some((sec, seed)) => {
+                check_rekey(&sec)?;
+                Some(Box::new(Security::new(sec, seed, None)))
+            }
+            None => None,
+        };
+        let mut a = Self::build(cfg, role, epoch, now, security)?;
+        a.local_cid = routing.local_cid;
+        a.peer = Some(routing.peer);
+        a.remote = routing.remote;
+        Ok(a)
     }
 
     fn build(
@@ -288,6 +331,11 @@ impl Association {
             hello_reply_needed: false,
             close_pending: None,
             security,
+            local_cid: ConnectionId::EMPTY,
+            peer_cid: ConnectionId::EMPTY,
+            remote: None,
+            reply_to: None,
+            peer: None,
             next_pn: 0,
             sent: SentPackets::default(),
             largest_acked: None,
@@ -340,6 +388,21 @@ impl Association {
         self.established
     }
 
+    /// Where the peer is, as far as it proved; `None` until learned when not configured.
+    pub fn remote(&self) -> Option<SocketAddr> {
+        self.remote
+    }
+
+    /// The peer this association was made for by an endpoint.
+    pub fn peer(&self) -> Option<PeerId> {
+        self.peer
+    }
+
+    /// The connection ID the peer's packets carry to reach us.
+    pub fn local_cid(&self) -> ConnectionId {
+        self.local_cid
+    }
+
     pub fn config(&self) -> &Config {
         &self.cfg
     }
@@ -348,6 +411,14 @@ impl Association {
     pub fn set_rate(&mut self, rate_bps: u64) {
         self.cfg.rate_bps = rate_bps.max(8_000);
         self.cc.set_rate(self.cfg.rate_bps);
+        self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
+    }
+
+    /// Caps the sending rate below the configured one (a hub's share of its carrier) without
+    /// restarting the congestion controller's view of the path; `config().rate_bps` stays.
+    pub fn set_rate_ceiling(&mut self, rate_bps: u64) {
+        let ceiling = rate_bps.clamp(8_000, self.cfg.rate_bps);
+        self.cc.set_ceiling(ceiling);
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
     }
 
@@ -582,6 +653,16 @@ impl Association {
             s.seal(pn, header_len, out);
         }
     }
+}
+
+fn check_rekey(security: &SecurityConfig) -> Result<(), ConfigError> {
+    if security.rekey_after_packets == 0 || security.rekey_interval.is_zero() {
+        return Err(ConfigError::new(
+            "security.rekey",
+            "rekey interval and packet count must be positive",
+        ));
+    }
+    Ok(())
 }
 
 mod receive;

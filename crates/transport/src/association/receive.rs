@@ -1,15 +1,37 @@
 //! Input: datagrams, the handshake, and the frames they carry.
 
 use super::*;
-use crate::security::InitiationRead;
+use crate::security::{AcceptedInitiation, InitiationRead};
 
 impl Association {
     /// Processes one received datagram. Anything malformed, unauthenticated or replayed is
     /// dropped and counted, never answered.
     pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        self.receive(now, None, datagram);
+    }
+
+    /// [`handle_datagram`](Self::handle_datagram) for a datagram from `from`: what the peer
+    /// proves with it (a reply, a confirming packet) tells where it is now.
+    pub fn handle_datagram_from(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
+        self.receive(now, Some(from), datagram);
+    }
+
+    /// An initiation the endpoint read and authenticated for this association, from `from`:
+    /// answered unless our own initiation takes precedence. The reply goes to `from`.
+    pub fn accept_initiation(&mut self, now: Instant, from: SocketAddr, a: AcceptedInitiation) {
+        self.last_input = self.last_input.max(now);
+        let Some(sec) = self.security.as_mut() else {
+            self.stats.security.wrong_mode += 1;
+            return;
+        };
+        let read = sec.accept_initiation(a);
+        self.on_initiation_read(now, Some(from), read);
+    }
+
+    fn receive(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
         self.last_input = self.last_input.max(now);
         let mut r = Reader::new(datagram);
-        let header = match decode_header(&mut r) {
+        let header = match decode_header_with_cid(&mut r, self.local_cid.len()) {
             Ok(h) => h,
             Err(_) => {
                 self.stats.malformed_dropped += 1;
@@ -19,9 +41,16 @@ impl Association {
         let secure = self.security.is_some();
         let short = match header {
             Header::Short(s) => s,
-            Header::Hello(h) if !secure => return self.on_hello(h),
-            Header::HandshakeInit if secure => return self.on_handshake_init(now, datagram),
-            Header::HandshakeReply if secure => return self.on_handshake_reply(now, datagram),
+            Header::Hello(h) if !secure => {
+                if self.remote.is_none() {
+                    self.remote = from;
+                }
+                return self.on_hello(h);
+            }
+            Header::HandshakeInit if secure => return self.on_handshake_init(now, from, datagram),
+            Header::HandshakeReply if secure => {
+                return self.on_handshake_reply(now, from, datagram)
+            }
             Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply => {
                 self.stats.security.wrong_mode += 1;
                 return;
@@ -31,7 +60,7 @@ impl Association {
         rx.clear();
         rx.extend_from_slice(datagram);
         let opened = if secure {
-            self.open_secure(now, &short, &mut rx)
+            self.open_secure(now, from, &short, &mut rx)
         } else {
             self.open_plain(&short, &rx)
         };
@@ -70,6 +99,7 @@ impl Association {
     fn open_secure(
         &mut self,
         now: Instant,
+        from: Option<SocketAddr>,
         short: &ShortHeader,
         rx: &mut [u8],
     ) -> Option<(u64, usize)> {
@@ -88,6 +118,10 @@ impl Association {
             self.start_session(now, h, reply.into_keys(), |_, _| short.key_phase);
             if let Some(sec) = self.security.as_mut() {
                 sec.record(opened.pn);
+            }
+            // The initiator proved it holds the new keys from there.
+            if from.is_some() {
+                self.remote = from;
             }
         }
         Some((opened.pn, opened.payload_len))
@@ -133,25 +167,37 @@ impl Association {
     }
 
     /// A peer's Noise initiation: answered if it authenticates, whatever our state.
-    fn on_handshake_init(&mut self, now: Instant, datagram: &[u8]) {
+    fn on_handshake_init(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
         let Some(sec) = self.security.as_mut() else {
             return;
         };
-        let (responder, ephemeral, hello) = match sec.read_initiation(now, datagram) {
+        let read = sec.read_initiation(now, datagram);
+        self.on_initiation_read(now, from, read);
+    }
+
+    /// Answers an initiation that authenticated (a repeat is answered with the same reply);
+    /// the reply goes back where the initiation came from.
+    fn on_initiation_read(&mut self, now: Instant, from: Option<SocketAddr>, read: InitiationRead) {
+        let (responder, ephemeral, h) = match read {
             InitiationRead::Answer {
                 responder,
                 ephemeral,
                 hello,
             } => (responder, ephemeral, hello),
-            InitiationRead::Repeated | InitiationRead::Collision => return,
+            InitiationRead::Repeated => {
+                self.reply_to = from;
+                return;
+            }
+            InitiationRead::Collision => return,
             InitiationRead::Dropped(d) => {
                 d.count(&mut self.stats.security);
                 return;
             }
         };
-        let Some(h) = self.authenticated_hello(&hello) else {
+        if self.retired_peer_epochs.contains(&h.epoch) {
+            self.stats.security.handshake_replayed += 1;
             return;
-        };
+        }
         // Epochs grow with every start (the daemon takes them from the clock), so an
         // authenticated initiation with a greater epoch than the one we hold is the peer
         // having restarted, not a replay: drop the old association now rather than a round
@@ -168,17 +214,19 @@ impl Association {
         let Some(sec) = self.security.as_mut() else {
             return;
         };
-        if let Err(d) = sec.answer(now, responder, ephemeral, &encoded, h, !rekey) {
-            d.count(&mut self.stats.security);
+        match sec.answer(now, responder, ephemeral, &encoded, h, !rekey) {
+            Ok(()) => self.reply_to = from,
+            Err(d) => d.count(&mut self.stats.security),
         }
     }
 
     /// The reply to our initiation: the peer is authenticated and the keys are ready.
-    fn on_handshake_reply(&mut self, now: Instant, datagram: &[u8]) {
+    fn on_handshake_reply(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
+        let cid_len = self.local_cid.len();
         let Some(sec) = self.security.as_mut() else {
             return;
         };
-        let (hello, keys) = match sec.read_reply(now, datagram) {
+        let (hello, keys) = match sec.read_reply(now, datagram, cid_len) {
             Ok(r) => r,
             Err(d) => {
                 d.count(&mut self.stats.security);
@@ -188,6 +236,10 @@ impl Association {
         let Some(h) = self.authenticated_hello(&hello) else {
             return;
         };
+        // The responder answered from there with the keys of our initiation.
+        if from.is_some() {
+            self.remote = from;
+        }
         // A new association starts in phase 0; a rekey flips the phase.
         self.start_session(now, h, keys, |sec, rekey| rekey && sec.next_phase());
         // The responder uses the keys once it sees them in use: confirm at once.
@@ -230,6 +282,7 @@ impl Association {
         if !rekey {
             self.apply_peer_hello(h);
         }
+        self.peer_cid = h.cid;
         let next_pn = self.next_pn;
         if let Some(sec) = self.security.as_mut() {
             let phase = phase(sec, rekey);
@@ -281,6 +334,7 @@ impl Association {
             None => self.peer_epoch = Some(h.epoch),
             _ => {}
         }
+        self.peer_cid = h.cid;
         // Truncated offsets are unambiguous only for windows up to 1 GiB.
         self.peer_params = Some(HelloParams {
             initial_flow_window: h.params.initial_flow_window.min(MAX_WINDOW),

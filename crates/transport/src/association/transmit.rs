@@ -89,6 +89,25 @@ impl Association {
         self.assoc_send_limit.saturating_sub(self.assoc_sent)
     }
 
+    /// [`poll_transmit`](Self::poll_transmit) with the datagram's destination: a handshake
+    /// reply goes where its initiation came from, everything else to [`remote`](Self::remote).
+    /// `None` when nothing may leave now, or when the destination is not known yet (the
+    /// datagram is then dropped: a peer without a configured address is learned from the
+    /// first packet it authenticates).
+    pub fn poll_transmit_to(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<SocketAddr> {
+        let is_reply =
+            self.close_pending.is_none() && self.security.as_ref().is_some_and(|s| s.has_outbox());
+        if !self.poll_transmit(now, out) {
+            return None;
+        }
+        if is_reply {
+            if let Some(to) = self.reply_to.take() {
+                return Some(to);
+            }
+        }
+        self.remote
+    }
+
     /// Writes the next datagram into `out` if one may leave now. Call until it returns false.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         self.last_input = self.last_input.max(now);
@@ -143,6 +162,7 @@ impl Association {
                 initial_assoc_window: self.cfg.assoc_window,
                 max_ack_delay_us: self.cfg.ack.max_delay.as_micros() as u64,
             },
+            cid: self.local_cid,
         }
     }
 
@@ -159,6 +179,7 @@ impl Association {
             self.cfg.hello_interval
         };
         let hello = self.local_hello();
+        let scid = self.local_cid;
         let Some(sec) = self.security.as_mut() else {
             return false;
         };
@@ -178,11 +199,12 @@ impl Association {
         if !due {
             return false;
         }
-        let Some(d) = sec.initiation(now, retransmit_after, || {
+        let encode = || {
             let mut h = Vec::new();
             hello.encode(&mut h);
             h
-        }) else {
+        };
+        let Some(d) = sec.initiation(now, retransmit_after, encode, scid) else {
             return false;
         };
         out.extend_from_slice(&d);
@@ -199,6 +221,7 @@ impl Association {
             return None;
         }
         let header = ShortHeader {
+            dcid: self.peer_cid,
             pn_truncated: pn & mask(4),
             pn_len: 4,
             key_phase: self.key_phase(),
@@ -224,7 +247,8 @@ impl Association {
         // Data packets are cut to the size the error rate calls for (§5.8); every packet is
         // built to it, so one that ends up without data is only smaller.
         let (size, _probe) = self.sizer.next_data_size();
-        let budget = size.min(self.cfg.max_datagram()) - 1 - pn_len - self.tag_len();
+        let header_len = 1 + self.peer_cid.len() + pn_len;
+        let budget = size.min(self.cfg.max_datagram()) - header_len - self.tag_len();
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
         let mut frames: Vec<SentFrame> = Vec::new();
@@ -308,6 +332,7 @@ impl Association {
             return false;
         }
         let header = ShortHeader {
+            dcid: self.peer_cid,
             pn_truncated: pn & mask(pn_len),
             pn_len,
             key_phase: self.key_phase(),

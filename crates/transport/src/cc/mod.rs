@@ -107,6 +107,12 @@ pub trait CongestionController: Send + fmt::Debug {
     fn on_congestion(&mut self, now: Instant, rtt: &RttEstimator);
     /// Changes the configured rate (cap) live.
     fn set_rate(&mut self, rate_bps: u64);
+    /// Lowers or raises the cap without treating it as a new link: a hub's carrier share,
+    /// which moves every few hundred milliseconds as other terminals come and go. A
+    /// controller that keeps no path state of its own takes it as a new rate.
+    fn set_ceiling(&mut self, rate_bps: u64) {
+        self.set_rate(rate_bps);
+    }
     fn capacity(&self, rtt: &RttEstimator) -> CapacityStats;
 }
 

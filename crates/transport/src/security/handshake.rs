@@ -10,24 +10,32 @@ use snow::types::{Cipher, Dh, Hash, Random};
 use snow::HandshakeState;
 
 use super::aead::PacketKey;
-use super::{SecurityConfig, KEY_LEN};
-use crate::packet::{LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY};
+use super::{LocalIdentity, KEY_LEN};
+use crate::codec::Reader;
+use crate::packet::{
+    ConnectionId, LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
+};
 use crate::PROTOCOL_VERSION;
 
 const PATTERN: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
 const PATTERN_PSK: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 /// Binds both messages to this protocol and version.
-const PROLOGUE: &[u8] = b"pepd tunnel v1";
-/// Type byte and version in front of the Noise message.
+const PROLOGUE: &[u8] = b"pepd tunnel v2";
+/// Type byte and version in front of the rest of a handshake datagram.
 pub(crate) const HANDSHAKE_HEADER_LEN: usize = 5;
-/// Bound on a handshake message; ours are under 200 bytes.
+/// Bound on a handshake datagram; ours are under 250 bytes.
 const MAX_MESSAGE: usize = 512;
+/// Room for the MACs a handshake datagram ends with (mac1 and mac2 after an INIT, mac1 after
+/// a REPLY). They are sent as zeros and not checked until the cookie mechanism lands, so the
+/// layout does not change again when it does (docs/PROTOCOL.md, 7.1).
+pub(crate) const MAC_LEN: usize = 16;
+const INIT_MACS: usize = 2 * MAC_LEN;
+const REPLY_MACS: usize = MAC_LEN;
 
 /// Why a handshake message was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
     Invalid,
-    UnknownPeer,
 }
 
 /// The two packet keys of a session, seen from one side.
@@ -59,6 +67,13 @@ impl EphemeralSource {
         EphemeralSource {
             rng: ChaCha20Rng::from_seed(seed),
         }
+    }
+
+    /// Seed for another source (an association an endpoint creates).
+    pub(crate) fn seed(&mut self) -> [u8; 32] {
+        let mut seed = [0u8; 32];
+        self.rng.fill_bytes(&mut seed);
+        seed
     }
 
     fn resolver(&mut self) -> Box<dyn CryptoResolver + Send> {
@@ -97,10 +112,10 @@ impl CryptoResolver for SeededResolver {
 }
 
 fn builder<'a>(
-    cfg: &'a SecurityConfig,
+    local: &'a LocalIdentity,
     source: &mut EphemeralSource,
 ) -> Result<snow::Builder<'a>, snow::Error> {
-    let pattern = if cfg.psk.is_some() {
+    let pattern = if local.psk.is_some() {
         PATTERN_PSK
     } else {
         PATTERN
@@ -108,28 +123,61 @@ fn builder<'a>(
     let params = pattern.parse().expect("the pattern names are valid");
     let mut b = snow::Builder::with_resolver(params, source.resolver())
         .prologue(PROLOGUE)?
-        .local_private_key(&cfg.local_private_key)?;
-    if let Some(psk) = &cfg.psk {
+        .local_private_key(&local.private_key)?;
+    if let Some(psk) = &local.psk {
         b = b.psk(2, psk)?;
     }
     Ok(b)
 }
 
-fn handshake_datagram(kind: u8, noise: &[u8]) -> Vec<u8> {
-    let mut d = Vec::with_capacity(HANDSHAKE_HEADER_LEN + noise.len());
+/// `type | version | (INIT: scid_len scid; REPLY: dcid) | Noise message | MACs`.
+fn handshake_datagram(kind: u8, cid: ConnectionId, noise: &[u8]) -> Vec<u8> {
+    let (prefixed, macs) = if kind == LONG_TYPE_HANDSHAKE_INIT {
+        (true, INIT_MACS)
+    } else {
+        (false, REPLY_MACS)
+    };
+    let mut d = Vec::with_capacity(HANDSHAKE_HEADER_LEN + 1 + cid.len() + noise.len() + macs);
     d.push(LONG_HEADER_BIT | kind);
     d.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    if prefixed {
+        cid.write_prefixed(&mut d);
+    } else {
+        d.extend_from_slice(cid.as_slice());
+    }
     d.extend_from_slice(noise);
+    d.resize(d.len() + macs, 0);
     d
 }
 
-/// Splits a handshake datagram into its Noise message, refusing other versions.
-pub(crate) fn noise_message(datagram: &[u8]) -> Option<&[u8]> {
+/// The version field and what follows it, refusing other versions and oversized datagrams.
+fn versioned_body(datagram: &[u8]) -> Option<Reader<'_>> {
     let version = datagram.get(1..HANDSHAKE_HEADER_LEN)?;
     if version != PROTOCOL_VERSION.to_be_bytes() || datagram.len() > MAX_MESSAGE {
         return None;
     }
-    Some(&datagram[HANDSHAKE_HEADER_LEN..])
+    Some(Reader::new(&datagram[HANDSHAKE_HEADER_LEN..]))
+}
+
+/// The Noise message between the connection ID and the MACs.
+fn noise_before_macs<'a>(r: &mut Reader<'a>, macs: usize) -> Option<&'a [u8]> {
+    let rest = r.rest();
+    rest.get(..rest.len().checked_sub(macs)?)
+}
+
+/// An INIT split into its fields. `None`: another version, or not an INIT of ours.
+pub(crate) fn parse_init(datagram: &[u8]) -> Option<(ConnectionId, &[u8])> {
+    let mut r = versioned_body(datagram)?;
+    let scid = ConnectionId::read_prefixed(&mut r).ok()?;
+    Some((scid, noise_before_macs(&mut r, INIT_MACS)?))
+}
+
+/// A REPLY split into its DCID (of the length the initiator chose, `local_cid_len`) and
+/// Noise message.
+pub(crate) fn parse_reply(datagram: &[u8], local_cid_len: usize) -> Option<(ConnectionId, &[u8])> {
+    let mut r = versioned_body(datagram)?;
+    let dcid = ConnectionId::read(&mut r, local_cid_len).ok()?;
+    Some((dcid, noise_before_macs(&mut r, REPLY_MACS)?))
 }
 
 /// The initiator's ephemeral public key: the first field of its message, used to spot
@@ -139,19 +187,22 @@ pub(crate) fn initiation_ephemeral(noise: &[u8]) -> Option<[u8; KEY_LEN]> {
 }
 
 impl Initiation {
+    /// `scid`: our connection ID, in clear for routing; `hello` carries it again, encrypted.
     pub(crate) fn start(
-        cfg: &SecurityConfig,
+        local: &LocalIdentity,
+        peer_public_key: &[u8; KEY_LEN],
         source: &mut EphemeralSource,
         hello: &[u8],
+        scid: ConnectionId,
     ) -> Result<Self, snow::Error> {
-        let mut state = builder(cfg, source)?
-            .remote_public_key(&cfg.peer_public_key)?
+        let mut state = builder(local, source)?
+            .remote_public_key(peer_public_key)?
             .build_initiator()?;
         let mut buf = [0u8; MAX_MESSAGE];
         let n = state.write_message(hello, &mut buf)?;
         Ok(Initiation {
             state,
-            datagram: handshake_datagram(LONG_TYPE_HANDSHAKE_INIT, &buf[..n]),
+            datagram: handshake_datagram(LONG_TYPE_HANDSHAKE_INIT, scid, &buf[..n]),
         })
     }
 
@@ -175,28 +226,34 @@ impl Initiation {
 }
 
 impl Responder {
-    /// Reads an initiation; returns the initiator's HELLO.
+    /// Reads an initiation; returns the initiator's static key (IK authenticates it; the
+    /// caller decides whether it knows it) and its HELLO.
     pub(crate) fn read(
-        cfg: &SecurityConfig,
+        local: &LocalIdentity,
         source: &mut EphemeralSource,
         noise: &[u8],
-    ) -> Result<(Self, Vec<u8>), Refusal> {
-        let mut state = builder(cfg, source)
+    ) -> Result<(Self, [u8; KEY_LEN], Vec<u8>), Refusal> {
+        let mut state = builder(local, source)
             .and_then(|b| b.build_responder())
             .map_err(|_| Refusal::Invalid)?;
         let mut payload = [0u8; MAX_MESSAGE];
         let n = state
             .read_message(noise, &mut payload)
             .map_err(|_| Refusal::Invalid)?;
-        // IK authenticates the initiator's static key; it must be the one configured.
-        if state.get_remote_static() != Some(&cfg.peer_public_key[..]) {
-            return Err(Refusal::UnknownPeer);
-        }
-        Ok((Responder { state }, payload[..n].to_vec()))
+        let remote: [u8; KEY_LEN] = state
+            .get_remote_static()
+            .and_then(|k| k.try_into().ok())
+            .ok_or(Refusal::Invalid)?;
+        Ok((Responder { state }, remote, payload[..n].to_vec()))
     }
 
-    /// Writes the reply carrying our HELLO; returns the datagram and the session keys.
-    pub(crate) fn reply(mut self, hello: &[u8]) -> Result<(Vec<u8>, SessionKeys), Refusal> {
+    /// Writes the reply carrying our HELLO, addressed to the initiator's connection ID;
+    /// returns the datagram and the session keys.
+    pub(crate) fn reply(
+        mut self,
+        hello: &[u8],
+        dcid: ConnectionId,
+    ) -> Result<(Vec<u8>, SessionKeys), Refusal> {
         let mut buf = [0u8; MAX_MESSAGE];
         let n = self
             .state
@@ -204,7 +261,7 @@ impl Responder {
             .map_err(|_| Refusal::Invalid)?;
         let (to_responder, to_initiator) = self.state.dangerously_get_raw_split();
         Ok((
-            handshake_datagram(LONG_TYPE_HANDSHAKE_REPLY, &buf[..n]),
+            handshake_datagram(LONG_TYPE_HANDSHAKE_REPLY, dcid, &buf[..n]),
             SessionKeys {
                 send: PacketKey::new(&to_initiator),
                 recv: PacketKey::new(&to_responder),
@@ -217,28 +274,59 @@ impl Responder {
 mod tests {
     use super::*;
     use crate::security::public_key;
-    use std::time::Duration;
 
-    fn pair(psk: Option<[u8; 32]>) -> (SecurityConfig, SecurityConfig) {
-        let a = [1u8; 32];
-        let b = [2u8; 32];
-        let cfg = |local: [u8; 32], peer: [u8; 32]| SecurityConfig {
-            local_private_key: local,
-            peer_public_key: public_key(&peer),
-            psk,
-            rekey_interval: Duration::from_secs(120),
-            rekey_after_packets: 1 << 30,
-        };
-        (cfg(a, b), cfg(b, a))
+    /// One side: who it is and whom it expects.
+    struct Side {
+        local: LocalIdentity,
+        peer: [u8; KEY_LEN],
     }
 
-    fn complete(a: &SecurityConfig, b: &SecurityConfig) -> Result<(), Refusal> {
+    fn pair(psk: Option<[u8; 32]>) -> (Side, Side) {
+        let a = [1u8; 32];
+        let b = [2u8; 32];
+        let side = |local: [u8; 32], peer: [u8; 32]| Side {
+            local: LocalIdentity {
+                private_key: local,
+                psk,
+            },
+            peer: public_key(&peer),
+        };
+        (side(a, b), side(b, a))
+    }
+
+    fn noise(datagram: &[u8]) -> &[u8] {
+        match datagram[0] & !LONG_HEADER_BIT {
+            LONG_TYPE_HANDSHAKE_INIT => parse_init(datagram).unwrap().1,
+            _ => parse_reply(datagram, 2).unwrap().1,
+        }
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Failed {
+        Refused(Refusal),
+        UnknownPeer,
+    }
+
+    impl From<Refusal> for Failed {
+        fn from(r: Refusal) -> Self {
+            Failed::Refused(r)
+        }
+    }
+
+    fn complete(a: &Side, b: &Side) -> Result<(), Failed> {
         let mut src = EphemeralSource::new([9; 32]);
-        let mut init = Initiation::start(a, &mut src, b"hello-a").unwrap();
-        let (resp, hello) = Responder::read(b, &mut src, noise_message(&init.datagram).unwrap())?;
+        let scid = ConnectionId::new(&[0xab, 0xcd]).unwrap();
+        let mut init = Initiation::start(&a.local, &a.peer, &mut src, b"hello-a", scid).unwrap();
+        assert_eq!(parse_init(&init.datagram).unwrap().0, scid);
+        let (resp, remote, hello) = Responder::read(&b.local, &mut src, noise(&init.datagram))?;
+        // IK authenticates the initiator's static key; this responder expects one only.
+        if remote != b.peer {
+            return Err(Failed::UnknownPeer);
+        }
         assert_eq!(hello, b"hello-a");
-        let (reply, rkeys) = resp.reply(b"hello-b")?;
-        let (hello, ikeys) = init.finish(noise_message(&reply).unwrap())?;
+        let (reply, rkeys) = resp.reply(b"hello-b", scid)?;
+        assert_eq!(parse_reply(&reply, 2).unwrap().0, scid);
+        let (hello, ikeys) = init.finish(noise(&reply))?;
         assert_eq!(hello, b"hello-b");
         let mut p = vec![0u8, 1, 2, 3];
         ikeys.send.seal(5, 1, &mut p);
@@ -260,14 +348,27 @@ mod tests {
     #[test]
     fn a_stranger_or_wrong_psk_is_refused() {
         let (a, b) = pair(None);
-        let mut stranger = a.clone();
-        stranger.local_private_key = [3; 32];
+        let stranger = Side {
+            local: LocalIdentity {
+                private_key: [3; 32],
+                psk: None,
+            },
+            peer: a.peer,
+        };
         // The responder only accepts the static key it was configured with.
-        assert_eq!(complete(&stranger, &b), Err(Refusal::UnknownPeer));
+        assert_eq!(complete(&stranger, &b), Err(Failed::UnknownPeer));
         // An initiator that expects another responder key cannot be read at all.
-        let mut misdirected = a.clone();
-        misdirected.peer_public_key = public_key(&[4; 32]);
-        assert_eq!(complete(&misdirected, &b), Err(Refusal::Invalid));
+        let misdirected = Side {
+            local: LocalIdentity {
+                private_key: [1; 32],
+                psk: None,
+            },
+            peer: public_key(&[4; 32]),
+        };
+        assert_eq!(
+            complete(&misdirected, &b),
+            Err(Failed::Refused(Refusal::Invalid))
+        );
         let (a, _) = pair(Some([5; 32]));
         let (_, b) = pair(Some([6; 32]));
         assert!(complete(&a, &b).is_err());
@@ -277,11 +378,28 @@ mod tests {
     fn a_forged_reply_leaves_the_initiation_usable() {
         let (a, b) = pair(None);
         let mut src = EphemeralSource::new([9; 32]);
-        let mut init = Initiation::start(&a, &mut src, b"x").unwrap();
+        let mut init =
+            Initiation::start(&a.local, &a.peer, &mut src, b"x", ConnectionId::EMPTY).unwrap();
         assert!(init.finish(&[0u8; 80]).is_err());
-        let (resp, _) =
-            Responder::read(&b, &mut src, noise_message(&init.datagram).unwrap()).unwrap();
-        let (reply, _) = resp.reply(b"y").unwrap();
-        assert!(init.finish(noise_message(&reply).unwrap()).is_ok());
+        let (resp, _, _) = Responder::read(&b.local, &mut src, noise(&init.datagram)).unwrap();
+        let (reply, _) = resp.reply(b"y", ConnectionId::EMPTY).unwrap();
+        assert!(init.finish(parse_reply(&reply, 0).unwrap().1).is_ok());
+    }
+
+    #[test]
+    fn handshake_layout_and_other_versions() {
+        let (a, _) = pair(None);
+        let mut src = EphemeralSource::new([9; 32]);
+        let scid = ConnectionId::new(&[1, 2]).unwrap();
+        let init = Initiation::start(&a.local, &a.peer, &mut src, b"h", scid).unwrap();
+        let d = &init.datagram;
+        assert_eq!(d[..8], [0x82, 0, 0, 0, 2, 2, 1, 2]);
+        // e (32), s (32 + 16), payload (1 + 16), then mac1 and mac2 (zeros for now).
+        assert_eq!(d.len(), 8 + 32 + 48 + 17 + 32);
+        assert_eq!(parse_init(d).unwrap().1.len(), 32 + 48 + 17);
+        let mut v1 = d.clone();
+        v1[4] = 1;
+        assert!(parse_init(&v1).is_none());
+        assert!(parse_init(&d[..8 + 31]).is_none());
     }
 }

@@ -1,36 +1,65 @@
 //! Bounds on the work and memory unauthenticated handshake traffic can cost: a token bucket
-//! on the Diffie-Hellman work, and a fixed-size memory of recent initiations.
+//! on the Diffie-Hellman work, and a fixed-size memory of recent initiations. Whoever reads
+//! initiations owns one [`HandshakeGuard`]: a standalone association, or the endpoint that
+//! screens them for all of its associations.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
-/// Handshake messages processed per second in the long run.
+/// Handshake messages a standalone association processes per second in the long run.
 pub const HANDSHAKES_PER_SECOND: u32 = 20;
-/// Handshake messages that may be processed back to back.
+/// Handshake messages a standalone association may process back to back.
 pub const HANDSHAKE_BURST: u32 = 20;
 /// Initiation ephemerals remembered to refuse replays without doing any DH.
 pub const RECENT_INITIATIONS: usize = 1024;
 
+/// The replay memory and the work budget of everything that reads initiations.
+pub(crate) struct HandshakeGuard {
+    pub(crate) bucket: TokenBucket,
+    pub(crate) recent: RecentInitiations,
+}
+
+impl HandshakeGuard {
+    pub(crate) fn new(per_second: u32, burst: u32) -> Self {
+        HandshakeGuard {
+            bucket: TokenBucket::new(per_second, burst),
+            recent: RecentInitiations::default(),
+        }
+    }
+
+    /// The budget of a standalone association.
+    pub(crate) fn standalone() -> Self {
+        Self::new(HANDSHAKES_PER_SECOND, HANDSHAKE_BURST)
+    }
+}
+
 pub(crate) struct TokenBucket {
     tokens: f64,
     last: Option<Instant>,
+    per_second: f64,
+    burst: f64,
 }
 
 impl Default for TokenBucket {
     fn default() -> Self {
-        TokenBucket {
-            tokens: f64::from(HANDSHAKE_BURST),
-            last: None,
-        }
+        TokenBucket::new(HANDSHAKES_PER_SECOND, HANDSHAKE_BURST)
     }
 }
 
 impl TokenBucket {
+    pub(crate) fn new(per_second: u32, burst: u32) -> Self {
+        TokenBucket {
+            tokens: f64::from(burst),
+            last: None,
+            per_second: f64::from(per_second),
+            burst: f64::from(burst),
+        }
+    }
+
     pub(crate) fn try_take(&mut self, now: Instant) -> bool {
         if let Some(last) = self.last {
-            let earned = now.saturating_duration_since(last).as_secs_f64()
-                * f64::from(HANDSHAKES_PER_SECOND);
-            self.tokens = (self.tokens + earned).min(f64::from(HANDSHAKE_BURST));
+            let earned = now.saturating_duration_since(last).as_secs_f64() * self.per_second;
+            self.tokens = (self.tokens + earned).min(self.burst);
         }
         self.last = Some(self.last.map_or(now, |l| l.max(now)));
         if self.tokens >= 1.0 {
@@ -97,6 +126,10 @@ mod tests {
         let later = t0 + Duration::from_secs(1);
         let more = (0..100).filter(|_| b.try_take(later)).count();
         assert_eq!(more, HANDSHAKES_PER_SECOND as usize);
+        let mut e = TokenBucket::new(1000, 200);
+        assert_eq!((0..1000).filter(|_| e.try_take(t0)).count(), 200);
+        let later = t0 + Duration::from_millis(100);
+        assert_eq!((0..1000).filter(|_| e.try_take(later)).count(), 100);
     }
 
     #[test]

@@ -21,6 +21,33 @@ pub struct SecurityConfig {
     pub rekey_after_packets: u64,
 }
 
+impl SecurityConfig {
+    pub fn local_identity(&self) -> LocalIdentity {
+        LocalIdentity {
+            private_key: self.local_private_key,
+            psk: self.psk,
+        }
+    }
+}
+
+/// What a gateway proves itself with in every handshake, whoever the peer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LocalIdentity {
+    pub private_key: [u8; KEY_LEN],
+    /// Mixed into every handshake (Noise `psk2`) when set: the pattern is fixed before the
+    /// initiator is known, so the key is the same for all peers.
+    pub psk: Option<[u8; KEY_LEN]>,
+}
+
+impl std::fmt::Debug for LocalIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalIdentity")
+            .field("public_key", &public_key(&self.private_key))
+            .field("psk", &self.psk.map(|_| "<set>"))
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for SecurityConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SecurityConfig")
@@ -44,12 +71,14 @@ pub use replay::REPLAY_WINDOW;
 
 use std::time::Instant;
 
-use crate::codec::expand_truncated;
-use crate::packet::ShortHeader;
+use crate::codec::{expand_truncated, Reader};
+use crate::packet::{decode_header, ConnectionId, Header, Hello, ShortHeader};
 use aead::PacketKey;
-pub(crate) use handshake::SessionKeys;
-use handshake::{EphemeralSource, Initiation, Refusal, Responder};
-use limiter::{RecentInitiations, TokenBucket};
+pub(crate) use handshake::{
+    initiation_ephemeral, parse_init, parse_reply, EphemeralSource, Responder, SessionKeys,
+};
+use handshake::{Initiation, Refusal};
+pub(crate) use limiter::HandshakeGuard;
 use replay::ReplayWindow;
 
 /// Sends of one initiation before a fresh one (new ephemeral) replaces it: a responder that
@@ -85,7 +114,6 @@ impl From<Refusal> for DropReason {
     fn from(r: Refusal) -> Self {
         match r {
             Refusal::Invalid => DropReason::HandshakeInvalid,
-            Refusal::UnknownPeer => DropReason::HandshakeUnknownPeer,
         }
     }
 }
@@ -136,13 +164,52 @@ pub(crate) struct Opened {
     pub(crate) confirmed: Option<PendingReply>,
 }
 
+/// An initiation that authenticated, read by an endpoint for one of its associations: what
+/// the association needs to answer it. The initiator's static key was looked up by then.
+pub struct AcceptedInitiation {
+    pub(crate) responder: Box<Responder>,
+    pub(crate) ephemeral: [u8; KEY_LEN],
+    pub(crate) remote_static: [u8; KEY_LEN],
+    pub(crate) hello: Hello,
+}
+
+impl AcceptedInitiation {
+    /// The initiator's static public key, as the handshake authenticated it.
+    pub fn remote_static(&self) -> [u8; KEY_LEN] {
+        self.remote_static
+    }
+
+    /// The connection ID the initiator wants in the packets it receives.
+    pub fn initiator_cid(&self) -> ConnectionId {
+        self.hello.cid
+    }
+}
+
+impl std::fmt::Debug for AcceptedInitiation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AcceptedInitiation")
+            .field("remote_static", &self.remote_static)
+            .field("hello", &self.hello)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The HELLO an initiation carried, if it is of our version and names the same connection
+/// ID as the INIT did in clear: what routed the reply must be what the initiator asked for.
+pub(crate) fn initiation_hello(payload: &[u8], scid: ConnectionId) -> Result<Hello, DropReason> {
+    match decode_header(&mut Reader::new(payload)) {
+        Ok(Header::Hello(h)) if h.version == crate::PROTOCOL_VERSION && h.cid == scid => Ok(h),
+        _ => Err(DropReason::HandshakeInvalid),
+    }
+}
+
 /// What an initiation asks of the association.
 pub(crate) enum InitiationRead {
-    /// The initiator's HELLO (encoded) and the responder state that answers it.
+    /// The initiator's HELLO and the responder state that answers it.
     Answer {
         responder: Box<Responder>,
         ephemeral: [u8; KEY_LEN],
-        hello: Vec<u8>,
+        hello: Hello,
     },
     /// A copy of the initiation we already answered: the reply is queued again.
     Repeated,
@@ -163,12 +230,17 @@ pub(crate) struct Security {
     pending: Option<PendingReply>,
     outbox: Option<Vec<u8>>,
     replay: ReplayWindow,
-    bucket: TokenBucket,
-    recent: RecentInitiations,
+    /// Replay memory and work budget for initiations: `None` when an endpoint screens them
+    /// (and the REPLYs routed to us) before they arrive.
+    guard: Option<Box<HandshakeGuard>>,
 }
 
 impl Security {
-    pub(crate) fn new(cfg: SecurityConfig, seed: [u8; 32]) -> Self {
+    pub(crate) fn new(
+        cfg: SecurityConfig,
+        seed: [u8; 32],
+        guard: Option<Box<HandshakeGuard>>,
+    ) -> Self {
         let leads = public_key(&cfg.local_private_key) > cfg.peer_public_key;
         Security {
             cfg,
@@ -180,8 +252,7 @@ impl Security {
             pending: None,
             outbox: None,
             replay: ReplayWindow::default(),
-            bucket: TokenBucket::default(),
-            recent: RecentInitiations::default(),
+            guard,
         }
     }
 
@@ -275,13 +346,21 @@ impl Security {
         now: Instant,
         retransmit_after: std::time::Duration,
         hello: impl FnOnce() -> Vec<u8>,
+        scid: ConnectionId,
     ) -> Option<Vec<u8>> {
         let stale = self
             .initiation
             .as_ref()
             .is_some_and(|i| i.sends >= SENDS_PER_INITIATION);
         if self.initiation.is_none() || stale {
-            let init = Initiation::start(&self.cfg, &mut self.source, &hello()).ok()?;
+            let init = Initiation::start(
+                &self.cfg.local_identity(),
+                &self.cfg.peer_public_key,
+                &mut self.source,
+                &hello(),
+                scid,
+            )
+            .ok()?;
             self.initiation = Some(InitiationInFlight {
                 init,
                 next_send: now,
@@ -294,44 +373,80 @@ impl Security {
         Some(i.init.datagram.clone())
     }
 
+    /// Whether the guard (if this association has one) grants the work of one handshake
+    /// message. Without one, the endpoint took the token before routing the message here.
+    fn take_token(&mut self, now: Instant) -> bool {
+        self.guard.as_mut().is_none_or(|g| g.bucket.try_take(now))
+    }
+
     /// Reads a handshake initiation. Work is bounded: replays are refused before any
     /// Diffie-Hellman, the rest is rate limited.
     pub(crate) fn read_initiation(&mut self, now: Instant, datagram: &[u8]) -> InitiationRead {
-        let Some(noise) = handshake::noise_message(datagram) else {
+        let Some((scid, noise)) = handshake::parse_init(datagram) else {
             return InitiationRead::Dropped(DropReason::HandshakeInvalid);
         };
         let Some(ephemeral) = handshake::initiation_ephemeral(noise) else {
             return InitiationRead::Dropped(DropReason::HandshakeInvalid);
         };
-        if let Some(p) = &self.pending {
-            if p.ephemeral == ephemeral {
-                // Our reply was lost: send the same one again (a new one would not match
-                // keys the initiator may already hold). Rate limited like new work, so
-                // replaying the initiation cannot turn us into a reflector.
-                if !self.bucket.try_take(now) {
-                    return InitiationRead::Dropped(DropReason::HandshakeRateLimited);
-                }
-                self.outbox = Some(p.datagram.clone());
-                return InitiationRead::Repeated;
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.ephemeral == ephemeral)
+        {
+            // Our reply was lost: send the same one again (a new one would not match
+            // keys the initiator may already hold). Rate limited like new work, so
+            // replaying the initiation cannot turn us into a reflector.
+            if !self.take_token(now) {
+                return InitiationRead::Dropped(DropReason::HandshakeRateLimited);
             }
+            self.outbox = self.pending.as_ref().map(|p| p.datagram.clone());
+            return InitiationRead::Repeated;
         }
-        if self.recent.contains(&ephemeral) {
+        let Some(guard) = self.guard.as_mut() else {
+            // The endpoint routes an initiation here only as a copy of one it answered.
+            return InitiationRead::Dropped(DropReason::HandshakeReplayed);
+        };
+        if guard.recent.contains(&ephemeral) {
             return InitiationRead::Dropped(DropReason::HandshakeReplayed);
         }
         if self.initiation.is_some() && self.leads {
             return InitiationRead::Collision;
         }
-        if !self.bucket.try_take(now) {
+        if !guard.bucket.try_take(now) {
             return InitiationRead::Dropped(DropReason::HandshakeRateLimited);
         }
-        self.recent.insert(ephemeral);
-        match Responder::read(&self.cfg, &mut self.source, noise) {
-            Ok((responder, hello)) => InitiationRead::Answer {
+        guard.recent.insert(ephemeral);
+        let (responder, remote, payload) =
+            match Responder::read(&self.cfg.local_identity(), &mut self.source, noise) {
+                Ok(r) => r,
+                Err(r) => return InitiationRead::Dropped(r.into()),
+            };
+        // IK authenticates the initiator's static key; it must be the one configured.
+        if remote != self.cfg.peer_public_key {
+            return InitiationRead::Dropped(DropReason::HandshakeUnknownPeer);
+        }
+        match initiation_hello(&payload, scid) {
+            Ok(hello) => InitiationRead::Answer {
                 responder: Box::new(responder),
                 ephemeral,
                 hello,
             },
-            Err(r) => InitiationRead::Dropped(r.into()),
+            Err(d) => InitiationRead::Dropped(d),
+        }
+    }
+
+    /// Takes an initiation an endpoint read and authenticated for this association.
+    pub(crate) fn accept_initiation(&mut self, a: AcceptedInitiation) -> InitiationRead {
+        if a.remote_static != self.cfg.peer_public_key {
+            return InitiationRead::Dropped(DropReason::HandshakeUnknownPeer);
+        }
+        if self.initiation.is_some() && self.leads {
+            return InitiationRead::Collision;
+        }
+        InitiationRead::Answer {
+            responder: a.responder,
+            ephemeral: a.ephemeral,
+            hello: a.hello,
         }
     }
 
@@ -345,7 +460,7 @@ impl Security {
         peer_hello: crate::packet::Hello,
         fresh_numbers: bool,
     ) -> Result<(), DropReason> {
-        let (datagram, keys) = responder.reply(our_hello)?;
+        let (datagram, keys) = responder.reply(our_hello, peer_hello.cid)?;
         // The peer's initiation won: ours would only collide with it.
         self.initiation = None;
         self.outbox = Some(datagram.clone());
@@ -365,12 +480,14 @@ impl Security {
         &mut self,
         now: Instant,
         datagram: &[u8],
+        local_cid_len: usize,
     ) -> Result<(Vec<u8>, SessionKeys), DropReason> {
-        let noise = handshake::noise_message(datagram).ok_or(DropReason::HandshakeInvalid)?;
+        let (_, noise) =
+            handshake::parse_reply(datagram, local_cid_len).ok_or(DropReason::HandshakeInvalid)?;
         if self.initiation.is_none() {
             return Err(DropReason::HandshakeInvalid);
         }
-        if !self.bucket.try_take(now) {
+        if !self.take_token(now) {
             return Err(DropReason::HandshakeRateLimited);
         }
         let i = self

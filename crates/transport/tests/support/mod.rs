@@ -2,6 +2,8 @@
 //! a small application on each side that sends scripted bytes and records what arrives.
 #![allow(dead_code)]
 
+pub mod endpoints;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
@@ -46,6 +48,78 @@ pub struct App {
     pub events: Vec<Event>,
     /// Reply script for flows the peer opens: (bytes to send, finish).
     pub on_open: Option<(Vec<u8>, bool, Option<Vec<u8>>)>,
+}
+
+impl App {
+    /// Takes the association's events into the script's state.
+    pub fn drain_events(&mut self, assoc: &mut Association) {
+        while let Some(ev) = assoc.poll_event() {
+            let app = &mut *self;
+            match &ev {
+                Event::FlowOpened { flow, meta } => {
+                    let (to_send, finish, reply) = app.on_open.clone().unwrap_or_default();
+                    // Ids restart with a new association: a FlowOpened is always a new flow.
+                    app.flows.insert(
+                        *flow,
+                        FlowApp {
+                            meta: Some(*meta),
+                            to_send,
+                            finish,
+                            reply_after_fin: reply,
+                            ..Default::default()
+                        },
+                    );
+                }
+                Event::FlowReset { flow, reason } => {
+                    app.flows.entry(*flow).or_default().reset = Some(*reason);
+                }
+                Event::FlowClosed { flow } => {
+                    app.flows.entry(*flow).or_default().closed = true;
+                }
+                _ => {}
+            }
+            app.events.push(ev);
+        }
+    }
+
+    /// Writes what the script has to write and reads what there is to read.
+    pub fn io(&mut self, assoc: &mut Association) {
+        let ids: Vec<FlowId> = self.flows.keys().copied().collect();
+        for id in ids {
+            let f = self.flows.get_mut(&id).unwrap();
+            if f.reset.is_some() || f.closed {
+                continue;
+            }
+            while f.written < f.to_send.len() {
+                match assoc.write(id, &f.to_send[f.written..]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => f.written += n,
+                }
+            }
+            if f.written == f.to_send.len() && f.finish && !f.finished && assoc.finish(id).is_ok() {
+                f.finished = true;
+            }
+            if f.paused {
+                continue;
+            }
+            loop {
+                match assoc.read(id, 64 * 1024) {
+                    Ok(ReadOutcome::Data(b)) => f.received.extend_from_slice(&b),
+                    Ok(ReadOutcome::Finished) => {
+                        if !f.fin_received {
+                            f.fin_received = true;
+                            if let Some(reply) = f.reply_after_fin.take() {
+                                f.to_send.extend_from_slice(&reply);
+                                f.finish = true;
+                            }
+                        }
+                        break;
+                    }
+                    Ok(ReadOutcome::Blocked) | Err(_) => break,
+                }
+            }
+        }
+    }
 }
 
 /// Decides whether the path loses a datagram: (sending side, bytes) -> drop it.
@@ -281,72 +355,11 @@ impl Net {
     }
 
     fn drain_events(&mut self, side: usize) {
-        while let Some(ev) = self.ends[side].poll_event() {
-            let app = &mut self.apps[side];
-            match &ev {
-                Event::FlowOpened { flow, meta } => {
-                    let (to_send, finish, reply) = app.on_open.clone().unwrap_or_default();
-                    // Ids restart with a new association: a FlowOpened is always a new flow.
-                    app.flows.insert(
-                        *flow,
-                        FlowApp {
-                            meta: Some(*meta),
-                            to_send,
-                            finish,
-                            reply_after_fin: reply,
-                            ..Default::default()
-                        },
-                    );
-                }
-                Event::FlowReset { flow, reason } => {
-                    app.flows.entry(*flow).or_default().reset = Some(*reason);
-                }
-                Event::FlowClosed { flow } => {
-                    app.flows.entry(*flow).or_default().closed = true;
-                }
-                _ => {}
-            }
-            app.events.push(ev);
-        }
+        self.apps[side].drain_events(&mut self.ends[side]);
     }
 
     fn app_io(&mut self, side: usize) {
-        let ids: Vec<FlowId> = self.apps[side].flows.keys().copied().collect();
-        for id in ids {
-            let assoc = &mut self.ends[side];
-            let f = self.apps[side].flows.get_mut(&id).unwrap();
-            if f.reset.is_some() || f.closed {
-                continue;
-            }
-            while f.written < f.to_send.len() {
-                match assoc.write(id, &f.to_send[f.written..]) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => f.written += n,
-                }
-            }
-            if f.written == f.to_send.len() && f.finish && !f.finished && assoc.finish(id).is_ok() {
-                f.finished = true;
-            }
-            if f.paused {
-                continue;
-            }
-            loop {
-                match assoc.read(id, 64 * 1024) {
-                    Ok(ReadOutcome::Data(b)) => f.received.extend_from_slice(&b),
-                    Ok(ReadOutcome::Finished) => {
-                        if !f.fin_received {
-                            f.fin_received = true;
-                            if let Some(reply) = f.reply_after_fin.take() {
-                                f.to_send.extend_from_slice(&reply);
-                                f.finish = true;
-                            }
-                        }
-                        break;
-                    }
-                    Ok(ReadOutcome::Blocked) | Err(_) => break,
-                }
-            }
-        }
+        self.apps[side].io(&mut self.ends[side]);
     }
 
     /// Advances to the next event and processes it. Returns false when nothing is pending.

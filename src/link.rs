@@ -1,13 +1,13 @@
-//! The association shared between its driver and the flow relays: one lock around the
-//! sans-IO core, a slot per live flow with the signal its relay waits on, and the memory
-//! budget that bounds what all relays together may buffer.
+//! One peer's association shared between the driver and the flow relays: one lock around
+//! the sans-IO core, a slot per live flow with the signal its relay waits on, this peer's
+//! share of the send buffers, and the gateway's memory account every link charges.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pep_transport::{
-    Association, FlowError, FlowId, FlowMeta, OpenError, ReadOutcome, ResetReason,
+    Association, FlowError, FlowId, FlowMeta, OpenError, PeerId, ReadOutcome, ResetReason,
 };
 use tokio::sync::Notify;
 
@@ -58,32 +58,47 @@ pub enum FlowGone {
 pub enum OpenRefused {
     FlowLimit,
     MemoryBudget,
+    /// The peer has not associated yet (its address is learned from its initiation).
+    NotAssociated,
 }
 
-pub struct State {
-    pub assoc: Association,
+pub struct LinkState {
+    /// `None` until the peer's first authenticated initiation for a peer whose address
+    /// is not configured (it is learned from that initiation).
+    pub assoc: Option<Association>,
     flows: HashMap<FlowId, FlowSlot>,
     next_token: u64,
     /// Relays waiting for the global send budget.
     budget_waiters: Vec<Arc<FlowSignal>>,
+    /// The association's send buffers as last reported to the memory account.
+    send_reported: u64,
 }
 
-pub struct Hub {
-    state: Mutex<State>,
-    /// Wakes the driver: something was queued for sending.
-    pub driver_wake: Notify,
-    /// The memory budget and what counts against it; the budget changes on reload.
+/// One peer of the gateway: its association behind a lock of its own, so relays of
+/// different peers never contend, and the flows relayed over it.
+pub struct PeerLink {
+    pub peer: PeerId,
+    /// The peer's name, for logs.
+    pub name: Arc<str>,
+    state: Mutex<LinkState>,
+    /// Wakes the driver (shared by every link of the gateway).
+    wake: Arc<Notify>,
+    /// Set by [`PeerLink::wake`] until the driver services the link.
+    queued: AtomicBool,
+    /// Relays of this link wait for budget (which another link's acknowledgements may free).
+    budget_waiting: AtomicBool,
+    /// This peer's share of the send side of the budget, so that one peer cannot take all
+    /// of it (the receive side is bounded by the windows we advertise); changes on reload.
+    send_budget: AtomicU64,
+    /// The gateway's memory account, shared by every link: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
-    pub counters: Counters,
+    pub counters: LinkCounters,
 }
 
-/// Relay-side counters the metrics read.
+/// Relay-side counters of one link the metrics read.
 #[derive(Default)]
-pub struct Counters {
-    pub flows_intercepted: AtomicU64,
+pub struct LinkCounters {
     pub flows_from_peer: AtomicU64,
-    pub flows_refused: AtomicU64,
-    pub flows_bypassed: AtomicU64,
     /// Read from local TCP connections into flows.
     pub bytes_to_peer: AtomicU64,
     /// Written from flows to local TCP connections.
@@ -94,16 +109,12 @@ pub struct Counters {
     pub flow_resets: ByReason,
     /// Relays running (their TCP connection still open).
     pub relays_active: AtomicU64,
-    pub accept_errors: AtomicU64,
-    pub inspect_errors: AtomicU64,
-    /// Datagrams on the tunnel socket from anyone but the peer.
-    pub foreign_datagrams: AtomicU64,
     /// Handshakes completed; every one after the first is a re-establishment.
     pub associations_established: AtomicU64,
     association_state: std::sync::atomic::AtomicU8,
 }
 
-impl Counters {
+impl LinkCounters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
@@ -154,72 +165,75 @@ impl ByReason {
     }
 }
 
-impl Hub {
-    /// What the metrics endpoint serves at this instant.
-    pub fn snapshot(&self) -> crate::metrics::Snapshot {
-        use crate::metrics::{RelaySnapshot, Snapshot};
-        let (stats, send, recv) = {
-            let st = self.lock();
-            (
-                st.assoc.stats(),
-                st.assoc.send_buffered(),
-                st.assoc.recv_buffered(),
-            )
-        };
-        let c = &self.counters;
-        let get = Counters::get;
-        Snapshot {
-            stats,
-            association: c.state(),
-            association_restarts: get(&c.associations_established).saturating_sub(1),
-            relay: RelaySnapshot {
-                flows_active: get(&c.relays_active),
-                flows_intercepted_total: get(&c.flows_intercepted),
-                flows_from_peer_total: get(&c.flows_from_peer),
-                flows_refused_total: get(&c.flows_refused),
-                flows_bypassed_total: get(&c.flows_bypassed),
-                bytes_to_peer_total: get(&c.bytes_to_peer),
-                bytes_from_peer_total: get(&c.bytes_from_peer),
-                connect_errors: c.connect_errors.snapshot(),
-                intercept_errors: vec![
-                    ("accept", get(&c.accept_errors)),
-                    ("inspect", get(&c.inspect_errors)),
-                ],
-                flow_resets: c.flow_resets.snapshot(),
-            },
-            memory_in_use_bytes: send + recv,
-            memory_accounted_bytes: self.memory.accounted(send, recv),
-            memory_budget_bytes: self.memory.budget(),
-            tunnel_foreign_datagrams: get(&c.foreign_datagrams),
-            build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
-        }
-    }
-
-    pub fn new(assoc: Association, memory: Arc<MemoryAccount>) -> Hub {
-        Hub {
-            state: Mutex::new(State {
+impl PeerLink {
+    /// `assoc`: made at start for a peer whose address is configured, else later by the
+    /// driver. `memory`: the gateway's. `wake`: the driver's.
+    pub fn new(
+        peer: PeerId,
+        name: &str,
+        assoc: Option<Association>,
+        send_budget: u64,
+        memory: Arc<MemoryAccount>,
+        wake: Arc<Notify>,
+    ) -> PeerLink {
+        PeerLink {
+            peer,
+            name: name.into(),
+            state: Mutex::new(LinkState {
                 assoc,
                 flows: HashMap::new(),
                 next_token: 0,
                 budget_waiters: Vec::new(),
+                send_reported: 0,
             }),
-            driver_wake: Notify::new(),
+            wake,
+            queued: AtomicBool::new(false),
+            budget_waiting: AtomicBool::new(false),
+            send_budget: AtomicU64::new(send_budget),
             memory,
-            counters: Counters::default(),
+            counters: LinkCounters::default(),
         }
     }
 
-    pub fn set_memory_budget(&self, bytes: u64) {
-        self.memory.set_budget(bytes);
-        self.driver_wake.notify_one();
+    /// Asks the driver to service this link: something was queued or freed.
+    pub fn wake(&self) {
+        self.queued.store(true, Ordering::Release);
+        self.wake.notify_one();
     }
 
-    /// Counts a flow against the budget for as long as the charge lives.
+    /// Whether relays of this link wait for budget to free.
+    pub fn waits_for_budget(&self) -> bool {
+        self.budget_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether the link asked to be serviced since the last call.
+    pub fn take_queued(&self) -> bool {
+        self.queued.swap(false, Ordering::AcqRel)
+    }
+
+    /// (transport stats, bytes buffered to send, bytes buffered received) of the
+    /// association, once there is one.
+    pub fn stats(&self) -> Option<(pep_transport::Stats, u64, u64)> {
+        let st = self.lock();
+        let a = st.assoc.as_ref()?;
+        Some((a.stats(), a.send_buffered(), a.recv_buffered()))
+    }
+
+    pub fn send_budget(&self) -> u64 {
+        self.send_budget.load(Ordering::Relaxed)
+    }
+
+    pub fn set_send_budget(&self, bytes: u64) {
+        self.send_budget.store(bytes, Ordering::Relaxed);
+        self.wake();
+    }
+
+    /// Counts a flow against the gateway's budget for as long as the charge lives.
     pub fn charge_flow(&self) -> FlowCharge {
         self.memory.charge_flow()
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, State> {
+    pub fn lock(&self) -> MutexGuard<'_, LinkState> {
         // A relay that panicked while holding the lock leaves a consistent association (its
         // calls are all-or-nothing), so the poison is not worth taking the daemon down.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -229,68 +243,79 @@ impl Hub {
     /// counts against the budget until the returned charge is dropped.
     pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<(FlowRef, FlowCharge), OpenRefused> {
         let mut st = self.lock();
-        if !self
-            .memory
-            .admits_flow(st.assoc.send_buffered(), first.len() as u64)
-        {
+        if st.assoc.is_none() {
+            return Err(OpenRefused::NotAssociated);
+        }
+        if !st.admits_flow(self, first.len() as u64) {
             return Err(OpenRefused::MemoryBudget);
         }
-        let id = st.assoc.open_flow(meta).map_err(|e| match e {
+        let Some(assoc) = st.assoc.as_mut() else {
+            return Err(OpenRefused::NotAssociated);
+        };
+        let id = assoc.open_flow(meta).map_err(|e| match e {
             OpenError::TooManyFlows => OpenRefused::FlowLimit,
         })?;
+        // A new flow's send buffer holds far more than one read.
+        let written = if first.is_empty() {
+            0
+        } else {
+            assoc.write(id, first).unwrap_or(0)
+        };
         let flow = st.insert_slot(id);
-        if !first.is_empty() {
-            // A new flow's send buffer holds far more than one read.
-            if let Ok(n) = st.assoc.write(id, first) {
-                Counters::add(&self.counters.bytes_to_peer, n as u64);
-            }
-        }
+        st.report_send(&self.memory);
         // Charged under the lock, so concurrent opens cannot all pass the check above.
         let charge = self.charge_flow();
+        LinkCounters::add(&self.counters.bytes_to_peer, written as u64);
         drop(st);
-        self.driver_wake.notify_one();
+        self.wake();
         Ok((flow, charge))
     }
 
     /// Bytes a relay may hand to the flow now: its own room, within the global budget.
     pub fn write_room(&self, flow: &FlowRef) -> Result<usize, FlowGone> {
         let mut st = self.lock();
-        st.check(flow)?;
-        let room = st.assoc.send_capacity(flow.id) as u64;
-        let left = self.memory.send_room(st.assoc.send_buffered());
+        let room = st.flow_assoc(flow)?.send_capacity(flow.id) as u64;
+        let left = st.send_room(self);
         if left == 0 && room > 0 {
             // Woken by the driver when acknowledgements free budget.
             st.budget_waiters.push(flow.signal.clone());
+            self.budget_waiting.store(true, Ordering::Relaxed);
         }
         Ok(room.min(left) as usize)
     }
 
     pub fn write(&self, flow: &FlowRef, data: &[u8]) -> Result<usize, FlowGone> {
         let mut st = self.lock();
-        st.check(flow)?;
-        let n = st.assoc.write(flow.id, data).map_err(|e| gone(e, flow))?;
+        let n = st
+            .flow_assoc(flow)?
+            .write(flow.id, data)
+            .map_err(|e| gone(e, flow))?;
+        st.report_send(&self.memory);
         drop(st);
-        self.driver_wake.notify_one();
+        self.wake();
         Ok(n)
     }
 
     pub fn finish(&self, flow: &FlowRef) -> Result<(), FlowGone> {
         let mut st = self.lock();
-        st.check(flow)?;
-        st.assoc.finish(flow.id).map_err(|e| gone(e, flow))?;
+        st.flow_assoc(flow)?
+            .finish(flow.id)
+            .map_err(|e| gone(e, flow))?;
         drop(st);
-        self.driver_wake.notify_one();
+        self.wake();
         Ok(())
     }
 
     pub fn read(&self, flow: &FlowRef, max: usize) -> Result<ReadOutcome, FlowGone> {
         let mut st = self.lock();
-        st.check(flow)?;
-        let r = st.assoc.read(flow.id, max).map_err(|e| gone(e, flow))?;
+        let r = st
+            .flow_assoc(flow)?
+            .read(flow.id, max)
+            .map_err(|e| gone(e, flow))?;
         drop(st);
         if matches!(r, ReadOutcome::Data(_) | ReadOutcome::Finished) {
             // Reading may have opened credit the peer is waiting for.
-            self.driver_wake.notify_one();
+            self.wake();
         }
         Ok(r)
     }
@@ -298,12 +323,15 @@ impl Hub {
     /// Aborts the flow towards the peer (the local TCP side is the caller's to reset).
     pub fn reset(&self, flow: &FlowRef, reason: ResetReason) {
         let mut st = self.lock();
-        if st.check(flow).is_ok() && st.assoc.reset(flow.id, reason).is_ok() {
+        if st
+            .flow_assoc(flow)
+            .is_ok_and(|a| a.reset(flow.id, reason).is_ok())
+        {
             self.counters.flow_resets.add(reason);
         }
         flow.signal.set_reset(reason);
         drop(st);
-        self.driver_wake.notify_one();
+        self.wake();
     }
 }
 
@@ -317,7 +345,13 @@ fn gone(e: FlowError, flow: &FlowRef) -> FlowGone {
     }
 }
 
-impl State {
+impl LinkState {
+    /// The association, for a flow that is still in it.
+    fn flow_assoc(&mut self, flow: &FlowRef) -> Result<&mut Association, FlowGone> {
+        self.check(flow)?;
+        self.assoc.as_mut().ok_or(FlowGone::Closed)
+    }
+
     fn check(&self, flow: &FlowRef) -> Result<(), FlowGone> {
         if let Some(r) = flow.signal.reset_reason() {
             return Err(FlowGone::Reset(r));
@@ -343,11 +377,6 @@ impl State {
         FlowRef { id, token, signal }
     }
 
-    /// Whether a flow the peer opened fits the budget (it is reset when not).
-    pub fn admits_peer_flow(&self, memory: &MemoryAccount) -> bool {
-        memory.admits_flow(self.assoc.send_buffered(), 0)
-    }
-
     pub fn signal_flow(&self, id: FlowId) {
         if let Some(slot) = self.flows.get(&id) {
             slot.signal.notify.notify_one();
@@ -367,13 +396,44 @@ impl State {
         }
     }
 
+    /// Tells the memory account what the association buffers to send now (acknowledgements
+    /// free it, writes add to it, a new association starts empty); returns it.
+    pub fn report_send(&mut self, memory: &MemoryAccount) -> u64 {
+        let now = self.assoc.as_ref().map_or(0, Association::send_buffered);
+        memory.report_send(self.send_reported, now);
+        self.send_reported = now;
+        now
+    }
+
+    /// Bytes this link's send buffers may still take: within its peer's share, and what
+    /// the gateway's budget leaves with every link's buffers counted.
+    fn send_room(&mut self, link: &PeerLink) -> u64 {
+        let buffered = self.report_send(&link.memory);
+        let share = link.send_budget().saturating_sub(buffered);
+        share.min(link.memory.send_room(link.memory.send_buffered()))
+    }
+
+    /// Whether one more flow, bringing `first` bytes to send, fits the peer's share and
+    /// the gateway's budget.
+    fn admits_flow(&mut self, link: &PeerLink, first: u64) -> bool {
+        let buffered = self.report_send(&link.memory);
+        link.memory.admits_flow(link.memory.send_buffered(), first)
+            && buffered + first <= link.send_budget()
+    }
+
+    /// Whether a flow the peer opened fits the budget (it is reset when not).
+    pub fn admits_peer_flow(&mut self, link: &PeerLink) -> bool {
+        self.admits_flow(link, 0)
+    }
+
     /// Wakes relays that waited for budget, once a read's worth is free again.
-    pub fn wake_budget_waiters(&mut self, memory: &MemoryAccount, chunk: u64) {
+    pub fn wake_budget_waiters(&mut self, link: &PeerLink, chunk: u64) {
         if self.budget_waiters.is_empty() {
+            self.report_send(&link.memory);
             return;
         }
-        let buffered = self.assoc.send_buffered();
-        let room = memory.send_room(buffered);
+        let room = self.send_room(link);
+        let buffered = self.send_reported;
         // With nothing left to acknowledge, no more will free up here: hand out what there is.
         if room == 0 || (room < chunk && buffered > 0) {
             return;
@@ -381,5 +441,6 @@ impl State {
         for s in self.budget_waiters.drain(..) {
             s.notify.notify_one();
         }
+        link.budget_waiting.store(false, Ordering::Relaxed);
     }
 }

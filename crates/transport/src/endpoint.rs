@@ -1,0 +1,579 @@
+//! The endpoint: one per socket, in front of every association that socket carries. It finds
+//! a datagram's association by the connection ID the receiver chose (no trial decryption), and
+//! does the responder half of every handshake: replay memory and work budget shared by all
+//! associations, the Noise read, and the lookup of the initiator's static key among the
+//! configured peers. It never owns an association: the caller keeps each one where it likes
+//! (behind its peer's lock) and hands the datagrams routed to it over. Layout and rules:
+//! docs/PROTOCOL.md, "Connection IDs and the endpoint".
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use crate::association::{Association, EndpointRouting, Role};
+use crate::config::{Config, ConfigError};
+use crate::packet::{
+    ConnectionId, LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
+    LONG_TYPE_HELLO,
+};
+use crate::security::{
+    initiation_ephemeral, initiation_hello, parse_init, parse_reply, AcceptedInitiation,
+    DropReason, EphemeralSource, HandshakeGuard, LocalIdentity, Responder, SecurityConfig, KEY_LEN,
+};
+use crate::stats::SecurityCounts;
+
+/// A configured peer, named by the caller; stable per public key for the life of the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u32);
+
+/// An association of one endpoint: the slot its connection ID names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AssocHandle(u32);
+
+impl AssocHandle {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Handshake messages an endpoint processes per second in the long run: an IK responder
+/// does four Diffie-Hellman operations (≈ 0.2 ms), so 1000 peers re-associate in a second
+/// or two after a restart.
+pub const ENDPOINT_HANDSHAKES_PER_SECOND: u32 = 1000;
+/// Handshake messages an endpoint may process back to back.
+pub const ENDPOINT_HANDSHAKE_BURST: u32 = 200;
+/// Datagram bound of [`EndpointConfig::new`]: an Ethernet MTU.
+const DEFAULT_MAX_DATAGRAM: usize = 1500;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// This endpoint's shard among `2^shard_bits`; a connection ID's top bits name it.
+    pub shard: u8,
+    /// 0..=3; 0 without connection IDs.
+    pub shard_bits: u8,
+    /// Bytes of the connection IDs this endpoint chooses: 0 (one peer) or 2 (a hub).
+    pub cid_len: u8,
+    pub handshakes_per_second: u32,
+    pub handshake_burst: u32,
+    /// Datagrams longer than this are dropped before routing, so none can make an
+    /// association's receive buffer grow (the associations' `Config::max_datagram`).
+    pub max_datagram: usize,
+}
+
+impl EndpointConfig {
+    /// One shard choosing connection IDs of `cid_len` bytes, with the endpoint's handshake
+    /// budget and datagrams up to the default MTU.
+    pub fn new(cid_len: u8) -> Self {
+        EndpointConfig {
+            shard: 0,
+            shard_bits: 0,
+            cid_len,
+            handshakes_per_second: ENDPOINT_HANDSHAKES_PER_SECOND,
+            handshake_burst: ENDPOINT_HANDSHAKE_BURST,
+            max_datagram: DEFAULT_MAX_DATAGRAM,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !matches!(self.cid_len, 0 | 2) {
+            return Err(ConfigError::new("endpoint.cid_len", "must be 0 or 2"));
+        }
+        if self.shard_bits > 3 || (self.cid_len == 0 && self.shard_bits > 0) {
+            return Err(ConfigError::new(
+                "endpoint.shard_bits",
+                "at most 3, and 0 without connection IDs",
+            ));
+        }
+        if u32::from(self.shard) >= 1 << self.shard_bits {
+            return Err(ConfigError::new("endpoint.shard", "beyond 2^shard_bits"));
+        }
+        if self.handshakes_per_second == 0 || self.handshake_burst == 0 {
+            return Err(ConfigError::new(
+                "endpoint.handshakes",
+                "rate and burst must be positive",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Associations one endpoint can hold: what the connection ID's slot bits can name.
+    fn slots(&self) -> u32 {
+        if self.cid_len == 0 {
+            1
+        } else {
+            1 << (16 - u32::from(self.shard_bits))
+        }
+    }
+}
+
+/// What the endpoint knows of a configured peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PeerIdentity {
+    /// Its static key (security on); initiations are accepted from configured keys only.
+    pub public_key: Option<[u8; KEY_LEN]>,
+    /// Where it is, if configured (without security the address is its identity).
+    pub address: Option<SocketAddr>,
+}
+
+/// What to do with a datagram.
+#[derive(Debug)]
+pub enum DatagramEvent {
+    /// Hand it to this association (`Association::handle_datagram_from`).
+    Routed(AssocHandle),
+    /// An authenticated initiation from a configured peer: create its association first if
+    /// `handle` is `None` (`Endpoint::new_association`), then `accept_initiation`.
+    Initiation {
+        peer: PeerId,
+        handle: Option<AssocHandle>,
+        accepted: AcceptedInitiation,
+    },
+}
+
+/// Datagrams the endpoint dropped, by reason. None of them gets a reply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// A short packet or reply whose connection ID names no association here.
+    pub unknown_cid: u64,
+    /// Too short or too long to be ours, or of an unknown type.
+    pub malformed: u64,
+    /// A plaintext HELLO (security off) from an address no association is for.
+    pub unknown_address: u64,
+    /// Handshake screening: `wrong_mode`, `handshake_invalid` (which counts initiations of
+    /// another protocol version), `handshake_unknown_peer`, `handshake_rate_limited` and
+    /// `handshake_replayed` are used here.
+    pub security: SecurityCounts,
+}
+
+pub struct Endpoint {
+    cfg: EndpointConfig,
+    /// `None`: security off; associations are found by the peer's address until their
+    /// HELLO has told the peer our connection ID.
+    local: Option<LocalIdentity>,
+    source: EphemeralSource,
+    guard: HandshakeGuard,
+    /// By slot: the peer whose association holds it.
+    slots: Vec<Option<PeerId>>,
+    /// Slots given back, reused least recently freed first (after every fresh one), so a
+    /// stale connection ID names nothing for as long as possible.
+    free: VecDeque<u32>,
+    peers: HashMap<PeerId, PeerIdentity>,
+    keys: HashMap<[u8; KEY_LEN], PeerId>,
+    addresses: HashMap<SocketAddr, PeerId>,
+    by_peer: HashMap<PeerId, AssocHandle>,
+    /// The last initiation answered for each peer, by ephemeral key: a copy of it is the
+    /// initiator missing our reply, and goes to its association to be answered again.
+    answered: HashMap<[u8; KEY_LEN], PeerId>,
+    answered_by_peer: HashMap<PeerId, [u8; KEY_LEN]>,
+    stats: EndpointStats,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("cfg", &self.cfg)
+            .field("peers", &self.peers.len())
+            .field("associations", &self.by_peer.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// `local`: our identity when security is on, `None` when off. `rng_seed`: 32 random
+    /// bytes, the source of every ephemeral key of the endpoint and its associations.
+    pub fn new(
+        cfg: EndpointConfig,
+        local: Option<LocalIdentity>,
+        rng_seed: [u8; 32],
+    ) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let guard = HandshakeGuard::new(cfg.handshakes_per_second, cfg.handshake_burst);
+        Ok(Endpoint {
+            cfg,
+            local,
+            source: EphemeralSource::new(rng_seed),
+            guard,
+            slots: Vec::new(),
+            free: VecDeque::new(),
+            peers: HashMap::new(),
+            keys: HashMap::new(),
+            addresses: HashMap::new(),
+            by_peer: HashMap::new(),
+            answered: HashMap::new(),
+            answered_by_peer: HashMap::new(),
+            stats: EndpointStats::default(),
+        })
+    }
+
+    /// Replaces the table of configured peers; returns those no longer in it. Their
+    /// associations keep being routed to until the caller `forget`s them.
+    pub fn set_peers(
+        &mut self,
+        peers: impl IntoIterator<Item = (PeerId, PeerIdentity)>,
+    ) -> Vec<PeerId> {
+        let old = std::mem::take(&mut self.peers);
+        self.peers = peers.into_iter().collect();
+        self.keys = self
+            .peers
+            .iter()
+            .filter_map(|(id, p)| Some((p.public_key?, *id)))
+            .collect();
+        self.addresses = self
+            .peers
+            .iter()
+            .filter_map(|(id, p)| Some((p.address?, *id)))
+            .collect();
+        let mut removed: Vec<PeerId> = old
+            .into_keys()
+            .filter(|id| !self.peers.contains_key(id))
+            .collect();
+        removed.sort_unstable();
+        removed
+    }
+
+    pub fn stats(&self) -> EndpointStats {
+        self.stats
+    }
+
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// The association made for `peer`, if any.
+    pub fn association_of(&self, peer: PeerId) -> Option<AssocHandle> {
+        self.by_peer.get(&peer).copied()
+    }
+
+    /// Decides what to do with one received datagram. Cheap for everything but initiations,
+    /// which cost the Noise read once they pass the replay memory and the work budget.
+    pub fn handle(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        datagram: &[u8],
+    ) -> Option<DatagramEvent> {
+        if datagram.len() > self.cfg.max_datagram {
+            self.stats.malformed += 1;
+            return None;
+        }
+        let Some(&first) = datagram.first() else {
+            self.stats.malformed += 1;
+            return None;
+        };
+        if first & LONG_HEADER_BIT == 0 {
+            let cid_len = usize::from(self.cfg.cid_len);
+            let Some(cid) = datagram.get(1..1 + cid_len) else {
+                self.stats.malformed += 1;
+                return None;
+            };
+            return self.route(cid);
+        }
+        let secure = self.local.is_some();
+        match first & !LONG_HEADER_BIT {
+            LONG_TYPE_HELLO if !secure => self.route_by_address(from),
+            LONG_TYPE_HANDSHAKE_INIT if secure => self.on_init(now, datagram),
+            LONG_TYPE_HANDSHAKE_REPLY if secure => self.on_reply(now, datagram),
+            LONG_TYPE_HELLO | LONG_TYPE_HANDSHAKE_INIT | LONG_TYPE_HANDSHAKE_REPLY => {
+                self.stats.security.wrong_mode += 1;
+                None
+            }
+            _ => {
+                self.stats.malformed += 1;
+                None
+            }
+        }
+    }
+
+    /// Makes the association of `peer`, with the connection ID of a free slot. `security`
+    /// must be set exactly when the endpoint has an identity, with this peer's key.
+    pub fn new_association(
+        &mut self,
+        now: Instant,
+        peer: PeerId,
+        cfg: Config,
+        role: Role,
+        epoch: u64,
+        security: Option<SecurityConfig>,
+    ) -> Result<(AssocHandle, Association), ConfigError> {
+        let Some(identity) = self.peers.get(&peer) else {
+            return Err(ConfigError::new("peer", "not among the endpoint's peers"));
+        };
+        if self.by_peer.contains_key(&peer) {
+            return Err(ConfigError::new("peer", "already has an association"));
+        }
+        if security.is_some() != self.local.is_some() {
+            return Err(ConfigError::new(
+                "security",
+                "the association and its endpoint must agree on security",
+            ));
+        }
+        if let (Some(sec), Some(key)) = (&security, identity.public_key) {
+            if sec.peer_public_key != key {
+                return Err(ConfigError::new(
+                    "security.peer_public_key",
+                    "not the key the endpoint has for this peer",
+                ));
+            }
+        }
+        let remote = identity.address;
+        let Some(slot) = self.free_slot() else {
+            return Err(ConfigError::new("endpoint", "no free connection ID"));
+        };
+        let seed = self.source.seed();
+        let assoc = Association::for_endpoint(
+            cfg,
+            role,
+            epoch,
+            now,
+            security.map(|s| (s, seed)),
+            EndpointRouting {
+                local_cid: self.cid_for(slot),
+                peer,
+                remote,
+            },
+        )?;
+        if self.free.front() == Some(&slot) {
+            self.free.pop_front();
+        }
+        let index = slot as usize;
+        if index >= self.slots.len() {
+            self.slots.resize(index + 1, None);
+        }
+        self.slots[index] = Some(peer);
+        let handle = AssocHandle(slot);
+        self.by_peer.insert(peer, handle);
+        Ok((handle, assoc))
+    }
+
+    /// Gives the slot of an association the caller dropped back; its connection ID then
+    /// names nothing until reused.
+    pub fn forget(&mut self, handle: AssocHandle) {
+        let Some(peer) = self.slots.get_mut(handle.index()).and_then(Option::take) else {
+            return;
+        };
+        if self.by_peer.get(&peer) == Some(&handle) {
+            self.by_peer.remove(&peer);
+        }
+        if let Some(e) = self.answered_by_peer.remove(&peer) {
+            self.answered.remove(&e);
+        }
+        self.free.push_back(handle.0);
+    }
+
+    /// Fresh slots first, then the least recently freed; not taken until the association
+    /// is made.
+    fn free_slot(&self) -> Option<u32> {
+        let fresh = self.slots.len() as u32;
+        if fresh < self.cfg.slots() {
+            return Some(fresh);
+        }
+        self.free.front().copied()
+    }
+
+    fn cid_for(&self, slot: u32) -> ConnectionId {
+        if self.cfg.cid_len == 0 {
+            return ConnectionId::EMPTY;
+        }
+        let shard = u32::from(self.cfg.shard) << (16 - u32::from(self.cfg.shard_bits));
+        let value = (shard | slot) as u16;
+        ConnectionId::new(&value.to_be_bytes()).unwrap_or(ConnectionId::EMPTY)
+    }
+
+    fn slot_of(&self, cid: &[u8]) -> Option<u32> {
+        let [hi, lo] = *cid else {
+            return (self.cfg.cid_len == 0 && cid.is_empty()).then_some(0);
+        };
+        let value = u32::from(u16::from_be_bytes([hi, lo]));
+        let slot_bits = 16 - u32::from(self.cfg.shard_bits);
+        (value >> slot_bits == u32::from(self.cfg.shard)).then_some(value & ((1 << slot_bits) - 1))
+    }
+
+    fn route(&mut self, cid: &[u8]) -> Option<DatagramEvent> {
+        let slot = self.slot_of(cid);
+        match slot.and_then(|s| self.slots.get(s as usize).copied().flatten()) {
+            Some(_) => slot.map(|s| DatagramEvent::Routed(AssocHandle(s))),
+            None => {
+                self.stats.unknown_cid += 1;
+                None
+            }
+        }
+    }
+
+    fn route_by_address(&mut self, from: SocketAddr) -> Option<DatagramEvent> {
+        let handle = self
+            .addresses
+            .get(&from)
+            .and_then(|peer| self.by_peer.get(peer));
+        match handle {
+            Some(h) => Some(DatagramEvent::Routed(*h)),
+            None => {
+                self.stats.unknown_address += 1;
+                None
+            }
+        }
+    }
+
+    /// A reply to one of our associations' initiations costs it a Diffie-Hellman: it takes
+    /// a token from the shared budget before it is routed.
+    fn on_reply(&mut self, now: Instant, datagram: &[u8]) -> Option<DatagramEvent> {
+        let Some((dcid, _)) = parse_reply(datagram, usize::from(self.cfg.cid_len)) else {
+            self.count(DropReason::HandshakeInvalid);
+            return None;
+        };
+        let routed = self.route(dcid.as_slice())?;
+        if !self.guard.bucket.try_take(now) {
+            self.count(DropReason::HandshakeRateLimited);
+            return None;
+        }
+        Some(routed)
+    }
+
+    /// The responder half of a handshake, in order of cost: a copy of an initiation we
+    /// answered goes to its association; one seen before is refused; then the work budget;
+    /// then the Noise read (two Diffie-Hellman) and the initiator's key among the peers.
+    fn on_init(&mut self, now: Instant, datagram: &[u8]) -> Option<DatagramEvent> {
+        let Some((scid, noise)) = parse_init(datagram) else {
+            // Another protocol version lands here too: its layout is not ours to read.
+            self.count(DropReason::HandshakeInvalid);
+            return None;
+        };
+        let Some(ephemeral) = initiation_ephemeral(noise) else {
+            self.count(DropReason::HandshakeInvalid);
+            return None;
+        };
+        if let Some(peer) = self.answered.get(&ephemeral) {
+            let Some(&handle) = self.by_peer.get(peer) else {
+                self.count(DropReason::HandshakeReplayed);
+                return None;
+            };
+            // Answering again is work as well: a replayed initiation must not make us a
+            // reflector.
+            if !self.guard.bucket.try_take(now) {
+                self.count(DropReason::HandshakeRateLimited);
+                return None;
+            }
+            return Some(DatagramEvent::Routed(handle));
+        }
+        if self.guard.recent.contains(&ephemeral) {
+            self.count(DropReason::HandshakeReplayed);
+            return None;
+        }
+        if !self.guard.bucket.try_take(now) {
+            self.count(DropReason::HandshakeRateLimited);
+            return None;
+        }
+        self.guard.recent.insert(ephemeral);
+        let local = self.local.as_ref()?;
+        let (responder, remote_static, payload) =
+            match Responder::read(local, &mut self.source, noise) {
+                Ok(r) => r,
+                Err(r) => {
+                    self.count(r.into());
+                    return None;
+                }
+            };
+        let Some(&peer) = self.keys.get(&remote_static) else {
+            self.count(DropReason::HandshakeUnknownPeer);
+            return None;
+        };
+        let hello = match initiation_hello(&payload, scid) {
+            Ok(h) => h,
+            Err(d) => {
+                self.count(d);
+                return None;
+            }
+        };
+        if let Some(old) = self.answered_by_peer.insert(peer, ephemeral) {
+            self.answered.remove(&old);
+        }
+        self.answered.insert(ephemeral, peer);
+        Some(DatagramEvent::Initiation {
+            peer,
+            handle: self.by_peer.get(&peer).copied(),
+            accepted: AcceptedInitiation {
+                responder: Box::new(responder),
+                ephemeral,
+                remote_static,
+                hello,
+            },
+        })
+    }
+
+    fn count(&mut self, reason: DropReason) {
+        reason.count(&mut self.stats.security);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(cfg: EndpointConfig) -> Endpoint {
+        Endpoint::new(cfg, None, [1; 32]).unwrap()
+    }
+
+    #[test]
+    fn connection_ids_name_shard_and_slot() {
+        let mut cfg = EndpointConfig::new(2);
+        cfg.shard_bits = 3;
+        cfg.shard = 5;
+        let e = endpoint(cfg);
+        assert_eq!(e.cid_for(0x1abc).as_slice(), &[0xba, 0xbc]);
+        assert_eq!(e.slot_of(&[0xba, 0xbc]), Some(0x1abc));
+        // Another shard's connection ID is not ours.
+        assert_eq!(e.slot_of(&[0x1a, 0xbc]), None);
+        let e = endpoint(EndpointConfig::new(2));
+        assert_eq!(e.cid_for(0x0102).as_slice(), &[1, 2]);
+        assert_eq!(e.slot_of(&[0xff, 0xff]), Some(0xffff));
+        let e = endpoint(EndpointConfig::new(0));
+        assert!(e.cid_for(0).is_empty());
+        assert_eq!(e.slot_of(&[]), Some(0));
+    }
+
+    #[test]
+    fn invalid_configs_are_refused() {
+        for (cid_len, shard_bits, shard) in [(1, 0, 0), (0, 1, 0), (2, 4, 0), (2, 1, 2)] {
+            let mut cfg = EndpointConfig::new(cid_len);
+            cfg.shard_bits = shard_bits;
+            cfg.shard = shard;
+            assert!(Endpoint::new(cfg, None, [0; 32]).is_err());
+        }
+    }
+
+    #[test]
+    fn slots_are_fresh_first_then_least_recently_freed() {
+        let mut cfg = EndpointConfig::new(2);
+        cfg.shard_bits = 3;
+        let mut e = endpoint(cfg);
+        let peers = (0..8192u32).map(|i| {
+            (
+                PeerId(i),
+                PeerIdentity {
+                    public_key: None,
+                    address: Some(SocketAddr::from(([198, 18, 0, 1], 1000 + i as u16))),
+                },
+            )
+        });
+        assert!(e.set_peers(peers).is_empty());
+        let now = Instant::now();
+        let make = |e: &mut Endpoint, p: u32| {
+            e.new_association(
+                now,
+                PeerId(p),
+                Config::for_rate(1_000_000),
+                Role::Responder,
+                1,
+                None,
+            )
+            .map(|(h, _)| h)
+        };
+        let first: Vec<AssocHandle> = (0..8192).map(|p| make(&mut e, p).unwrap()).collect();
+        assert_eq!(first[8191], AssocHandle(8191));
+        assert!(make(&mut e, 0).is_err(), "one association per peer");
+        e.forget(first[7]);
+        e.forget(first[3]);
+        assert_eq!(make(&mut e, 7).unwrap(), AssocHandle(7));
+        assert_eq!(make(&mut e, 3).unwrap(), AssocHandle(3));
+        assert_eq!(e.stats(), EndpointStats::default());
+        assert_eq!(e.set_peers([]), (0..8192).map(PeerId).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,329 @@
+//! Endpoints in front of associations: routing by connection ID, the responder half of the
+//! handshake (replays, unknown keys, the clear source connection ID), and many terminals on
+//! one hub endpoint carrying flows both ways.
+
+mod support;
+
+use std::time::Duration;
+
+use pep_transport::codec::Reader;
+use pep_transport::frame::Frame;
+use pep_transport::packet::{decode_header_with_cid, Header};
+use pep_transport::{DatagramEvent, EndpointStats, PeerId};
+use support::endpoints::{hub_addr, terminal_addr, Hubnet, Layout, HUB};
+use support::{geo_secure, pattern, INIT};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn established(n: &mut Hubnet, nodes: &[usize]) {
+    let nodes = nodes.to_vec();
+    assert!(
+        n.run_until(Duration::from_secs(20), |n| n
+            .established(nodes.iter().copied())),
+        "no association"
+    );
+}
+
+/// The first INIT terminal `i` sent.
+fn first_init(n: &Hubnet, i: usize) -> Vec<u8> {
+    n.nodes[i]
+        .sent
+        .iter()
+        .find(|(_, d)| d[0] == INIT)
+        .map(|(_, d)| d.clone())
+        .expect("an initiation")
+}
+
+/// A flow each way between terminal `i` and the hub, both byte-exact.
+fn flows_both_ways(n: &mut Hubnet, terminals: &[usize], bytes: usize) {
+    let mut flows = Vec::new();
+    for &i in terminals {
+        let t = n.nodes[i].only();
+        let h = n.hub_handle(i).expect("the hub's association");
+        let up = pattern(i as u64, bytes);
+        let down = pattern(100 + i as u64, bytes + i);
+        let f = n.open(i, t, 3000 + i as u16, up.clone(), true);
+        let g = n.open(HUB, h, 4000 + i as u16, down.clone(), true);
+        flows.push((i, t, h, f, up, g, down));
+    }
+    let done = n.run_until(Duration::from_secs(60), |n| {
+        flows.iter().all(|(i, t, h, f, _, g, _)| {
+            n.received(HUB, *h, *f).is_some_and(|x| x.fin_received)
+                && n.received(*i, *t, *g).is_some_and(|x| x.fin_received)
+        })
+    });
+    assert!(done, "transfers did not complete");
+    for (i, t, h, f, up, g, down) in flows {
+        assert_eq!(n.received(HUB, h, f).unwrap().received, up, "up {i}");
+        assert_eq!(n.received(i, t, g).unwrap().received, down, "down {i}");
+    }
+}
+
+#[test]
+fn endpoint_pair_associates_and_carries_flows_byte_exact() {
+    for hub_cid_len in [0u8, 2] {
+        let mut n = Hubnet::new(&Layout {
+            hub_cid_len,
+            ..Layout::default()
+        });
+        established(&mut n, &[HUB, 1]);
+        flows_both_ways(&mut n, &[1], 1_000_000);
+        let h = n.hub_handle(1).unwrap();
+        let cid = n.nodes[HUB].assocs[&h].0.local_cid();
+        assert_eq!(cid.len(), usize::from(hub_cid_len));
+        // Every short packet to the hub names the hub's association.
+        let mut short = 0;
+        for (to, d) in &n.nodes[1].sent {
+            assert_eq!(*to, hub_addr());
+            let Ok(Header::Short(s)) =
+                decode_header_with_cid(&mut Reader::new(d), usize::from(hub_cid_len))
+            else {
+                continue;
+            };
+            assert_eq!(s.dcid, cid);
+            short += 1;
+        }
+        assert!(short > 500, "{short}");
+        // The terminal's endpoint chose no connection ID: nothing to carry.
+        assert!(n.nodes[1].assocs[&n.nodes[1].only()]
+            .0
+            .local_cid()
+            .is_empty());
+        for node in [HUB, 1] {
+            assert_eq!(n.nodes[node].endpoint.stats(), EndpointStats::default());
+            assert_eq!(
+                n.nodes[node]
+                    .sent
+                    .iter()
+                    .filter(|(_, d)| d[0] == INIT)
+                    .count(),
+                if node == HUB { 0 } else { 1 }
+            );
+        }
+        assert!(n.nodes[HUB]
+            .sent
+            .iter()
+            .all(|(to, _)| *to == terminal_addr(1)));
+    }
+}
+
+#[test]
+fn unknown_cid_is_dropped_and_counted() {
+    let mut n = Hubnet::new(&Layout::default());
+    established(&mut n, &[HUB, 1]);
+    flows_both_ways(&mut n, &[1], 10_000);
+    let h = n.hub_handle(1).unwrap();
+    let (_, genuine) = n.nodes[1]
+        .sent
+        .iter()
+        .rev()
+        .find(|(_, d)| d[0] & 0x80 == 0)
+        .cloned()
+        .unwrap();
+    let before = n.nodes[HUB].assocs[&h].0.stats();
+    let now = n.now;
+    let mut stray = genuine.clone();
+    stray[1..3].copy_from_slice(&[0x12, 0x34]);
+    let hub = &mut n.nodes[HUB].endpoint;
+    assert!(hub.handle(now, terminal_addr(1), &stray).is_none());
+    // Too short to hold a connection ID at all.
+    assert!(hub.handle(now, terminal_addr(1), &[0x20, 0x00]).is_none());
+    assert!(matches!(
+        hub.handle(now, terminal_addr(1), &genuine),
+        Some(DatagramEvent::Routed(r)) if r == h
+    ));
+    assert_eq!(
+        hub.stats(),
+        EndpointStats {
+            unknown_cid: 1,
+            malformed: 1,
+            ..EndpointStats::default()
+        }
+    );
+    assert_eq!(
+        n.nodes[HUB].assocs[&h].0.stats().packets_received,
+        before.packets_received
+    );
+}
+
+#[test]
+fn init_scid_must_match_hello_cid() {
+    let mut n = Hubnet::new(&Layout::default());
+    // The INIT leaves at once: one step sends it, before it arrives anywhere.
+    assert!(n.step());
+    let genuine = first_init(&n, 1);
+    // The terminal chose no connection ID: scid_len 0 in clear, and an empty one in its HELLO.
+    assert_eq!(genuine[5], 0);
+    let mut forged = genuine.clone();
+    forged[5] = 2;
+    forged.splice(6..6, [0xab, 0xcd]);
+    let now = n.now;
+    let hub = &mut n.nodes[HUB].endpoint;
+    assert!(hub.handle(now, terminal_addr(1), &forged).is_none());
+    let mut want = EndpointStats::default();
+    want.security.handshake_invalid = 1;
+    assert_eq!(hub.stats(), want);
+    assert_eq!(hub.association_of(PeerId(1)), None);
+}
+
+#[test]
+fn version_1_initiation_is_refused_and_counted() {
+    let mut n = Hubnet::new(&Layout::default());
+    assert!(n.step());
+    let mut v1 = first_init(&n, 1);
+    v1[1..5].copy_from_slice(&1u32.to_be_bytes());
+    let now = n.now;
+    let hub = &mut n.nodes[HUB].endpoint;
+    assert!(hub.handle(now, terminal_addr(1), &v1).is_none());
+    let mut want = EndpointStats::default();
+    want.security.handshake_invalid = 1;
+    assert_eq!(hub.stats(), want);
+
+    // A standalone association refuses it alike, without a word back.
+    let mut pair = geo_secure(Default::default(), 3, Duration::from_secs(120));
+    pair.record_a = Some(Vec::new());
+    pair.run_until(MS * 10, |_| false);
+    let mut v1 = pair.record_a.as_ref().unwrap()[0].clone();
+    assert_eq!(v1[0], INIT);
+    v1[1..5].copy_from_slice(&1u32.to_be_bytes());
+    let mut fresh = geo_secure(Default::default(), 4, Duration::from_secs(120));
+    fresh.record_b = Some(Vec::new());
+    let before = fresh.ends[1].stats().security.handshake_invalid;
+    let now = fresh.now;
+    fresh.ends[1].handle_datagram(now, &v1);
+    assert_eq!(fresh.ends[1].stats().security.handshake_invalid, before + 1);
+    let mut out = Vec::new();
+    while fresh.ends[1].poll_transmit(now, &mut out) {
+        assert_ne!(out[0] & 0x7f, 0x03, "no REPLY to a v1 initiation");
+    }
+}
+
+#[test]
+fn three_terminals_associate_with_one_hub_endpoint() {
+    let mut n = Hubnet::new(&Layout {
+        terminals: 3,
+        ..Layout::default()
+    });
+    established(&mut n, &[1, 2, 3]);
+    assert!(n.run_until(Duration::from_secs(5), |n| n.established([HUB])));
+    assert_eq!(n.nodes[HUB].assocs.len(), 3);
+    flows_both_ways(&mut n, &[1, 2, 3], 300_000);
+    let cids: std::collections::HashSet<_> = (1..=3)
+        .map(|i| n.nodes[HUB].assocs[&n.hub_handle(i).unwrap()].0.local_cid())
+        .collect();
+    assert_eq!(cids.len(), 3);
+    for (a, _) in n.nodes[HUB].assocs.values() {
+        assert_eq!(a.local_cid().len(), 2);
+        let peer = a.peer().unwrap();
+        assert_eq!(a.remote(), Some(terminal_addr(peer.0 as usize)));
+    }
+    assert_eq!(n.nodes[HUB].endpoint.stats(), EndpointStats::default());
+}
+
+#[test]
+fn unknown_key_gets_no_association_and_no_reply() {
+    let mut n = Hubnet::new(&Layout {
+        strangers: 1,
+        ..Layout::default()
+    });
+    let stranger = terminal_addr(2);
+    // Its INIT is sent three times, a second apart, before a fresh one would replace it.
+    n.run_until(MS * 2500, |_| false);
+    assert!(n.established([HUB, 1]));
+    let s = n.nodes[HUB].endpoint.stats();
+    assert_eq!(s.security.handshake_unknown_peer, 1);
+    // The copies cost no Diffie-Hellman: the replay memory refuses them.
+    assert_eq!(s.security.handshake_replayed, 2);
+    assert_eq!(n.nodes[HUB].assocs.len(), 1);
+    assert_eq!(
+        n.nodes[HUB]
+            .sent
+            .iter()
+            .filter(|(to, _)| *to == stranger)
+            .count(),
+        0
+    );
+    assert!(!n.nodes[2].established());
+}
+
+#[test]
+fn repeated_init_gets_the_same_reply() {
+    let mut n = Hubnet::new(&Layout::default());
+    assert!(n.step());
+    let init = first_init(&n, 1);
+    let now = n.now;
+    let from = terminal_addr(1);
+    let hub = &mut n.nodes[HUB];
+    let Some(DatagramEvent::Initiation {
+        peer,
+        handle: None,
+        accepted,
+    }) = hub.endpoint.handle(now, from, &init)
+    else {
+        panic!("an initiation from a known key");
+    };
+    assert_eq!(peer, PeerId(1));
+    let h = hub.associate(now, peer);
+    let assoc = &mut hub.assocs.get_mut(&h).unwrap().0;
+    assoc.accept_initiation(now, from, accepted);
+    let mut first = Vec::new();
+    assert_eq!(assoc.poll_transmit_to(now, &mut first), Some(from));
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let Some(DatagramEvent::Routed(r)) = hub.endpoint.handle(now, from, &init) else {
+            panic!("a copy of an answered initiation goes to its association");
+        };
+        assert_eq!(r, h);
+        let assoc = &mut hub.assocs.get_mut(&h).unwrap().0;
+        assoc.handle_datagram_from(now, from, &init);
+        let mut again = Vec::new();
+        assert_eq!(assoc.poll_transmit_to(now, &mut again), Some(from));
+        replies.push(again);
+    }
+    assert_eq!(replies, vec![first.clone(), first]);
+    assert_eq!(hub.endpoint.stats(), EndpointStats::default());
+    assert_eq!(hub.assocs[&h].0.stats().security, Default::default());
+}
+
+/// Like `steady_state_data_packets_carry_at_most_8_bytes_of_overhead` (association.rs),
+/// into a hub that chose 2-byte connection IDs.
+#[test]
+fn steady_state_data_with_2_byte_cid_at_most_10_bytes() {
+    for rate in [1_544_000u64, 100_000_000] {
+        let mut n = Hubnet::new(&Layout {
+            secure: false,
+            delay: MS * 250,
+            rate_bps: rate,
+            ..Layout::default()
+        });
+        established(&mut n, &[HUB, 1]);
+        let t = n.nodes[1].only();
+        n.open(1, t, 1010, pattern(11, 30_000_000), true);
+        n.run_until(Duration::from_secs(2), |_| false);
+        let from = n.nodes[1].sent.len();
+        n.run_until(Duration::from_secs(1), |_| false);
+        let mut checked = 0;
+        let mut worst = 0;
+        let mut by_overhead = std::collections::BTreeMap::<usize, usize>::new();
+        for (_, d) in &n.nodes[1].sent[from..] {
+            let mut r = Reader::new(d);
+            let Ok(Header::Short(h)) = decode_header_with_cid(&mut r, 2) else {
+                continue;
+            };
+            assert_eq!(h.dcid.len(), 2);
+            if let Some(imp) = h.implicit_data {
+                let data = match Frame::decode_implicit_data(&mut r, imp.fin, imp.offset_len) {
+                    Ok(Frame::Data { data, .. }) => data,
+                    other => panic!("{other:?}"),
+                };
+                let overhead = d.len() - data.len();
+                assert!(overhead <= 10, "{overhead} bytes of overhead");
+                worst = worst.max(overhead);
+                *by_overhead.entry(overhead).or_default() += 1;
+                checked += 1;
+            }
+        }
+        assert!(checked > 50, "only {checked} data packets seen at {rate}");
+        println!("{rate} b/s: {checked} data packets, worst overhead {worst} bytes, by overhead {by_overhead:?}");
+    }
+}

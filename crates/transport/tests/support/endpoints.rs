@@ -1,0 +1,367 @@
+//! Test network of endpoints: one hub gateway and terminals, each with its own address and
+//! `Endpoint`, joined by an in-memory path with a fixed one-way delay. Each gateway keeps its
+//! associations itself and drives them as the daemon does: a datagram goes to its endpoint,
+//! then to the association it routes to (made on an authenticated initiation when needed).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use pep_transport::security::{public_key, LocalIdentity, SecurityConfig};
+use pep_transport::{
+    AssocHandle, Association, Config, DatagramEvent, Endpoint, EndpointConfig, FlowId, PeerId,
+    PeerIdentity, Role,
+};
+
+use super::{meta, App, FlowApp};
+
+pub const HUB: usize = 0;
+const PSK: [u8; 32] = [0x33; 32];
+
+/// One gateway: its endpoint and the associations it keeps, with a script each.
+pub struct Node {
+    pub addr: SocketAddr,
+    pub endpoint: Endpoint,
+    pub assocs: BTreeMap<AssocHandle, (Association, App)>,
+    /// Private key (security on).
+    pub key: Option<[u8; 32]>,
+    /// The public key of each peer (security on), for the association made for it.
+    pub peer_keys: BTreeMap<PeerId, [u8; 32]>,
+    pub cfg: Config,
+    pub role: Role,
+    pub epoch: u64,
+    /// Datagrams this gateway sent, with their destination.
+    pub sent: Vec<(SocketAddr, Vec<u8>)>,
+}
+
+impl Node {
+    fn security_for(&self, peer: PeerId) -> Option<SecurityConfig> {
+        Some(SecurityConfig {
+            local_private_key: self.key?,
+            peer_public_key: *self.peer_keys.get(&peer)?,
+            psk: Some(PSK),
+            rekey_interval: Duration::from_secs(120),
+            rekey_after_packets: 1 << 30,
+        })
+    }
+
+    /// Makes the association for `peer` through the endpoint.
+    pub fn associate(&mut self, now: Instant, peer: PeerId) -> AssocHandle {
+        let security = self.security_for(peer);
+        let (h, a) = self
+            .endpoint
+            .new_association(now, peer, self.cfg.clone(), self.role, self.epoch, security)
+            .unwrap();
+        self.assocs.insert(h, (a, App::default()));
+        h
+    }
+
+    /// The association of the only peer (a terminal's).
+    pub fn only(&self) -> AssocHandle {
+        assert_eq!(self.assocs.len(), 1);
+        *self.assocs.keys().next().unwrap()
+    }
+
+    pub fn established(&self) -> bool {
+        !self.assocs.is_empty() && self.assocs.values().all(|(a, _)| a.is_established())
+    }
+}
+
+/// How to build a hub and its terminals.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub hub_cid_len: u8,
+    pub secure: bool,
+    /// Terminals the hub knows (peers 1..=n at the hub).
+    pub terminals: usize,
+    /// Further terminals with keys the hub does not know.
+    pub strangers: usize,
+    pub delay: Duration,
+    pub rate_bps: u64,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            hub_cid_len: 2,
+            secure: true,
+            terminals: 1,
+            strangers: 0,
+            delay: Duration::from_millis(100),
+            rate_bps: 20_000_000,
+        }
+    }
+}
+
+/// A datagram on the path: (arrival, sequence, from, to, bytes).
+type InFlight = (Instant, u64, SocketAddr, SocketAddr, Vec<u8>);
+
+pub struct Hubnet {
+    pub base: Instant,
+    pub now: Instant,
+    /// The hub first, then the terminals in order.
+    pub nodes: Vec<Node>,
+    pub delay: Duration,
+    queue: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+}
+
+pub fn terminal_addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([198, 18, 1, i as u8], 7400))
+}
+
+pub fn hub_addr() -> SocketAddr {
+    SocketAddr::from(([198, 18, 0, 1], 7400))
+}
+
+fn terminal_key(i: usize) -> [u8; 32] {
+    [0x40 + i as u8; 32]
+}
+
+impl Hubnet {
+    /// The hub (peer ids 1..=terminals for the terminals it knows) and every terminal, each
+    /// terminal with its association to the hub made up front. Without security the hub
+    /// makes its associations up front as well (the address is the identity); with security
+    /// it learns its terminals from their initiations, as behind NAT.
+    pub fn new(layout: &Layout) -> Self {
+        let base = Instant::now();
+        let hub_key = [0x11u8; 32];
+        let mut cfg = Config::for_rate(layout.rate_bps);
+        cfg.initial_rtt = Duration::from_millis(200);
+        let identity = |key: [u8; 32]| {
+            layout.secure.then_some(LocalIdentity {
+                private_key: key,
+                psk: Some(PSK),
+            })
+        };
+        let hub_peers: Vec<(PeerId, PeerIdentity)> = (1..=layout.terminals)
+            .map(|i| {
+                (
+                    PeerId(i as u32),
+                    PeerIdentity {
+                        public_key: layout.secure.then(|| public_key(&terminal_key(i))),
+                        address: (!layout.secure).then(|| terminal_addr(i)),
+                    },
+                )
+            })
+            .collect();
+        let mut hub_endpoint = Endpoint::new(
+            EndpointConfig::new(layout.hub_cid_len),
+            identity(hub_key),
+            [0x5a; 32],
+        )
+        .unwrap();
+        hub_endpoint.set_peers(hub_peers.clone());
+        let mut nodes = vec![Node {
+            addr: hub_addr(),
+            endpoint: hub_endpoint,
+            assocs: BTreeMap::new(),
+            key: layout.secure.then_some(hub_key),
+            peer_keys: (1..=layout.terminals)
+                .map(|i| (PeerId(i as u32), public_key(&terminal_key(i))))
+                .collect(),
+            cfg: cfg.clone(),
+            role: Role::Responder,
+            epoch: 1000,
+            sent: Vec::new(),
+        }];
+        if !layout.secure {
+            for (peer, _) in &hub_peers {
+                nodes[HUB].associate(base, *peer);
+            }
+        }
+        for i in 1..=layout.terminals + layout.strangers {
+            let hub = PeerId(0);
+            let mut endpoint = Endpoint::new(
+                EndpointConfig::new(0),
+                identity(terminal_key(i)),
+                [i as u8; 32],
+            )
+            .unwrap();
+            endpoint.set_peers([(
+                hub,
+                PeerIdentity {
+                    public_key: layout.secure.then(|| public_key(&hub_key)),
+                    address: Some(hub_addr()),
+                },
+            )]);
+            let mut node = Node {
+                addr: terminal_addr(i),
+                endpoint,
+                assocs: BTreeMap::new(),
+                key: layout.secure.then_some(terminal_key(i)),
+                peer_keys: [(hub, public_key(&hub_key))].into_iter().collect(),
+                cfg: cfg.clone(),
+                role: Role::Initiator,
+                epoch: 2000 + i as u64,
+                sent: Vec::new(),
+            };
+            node.associate(base, hub);
+            nodes.push(node);
+        }
+        Hubnet {
+            base,
+            now: base,
+            nodes,
+            delay: layout.delay,
+            queue: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+
+    pub fn node_at(&self, addr: SocketAddr) -> Option<usize> {
+        self.nodes.iter().position(|n| n.addr == addr)
+    }
+
+    /// A datagram arrives at node `to` from `from`: the endpoint says where it goes.
+    pub fn deliver(&mut self, to: usize, from: SocketAddr, d: &[u8]) {
+        let now = self.now;
+        let node = &mut self.nodes[to];
+        let handle = match node.endpoint.handle(now, from, d) {
+            None => return,
+            Some(DatagramEvent::Routed(h)) => {
+                if let Some((a, _)) = node.assocs.get_mut(&h) {
+                    a.handle_datagram_from(now, from, d);
+                }
+                h
+            }
+            Some(DatagramEvent::Initiation {
+                peer,
+                handle,
+                accepted,
+            }) => {
+                let h = handle.unwrap_or_else(|| node.associate(now, peer));
+                if let Some((a, _)) = node.assocs.get_mut(&h) {
+                    a.accept_initiation(now, from, accepted);
+                }
+                h
+            }
+        };
+        self.service(to, handle);
+    }
+
+    /// Application I/O and transmission for one association.
+    pub fn service(&mut self, node: usize, h: AssocHandle) {
+        let now = self.now;
+        let from = self.nodes[node].addr;
+        let Some((a, app)) = self.nodes[node].assocs.get_mut(&h) else {
+            return;
+        };
+        for _ in 0..4 {
+            app.drain_events(a);
+            app.io(a);
+        }
+        let mut out = Vec::new();
+        let mut sent = Vec::new();
+        while let Some(to) = a.poll_transmit_to(now, &mut out) {
+            sent.push((to, out.clone()));
+        }
+        app.drain_events(a);
+        for (to, d) in sent {
+            self.nodes[node].sent.push((to, d.clone()));
+            self.seq += 1;
+            self.queue
+                .push(Reverse((now + self.delay, self.seq, from, to, d)));
+        }
+    }
+
+    fn service_all(&mut self) {
+        for node in 0..self.nodes.len() {
+            let handles: Vec<AssocHandle> = self.nodes[node].assocs.keys().copied().collect();
+            for h in handles {
+                let now = self.now;
+                if let Some((a, _)) = self.nodes[node].assocs.get_mut(&h) {
+                    if a.poll_timeout().is_some_and(|t| t <= now) {
+                        a.handle_timeout(now);
+                    }
+                }
+                self.service(node, h);
+            }
+        }
+    }
+
+    /// Advances to the next event and processes it. Returns false when nothing is pending.
+    pub fn step(&mut self) -> bool {
+        let timers = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.assocs.values().filter_map(|(a, _)| a.poll_timeout()));
+        let next_dgram = self.queue.peek().map(|Reverse((t, ..))| *t);
+        let Some(next) = timers.chain(next_dgram).min() else {
+            return false;
+        };
+        self.now = self.now.max(next);
+        while let Some(Reverse((t, ..))) = self.queue.peek() {
+            if *t > self.now {
+                break;
+            }
+            let Some(Reverse((_, _, from, to, d))) = self.queue.pop() else {
+                break;
+            };
+            // Nobody at that address: the datagram is lost.
+            if let Some(node) = self.node_at(to) {
+                self.deliver(node, from, &d);
+            }
+        }
+        self.service_all();
+        true
+    }
+
+    /// Steps until `done` holds or `limit` of simulated time passes; returns whether done.
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Hubnet) -> bool) -> bool {
+        let end = self.now + limit;
+        while self.now < end {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return done(self);
+            }
+        }
+        done(self)
+    }
+
+    /// Every gateway listed has all of its associations established.
+    pub fn established(&self, nodes: impl IntoIterator<Item = usize>) -> bool {
+        nodes.into_iter().all(|n| self.nodes[n].established())
+    }
+
+    /// Opens a flow on one association with a scripted payload.
+    pub fn open(
+        &mut self,
+        node: usize,
+        h: AssocHandle,
+        port: u16,
+        data: Vec<u8>,
+        finish: bool,
+    ) -> FlowId {
+        let (a, app) = self.nodes[node].assocs.get_mut(&h).unwrap();
+        let id = a.open_flow(meta(port)).unwrap();
+        app.flows.insert(
+            id,
+            FlowApp {
+                to_send: data,
+                finish,
+                meta: Some(meta(port)),
+                ..Default::default()
+            },
+        );
+        self.service(node, h);
+        id
+    }
+
+    /// The script of one association.
+    pub fn app(&self, node: usize, h: AssocHandle) -> &App {
+        &self.nodes[node].assocs[&h].1
+    }
+
+    /// The hub's association for terminal `i` (peer `i`).
+    pub fn hub_handle(&self, i: usize) -> Option<AssocHandle> {
+        self.nodes[HUB].endpoint.association_of(PeerId(i as u32))
+    }
+
+    pub fn received(&self, node: usize, h: AssocHandle, f: FlowId) -> Option<&FlowApp> {
+        self.nodes[node].assocs.get(&h)?.1.flows.get(&f)
+    }
+}

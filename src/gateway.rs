@@ -1,0 +1,267 @@
+//! The gateway's peers: one [`PeerLink`] per configured peer, the route table that picks the
+//! link an intercepted connection goes to, the counters that belong to no single peer, and
+//! what the metrics report (today's series, summed over the peers).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use pep_transport::{EndpointStats, Stats};
+use tokio::sync::Notify;
+
+use crate::config::PeerSpec;
+use crate::link::{LinkCounters, PeerLink};
+use crate::memory::MemoryAccount;
+use crate::metrics::{RelaySnapshot, Snapshot};
+use crate::routes::Routes;
+
+pub struct Gateway {
+    /// In the order of `peer_specs()`; a link's `PeerId` is its index.
+    pub links: Vec<Arc<PeerLink>>,
+    pub specs: Vec<PeerSpec>,
+    pub routes: Routes,
+    pub counters: GatewayCounters,
+    /// `[link] tx_rate`, which a reload may change: with `[[peer]]` entries the carrier the
+    /// peers share.
+    pub carrier_bps: AtomicU64,
+    /// Wakes the driver; every link holds it.
+    pub wake: Arc<Notify>,
+    /// The memory budget and what counts against it: one for the gateway, every link holds
+    /// it, as `limits.memory_budget` is the process's.
+    pub memory: Arc<MemoryAccount>,
+}
+
+/// Counters of the gateway as a whole: interception happens before a connection is routed
+/// to a peer, and the tunnel socket is shared.
+#[derive(Default)]
+pub struct GatewayCounters {
+    pub flows_intercepted: AtomicU64,
+    /// Intercepted connections refused: a limit, no route with `[rules] fail = "closed"`,
+    /// or a flow a peer may not open (isolation).
+    pub flows_refused: AtomicU64,
+    /// Intercepted connections relayed unproxied: a limit, or no route with `[rules] fail
+    /// = "open"`.
+    pub flows_bypassed: AtomicU64,
+    /// Of the above, connections whose destination no peer's subnets hold.
+    pub flows_unrouted: AtomicU64,
+    /// Flows a peer opened that it may not (a source outside its subnets, or a destination
+    /// routed to another peer); counted in `flows_refused` too.
+    pub flows_isolated: AtomicU64,
+    pub accept_errors: AtomicU64,
+    pub inspect_errors: AtomicU64,
+    /// Datagrams on the tunnel socket from an address no peer may send from.
+    pub foreign_datagrams: AtomicU64,
+    /// The endpoint's drops, as the driver last saw them.
+    pub endpoint: Mutex<EndpointStats>,
+}
+
+impl GatewayCounters {
+    pub fn endpoint(&self) -> EndpointStats {
+        *self.endpoint.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_endpoint(&self, stats: EndpointStats) {
+        *self.endpoint.lock().unwrap_or_else(|p| p.into_inner()) = stats;
+    }
+}
+
+impl Gateway {
+    /// The link an intercepted connection to `server` goes to, if any.
+    pub fn route(&self, server: std::net::IpAddr) -> Option<&Arc<PeerLink>> {
+        self.routes.lookup(server).and_then(|i| self.links.get(i))
+    }
+
+    /// Relays running over every link (what a drain waits for).
+    pub fn relays_active(&self) -> u64 {
+        self.links
+            .iter()
+            .map(|l| LinkCounters::get(&l.counters.relays_active))
+            .sum()
+    }
+
+    /// Every association's stats added up, with the endpoint's drops, and the bytes they
+    /// buffer to send and received.
+    pub fn stats(&self) -> (Stats, u64, u64) {
+        let mut total: Option<Stats> = None;
+        let (mut send, mut recv) = (0, 0);
+        for link in &self.links {
+            let Some((s, sent, received)) = link.stats() else {
+                continue;
+            };
+            send += sent;
+            recv += received;
+            match total.as_mut() {
+                None => total = Some(s),
+                Some(t) => add_stats(t, &s),
+            }
+        }
+        let mut total = total.unwrap_or_default();
+        add_endpoint_stats(&mut total, &self.counters.endpoint());
+        (total, send, recv)
+    }
+
+    /// What the metrics endpoint serves at this instant.
+    pub fn snapshot(&self) -> Snapshot {
+        let (stats, send, recv) = self.stats();
+        let get = LinkCounters::get;
+        let sum = |f: fn(&LinkCounters) -> &AtomicU64| -> u64 {
+            self.links.iter().map(|l| get(f(&l.counters))).sum()
+        };
+        let by_reason = |f: fn(&LinkCounters) -> Vec<(&'static str, u64)>| {
+            let mut total: Vec<(&'static str, u64)> = Vec::new();
+            for l in &self.links {
+                for (i, (label, n)) in f(&l.counters).into_iter().enumerate() {
+                    match total.get_mut(i) {
+                        Some(t) => t.1 += n,
+                        None => total.push((label, n)),
+                    }
+                }
+            }
+            total
+        };
+        let c = &self.counters;
+        Snapshot {
+            stats,
+            associations: self.links.iter().map(|l| l.counters.state()).collect(),
+            association_restarts: self
+                .links
+                .iter()
+                .map(|l| get(&l.counters.associations_established).saturating_sub(1))
+                .sum(),
+            relay: RelaySnapshot {
+                flows_active: sum(|c| &c.relays_active),
+                flows_intercepted_total: get(&c.flows_intercepted),
+                flows_from_peer_total: sum(|c| &c.flows_from_peer),
+                flows_refused_total: get(&c.flows_refused),
+                flows_bypassed_total: get(&c.flows_bypassed),
+                flows_unrouted_total: get(&c.flows_unrouted),
+                flows_isolated_total: get(&c.flows_isolated),
+                bytes_to_peer_total: sum(|c| &c.bytes_to_peer),
+                bytes_from_peer_total: sum(|c| &c.bytes_from_peer),
+                connect_errors: by_reason(|c| c.connect_errors.snapshot()),
+                intercept_errors: vec![
+                    ("accept", get(&c.accept_errors)),
+                    ("inspect", get(&c.inspect_errors)),
+                ],
+                flow_resets: by_reason(|c| c.flow_resets.snapshot()),
+            },
+            memory_in_use_bytes: send + recv,
+            memory_accounted_bytes: self.memory.accounted(send, recv),
+            memory_budget_bytes: self.memory.budget(),
+            tunnel_foreign_datagrams: get(&c.foreign_datagrams),
+            build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
+        }
+    }
+}
+
+/// The endpoint's drops in the associations' series: what it could route to no association
+/// (an unknown connection ID, a plaintext HELLO from an address no peer has) is
+/// `unassociated`, as a standalone association counted it; its handshake screening adds to
+/// the security drops.
+fn add_endpoint_stats(t: &mut Stats, e: &EndpointStats) {
+    t.malformed_dropped += e.malformed;
+    t.unassociated_dropped += e.unknown_cid + e.unknown_address;
+    add_security(&mut t.security, &e.security);
+}
+
+fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::SecurityCounts) {
+    t.unauthenticated += s.unauthenticated;
+    t.replayed += s.replayed;
+    t.wrong_mode += s.wrong_mode;
+    t.handshake_invalid += s.handshake_invalid;
+    t.handshake_unknown_peer += s.handshake_unknown_peer;
+    t.handshake_rate_limited += s.handshake_rate_limited;
+    t.handshake_replayed += s.handshake_replayed;
+    t.nonce_refused += s.nonce_refused;
+}
+
+/// Adds one association's stats to a total: counters and amounts add up; of the path
+/// gauges (RTT, datagram size) the total keeps the largest, which is what an alert on
+/// them looks for.
+fn add_stats(t: &mut Stats, s: &Stats) {
+    t.rtt_min = t.rtt_min.max(s.rtt_min);
+    t.rtt_smoothed = t.rtt_smoothed.max(s.rtt_smoothed);
+    t.pacing_rate_bps += s.pacing_rate_bps;
+    t.cwnd_bytes = t.cwnd_bytes.saturating_add(s.cwnd_bytes);
+    t.bytes_in_flight += s.bytes_in_flight;
+    let (tc, sc) = (&mut t.capacity, &s.capacity);
+    tc.estimate_bps += sc.estimate_bps;
+    tc.queue_delay = tc.queue_delay.max(sc.queue_delay);
+    tc.limited_by_estimate += sc.limited_by_estimate;
+    tc.limited_by_ceiling += sc.limited_by_ceiling;
+    tc.drains += sc.drains;
+    tc.probes += sc.probes;
+    tc.rebases += sc.rebases;
+    t.datagram_size = t.datagram_size.max(s.datagram_size);
+    t.datagram_size_changes += s.datagram_size_changes;
+    t.corruption_by_size
+        .extend(s.corruption_by_size.iter().cloned());
+    t.packets_sent += s.packets_sent;
+    t.wire_bytes_sent += s.wire_bytes_sent;
+    t.packets_received += s.packets_received;
+    t.wire_bytes_received += s.wire_bytes_received;
+    t.stream_bytes_sent += s.stream_bytes_sent;
+    t.stream_bytes_acked += s.stream_bytes_acked;
+    t.stream_bytes_retransmitted += s.stream_bytes_retransmitted;
+    t.stream_bytes_redundant += s.stream_bytes_redundant;
+    t.lost.congestion += s.lost.congestion;
+    t.lost.corruption += s.lost.corruption;
+    t.lost.outage += s.lost.outage;
+    t.congestion_events += s.congestion_events;
+    t.acks_sent += s.acks_sent;
+    t.acks_received += s.acks_received;
+    t.snacks_sent += s.snacks_sent;
+    t.snacks_received += s.snacks_received;
+    t.probes_sent += s.probes_sent;
+    t.outages += s.outages;
+    t.flows_open += s.flows_open;
+    t.flows_opened_total += s.flows_opened_total;
+    t.flows_reset += s.flows_reset;
+    t.peer_restarts += s.peer_restarts;
+    t.malformed_dropped += s.malformed_dropped;
+    t.unassociated_dropped += s.unassociated_dropped;
+    t.duplicates_dropped += s.duplicates_dropped;
+    t.protocol_violations += s.protocol_violations;
+    add_security(&mut t.security, &s.security);
+    t.handshakes_completed += s.handshakes_completed;
+    t.rekeys += s.rekeys;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn stats_add_counters_and_keep_the_largest_path_gauges() {
+        let mut a = Stats {
+            rtt_smoothed: Duration::from_millis(600),
+            packets_sent: 10,
+            cwnd_bytes: u64::MAX,
+            ..Stats::default()
+        };
+        a.security.unauthenticated = 2;
+        let mut b = Stats {
+            rtt_smoothed: Duration::from_millis(550),
+            packets_sent: 5,
+            cwnd_bytes: 1000,
+            ..Stats::default()
+        };
+        b.security.unauthenticated = 3;
+        add_stats(&mut a, &b);
+        assert_eq!(a.rtt_smoothed, Duration::from_millis(600));
+        assert_eq!(a.packets_sent, 15);
+        assert_eq!(a.cwnd_bytes, u64::MAX);
+        assert_eq!(a.security.unauthenticated, 5);
+        let mut e = EndpointStats {
+            unknown_cid: 4,
+            malformed: 1,
+            ..EndpointStats::default()
+        };
+        e.security.handshake_unknown_peer = 7;
+        add_endpoint_stats(&mut a, &e);
+        assert_eq!(a.unassociated_dropped, 4);
+        assert_eq!(a.malformed_dropped, 1);
+        assert_eq!(a.security.handshake_unknown_peer, 7);
+    }
+}
