@@ -294,7 +294,7 @@ pub struct LimitsConfig {
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
-            max_flows: 4096,
+            max_flows: 10_000,
             over_limit: OverLimit::Refuse,
             flow_buffer: None,
             memory_budget: ByteSize(512 << 20),

@@ -17,6 +17,7 @@ use crate::config::{FailMode, LoadedSecurity, OverLimit, PeerSpec, PepdConfig, S
 use crate::driver::{Driver, FlowAcceptor};
 use crate::gateway::{Gateway, GatewayCounters};
 use crate::link::{FlowRef, LinkCounters, OpenRefused, PeerLink};
+use crate::memory::FlowCharge;
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::relay::{abort_tcp, Relay, RelayEnd};
@@ -30,6 +31,7 @@ const FIRST_BYTES_WAIT: Duration = Duration::from_millis(2);
 
 /// Largest first read carried in the open.
 const FIRST_BYTES_MAX: usize = 16 * 1024;
+const _: () = assert!(FIRST_BYTES_MAX <= crate::scratch::SIZE);
 
 /// Socket buffer of the tunnel socket: bursts at the link rate must not overflow it.
 const TUNNEL_SOCKET_BUFFER: usize = 8 << 20;
@@ -123,7 +125,8 @@ impl Daemon {
             .with_context(|| format!("tunnel socket on {bind}"))?;
         let mut listeners = Vec::new();
         for addr in &cfg.intercept.listen {
-            let l = tproxy::listen(*addr).with_context(|| {
+            // A burst of `max_flows` new connections waits in the accept queue.
+            let l = tproxy::listen(*addr, cfg.limits.max_flows).with_context(|| {
                 format!(
                     "TPROXY listener on {addr} (needs CAP_NET_ADMIN for IP_TRANSPARENT, \
                      and the address family enabled)"
@@ -163,15 +166,10 @@ impl Daemon {
         let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
             .context("installing signal handlers")?;
         tokio::spawn(log_stats_on_sigusr1(gateway.clone(), usr1));
-        let budget = Arc::new(std::sync::atomic::AtomicU64::new(
-            cfg.limits.memory_budget.bytes(),
-        ));
-        let (metrics_gateway, metrics_budget) = (gateway.clone(), budget.clone());
+        let metrics_gateway = gateway.clone();
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
-            Arc::new(move || {
-                metrics_gateway.snapshot(metrics_budget.load(std::sync::atomic::Ordering::Relaxed))
-            }),
+            Arc::new(move || metrics_gateway.snapshot()),
             driver_stop_rx.clone(),
         ));
         if let Some(period) = notifier.watchdog_period() {
@@ -193,10 +191,6 @@ impl Daemon {
             match signals.next().await {
                 Signal::Hangup => {
                     reload::apply(&path, &mut cfg, &gateway, &live, &log_reload);
-                    budget.store(
-                        cfg.limits.memory_budget.bytes(),
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
                 }
                 other => break other,
             }
@@ -313,7 +307,7 @@ async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
 async fn log_stats_on_sigusr1(gateway: Arc<Gateway>, mut usr1: tokio::signal::unix::Signal) {
     while usr1.recv().await.is_some() {
         for link in &gateway.links {
-            if let Some((stats, _)) = link.stats() {
+            if let Some((stats, _, _)) = link.stats() {
                 info!(peer = %link.name, ?stats, "association statistics");
             }
         }
@@ -391,42 +385,52 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
     let counters = &ctx.gateway.counters;
     LinkCounters::add(&counters.flows_intercepted, 1);
     let _ = tcp.set_nodelay(true);
-    let mut first = vec![0u8; FIRST_BYTES_MAX];
-    let mut first_len = 0;
-    let mut client_done = false;
-    if tokio::time::timeout(FIRST_BYTES_WAIT, tcp.readable())
+    let readable = tokio::time::timeout(FIRST_BYTES_WAIT, tcp.readable())
         .await
-        .is_ok()
-    {
-        match tcp.try_read(&mut first) {
-            Ok(0) => client_done = true,
-            Ok(n) => first_len = n,
-            Err(_) => {}
-        }
-    }
-    first.truncate(first_len);
+        .is_ok();
     let meta = FlowMeta {
         client,
         server,
         dscp,
     };
     let live = read_live(&ctx.live);
-    let Some(link) = ctx.gateway.route(server.ip()).cloned() else {
-        LinkCounters::add(&counters.flows_unrouted, 1);
-        fail(
-            counters,
-            &live,
-            tcp,
-            meta,
-            first,
-            "no peer's subnets hold the destination",
-        )
-        .await;
-        return;
-    };
-    let flow = match link.open(meta, &first) {
-        Ok(f) => f,
-        Err(why) => {
+    let link = ctx.gateway.route(server.ip()).cloned();
+    // The first bytes are read into this thread's scratch buffer and, from there, into the
+    // flow's open, with no await between: nothing of them stays with the connection. Only
+    // a connection the peers do not take keeps a copy, for the bypass to send.
+    let (opened, client_done) = crate::scratch::with(|buf| {
+        let buf = &mut buf[..FIRST_BYTES_MAX];
+        let (first_len, client_done) = match readable.then(|| tcp.try_read(buf)) {
+            Some(Ok(0)) => (0, true),
+            Some(Ok(n)) => (n, false),
+            Some(Err(_)) | None => (0, false),
+        };
+        let first = &buf[..first_len];
+        let opened = match link {
+            Some(link) => match link.open(meta, first) {
+                Ok((flow, charge)) => Ok((link, flow, charge)),
+                Err(why) => Err((Some(why), first.to_vec())),
+            },
+            None => Err((None, first.to_vec())),
+        };
+        (opened, client_done)
+    });
+    let (link, flow, charge) = match opened {
+        Ok(opened) => opened,
+        Err((None, first)) => {
+            LinkCounters::add(&counters.flows_unrouted, 1);
+            fail(
+                counters,
+                &live,
+                tcp,
+                meta,
+                first,
+                "no peer's subnets hold the destination",
+            )
+            .await;
+            return;
+        }
+        Err((Some(why), first)) => {
             over_limit(counters, &live, tcp, meta, first, why).await;
             return;
         }
@@ -441,6 +445,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         tcp,
         idle_timeout: live.idle,
         tcp_read_done: client_done,
+        charge,
     };
     let id = relay.flow.id;
     let end = relay.run().await;
@@ -517,7 +522,7 @@ impl UpstreamAcceptor {
 }
 
 impl FlowAcceptor for UpstreamAcceptor {
-    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta) {
+    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge) {
         let live = read_live(&self.live);
         if live.draining {
             link.reset(&flow, ResetReason::ResourceLimit);
@@ -532,33 +537,43 @@ impl FlowAcceptor for UpstreamAcceptor {
             link.reset(&flow, ResetReason::Refused);
             return;
         }
-        tokio::spawn(async move {
-            let connected = tokio::select! {
-                r = upstream::connect(&meta, &live.upstream) => r,
-                // The client may give up (reset) while the connect is still pending.
-                () = wait_reset(&flow) => return,
+        tokio::spawn(from_peer(link, flow, meta, live, charge));
+    }
+}
+
+/// A flow the peer opened: the connect to its destination, then the relay.
+async fn from_peer(
+    link: Arc<PeerLink>,
+    flow: FlowRef,
+    meta: FlowMeta,
+    live: Live,
+    charge: FlowCharge,
+) {
+    let connected = tokio::select! {
+        r = upstream::connect(&meta, &live.upstream) => r,
+        // The client may give up (reset) while the connect is still pending.
+        () = wait_reset(&flow) => return,
+    };
+    match connected {
+        Ok(tcp) => {
+            let relay = Relay {
+                link,
+                flow,
+                tcp,
+                idle_timeout: live.idle,
+                tcp_read_done: false,
+                charge,
             };
-            match connected {
-                Ok(tcp) => {
-                    let relay = Relay {
-                        link,
-                        flow,
-                        tcp,
-                        idle_timeout: live.idle,
-                        tcp_read_done: false,
-                    };
-                    let id = relay.flow.id;
-                    let end = relay.run().await;
-                    log_end(id, meta.client, meta.server, end);
-                }
-                Err(f) => {
-                    link.counters.connect_errors.add(f.reason);
-                    debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
-                        "upstream connect failed");
-                    link.reset(&flow, f.reason);
-                }
-            }
-        });
+            let id = relay.flow.id;
+            let end = relay.run().await;
+            log_end(id, meta.client, meta.server, end);
+        }
+        Err(f) => {
+            link.counters.connect_errors.add(f.reason);
+            debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
+                "upstream connect failed");
+            link.reset(&flow, f.reason);
+        }
     }
 }
 
@@ -569,4 +584,54 @@ async fn wait_reset(flow: &FlowRef) {
         }
         flow.signal.notify.notified().await;
     }
+}
+
+/// Each kind of flow task, not started, to weigh for the per-flow cost (memory.rs).
+#[cfg(test)]
+pub(crate) fn flow_tasks(
+    link: Arc<PeerLink>,
+    flow: FlowRef,
+    tcp: tokio::net::TcpStream,
+) -> (
+    impl std::future::Future<Output = ()>,
+    impl std::future::Future<Output = ()>,
+) {
+    let live = Live {
+        over_limit: OverLimit::Refuse,
+        fail: FailMode::Closed,
+        upstream: UpstreamOptions {
+            mark: 0,
+            transparent_source: false,
+            connect_timeout: Duration::from_secs(1),
+        },
+        idle: None,
+        draining: false,
+    };
+    let meta = FlowMeta {
+        client: "198.18.0.2:1000".parse().expect("addr"),
+        server: "198.18.1.2:80".parse().expect("addr"),
+        dscp: 0,
+    };
+    let gateway = Gateway {
+        links: vec![link.clone()],
+        specs: Vec::new(),
+        routes: crate::routes::Routes::default(),
+        counters: GatewayCounters::default(),
+        carrier_bps: Default::default(),
+        wake: Arc::new(tokio::sync::Notify::new()),
+        memory: link.memory.clone(),
+    };
+    let ctx = Arc::new(InterceptCtx {
+        gateway: Arc::new(gateway),
+        live: Arc::new(RwLock::new(live.clone())),
+    });
+    let conn = Intercepted {
+        tcp,
+        client: meta.client,
+        server: meta.server,
+        dscp: 0,
+    };
+    let charge = link.charge_flow();
+    let peer = from_peer(link, flow, meta, live, charge);
+    (intercepted(ctx, conn), peer)
 }

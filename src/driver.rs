@@ -13,7 +13,7 @@ use std::time::Instant;
 use pep_transport::security::{AcceptedInitiation, SecurityConfig};
 use pep_transport::{
     AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowMeta,
-    PeerId, Role,
+    PeerId, ResetReason, Role,
 };
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
@@ -21,24 +21,27 @@ use tracing::{debug, info, warn};
 
 use crate::gateway::Gateway;
 use crate::link::{FlowRef, LinkCounters, LinkState, PeerLink};
+use crate::memory::FlowCharge;
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::share::CarrierShare;
 
 /// Datagrams taken from the socket, or produced, per pass.
-const BATCH: usize = 64;
+pub const BATCH: usize = 64;
 
 /// Largest datagram read; longer ones are truncated by the kernel and then fail to parse.
-const RECV_BUF: usize = 65_536;
+pub const RECV_BUF: usize = 65_536;
 
 /// Opens the local end of a flow the peer started (connect upstream and relay). Called with
 /// no lock held, so it may use the link (reset the flow) right away.
 pub trait FlowAcceptor: Send + Sync + 'static {
-    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta);
+    /// `charge` counts the flow against the memory budget; the relay keeps it to its end.
+    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge);
 }
 
-/// Flows the peer opened, collected under the link lock and accepted once it is released.
-type Accepts = Vec<(FlowRef, FlowMeta)>;
+/// Flows the peer opened, collected under the link lock (charged there, so that the next
+/// one is admitted against them) and accepted once it is released.
+type Accepts = Vec<(FlowRef, FlowMeta, FlowCharge)>;
 
 /// How a peer's association is made: at start for a peer whose address is configured, else
 /// by the driver on the peer's first authenticated initiation.
@@ -230,6 +233,7 @@ impl Driver {
             // to send is serviced again on the next.
             let quota = (BATCH / serviced.len().max(1)).max(1);
             let mut again = received.len() == BATCH;
+            let send_buffered = self.gateway.memory.send_buffered();
             for &i in &serviced {
                 let r = Received {
                     rx: &rx,
@@ -241,6 +245,13 @@ impl Driver {
             }
             if self.share.is_some() {
                 again |= self.send_shared(&rx, &mut tx, &mut spare, &mut accepts);
+            }
+            if self.gateway.memory.send_buffered() < send_buffered {
+                // The budget is the gateway's: acknowledgements on one link may free what
+                // relays of another wait for.
+                for l in self.gateway.links.iter().filter(|l| l.waits_for_budget()) {
+                    l.wake();
+                }
             }
             Self::send_all(&self.socket, &mut tx, &mut spare).await?;
             if again {
@@ -390,7 +401,7 @@ impl Driver {
         while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
             self.dispatch(&l, &mut st, ev, accepts);
         }
-        st.wake_budget_waiters(l.send_budget(), crate::relay::CHUNK as u64);
+        st.wake_budget_waiters(&l, crate::relay::CHUNK as u64);
         self.deadlines[link] = st.assoc.as_ref().and_then(Association::poll_timeout);
         more
     }
@@ -481,9 +492,9 @@ impl Driver {
     }
 
     fn accept_all(&self, link: usize, accepts: &mut Accepts) {
-        for (flow, meta) in accepts.drain(..) {
+        for (flow, meta, charge) in accepts.drain(..) {
             self.acceptor
-                .accept(self.gateway.links[link].clone(), flow, meta);
+                .accept(self.gateway.links[link].clone(), flow, meta, charge);
         }
     }
 
@@ -508,7 +519,19 @@ impl Driver {
             Event::FlowOpened { flow, meta } => {
                 debug!(flow, client = %meta.client, server = %meta.server, "flow opened by peer");
                 LinkCounters::add(&c.flows_from_peer, 1);
-                accepts.push((st.insert_slot(flow), meta));
+                if !st.admits_peer_flow(link) {
+                    // The peer's client gets the reset, as it would from a full `max_flows`.
+                    debug!(flow, "memory budget reached; flow refused");
+                    let reset = st
+                        .assoc
+                        .as_mut()
+                        .is_some_and(|a| a.reset(flow, ResetReason::ResourceLimit).is_ok());
+                    if reset {
+                        c.flow_resets.add(ResetReason::ResourceLimit);
+                    }
+                    return;
+                }
+                accepts.push((st.insert_slot(flow), meta, link.charge_flow()));
             }
             Event::FlowReadable { flow } | Event::FlowWritable { flow } => st.signal_flow(flow),
             Event::FlowReset { flow, reason } => {
@@ -594,7 +617,7 @@ mod tests {
     }
 
     impl FlowAcceptor for ResettingAcceptor {
-        fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta) {
+        fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, _: FlowCharge) {
             link.reset(&flow, ResetReason::Refused);
             let _ = self
                 .accepted
@@ -643,9 +666,18 @@ mod tests {
             };
             let (_, assoc) = factory.make(&mut endpoint, Instant::now(), 0).unwrap();
             let wake = Arc::new(Notify::new());
-            let link = PeerLink::new(PeerId(0), "peer", Some(assoc), 1 << 20, wake.clone());
+            let memory = Arc::new(crate::memory::MemoryAccount::new(1 << 30, 0, 0));
+            let link = PeerLink::new(
+                PeerId(0),
+                "peer",
+                Some(assoc),
+                1 << 20,
+                memory.clone(),
+                wake.clone(),
+            );
             let gateway = Gateway {
                 links: vec![Arc::new(link)],
+                memory,
                 specs: Vec::new(),
                 routes: Routes::default(),
                 counters: GatewayCounters::default(),

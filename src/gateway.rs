@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 
 use crate::config::PeerSpec;
 use crate::link::{LinkCounters, PeerLink};
+use crate::memory::MemoryAccount;
 use crate::metrics::{RelaySnapshot, Snapshot};
 use crate::routes::Routes;
 
@@ -24,6 +25,9 @@ pub struct Gateway {
     pub carrier_bps: AtomicU64,
     /// Wakes the driver; every link holds it.
     pub wake: Arc<Notify>,
+    /// The memory budget and what counts against it: one for the gateway, every link holds
+    /// it, as `limits.memory_budget` is the process's.
+    pub memory: Arc<MemoryAccount>,
 }
 
 /// Counters of the gateway as a whole: interception happens before a connection is routed
@@ -74,15 +78,17 @@ impl Gateway {
             .sum()
     }
 
-    /// Every association's stats added up, with the endpoint's drops.
-    pub fn stats(&self) -> (Stats, u64) {
+    /// Every association's stats added up, with the endpoint's drops, and the bytes they
+    /// buffer to send and received.
+    pub fn stats(&self) -> (Stats, u64, u64) {
         let mut total: Option<Stats> = None;
-        let mut memory = 0;
+        let (mut send, mut recv) = (0, 0);
         for link in &self.links {
-            let Some((s, m)) = link.stats() else {
+            let Some((s, sent, received)) = link.stats() else {
                 continue;
             };
-            memory += m;
+            send += sent;
+            recv += received;
             match total.as_mut() {
                 None => total = Some(s),
                 Some(t) => add_stats(t, &s),
@@ -90,12 +96,12 @@ impl Gateway {
         }
         let mut total = total.unwrap_or_default();
         add_endpoint_stats(&mut total, &self.counters.endpoint());
-        (total, memory)
+        (total, send, recv)
     }
 
     /// What the metrics endpoint serves at this instant.
-    pub fn snapshot(&self, memory_budget: u64) -> Snapshot {
-        let (stats, memory) = self.stats();
+    pub fn snapshot(&self) -> Snapshot {
+        let (stats, send, recv) = self.stats();
         let get = LinkCounters::get;
         let sum = |f: fn(&LinkCounters) -> &AtomicU64| -> u64 {
             self.links.iter().map(|l| get(f(&l.counters))).sum()
@@ -138,8 +144,9 @@ impl Gateway {
                 ],
                 flow_resets: by_reason(|c| c.flow_resets.snapshot()),
             },
-            memory_in_use_bytes: memory,
-            memory_budget_bytes: memory_budget,
+            memory_in_use_bytes: send + recv,
+            memory_accounted_bytes: self.memory.accounted(send, recv),
+            memory_budget_bytes: self.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
         }

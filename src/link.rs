@@ -1,6 +1,6 @@
 //! One peer's association shared between the driver and the flow relays: one lock around
-//! the sans-IO core, a slot per live flow with the signal its relay waits on, and the
-//! memory budget that bounds what the relays of this peer may buffer.
+//! the sans-IO core, a slot per live flow with the signal its relay waits on, this peer's
+//! share of the send buffers, and the gateway's memory account every link charges.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +11,7 @@ use pep_transport::{
 };
 use tokio::sync::Notify;
 
+use crate::memory::{FlowCharge, MemoryAccount};
 use crate::metrics::AssociationState;
 
 /// What a relay waits on: the driver pokes it when its flow becomes readable or writable,
@@ -69,6 +70,8 @@ pub struct LinkState {
     next_token: u64,
     /// Relays waiting for the global send budget.
     budget_waiters: Vec<Arc<FlowSignal>>,
+    /// The association's send buffers as last reported to the memory account.
+    send_reported: u64,
 }
 
 /// One peer of the gateway: its association behind a lock of its own, so relays of
@@ -82,9 +85,13 @@ pub struct PeerLink {
     wake: Arc<Notify>,
     /// Set by [`PeerLink::wake`] until the driver services the link.
     queued: AtomicBool,
-    /// Budget for bytes waiting to be sent (the receive side is bounded by the windows we
-    /// advertise); changes on reload.
+    /// Relays of this link wait for budget (which another link's acknowledgements may free).
+    budget_waiting: AtomicBool,
+    /// This peer's share of the send side of the budget, so that one peer cannot take all
+    /// of it (the receive side is bounded by the windows we advertise); changes on reload.
     send_budget: AtomicU64,
+    /// The gateway's memory account, shared by every link: the budget is process-wide.
+    pub memory: Arc<MemoryAccount>,
     pub counters: LinkCounters,
 }
 
@@ -160,12 +167,13 @@ impl ByReason {
 
 impl PeerLink {
     /// `assoc`: made at start for a peer whose address is configured, else later by the
-    /// driver. `wake`: the driver's.
+    /// driver. `memory`: the gateway's. `wake`: the driver's.
     pub fn new(
         peer: PeerId,
         name: &str,
         assoc: Option<Association>,
         send_budget: u64,
+        memory: Arc<MemoryAccount>,
         wake: Arc<Notify>,
     ) -> PeerLink {
         PeerLink {
@@ -176,10 +184,13 @@ impl PeerLink {
                 flows: HashMap::new(),
                 next_token: 0,
                 budget_waiters: Vec::new(),
+                send_reported: 0,
             }),
             wake,
             queued: AtomicBool::new(false),
+            budget_waiting: AtomicBool::new(false),
             send_budget: AtomicU64::new(send_budget),
+            memory,
             counters: LinkCounters::default(),
         }
     }
@@ -190,16 +201,22 @@ impl PeerLink {
         self.wake.notify_one();
     }
 
+    /// Whether relays of this link wait for budget to free.
+    pub fn waits_for_budget(&self) -> bool {
+        self.budget_waiting.load(Ordering::Relaxed)
+    }
+
     /// Whether the link asked to be serviced since the last call.
     pub fn take_queued(&self) -> bool {
         self.queued.swap(false, Ordering::AcqRel)
     }
 
-    /// (transport stats, bytes buffered) of the association, once there is one.
-    pub fn stats(&self) -> Option<(pep_transport::Stats, u64)> {
+    /// (transport stats, bytes buffered to send, bytes buffered received) of the
+    /// association, once there is one.
+    pub fn stats(&self) -> Option<(pep_transport::Stats, u64, u64)> {
         let st = self.lock();
         let a = st.assoc.as_ref()?;
-        Some((a.stats(), a.send_buffered() + a.recv_buffered()))
+        Some((a.stats(), a.send_buffered(), a.recv_buffered()))
     }
 
     pub fn send_budget(&self) -> u64 {
@@ -211,22 +228,30 @@ impl PeerLink {
         self.wake();
     }
 
+    /// Counts a flow against the gateway's budget for as long as the charge lives.
+    pub fn charge_flow(&self) -> FlowCharge {
+        self.memory.charge_flow()
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, LinkState> {
         // A relay that panicked while holding the lock leaves a consistent association (its
         // calls are all-or-nothing), so the poison is not worth taking the daemon down.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens a flow for an intercepted connection; `first` rides with the open.
-    pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<FlowRef, OpenRefused> {
+    /// Opens a flow for an intercepted connection; `first` rides with the open. The flow
+    /// counts against the budget until the returned charge is dropped.
+    pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<(FlowRef, FlowCharge), OpenRefused> {
         let mut st = self.lock();
-        let budget = self.send_budget();
+        if st.assoc.is_none() {
+            return Err(OpenRefused::NotAssociated);
+        }
+        if !st.admits_flow(self, first.len() as u64) {
+            return Err(OpenRefused::MemoryBudget);
+        }
         let Some(assoc) = st.assoc.as_mut() else {
             return Err(OpenRefused::NotAssociated);
         };
-        if assoc.send_buffered() + first.len() as u64 > budget {
-            return Err(OpenRefused::MemoryBudget);
-        }
         let id = assoc.open_flow(meta).map_err(|e| match e {
             OpenError::TooManyFlows => OpenRefused::FlowLimit,
         })?;
@@ -237,21 +262,24 @@ impl PeerLink {
             assoc.write(id, first).unwrap_or(0)
         };
         let flow = st.insert_slot(id);
+        st.report_send(&self.memory);
+        // Charged under the lock, so concurrent opens cannot all pass the check above.
+        let charge = self.charge_flow();
         LinkCounters::add(&self.counters.bytes_to_peer, written as u64);
         drop(st);
         self.wake();
-        Ok(flow)
+        Ok((flow, charge))
     }
 
     /// Bytes a relay may hand to the flow now: its own room, within the global budget.
     pub fn write_room(&self, flow: &FlowRef) -> Result<usize, FlowGone> {
         let mut st = self.lock();
-        let assoc = st.flow_assoc(flow)?;
-        let room = assoc.send_capacity(flow.id) as u64;
-        let left = self.send_budget().saturating_sub(assoc.send_buffered());
+        let room = st.flow_assoc(flow)?.send_capacity(flow.id) as u64;
+        let left = st.send_room(self);
         if left == 0 && room > 0 {
             // Woken by the driver when acknowledgements free budget.
             st.budget_waiters.push(flow.signal.clone());
+            self.budget_waiting.store(true, Ordering::Relaxed);
         }
         Ok(room.min(left) as usize)
     }
@@ -262,6 +290,7 @@ impl PeerLink {
             .flow_assoc(flow)?
             .write(flow.id, data)
             .map_err(|e| gone(e, flow))?;
+        st.report_send(&self.memory);
         drop(st);
         self.wake();
         Ok(n)
@@ -367,14 +396,51 @@ impl LinkState {
         }
     }
 
+    /// Tells the memory account what the association buffers to send now (acknowledgements
+    /// free it, writes add to it, a new association starts empty); returns it.
+    pub fn report_send(&mut self, memory: &MemoryAccount) -> u64 {
+        let now = self.assoc.as_ref().map_or(0, Association::send_buffered);
+        memory.report_send(self.send_reported, now);
+        self.send_reported = now;
+        now
+    }
+
+    /// Bytes this link's send buffers may still take: within its peer's share, and what
+    /// the gateway's budget leaves with every link's buffers counted.
+    fn send_room(&mut self, link: &PeerLink) -> u64 {
+        let buffered = self.report_send(&link.memory);
+        let share = link.send_budget().saturating_sub(buffered);
+        share.min(link.memory.send_room(link.memory.send_buffered()))
+    }
+
+    /// Whether one more flow, bringing `first` bytes to send, fits the peer's share and
+    /// the gateway's budget.
+    fn admits_flow(&mut self, link: &PeerLink, first: u64) -> bool {
+        let buffered = self.report_send(&link.memory);
+        link.memory.admits_flow(link.memory.send_buffered(), first)
+            && buffered + first <= link.send_budget()
+    }
+
+    /// Whether a flow the peer opened fits the budget (it is reset when not).
+    pub fn admits_peer_flow(&mut self, link: &PeerLink) -> bool {
+        self.admits_flow(link, 0)
+    }
+
     /// Wakes relays that waited for budget, once a read's worth is free again.
-    pub fn wake_budget_waiters(&mut self, send_budget: u64, chunk: u64) {
-        let buffered = self.assoc.as_ref().map_or(0, Association::send_buffered);
-        if self.budget_waiters.is_empty() || buffered + chunk > send_budget {
+    pub fn wake_budget_waiters(&mut self, link: &PeerLink, chunk: u64) {
+        if self.budget_waiters.is_empty() {
+            self.report_send(&link.memory);
+            return;
+        }
+        let room = self.send_room(link);
+        let buffered = self.send_reported;
+        // With nothing left to acknowledge, no more will free up here: hand out what there is.
+        if room == 0 || (room < chunk && buffered > 0) {
             return;
         }
         for s in self.budget_waiters.drain(..) {
             s.notify.notify_one();
         }
+        link.budget_waiting.store(false, Ordering::Relaxed);
     }
 }

@@ -208,7 +208,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
     for w in pepd::selfcheck::startup_checks(&cfg) {
         tracing::warn!("self-check: {w}");
     }
-    raise_fd_limit();
+    let cfg = serve_within_fd_limit(cfg);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -223,13 +223,25 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
     )
 }
 
-/// Every proxied connection holds a descriptor; the soft limit (1024 by default) is raised
-/// to the hard limit, as systemd recommends for daemons that need many.
-fn raise_fd_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_err() {
-            tracing::warn!(soft, hard, "could not raise the open-file limit");
+/// Raises the open-file limit to what `max_flows` needs; with a hard limit too low for
+/// it, serves the flows the limit allows and says so.
+fn serve_within_fd_limit(mut cfg: PepdConfig) -> PepdConfig {
+    match pepd::fdlimit::raise(&cfg) {
+        Ok(r) if r.flows < cfg.limits.max_flows as u64 => {
+            tracing::warn!(
+                "the open-file limit (hard {}) serves {} flows, not `limits.max_flows` \
+                 ({}): running with {}; raise LimitNOFILE= in the unit (or the hard \
+                 RLIMIT_NOFILE) to {}",
+                r.hard,
+                r.flows,
+                cfg.limits.max_flows,
+                r.flows,
+                pepd::fdlimit::needed(cfg.limits.max_flows as u64, cfg.limits.over_limit)
+            );
+            cfg.limits.max_flows = usize::try_from(r.flows).unwrap_or(1).max(1);
         }
+        Ok(r) => tracing::debug!(soft = r.limit, hard = r.hard, "open-file limit"),
+        Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
     }
+    cfg
 }

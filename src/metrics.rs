@@ -103,7 +103,10 @@ pub struct Snapshot {
     /// Times the association was (re)established after a loss or a peer restart.
     pub association_restarts: u64,
     pub relay: RelaySnapshot,
+    /// Payload in the transport's buffers, both directions.
     pub memory_in_use_bytes: u64,
+    /// Everything counted against the budget: fixed costs, per-flow costs and payload.
+    pub memory_accounted_bytes: u64,
     pub memory_budget_bytes: u64,
     /// Datagrams dropped because they did not come from the peer.
     pub tunnel_foreign_datagrams: u64,
@@ -533,6 +536,13 @@ impl Collector for SnapshotCollector {
             "Buffer memory in use",
             bytes,
             s.memory_in_use_bytes,
+        )?;
+        gauge(
+            e,
+            "memory_accounted",
+            "Memory counted against the budget: fixed costs, per-flow costs and payload",
+            bytes,
+            s.memory_accounted_bytes,
         )?;
         gauge(
             e,

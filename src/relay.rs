@@ -12,6 +12,8 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::link::{FlowGone, FlowRef, LinkCounters, PeerLink};
+use crate::memory::FlowCharge;
+use crate::scratch;
 
 /// Largest piece moved per read, either way.
 pub const CHUNK: usize = 64 * 1024;
@@ -34,6 +36,8 @@ pub struct Relay {
     pub idle_timeout: Option<Duration>,
     /// The TCP side already sent FIN (and the flow was finished).
     pub tcp_read_done: bool,
+    /// The flow's share of the memory budget, returned when the relay ends.
+    pub charge: FlowCharge,
 }
 
 impl Relay {
@@ -44,6 +48,7 @@ impl Relay {
             tcp,
             idle_timeout,
             tcp_read_done,
+            charge,
         } = self;
         let _active = ActiveRelay::new(&link);
         let mut st = Pump {
@@ -54,9 +59,10 @@ impl Relay {
             pending: None,
             fin_to_tcp: false,
             last_activity: Instant::now(),
-            buf: vec![0u8; CHUNK],
         };
         let end = st.run(idle_timeout).await;
+        drop(st);
+        drop(charge);
         match end {
             RelayEnd::Closed => {}
             RelayEnd::ResetByPeer(_) | RelayEnd::ResetLocally(_) => abort_tcp(tcp),
@@ -101,7 +107,14 @@ struct Pump<'a> {
     /// The flow's FIN was passed on to TCP (shutdown of our write side).
     fin_to_tcp: bool,
     last_activity: Instant,
-    buf: Vec<u8>,
+}
+
+impl Drop for Pump<'_> {
+    fn drop(&mut self) {
+        if let Some(data) = &self.pending {
+            self.link.memory.release(data.len() as u64);
+        }
+    }
 }
 
 impl Pump<'_> {
@@ -154,6 +167,7 @@ impl Pump<'_> {
                     Ok(n) => {
                         self.last_activity = Instant::now();
                         LinkCounters::add(&self.link.counters.bytes_from_peer, n as u64);
+                        self.link.memory.release(n as u64);
                         let _ = data.split_to(n);
                         if data.is_empty() {
                             self.pending = None;
@@ -168,7 +182,10 @@ impl Pump<'_> {
                 return Ok(());
             }
             match self.link.read(self.flow, CHUNK) {
-                Ok(ReadOutcome::Data(b)) => self.pending = Some(b),
+                Ok(ReadOutcome::Data(b)) => {
+                    self.link.memory.hold(b.len() as u64);
+                    self.pending = Some(b);
+                }
                 Ok(ReadOutcome::Blocked) => return Ok(()),
                 Ok(ReadOutcome::Finished) | Err(FlowGone::Closed) => {
                     self.fin_to_tcp = true;
@@ -197,9 +214,19 @@ impl Pump<'_> {
             if room == 0 {
                 return Ok(0);
             }
-            let want = room.min(self.buf.len());
-            match self.tcp.try_read(&mut self.buf[..want]) {
-                Ok(0) => {
+            let want = room.min(scratch::SIZE);
+            // Read and handed to the flow in one go, so the buffer is this thread's, not
+            // the relay's.
+            let read = scratch::with(|buf| {
+                let r = self.tcp.try_read(&mut buf[..want]);
+                let written = match r {
+                    Ok(n) if n > 0 => Some(self.link.write(self.flow, &buf[..n])),
+                    _ => None,
+                };
+                (r, written)
+            });
+            match read {
+                (Ok(0), _) => {
                     self.reading_tcp = false;
                     match self.link.finish(self.flow) {
                         Ok(()) => {}
@@ -207,19 +234,21 @@ impl Pump<'_> {
                         Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
                     }
                 }
-                Ok(n) => {
+                (Ok(n), written) => {
                     self.last_activity = Instant::now();
                     LinkCounters::add(&self.link.counters.bytes_to_peer, n as u64);
-                    match self.link.write(self.flow, &self.buf[..n]) {
+                    match written {
                         // The room was checked under the same budget a moment ago and only
                         // this relay writes to the flow, so all of it fits.
-                        Ok(_) => {}
-                        Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
-                        Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+                        Some(Ok(_)) | None => {}
+                        Some(Err(FlowGone::Reset(r))) => return Err(RelayEnd::ResetByPeer(r)),
+                        Some(Err(FlowGone::Closed)) => {
+                            return Err(self.local_reset(ResetReason::Closed))
+                        }
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(room),
-                Err(_) => return Err(self.local_reset(ResetReason::Aborted)),
+                (Err(e), _) if e.kind() == io::ErrorKind::WouldBlock => return Ok(room),
+                (Err(_), _) => return Err(self.local_reset(ResetReason::Aborted)),
             }
         }
         Ok(0)

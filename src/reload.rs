@@ -101,15 +101,26 @@ fn apply_live(
             running.transport.ack_max_delay = new.transport.ack_max_delay;
         }
         LiveSetting::MaxFlows => {
-            for link in &gateway.links {
-                with_assoc(link, |a| a.set_max_flows(new.limits.max_flows));
+            // Within what the open-file limit raised at start serves.
+            let served = crate::fdlimit::served(new.limits.max_flows, new.limits.over_limit);
+            if served < new.limits.max_flows {
+                warn!(
+                    max_flows = new.limits.max_flows,
+                    served, "the open-file limit serves fewer flows than `limits.max_flows`"
+                );
             }
-            running.limits.max_flows = new.limits.max_flows;
+            for link in &gateway.links {
+                with_assoc(link, |a| a.set_max_flows(served));
+            }
+            running.limits.max_flows = served;
         }
         LiveSetting::MemoryBudget => {
             // The send side follows at once; the receive window was advertised at the
             // handshake and changes with the next association.
-            let share = new.limits.memory_budget.bytes() / 2 / gateway.links.len().max(1) as u64;
+            // One budget for the gateway; each peer's share of the send side follows it.
+            let budget = new.limits.memory_budget.bytes();
+            gateway.memory.set_budget(budget);
+            let share = crate::tunnel::peer_send_share(budget, gateway.links.len());
             for link in &gateway.links {
                 link.set_send_budget(share);
             }

@@ -73,6 +73,7 @@ pub fn startup_checks_with(cfg: &PepdConfig, probe: &dyn Probe) -> Vec<String> {
     check_forwarding(cfg, probe, &mut w);
     check_rp_filter(cfg, probe, &mut w);
     check_peer_routes(cfg, probe, &mut w);
+    check_kernel_limits(cfg, probe, &mut w);
     // A missing tool is reported by every check that needs it; once is enough.
     let mut seen = HashSet::new();
     w.retain(|m| seen.insert(m.clone()));
@@ -571,6 +572,73 @@ fn check_forwarding(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
             Ok(_) => {}
             Err(e) => w.push(format!("cannot read {path} ({e}): {name} was not checked")),
         }
+    }
+}
+
+/// Connection-tracking entries `max_flows` needs: one per open flow, and as many again for
+/// connections closing (conntrack keeps a closed TCP connection for 2 minutes in
+/// TIME_WAIT) and the traffic the gateway routes.
+pub fn conntrack_needed(max_flows: usize) -> u64 {
+    2 * max_flows as u64
+}
+
+/// The kernel limits a busy gateway meets before `limits.max_flows`: the connection-tracking
+/// table, the ephemeral ports of the upstream connects and the listeners' accept queue.
+/// A limit that cannot be read is not checked (conntrack's is absent while the module is
+/// not loaded, and then there is no table to fill).
+fn check_kernel_limits(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
+    let flows = cfg.limits.max_flows;
+    let read = |path: &str| probe.read(path).ok();
+    if let Some(max) =
+        read("/proc/sys/net/netfilter/nf_conntrack_max").and_then(|t| parse_sysctl(&t))
+    {
+        let need = conntrack_needed(flows);
+        if max < need as i64 {
+            w.push(format!(
+                "net.netfilter.nf_conntrack_max is {max}: `limits.max_flows` ({flows}) needs \
+                 {need} connection-tracking entries (one per flow, as many again for \
+                 connections closing and routed traffic); once the table is full the kernel \
+                 drops new connections' SYNs; raise it: sysctl -w \
+                 net.netfilter.nf_conntrack_max={need} (and in /etc/sysctl.d)"
+            ));
+        }
+    }
+    // Upstream connects from this gateway's own address take a port each per destination;
+    // transparent ones use the clients' addresses, a range each.
+    if !cfg.upstream.transparent_source {
+        let range =
+            read("/proc/sys/net/ipv4/ip_local_port_range").and_then(|t| parse_port_range(&t));
+        if let Some((lo, hi)) = range {
+            let ports = (hi - lo + 1).max(0) as u64;
+            if ports < flows as u64 {
+                w.push(format!(
+                    "net.ipv4.ip_local_port_range is {lo} {hi}, {ports} ports: \
+                     `limits.max_flows` ({flows}) connections to one destination need {flows} \
+                     (upstream connects from this gateway's address fail with \
+                     EADDRNOTAVAIL past that); widen it: sysctl -w \
+                     net.ipv4.ip_local_port_range=\"1024 65535\" (and in /etc/sysctl.d)"
+                ));
+            }
+        }
+    }
+    if let Some(max) = read("/proc/sys/net/core/somaxconn").and_then(|t| parse_sysctl(&t)) {
+        if max < flows as i64 {
+            w.push(format!(
+                "net.core.somaxconn is {max}: the listeners' accept queue holds at most that \
+                 many new connections, fewer than `limits.max_flows` ({flows}); in a burst the \
+                 rest lose their SYN and wait a second or more for the client to resend it; \
+                 raise it: sysctl -w net.core.somaxconn={flows} (and in /etc/sysctl.d)"
+            ));
+        }
+    }
+}
+
+/// `net.ipv4.ip_local_port_range`: two integers, the first and last port.
+pub fn parse_port_range(text: &str) -> Option<(i64, i64)> {
+    let mut it = text.split_whitespace().map(str::parse::<i64>);
+    match (it.next(), it.next(), it.next()) {
+        (Some(Ok(lo)), Some(Ok(hi)), None) => Some((lo, hi)),
+        _ => None,
     }
 }
 

@@ -102,7 +102,9 @@ pub fn force_buffers(sock: &impl AsFd, bytes: usize) -> io::Result<()> {
 }
 
 /// Lets a transparent bind leave the port to `connect`, so many upstream connections from
-/// one client address do not exhaust ports at bind time.
+/// one client address do not exhaust ports at bind time: `connect` then picks a port free
+/// for the whole 4-tuple, as it does for an unbound socket. Works on IPv6 sockets too (the
+/// kernel passes IPv4-level options of TCP sockets through).
 pub fn set_bind_address_no_port(sock: &impl AsFd) -> io::Result<()> {
     Ok(setsockopt(sock, sockopt::IpBindAddressNoPort, &true)?)
 }
@@ -144,6 +146,9 @@ mod tests {
 
         set_bind_address_no_port(&v4).expect("no port");
         assert!(getsockopt(&v4, sockopt::IpBindAddressNoPort).expect("no port"));
+        // An IPv6 socket takes the IPv4-level option too, and its bind honours it.
+        set_bind_address_no_port(&v6).expect("no port v6");
+        assert!(getsockopt(&v6, sockopt::IpBindAddressNoPort).expect("no port v6"));
 
         // Past any rmem_max; the kernel reports twice what it was given.
         let udp = Socket::new(Domain::IPV4, Type::DGRAM, None).expect("socket");

@@ -9,10 +9,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::sockopt;
 
-const BACKLOG: i32 = 1024;
-
-/// A listening socket that accepts connections to any address TPROXY redirects to it.
-pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+/// A listening socket that accepts connections to any address TPROXY redirects to it,
+/// with room in its accept queue for `backlog` (the kernel caps it at `net.core.somaxconn`,
+/// which the self-check compares with `limits.max_flows`).
+pub fn listen(addr: SocketAddr, backlog: usize) -> io::Result<TcpListener> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     if addr.is_ipv6() {
         // The IPv4 listener on the same port takes IPv4; TPROXY needs one per family.
@@ -23,7 +23,7 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     sockopt::set_save_syn(&sock)?;
     sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
-    sock.listen(BACKLOG)?;
+    sock.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     TcpListener::from_std(sock.into())
 }
 

@@ -18,6 +18,7 @@ use crate::config::{LoadedSecurity, Peers, PepdConfig, Side};
 use crate::driver::AssocFactory;
 use crate::gateway::{Gateway, GatewayCounters};
 use crate::link::PeerLink;
+use crate::memory::MemoryAccount;
 use crate::routes::Routes;
 use crate::share::CarrierShare;
 
@@ -87,8 +88,9 @@ pub fn build(
         )
     }));
     let wake = Arc::new(Notify::new());
+    let memory = Arc::new(gateway_memory(cfg, &factory.configs));
     // Each peer's relays buffer at most their share of the send half of the budget.
-    let send_budget = cfg.limits.memory_budget.bytes() / 2 / specs.len().max(1) as u64;
+    let send_budget = peer_send_share(cfg.limits.memory_budget.bytes(), specs.len());
     let now = Instant::now();
     let mut links = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
@@ -107,6 +109,7 @@ pub fn build(
             &spec.name,
             assoc,
             send_budget,
+            memory.clone(),
             wake.clone(),
         )));
     }
@@ -146,6 +149,7 @@ pub fn build(
         counters: GatewayCounters::default(),
         carrier_bps: AtomicU64::new(cfg.link.tx_rate.bps()),
         wake,
+        memory,
     };
     Ok(Tunnel {
         gateway: Arc::new(gateway),
@@ -154,4 +158,28 @@ pub fn build(
         allowed,
         share,
     })
+}
+
+/// A peer's share of the send side of `budget` when `peers` share it.
+pub fn peer_send_share(budget: u64, peers: usize) -> u64 {
+    crate::memory::send_cap(budget) / peers.max(1) as u64
+}
+
+/// The gateway's one memory account. Every association's receive window is reserved; each
+/// is sized within the receive half of the budget (config.rs), and their sum is held to
+/// that half too, so that the send side keeps its share however many peers there are.
+fn gateway_memory(cfg: &PepdConfig, configs: &[pep_transport::Config]) -> MemoryAccount {
+    let budget = cfg.limits.memory_budget.bytes();
+    let windows: u64 = configs.iter().map(|c| c.assoc_window).sum();
+    let receive_reserve = windows.min(budget - crate::memory::send_cap(budget));
+    let mtu = configs
+        .iter()
+        .map(|c| c.mtu)
+        .max()
+        .unwrap_or(cfg.transport().mtu);
+    MemoryAccount::new(
+        budget,
+        receive_reserve,
+        crate::memory::fixed(mtu, crate::memory::worker_threads()),
+    )
 }

@@ -53,9 +53,7 @@ fn make_socket(meta: &FlowMeta, opts: &UpstreamOptions) -> io::Result<TcpSocket>
     }
     if opts.transparent_source && meta.client.is_ipv4() == dst.is_ipv4() {
         sockopt::set_transparent(&sock, dst.is_ipv6())?;
-        if dst.is_ipv4() {
-            sockopt::set_bind_address_no_port(&sock)?;
-        }
+        sockopt::set_bind_address_no_port(&sock)?;
         let from = SocketAddr::new(meta.client.ip(), 0);
         sock.bind(&from.into())?;
     }

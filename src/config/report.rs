@@ -138,6 +138,20 @@ impl PepdConfig {
             "limits:     {} flows (then {over}), memory budget {}",
             self.limits.max_flows, self.limits.memory_budget
         );
+        let m = self.memory_implied();
+        let _ = writeln!(
+            s,
+            "memory:     fixed {} + {} per flow + payload (receive reserve {}, send up to {}): \
+             the budget carries {} idle flows; at most {} in use with {} flows, plus the \
+             process itself",
+            approx(m.fixed),
+            approx(crate::memory::PER_FLOW),
+            approx(m.receive_reserve),
+            approx(crate::memory::send_cap(self.limits.memory_budget.bytes())),
+            m.max_idle_flows,
+            approx(m.worst_case),
+            self.limits.max_flows
+        );
         let idle = match self.timeouts.idle {
             Duration::ZERO => "never".to_owned(),
             d => dur(d),
@@ -232,6 +246,18 @@ impl PepdConfig {
         )
     }
 
+    /// What the limits imply for memory on this host (the fixed part counts one read
+    /// buffer per CPU, as the daemon's runtime has one worker thread each).
+    pub fn memory_implied(&self) -> crate::memory::Implied {
+        let t = self.transport();
+        crate::memory::implied(
+            self.limits.memory_budget.bytes(),
+            t.assoc_window,
+            crate::memory::fixed(t.mtu, crate::memory::worker_threads()),
+            self.limits.max_flows as u64,
+        )
+    }
+
     /// Settings that are legal but probably not what the operator meant, each prefixed with
     /// where it is set. Empty for the example configs.
     pub fn warnings(&self) -> Vec<String> {
@@ -299,6 +325,18 @@ impl PepdConfig {
                     ),
                 );
             }
+        }
+        let carried = self.memory_implied().max_idle_flows;
+        if carried < self.limits.max_flows as u64 {
+            warn(
+                "limits.max_flows",
+                format!(
+                    "({}) is more than `limits.memory_budget` ({}) carries: {carried} flows \
+                     with nothing buffered; past that, new connections get the `over_limit` \
+                     treatment. Raise the budget, or lower `limits.max_flows` to match",
+                    self.limits.max_flows, self.limits.memory_budget
+                ),
+            );
         }
         match self.timeouts.idle {
             Duration::ZERO => warn(

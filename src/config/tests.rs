@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::error::Position;
+use super::report::approx;
 use super::*;
 
 const TERMINAL: &str = include_str!("../../config/terminal.toml");
@@ -139,7 +140,7 @@ fn defaults() {
     assert_eq!(t.outage_limit, Duration::from_secs(120));
     assert_eq!(t.keepalive, Duration::from_secs(5));
     assert_eq!(t.pacing_burst, Duration::from_millis(2));
-    assert_eq!(c.limits.max_flows, 4096);
+    assert_eq!(c.limits.max_flows, 10_000);
     assert_eq!(c.limits.over_limit, OverLimit::Refuse);
     assert_eq!(c.limits.flow_buffer, None);
     assert_eq!(c.limits.memory_budget, ByteSize(512 << 20));
@@ -778,7 +779,7 @@ fn summary_shows_effective_settings() {
         "transport:  cc adaptive, unexplained loss = corruption, pacing burst 2ms",
         "acks:       every 8 packets or 50ms",
         "windows:    flow 5.7 MiB, association 64 MiB, send buffer 4 MiB, sized from the link rates",
-        "limits:     4096 flows (then refuse), memory budget 512 MiB",
+        "limits:     10000 flows (then refuse), memory budget 512 MiB",
         "timeouts:   connect 10s, idle 2h, outage 2m, keepalive 5s",
         "log:        info",
         "metrics:    127.0.0.1:9464",
@@ -787,6 +788,53 @@ fn summary_shows_effective_settings() {
     ] {
         assert!(s.lines().any(|l| l == want), "missing {want:?} in\n{s}");
     }
+    // The fixed part counts a read buffer per CPU of the host the check runs on.
+    let m = c.memory_implied();
+    let fixed = crate::memory::fixed(1500, crate::memory::worker_threads());
+    assert_eq!(m.fixed, fixed);
+    assert_eq!(m.receive_reserve, 64 << 20);
+    assert_eq!(m.max_idle_flows, ((512 << 20) - (64 << 20) - fixed) / 4096);
+    assert_eq!(
+        m.worst_case,
+        fixed + (64 << 20) + (256 << 20) + 10_000 * 4096
+    );
+    let want = format!(
+        "memory:     fixed {} + 4 KiB per flow + payload (receive reserve 64 MiB, send up to \
+         256 MiB): the budget carries {} idle flows; at most {} in use with 10000 flows, plus \
+         the process itself",
+        approx(fixed),
+        m.max_idle_flows,
+        approx(m.worst_case)
+    );
+    assert!(s.lines().any(|l| l == want), "missing {want:?} in\n{s}");
+}
+
+#[test]
+fn a_budget_too_small_for_max_flows_is_warned_about() {
+    let c = PepdConfig::parse_named(
+        &min_with("[limits]\nmemory_budget = \"16MiB\"\nmax_flows = 5000\n"),
+        "test.toml",
+    )
+    .expect("legal config");
+    let m = c.memory_implied();
+    // 16 MiB less the 8 MiB receive window and the fixed costs, in 4 KiB flows.
+    assert_eq!(m.receive_reserve, 8 << 20);
+    assert_eq!(m.max_idle_flows, ((8 << 20) - m.fixed) / 4096);
+    assert_eq!(
+        c.warnings(),
+        [format!(
+            "test.toml line 9: `limits.max_flows` (5000) is more than `limits.memory_budget` \
+             (16 MiB) carries: {} flows with nothing buffered; past that, new connections get \
+             the `over_limit` treatment. Raise the budget, or lower `limits.max_flows` to \
+             match",
+            m.max_idle_flows
+        )]
+    );
+    let enough = PepdConfig::parse(&min_with(
+        "[limits]\nmemory_budget = \"16MiB\"\nmax_flows = 500\n",
+    ))
+    .expect("legal config");
+    assert_eq!(enough.warnings(), Vec::<String>::new());
 }
 
 #[test]

@@ -106,6 +106,7 @@ fn sample() -> Snapshot {
             flow_resets: vec![("aborted", 138), ("peer_restart", 139)],
         },
         memory_in_use_bytes: 140,
+        memory_accounted_bytes: 160,
         memory_budget_bytes: 141,
         tunnel_foreign_datagrams: 142,
         build_info: ("0.1.0", 1),
@@ -303,6 +304,7 @@ fn encode_reports_every_value_exactly() {
     assert_eq!(v("pepd_flows_active", &[]), 127.0);
     assert_eq!(v("pepd_association_flows_open", &[]), 118.0);
     assert_eq!(v("pepd_memory_in_use_bytes", &[]), 140.0);
+    assert_eq!(v("pepd_memory_accounted_bytes", &[]), 160.0);
     assert_eq!(v("pepd_memory_budget_bytes", &[]), 141.0);
     for (state, want) in [
         ("connecting", 0.0),
@@ -341,6 +343,7 @@ fn names_follow_the_conventions() {
         ("pepd_capacity_events", "counter"),
         ("pepd_cwnd_bytes", "gauge"),
         ("pepd_memory_in_use_bytes", "gauge"),
+        ("pepd_memory_accounted_bytes", "gauge"),
         ("pepd_packets_lost", "counter"),
         ("pepd_wire_bytes", "counter"),
         ("pepd_relay_bytes", "counter"),

@@ -269,6 +269,11 @@ fn healthy() -> Fake {
         .file("/proc/sys/net/ipv4/conf/all/rp_filter", "0\n")
         .file("/proc/sys/net/ipv4/conf/lan0/rp_filter", "2\n")
         .file("/proc/sys/net/ipv4/conf/wan0/rp_filter", "2\n")
+        // A 4 GiB host's conntrack default, the kernel's port range, deploy/99-pepd.conf's
+        // accept queue.
+        .file("/proc/sys/net/netfilter/nf_conntrack_max", "262144\n")
+        .file("/proc/sys/net/ipv4/ip_local_port_range", "32768\t60999\n")
+        .file("/proc/sys/net/core/somaxconn", "16384\n")
 }
 
 #[test]
@@ -589,4 +594,75 @@ fn a_table_with_rules_for_other_listeners_is_named() {
     );
     // With a table of its own that is not loaded, only the missing rule.
     assert_eq!(startup_checks_with(&cfg("pepd_b"), &healthy()), [no_rule]);
+}
+
+#[test]
+fn kernel_limits_below_max_flows_are_named() {
+    let cfg = config("interfaces = [\"lan0\"]");
+    assert_eq!(cfg.limits.max_flows, 10_000);
+    assert_eq!(conntrack_needed(10_000), 20_000);
+    let probe = healthy()
+        .file("/proc/sys/net/netfilter/nf_conntrack_max", "16384\n")
+        .file("/proc/sys/net/ipv4/ip_local_port_range", "50000\t59000\n")
+        .file("/proc/sys/net/core/somaxconn", "4096\n");
+    assert_eq!(
+        startup_checks_with(&cfg, &probe),
+        [
+            "net.netfilter.nf_conntrack_max is 16384: `limits.max_flows` (10000) needs 20000 \
+             connection-tracking entries (one per flow, as many again for connections closing \
+             and routed traffic); once the table is full the kernel drops new connections' \
+             SYNs; raise it: sysctl -w net.netfilter.nf_conntrack_max=20000 (and in \
+             /etc/sysctl.d)",
+            "net.ipv4.ip_local_port_range is 50000 59000, 9001 ports: `limits.max_flows` \
+             (10000) connections to one destination need 10000 (upstream connects from this \
+             gateway's address fail with EADDRNOTAVAIL past that); widen it: sysctl -w \
+             net.ipv4.ip_local_port_range=\"1024 65535\" (and in /etc/sysctl.d)",
+            "net.core.somaxconn is 4096: the listeners' accept queue holds at most that many \
+             new connections, fewer than `limits.max_flows` (10000); in a burst the rest lose \
+             their SYN and wait a second or more for the client to resend it; raise it: \
+             sysctl -w net.core.somaxconn=10000 (and in /etc/sysctl.d)",
+        ]
+    );
+    // Exactly enough is enough.
+    let probe = healthy()
+        .file("/proc/sys/net/netfilter/nf_conntrack_max", "20000\n")
+        .file("/proc/sys/net/ipv4/ip_local_port_range", "50000 59999\n")
+        .file("/proc/sys/net/core/somaxconn", "10000\n");
+    assert_eq!(startup_checks_with(&cfg, &probe), Vec::<String>::new());
+}
+
+#[test]
+fn kernel_limits_not_there_are_not_checked() {
+    let cfg = config("interfaces = [\"lan0\"]");
+    // Without the conntrack module its sysctl does not exist, and there is no table.
+    let mut probe = healthy().file("/proc/sys/net/ipv4/ip_local_port_range", "1024 2047\n");
+    probe
+        .files
+        .remove("/proc/sys/net/netfilter/nf_conntrack_max");
+    probe.files.remove("/proc/sys/net/core/somaxconn");
+    let w = startup_checks_with(&cfg, &probe);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].starts_with("net.ipv4.ip_local_port_range is 1024 2047, 1024 ports"));
+    // Transparent connects come from the clients' addresses, each with its own ports.
+    let transparent = PepdConfig::parse(
+        "[upstream]\ntransparent_source = true\n\
+         [intercept]\nlisten = [\"0.0.0.0:7000\", \"[::]:7000\"]\n\
+         [rules]\ninterfaces = [\"lan0\"]\n\
+         [peer]\naddress = \"198.18.0.1:7400\"\nside = \"terminal\"\n\
+         [link]\ntx_rate = \"2M\"\nrx_rate = \"10M\"\n",
+    )
+    .expect("config");
+    assert_eq!(
+        startup_checks_with(&transparent, &probe),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn port_ranges() {
+    assert_eq!(parse_port_range("32768\t60999\n"), Some((32768, 60999)));
+    assert_eq!(parse_port_range("1024 65535"), Some((1024, 65535)));
+    assert_eq!(parse_port_range("1024"), None);
+    assert_eq!(parse_port_range("1024 x"), None);
+    assert_eq!(parse_port_range("1 2 3"), None);
 }

@@ -1,6 +1,7 @@
 //! `pep-testbed`: build the satellite testbed, move verified traffic through it, run scenarios.
 
 mod demo;
+mod soak;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -177,6 +178,11 @@ enum Cmd {
     /// Plain TCP against pepd on an emulated GEO link: downloads and a page load, timed
     /// side by side (table on stdout, demo.json and demo.svg in --out).
     Demo(demo::DemoArgs),
+    /// Mixed traffic through the pepd pair for a set time, the gateways' resident size,
+    /// descriptors, flows and accounted memory sampled into soak.csv and soak.svg in
+    /// --out; fails unless every transfer was byte-exact, the flow counters equal the
+    /// connections made and the descriptors are back to their count before.
+    Soak(soak::SoakArgs),
     /// A stand-in for pepd that relays intercepted TCP over the routed path (tests the
     /// testbed's interception plumbing): `fake-pepd run -c FILE`.
     #[command(hide = true)]
@@ -322,6 +328,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Demo(args) => demo::run(&args)?,
+        Cmd::Soak(args) => soak::run(&args)?,
         Cmd::FakePepd { args } => pep_testbed::fakepepd::main(&args)?,
     }
     Ok(())

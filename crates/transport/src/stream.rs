@@ -77,6 +77,12 @@ impl SendStream {
         n
     }
 
+    /// Bytes the buffer holds allocated (at least what is written and unacknowledged).
+    #[cfg(test)]
+    pub fn allocated(&self) -> usize {
+        self.buf.capacity()
+    }
+
     pub fn room(&self) -> usize {
         usize::try_from(self.buffer_limit.saturating_sub(self.buf.len() as u64))
             .unwrap_or(usize::MAX)
@@ -217,6 +223,11 @@ impl SendStream {
                 self.buf.drain(..advance);
                 self.acked_base = first.end;
                 self.acked.pop_first();
+                if self.buf.is_empty() {
+                    // A flow that went quiet must not keep the room its busiest moment
+                    // grew: thousands of idle flows would hold their peaks.
+                    self.buf = VecDeque::new();
+                }
             }
         }
     }
@@ -426,6 +437,10 @@ impl RecvStream {
             front.split_to(max)
         };
         self.read += chunk.len() as u64;
+        if self.ready.is_empty() {
+            // As for the send side: a drained queue gives its room back.
+            self.ready = VecDeque::new();
+        }
         Some(chunk)
     }
 
@@ -483,6 +498,29 @@ mod tests {
         assert_eq!((r2.offset, r2.len, r2.fin), (2500, 500, true));
         s.on_acked(1000, 2000, true);
         assert!(s.is_done());
+    }
+
+    #[test]
+    fn drained_buffers_give_their_room_back() {
+        let mut s = SendStream::new(1 << 20, 1 << 20);
+        assert_eq!(s.write(&[7u8; 100_000]), 100_000);
+        assert!(s.allocated() >= 100_000);
+        let c = s.next_chunk(100_000, u64::MAX).unwrap();
+        s.on_acked(c.offset, 60_000, false);
+        assert!(
+            s.allocated() >= 40_000,
+            "still holds the unacknowledged part"
+        );
+        s.on_acked(60_000, 40_000, false);
+        assert_eq!(s.allocated(), 0);
+
+        let mut r = RecvStream::new(1 << 20);
+        for i in 0..1000u64 {
+            r.on_data(i * 100, &[1u8; 100], false).unwrap();
+        }
+        assert!(r.ready.capacity() >= 1000);
+        while r.read(64 * 1024).is_some() {}
+        assert_eq!(r.ready.capacity(), 0);
     }
 
     #[test]

@@ -1,0 +1,256 @@
+//! pepd at its limits (root only): a connection past `limits.memory_budget` or
+//! `limits.max_flows` gets the `over_limit` treatment, `refuse` and `bypass`, while the
+//! flows already open stay.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use pep_testbed::addr;
+use pep_testbed::pepd::{PepdTestbed, Side};
+use support::*;
+
+fn server_at(port: u16) -> SocketAddr {
+    SocketAddr::new(addr::server(false), port)
+}
+
+/// Reads fail rather than hang when a test goes wrong.
+fn timed(s: TcpStream) -> TcpStream {
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s
+}
+
+fn terminal_metric(tb: &PepdTestbed, name: &str) -> f64 {
+    let s = scrape_metrics(Side::Terminal.namespace(tb.names()));
+    metric_value(&s, name, None).unwrap_or_else(|| panic!("no {name}"))
+}
+
+/// Waits until the terminal relays `n` flows.
+fn wait_active(tb: &PepdTestbed, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let active = terminal_metric(tb, "pepd_flows_active");
+        if active == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{active} flows active, not {n}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_flow_past_the_memory_budget_is_refused() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    // The budget carries three idle flows and half of a fourth: with `flow_buffer` set this
+    // small, the receive reserve is half the budget, so the other half is
+    // fixed + 3 × 4 KiB + 2 KiB.
+    let fixed = pepd::memory::fixed(1500, pepd::memory::worker_threads());
+    let budget = 2 * (fixed + 3 * pepd::memory::PER_FLOW + 2048);
+    let mut o = options();
+    o.terminal_toml = format!(
+        "[limits]\nflow_buffer = \"64KiB\"\nmemory_budget = \"{budget}B\"\nover_limit = \"refuse\"\n"
+    );
+    let tb = up(&link(20e6, 20), &o);
+    let listener = listen_in_server(&tb, server_at(5101));
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| timed(connect_from_client(&tb, server_at(5101)).expect("connect")))
+        .collect();
+    wait_active(&tb, 3.0);
+    assert_eq!(terminal_metric(&tb, "pepd_flows_refused_total"), 0.0);
+
+    // The reset may come before `connect` returns (it is sent 2 ms after the handshake).
+    let err = match connect_from_client(&tb, server_at(5101)) {
+        Ok(fourth) => {
+            let mut buf = [0u8; 1];
+            timed(fourth).read(&mut buf).expect_err("reset")
+        }
+        Err(e) => e,
+    };
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    assert_eq!(terminal_metric(&tb, "pepd_flows_refused_total"), 1.0);
+    assert_eq!(terminal_metric(&tb, "pepd_flows_active"), 3.0);
+    let accounted = terminal_metric(&tb, "pepd_memory_accounted_bytes");
+    assert_eq!(accounted, (fixed + 3 * pepd::memory::PER_FLOW) as f64);
+
+    // The flows already open still carry bytes, both ways. Which server socket is which
+    // client's is not known (the hub connects in its own order): each echoes what it got.
+    listener.set_nonblocking(false).expect("blocking");
+    let mut upstream: Vec<TcpStream> = (0..3)
+        .map(|_| timed(listener.accept().expect("upstream").0))
+        .collect();
+    let msgs: Vec<String> = (0..3).map(|i| format!("flow {i}")).collect();
+    for (c, m) in held.iter().zip(&msgs) {
+        (&*c).write_all(m.as_bytes()).expect("write");
+    }
+    let mut got: Vec<String> = upstream
+        .iter_mut()
+        .map(|s| {
+            let mut b = [0u8; 6];
+            s.read_exact(&mut b).expect("read at the server");
+            s.write_all(&b).expect("echo");
+            String::from_utf8_lossy(&b).into_owned()
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, msgs);
+    for (c, m) in held.iter().zip(&msgs) {
+        let mut back = [0u8; 6];
+        (&*c).read_exact(&mut back).expect("read at the client");
+        assert_eq!(&back, m.as_bytes());
+    }
+}
+
+#[test]
+fn a_flow_past_max_flows_is_bypassed() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut o = options();
+    // The bypass is the routed path.
+    o.forbid_routed_tcp = false;
+    o.terminal_toml = "[limits]\nmax_flows = 2\nover_limit = \"bypass\"\n".into();
+    let tb = up(&link(20e6, 20), &o);
+    let listener = listen_in_server(&tb, server_at(5102));
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| timed(connect_from_client(&tb, server_at(5102)).expect("connect")))
+        .collect();
+    wait_active(&tb, 2.0);
+    let mut proxied: Vec<TcpStream> = (0..2)
+        .map(|_| timed(listener.accept().expect("proxied").0))
+        .collect();
+
+    let mut third = timed(connect_from_client(&tb, server_at(5102)).expect("connect"));
+    third.write_all(b"over the limit").expect("write");
+    let (s, from) = listener.accept().expect("bypassed");
+    let mut s = timed(s);
+    let mut got = [0u8; 14];
+    s.read_exact(&mut got).expect("read at the server");
+    assert_eq!(&got, b"over the limit");
+    s.write_all(b"ok").expect("reply");
+    let mut back = [0u8; 2];
+    third.read_exact(&mut back).expect("read at the client");
+    assert_eq!(&back, b"ok");
+    eprintln!("bypassed connection came from {from}");
+    assert_eq!(terminal_metric(&tb, "pepd_flows_bypassed_total"), 1.0);
+    assert_eq!(terminal_metric(&tb, "pepd_flows_refused_total"), 0.0);
+    // Bypassed connections are not flows.
+    assert_eq!(terminal_metric(&tb, "pepd_flows_active"), 2.0);
+
+    // The proxied flows still carry bytes (which server socket is which client's is not
+    // known: all are written before any is read).
+    for c in &mut held {
+        c.write_all(b"ping").expect("write");
+    }
+    for s in &mut proxied {
+        let mut got = [0u8; 4];
+        s.read_exact(&mut got).expect("read");
+        assert_eq!(&got, b"ping");
+    }
+}
+
+/// Resident set and open descriptors of `side`'s pepd.
+fn rss_and_fds(tb: &PepdTestbed, side: Side) -> (u64, usize) {
+    let pid = tb.gateways().pid(side).expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd")
+        .count();
+    (kib * 1024, fds)
+}
+
+/// Idle flows hold one descriptor each on both gateways and about the per-flow cost of
+/// memory; when they close, both come back and the accounted memory is the fixed part.
+#[test]
+fn idle_flows_cost_a_descriptor_and_their_share_each() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    const FLOWS: usize = 2_000;
+    let tb = up(&link(20e6, 20), &options());
+    // The default backlog of 128 would drop the final ACKs of a 2,000-connection burst.
+    let listener = tb
+        .in_server(|| -> std::io::Result<std::net::TcpListener> {
+            let at = server_at(5103);
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.set_reuse_address(true)?;
+            s.bind(&at.into())?;
+            s.listen(4096)?;
+            Ok(s.into())
+        })
+        .expect("server namespace")
+        .expect("listener");
+    let server = std::thread::spawn(move || {
+        (0..FLOWS)
+            .map(|_| listener.accept().expect("accept").0)
+            .collect::<Vec<TcpStream>>()
+    });
+    let sides = [Side::Terminal, Side::Hub];
+    let before = sides.map(|s| rss_and_fds(&tb, s));
+    let to = server_at(5103);
+    let clients: Vec<TcpStream> = tb
+        .in_client(move || {
+            (0..FLOWS)
+                .map(|_| TcpStream::connect_timeout(&to, Duration::from_secs(20)).expect("connect"))
+                .collect()
+        })
+        .expect("client namespace");
+    let accepted = server.join().expect("server thread");
+    wait_active(&tb, FLOWS as f64);
+    let during = sides.map(|s| rss_and_fds(&tb, s));
+    for (i, side) in sides.iter().enumerate() {
+        let rss = during[i].0.saturating_sub(before[i].0) / FLOWS as u64;
+        eprintln!(
+            "{side:?}: {} descriptors before, {} with {FLOWS} flows; RSS {} kB before, {} kB \
+             with them: {rss} B per flow",
+            before[i].1,
+            during[i].1,
+            before[i].0 / 1024,
+            during[i].0 / 1024
+        );
+        assert_eq!(
+            during[i].1 - before[i].1,
+            FLOWS,
+            "{side:?}: one descriptor per flow"
+        );
+    }
+    let accounted = terminal_metric(&tb, "pepd_memory_accounted_bytes");
+    let fixed = pepd::memory::fixed(1500, pepd::memory::worker_threads());
+    assert_eq!(
+        accounted,
+        (fixed + FLOWS as u64 * pepd::memory::PER_FLOW) as f64
+    );
+
+    drop(clients);
+    drop(accepted);
+    wait_active(&tb, 0.0);
+    // Closed flows linger in the association until their FINs are acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let after = sides.map(|s| rss_and_fds(&tb, s).1);
+        if after == before.map(|b| b.1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "descriptors {after:?}, before {before:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        terminal_metric(&tb, "pepd_memory_accounted_bytes"),
+        fixed as f64
+    );
+}
