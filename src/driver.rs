@@ -372,10 +372,8 @@ impl Driver {
             // One datagram waits for the carrier; the next is made once it has left, so
             // the association's pacing sees the share it gets.
             if !share.is_staged(link) {
-                let mut buf = spare.pop().unwrap_or_default();
-                match assoc.poll_transmit_to(now, &mut buf) {
-                    Some(to) => share.stage(link, to, buf),
-                    None => spare.push(buf),
+                if let Some((to, buf)) = next_datagram(assoc, now, spare) {
+                    share.stage(link, to, buf);
                 }
             }
         } else {
@@ -385,17 +383,11 @@ impl Driver {
                     more = true;
                     break;
                 }
-                let mut buf = spare.pop().unwrap_or_default();
-                match assoc.poll_transmit_to(now, &mut buf) {
-                    Some(to) => {
-                        tx.push((to, buf));
-                        sent += 1;
-                    }
-                    None => {
-                        spare.push(buf);
-                        break;
-                    }
-                }
+                let Some(datagram) = next_datagram(assoc, now, spare) else {
+                    break;
+                };
+                tx.push(datagram);
+                sent += 1;
             }
         }
         while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
@@ -589,6 +581,23 @@ impl Driver {
         }
         let mut spare = Vec::new();
         let _ = Self::send_all(&self.socket, tx, &mut spare).await;
+    }
+}
+
+/// The association's next datagram and where it goes, written into a spare buffer (one is
+/// made when none is left; an unused one goes back).
+fn next_datagram(
+    assoc: &mut Association,
+    now: Instant,
+    spare: &mut Vec<Vec<u8>>,
+) -> Option<(SocketAddr, Vec<u8>)> {
+    let mut buf = spare.pop().unwrap_or_default();
+    match assoc.poll_transmit_to(now, &mut buf) {
+        Some(to) => Some((to, buf)),
+        None => {
+            spare.push(buf);
+            None
+        }
     }
 }
 
