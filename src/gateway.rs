@@ -171,6 +171,8 @@ fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::Securi
     t.handshake_unknown_peer += s.handshake_unknown_peer;
     t.handshake_rate_limited += s.handshake_rate_limited;
     t.handshake_replayed += s.handshake_replayed;
+    t.handshake_bad_mac += s.handshake_bad_mac;
+    t.cookie_invalid += s.cookie_invalid;
     t.nonce_refused += s.nonce_refused;
 }
 

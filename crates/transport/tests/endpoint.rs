@@ -9,6 +9,7 @@ use std::time::Duration;
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{decode_header_with_cid, Header};
+use pep_transport::security::{public_key, stamp_initiation_macs};
 use pep_transport::{DatagramEvent, EndpointStats, PeerId};
 use support::endpoints::{hub_addr, terminal_addr, Hubnet, Layout, HUB};
 use support::{geo_secure, pattern, INIT};
@@ -22,6 +23,10 @@ fn established(n: &mut Hubnet, nodes: &[usize]) {
             .established(nodes.iter().copied())),
         "no association"
     );
+}
+
+fn hub_public_key(n: &Hubnet) -> [u8; 32] {
+    public_key(&n.nodes[HUB].key.expect("a secure hub"))
 }
 
 /// The first INIT terminal `i` sent.
@@ -157,6 +162,9 @@ fn init_scid_must_match_hello_cid() {
     let mut forged = genuine.clone();
     forged[5] = 2;
     forged.splice(6..6, [0xab, 0xcd]);
+    // Anyone who knows the hub's public key can make mac1 fit again: the HELLO inside is
+    // what refuses it.
+    stamp_initiation_macs(&mut forged, &hub_public_key(&n), None);
     let now = n.now;
     let hub = &mut n.nodes[HUB].endpoint;
     assert!(hub.handle(now, terminal_addr(1), &forged).is_none());

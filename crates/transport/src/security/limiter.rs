@@ -56,12 +56,23 @@ impl TokenBucket {
         }
     }
 
-    pub(crate) fn try_take(&mut self, now: Instant) -> bool {
+    fn refill(&mut self, now: Instant) {
         if let Some(last) = self.last {
             let earned = now.saturating_duration_since(last).as_secs_f64() * self.per_second;
             self.tokens = (self.tokens + earned).min(self.burst);
         }
         self.last = Some(self.last.map_or(now, |l| l.max(now)));
+    }
+
+    /// Whether less than half the burst is left: the work is arriving faster than the
+    /// rate, the endpoint's sign of load.
+    pub(crate) fn below_half(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens < self.burst / 2.0
+    }
+
+    pub(crate) fn try_take(&mut self, now: Instant) -> bool {
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
