@@ -335,3 +335,28 @@ fn steady_state_data_with_2_byte_cid_at_most_10_bytes() {
         println!("{rate} b/s: {checked} data packets, worst overhead {worst} bytes, by overhead {by_overhead:?}");
     }
 }
+
+/// A hub that restarts has lost every key and cannot reach terminals behind NAT itself: the
+/// terminal's unanswered keepalive starts an outage, and in an outage it initiates, instead
+/// of waiting out `outage_limit` (120 s) first.
+#[test]
+fn terminal_reassociates_soon_after_a_hub_restart() {
+    let layout = Layout::default();
+    let mut n = Hubnet::new(&layout);
+    established(&mut n, &[HUB, 1]);
+    n.run_until(Duration::from_secs(2), |_| false);
+    let mut restarted = Hubnet::new(&layout).nodes.swap_remove(HUB);
+    restarted.epoch += 1;
+    n.nodes[HUB] = restarted;
+    let restart = n.now;
+    let t = n.nodes[1].only();
+    assert!(n.run_until(Duration::from_secs(10), |n| {
+        n.established([HUB, 1]) && n.nodes[1].assocs[&t].0.stats().peer_restarts == 1
+    }));
+    let took = n.now - restart;
+    eprintln!("re-associated {took:?} after the hub restart");
+    assert_eq!(n.nodes[1].assocs[&t].0.stats().outages, 1);
+    // 1.05 s here: the terminal's last packets went unacknowledged, two probe timeouts
+    // made it an outage, and the INIT took one round trip.
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}

@@ -335,6 +335,11 @@ impl Security {
             .is_some_and(|p| now < p.answered_at + window)
     }
 
+    /// Whether an initiation of ours is in flight.
+    pub(crate) fn initiating(&self) -> bool {
+        self.initiation.is_some()
+    }
+
     /// Whether a (re)key initiation should leave now while established.
     pub(crate) fn rekey_due(&self, now: Instant, next_pn: u64) -> bool {
         if let Some(i) = &self.initiation {
