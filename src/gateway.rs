@@ -148,6 +148,7 @@ impl Gateway {
             memory_accounted_bytes: self.memory.accounted(send, recv),
             memory_budget_bytes: self.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
+            cookies_sent: c.endpoint().cookies_sent,
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
         }
     }

@@ -111,6 +111,7 @@ fn sample() -> Snapshot {
         memory_accounted_bytes: 160,
         memory_budget_bytes: 141,
         tunnel_foreign_datagrams: 142,
+        cookies_sent: 163,
         build_info: ("0.1.0", 1),
     }
 }
@@ -244,6 +245,7 @@ fn encode_reports_every_value_exactly() {
         ("pepd_handshakes_total", &[], 151),
         ("pepd_rekeys_total", &[], 152),
         ("pepd_nonce_refusals_total", &[], 150),
+        ("pepd_cookies_sent_total", &[], 163),
         ("pepd_protocol_violations_total", &[], 125),
         ("pepd_stream_sent_bytes_total", &[], 104),
         ("pepd_stream_acked_bytes_total", &[], 105),
