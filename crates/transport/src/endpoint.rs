@@ -20,7 +20,7 @@ use crate::security::{
     cookie_dcid, init_mac1, init_mac1_ok, initiation_ephemeral, initiation_hello, parse_init,
     parse_reply, public_key, reply_mac1_ok, AcceptedInitiation, CookieJar, DropReason,
     EphemeralSource, HandshakeGuard, LocalIdentity, MacKeys, Responder, SecurityConfig,
-    TokenBucket, KEY_LEN,
+    SourceBudgets, TokenBucket, KEY_LEN,
 };
 use crate::stats::SecurityCounts;
 
@@ -172,8 +172,9 @@ pub struct Endpoint {
     /// Cookie secrets (security on).
     cookies: Option<CookieJar>,
     /// The budget of initiations with a valid mac2: their senders proved their address,
-    /// so a spoofed flood cannot take it from them.
+    /// so a spoofed flood cannot take it from them; and each address's share of it.
     verified: TokenBucket,
+    verified_by_source: SourceBudgets,
     /// Under load until then: initiations without a valid mac2 get cookies.
     load_until: Option<Instant>,
     /// By slot: the peer whose association holds it.
@@ -225,6 +226,7 @@ impl Endpoint {
             macs,
             cookies,
             verified,
+            verified_by_source: SourceBudgets::default(),
             load_until: None,
             slots: Vec::new(),
             free: VecDeque::new(),
@@ -541,7 +543,7 @@ impl Endpoint {
             .as_mut()
             .is_some_and(|c| c.mac2_ok(now, from, datagram));
         let granted = if proven {
-            self.verified.try_take(now)
+            self.verified_by_source.try_take(now, from.ip()) && self.verified.try_take(now)
         } else if self.under_load(now) {
             return self.cookie_reply(now, from, scid, datagram);
         } else {

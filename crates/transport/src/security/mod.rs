@@ -69,7 +69,10 @@ mod replay;
 
 pub use aead::TAG_LEN;
 pub use cookie::COOKIE_SECRET_LIFETIME;
-pub use limiter::{HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, RECENT_INITIATIONS};
+pub use limiter::{
+    HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST, PER_SOURCE_PER_SECOND,
+    RECENT_INITIATIONS,
+};
 pub use replay::REPLAY_WINDOW;
 
 use std::time::Instant;
@@ -82,7 +85,7 @@ pub(crate) use handshake::{
     initiation_ephemeral, parse_init, parse_reply, EphemeralSource, Responder, SessionKeys,
 };
 use handshake::{Initiation, Refusal};
-pub(crate) use limiter::{HandshakeGuard, TokenBucket};
+pub(crate) use limiter::{HandshakeGuard, SourceBudgets, TokenBucket};
 pub(crate) use macs::{init_mac1, init_mac1_ok, reply_mac1_ok, MacKeys};
 use replay::ReplayWindow;
 
