@@ -190,5 +190,13 @@ PY
 printf '%s\t%s\t%s\t%s\n' "${verdict%%$'\t'*}" "BER steps 1e-6/1e-4/1e-6 every 60 s: settles within 10 s, changes >=2 s apart, each phase within 10 % of the best fixed size" "${verdict#*$'\t'}" "pep-sim bulk ${steps[*]} --json (and --datagram-size 1456..200)"
 [[ $verdict == PASS* ]] || fails=$((fails + 1))
 
+# Issue 14: one hub endpoint and 1,000 terminals (crates/sim/tests/hub.rs, which asserts the
+# bounds and prints its figures once they hold).
+hub=$(cargo test --release -q -p pep-sim --test hub -- --nocapture 2>/dev/null | grep '^hub-sim:' || true)
+printf '%s\t%s\t%s\t%s\n' "$([[ -n $hub ]] && echo PASS || echo FAIL)" \
+    "hub 1000 terminals: idle association <=64KiB, re-associate <=10s after a restart, <=30s under 100k forged INIT/s" \
+    "${hub#hub-sim: }" "cargo test --release -p pep-sim --test hub -- --nocapture"
+[[ -n $hub ]] || fails=$((fails + 1))
+
 echo "failed checks: $fails"
 exit $((fails > 0))

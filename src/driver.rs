@@ -204,7 +204,7 @@ impl Driver {
             }
             let now = Instant::now();
             for (i, &(len, from)) in received.iter().enumerate() {
-                self.route(now, from, i, &rx[i][..len], &mut inputs);
+                self.route(now, from, i, &rx[i][..len], &mut inputs, &mut tx);
             }
             if !received.is_empty() {
                 self.gateway.counters.set_endpoint(self.endpoint.stats());
@@ -277,7 +277,8 @@ impl Driver {
     }
 
     /// Where a datagram goes: to the link the endpoint routes it to, or, for an
-    /// initiation from a peer that has no association yet, to the one made for it now.
+    /// initiation from a peer that has no association yet, to the one made for it now; a
+    /// cookie the endpoint answers with joins `tx`.
     fn route(
         &mut self,
         now: Instant,
@@ -285,6 +286,7 @@ impl Driver {
         buf: usize,
         datagram: &[u8],
         inputs: &mut [Vec<Input>],
+        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
     ) {
         let (link, input) = match self.endpoint.handle(now, from, datagram) {
             None => return,
@@ -305,6 +307,13 @@ impl Driver {
                     return;
                 }
                 (link, Input::Initiation { from, accepted })
+            }
+            Some(DatagramEvent::Response {
+                destination,
+                datagram,
+            }) => {
+                tx.push((destination, datagram));
+                return;
             }
         };
         if let Some(queue) = inputs.get_mut(link) {

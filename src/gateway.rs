@@ -148,6 +148,7 @@ impl Gateway {
             memory_accounted_bytes: self.memory.accounted(send, recv),
             memory_budget_bytes: self.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
+            cookies_sent: c.endpoint().cookies_sent,
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
         }
     }
@@ -171,6 +172,8 @@ fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::Securi
     t.handshake_unknown_peer += s.handshake_unknown_peer;
     t.handshake_rate_limited += s.handshake_rate_limited;
     t.handshake_replayed += s.handshake_replayed;
+    t.handshake_bad_mac += s.handshake_bad_mac;
+    t.cookie_invalid += s.cookie_invalid;
     t.nonce_refused += s.nonce_refused;
 }
 

@@ -110,6 +110,8 @@ pub struct Snapshot {
     pub memory_budget_bytes: u64,
     /// Datagrams dropped because they did not come from the peer.
     pub tunnel_foreign_datagrams: u64,
+    /// COOKIEs the endpoint sent instead of doing a handshake's Diffie-Hellman.
+    pub cookies_sent: u64,
     /// (daemon version, transport protocol version).
     pub build_info: (&'static str, u32),
 }
@@ -372,6 +374,13 @@ impl Collector for SnapshotCollector {
             "Noise handshakes completed (association starts and rekeys)",
             None,
             st.handshakes_completed,
+        )?;
+        counter(
+            e,
+            "cookies_sent",
+            "COOKIEs sent under load instead of doing an initiation's Diffie-Hellman",
+            None,
+            s.cookies_sent,
         )?;
         counter(
             e,

@@ -85,6 +85,8 @@ fn sample() -> Snapshot {
                 handshake_rate_limited: 148,
                 handshake_replayed: 149,
                 nonce_refused: 150,
+                handshake_bad_mac: 161,
+                cookie_invalid: 162,
             },
             handshakes_completed: 151,
             rekeys: 152,
@@ -109,6 +111,7 @@ fn sample() -> Snapshot {
         memory_accounted_bytes: 160,
         memory_budget_bytes: 141,
         tunnel_foreign_datagrams: 142,
+        cookies_sent: 163,
         build_info: ("0.1.0", 1),
     }
 }
@@ -229,9 +232,20 @@ fn encode_reports_every_value_exactly() {
             &[("reason", "handshake_replayed")],
             149,
         ),
+        (
+            "pepd_datagrams_dropped_total",
+            &[("reason", "handshake_bad_mac")],
+            161,
+        ),
+        (
+            "pepd_datagrams_dropped_total",
+            &[("reason", "cookie_invalid")],
+            162,
+        ),
         ("pepd_handshakes_total", &[], 151),
         ("pepd_rekeys_total", &[], 152),
         ("pepd_nonce_refusals_total", &[], 150),
+        ("pepd_cookies_sent_total", &[], 163),
         ("pepd_protocol_violations_total", &[], 125),
         ("pepd_stream_sent_bytes_total", &[], 104),
         ("pepd_stream_acked_bytes_total", &[], 105),

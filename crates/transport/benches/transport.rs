@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use pep_transport::codec::Reader;
 use pep_transport::frame::{self, AckFrame, Frame};
-use pep_transport::security::{public_key, SecurityConfig};
-use pep_transport::{Association, Config, FlowMeta, ReadOutcome, Role};
+use pep_transport::security::{public_key, stamp_initiation_macs, LocalIdentity, SecurityConfig};
+use pep_transport::{
+    Association, Config, DatagramEvent, Endpoint, EndpointConfig, FlowMeta, PeerId, PeerIdentity,
+    ReadOutcome, Role, ENDPOINT_HANDSHAKE_BURST,
+};
 
 fn meta() -> FlowMeta {
     FlowMeta {
@@ -179,6 +182,73 @@ fn bench_hostile(c: &mut Criterion) {
     g.finish();
 }
 
+/// A hub endpoint (key 2, one known terminal: key 1) and a genuine INIT of that terminal.
+fn hub_endpoint_and_init() -> (Endpoint, Vec<u8>, Instant) {
+    let now = Instant::now();
+    let local = LocalIdentity {
+        private_key: [2; 32],
+        psk: None,
+    };
+    let mut hub = Endpoint::new(EndpointConfig::new(2), Some(local), [3; 32]).unwrap();
+    hub.set_peers([(
+        PeerId(1),
+        PeerIdentity {
+            public_key: Some(public_key(&[1; 32])),
+            address: None,
+        },
+    )]);
+    let cfg = Config::for_rate(10_000_000);
+    let mut t =
+        Association::new_secure(cfg, Role::Initiator, 1, now, security(1, 2), [1; 32]).unwrap();
+    let mut init = Vec::new();
+    assert!(t.poll_transmit(now, &mut init));
+    (hub, init, now)
+}
+
+/// What forged initiations cost a hub's endpoint once mac1 and the cookie screen them.
+fn bench_endpoint_screening(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hostile");
+    let from = "198.19.0.1:40000".parse().unwrap();
+    g.bench_function("endpoint_initiation_bad_mac1", |bch| {
+        let (mut hub, mut init, now) = hub_endpoint_and_init();
+        let last = init.len() - 1;
+        init[last - 16] ^= 1;
+        bch.iter(|| assert!(hub.handle(now, from, &init).is_none()));
+    });
+    g.bench_function("endpoint_initiation_forged_dh_attempt", |bch| {
+        // The Noise read of a forged initiation with a valid mac1, budget permitting.
+        bch.iter_batched(
+            || {
+                let (hub, mut init, now) = hub_endpoint_and_init();
+                init[10] ^= 1;
+                stamp_initiation_macs(&mut init, &public_key(&[2; 32]), None);
+                (hub, init, now)
+            },
+            |(mut hub, init, now)| assert!(hub.handle(now, from, &init).is_none()),
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("endpoint_initiation_cookie_reply", |bch| {
+        let (mut hub, mut init, now) = hub_endpoint_and_init();
+        // Forged with the mac1 anyone who knows the hub's key can make; enough of them
+        // (each a failed Diffie-Hellman) put the endpoint under load.
+        init[10] ^= 1;
+        stamp_initiation_macs(&mut init, &public_key(&[2; 32]), None);
+        for i in 0..ENDPOINT_HANDSHAKE_BURST {
+            init[11..15].copy_from_slice(&i.to_be_bytes());
+            stamp_initiation_macs(&mut init, &public_key(&[2; 32]), None);
+            hub.handle(now, from, &init);
+        }
+        bch.iter(|| {
+            assert!(matches!(
+                hub.handle(now, from, &init),
+                Some(DatagramEvent::Response { .. })
+            ))
+        });
+    });
+    g.finish();
+}
+
 fn bench_codec(c: &mut Criterion) {
     let ack = AckFrame {
         ranges: (0..32u64).rev().map(|i| i * 10..i * 10 + 7).collect(),
@@ -200,5 +270,11 @@ fn bench_codec(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_bulk, bench_codec, bench_hostile);
+criterion_group!(
+    benches,
+    bench_bulk,
+    bench_codec,
+    bench_hostile,
+    bench_endpoint_screening
+);
 criterion_main!(benches);

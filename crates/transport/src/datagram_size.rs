@@ -41,9 +41,10 @@ const SIZE_DEPENDENT: f64 = 0.5;
 /// does not oscillate.
 const DECISION_INTERVAL: Duration = Duration::from_secs(2);
 const MIN_CHANGE: f64 = 0.1;
-/// Size classes (by bytes on the link) whose loss rates are kept.
+/// Size classes (by bytes on the link) whose loss rates are kept, up to the largest
+/// datagram the association sends: a hub keeps one sizer per terminal, and classes for
+/// sizes never sent would be most of an idle association's memory (40 KiB for 64 KiB).
 const CLASS_BYTES: usize = 64;
-const CLASSES: usize = 1 + 65_535 / CLASS_BYTES;
 
 /// How the datagram size is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +135,7 @@ impl DatagramSizer {
             inside,
             outside,
             current,
-            classes: vec![Class::default(); CLASSES],
+            classes: vec![Class::default(); 1 + (max + outside) / CLASS_BYTES],
             data_packets: 0,
             next_decision: None,
             changes: 0,
@@ -151,7 +152,7 @@ impl DatagramSizer {
     }
 
     fn class_of(&self, link_bytes: usize) -> usize {
-        (link_bytes / CLASS_BYTES).min(CLASSES - 1)
+        (link_bytes / CLASS_BYTES).min(self.classes.len() - 1)
     }
 
     fn link_bytes(&self, datagram: usize) -> usize {

@@ -8,17 +8,19 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::association::{Association, EndpointRouting, Role};
 use crate::config::{Config, ConfigError};
 use crate::packet::{
-    ConnectionId, LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
-    LONG_TYPE_HELLO,
+    ConnectionId, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT,
+    LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_HELLO,
 };
 use crate::security::{
-    initiation_ephemeral, initiation_hello, parse_init, parse_reply, AcceptedInitiation,
-    DropReason, EphemeralSource, HandshakeGuard, LocalIdentity, Responder, SecurityConfig, KEY_LEN,
+    cookie_dcid, init_mac1, init_mac1_ok, initiation_ephemeral, initiation_hello, parse_init,
+    parse_reply, public_key, reply_mac1_ok, AcceptedInitiation, CookieJar, DropReason,
+    EphemeralSource, HandshakeGuard, LocalIdentity, MacKeys, Responder, SecurityConfig,
+    SourceBudgets, TokenBucket, KEY_LEN,
 };
 use crate::stats::SecurityCounts;
 
@@ -36,12 +38,18 @@ impl AssocHandle {
     }
 }
 
-/// Handshake messages an endpoint processes per second in the long run: an IK responder
-/// does four Diffie-Hellman operations (≈ 0.2 ms), so 1000 peers re-associate in a second
-/// or two after a restart.
-pub const ENDPOINT_HANDSHAKES_PER_SECOND: u32 = 1000;
-/// Handshake messages an endpoint may process back to back.
-pub const ENDPOINT_HANDSHAKE_BURST: u32 = 200;
+/// Handshake messages an endpoint processes per second in the long run. An IK responder
+/// does four Diffie-Hellman operations (≈ 0.2 ms), so this is at most 40 % of a core; a
+/// flood cannot take more, and once it takes half the burst the endpoint is under load and
+/// answers initiations without a valid mac2 with cookies, which cost no Diffie-Hellman.
+pub const ENDPOINT_HANDSHAKES_PER_SECOND: u32 = 2000;
+/// Handshake messages an endpoint may process back to back: the initiations of 1000
+/// terminals re-associating after a hub restart fit in it (≈ 0.2 s of work), and half of
+/// it before any of them is asked for a cookie.
+pub const ENDPOINT_HANDSHAKE_BURST: u32 = 1000;
+/// How long the endpoint stays under load once its budget fell below half the burst, so
+/// the cookie path does not flap with every token earned.
+const LOAD_HOLD: Duration = Duration::from_secs(1);
 /// Datagram bound of [`EndpointConfig::new`]: an Ethernet MTU.
 const DEFAULT_MAX_DATAGRAM: usize = 1500;
 
@@ -127,6 +135,12 @@ pub enum DatagramEvent {
         handle: Option<AssocHandle>,
         accepted: AcceptedInitiation,
     },
+    /// Send this datagram to `destination` (a COOKIE: the endpoint is under load and the
+    /// initiation had no valid mac2). Never larger than the datagram it answers.
+    Response {
+        destination: SocketAddr,
+        datagram: Vec<u8>,
+    },
 }
 
 /// Datagrams the endpoint dropped, by reason. None of them gets a reply.
@@ -140,8 +154,10 @@ pub struct EndpointStats {
     pub unknown_address: u64,
     /// Handshake screening: `wrong_mode`, `handshake_invalid` (which counts initiations of
     /// another protocol version), `handshake_unknown_peer`, `handshake_rate_limited` and
-    /// `handshake_replayed` are used here.
+    /// `handshake_replayed` and `handshake_bad_mac` are used here.
     pub security: SecurityCounts,
+    /// COOKIEs sent instead of doing an initiation's Diffie-Hellman.
+    pub cookies_sent: u64,
 }
 
 pub struct Endpoint {
@@ -151,6 +167,16 @@ pub struct Endpoint {
     local: Option<LocalIdentity>,
     source: EphemeralSource,
     guard: HandshakeGuard,
+    /// Our mac1 key (security on).
+    macs: Option<MacKeys>,
+    /// Cookie secrets (security on).
+    cookies: Option<CookieJar>,
+    /// The budget of initiations with a valid mac2: their senders proved their address,
+    /// so a spoofed flood cannot take it from them; and each address's share of it.
+    verified: TokenBucket,
+    verified_by_source: SourceBudgets,
+    /// Under load until then: initiations without a valid mac2 get cookies.
+    load_until: Option<Instant>,
     /// By slot: the peer whose association holds it.
     slots: Vec<Option<PeerId>>,
     /// Slots given back, reused least recently freed first (after every fresh one), so a
@@ -187,11 +213,21 @@ impl Endpoint {
     ) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let guard = HandshakeGuard::new(cfg.handshakes_per_second, cfg.handshake_burst);
+        let verified = TokenBucket::new(cfg.handshakes_per_second, cfg.handshake_burst);
+        let mut source = EphemeralSource::new(rng_seed);
+        let ours = local.as_ref().map(|l| public_key(&l.private_key));
+        let macs = ours.as_ref().map(MacKeys::of);
+        let cookies = ours.map(|k| CookieJar::new(&k, source.seed()));
         Ok(Endpoint {
             cfg,
             local,
-            source: EphemeralSource::new(rng_seed),
+            source,
             guard,
+            macs,
+            cookies,
+            verified,
+            verified_by_source: SourceBudgets::default(),
+            load_until: None,
             slots: Vec::new(),
             free: VecDeque::new(),
             peers: HashMap::new(),
@@ -270,9 +306,13 @@ impl Endpoint {
         let secure = self.local.is_some();
         match first & !LONG_HEADER_BIT {
             LONG_TYPE_HELLO if !secure => self.route_by_address(from),
-            LONG_TYPE_HANDSHAKE_INIT if secure => self.on_init(now, datagram),
+            LONG_TYPE_HANDSHAKE_INIT if secure => self.on_init(now, from, datagram),
             LONG_TYPE_HANDSHAKE_REPLY if secure => self.on_reply(now, datagram),
-            LONG_TYPE_HELLO | LONG_TYPE_HANDSHAKE_INIT | LONG_TYPE_HANDSHAKE_REPLY => {
+            LONG_TYPE_COOKIE if secure => self.on_cookie(datagram),
+            LONG_TYPE_HELLO
+            | LONG_TYPE_HANDSHAKE_INIT
+            | LONG_TYPE_HANDSHAKE_REPLY
+            | LONG_TYPE_COOKIE => {
                 self.stats.security.wrong_mode += 1;
                 None
             }
@@ -420,6 +460,9 @@ impl Endpoint {
             return None;
         };
         let routed = self.route(dcid.as_slice())?;
+        if !self.mac1_ok(reply_mac1_ok, datagram) {
+            return None;
+        }
         if !self.guard.bucket.try_take(now) {
             self.count(DropReason::HandshakeRateLimited);
             return None;
@@ -427,10 +470,45 @@ impl Endpoint {
         Some(routed)
     }
 
-    /// The responder half of a handshake, in order of cost: a copy of an initiation we
-    /// answered goes to its association; one seen before is refused; then the work budget;
-    /// then the Noise read (two Diffie-Hellman) and the initiator's key among the peers.
-    fn on_init(&mut self, now: Instant, datagram: &[u8]) -> Option<DatagramEvent> {
+    /// A COOKIE for one of our associations' initiations: opening it costs no
+    /// Diffie-Hellman, so it is routed without a token.
+    fn on_cookie(&mut self, datagram: &[u8]) -> Option<DatagramEvent> {
+        let Some(dcid) = cookie_dcid(datagram, usize::from(self.cfg.cid_len)) else {
+            self.count(DropReason::CookieInvalid);
+            return None;
+        };
+        self.route(dcid.as_slice())
+    }
+
+    /// Whether a handshake message's mac1 is keyed for us (`check`: for its type); counts
+    /// it when not.
+    fn mac1_ok(&mut self, check: fn(&[u8], &MacKeys) -> bool, datagram: &[u8]) -> bool {
+        let ok = self.macs.as_ref().is_some_and(|m| check(datagram, m));
+        if !ok {
+            self.count(DropReason::HandshakeBadMac);
+        }
+        ok
+    }
+
+    /// Whether initiations without a valid mac2 are to get cookies now.
+    fn under_load(&mut self, now: Instant) -> bool {
+        if self.guard.bucket.below_half(now) {
+            self.load_until = Some(now + LOAD_HOLD);
+        }
+        self.load_until.is_some_and(|t| now < t)
+    }
+
+    /// The responder half of a handshake, in order of cost: mac1 (one hash); a copy of an
+    /// initiation we answered goes to its association; one seen before is refused; an
+    /// initiation with a valid mac2 takes from the budget of proven addresses; without one,
+    /// under load it gets a cookie, otherwise it takes from the general budget; then the
+    /// Noise read (two Diffie-Hellman) and the initiator's key among the peers.
+    fn on_init(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        datagram: &[u8],
+    ) -> Option<DatagramEvent> {
         let Some((scid, noise)) = parse_init(datagram) else {
             // Another protocol version lands here too: its layout is not ours to read.
             self.count(DropReason::HandshakeInvalid);
@@ -440,6 +518,9 @@ impl Endpoint {
             self.count(DropReason::HandshakeInvalid);
             return None;
         };
+        if !self.mac1_ok(init_mac1_ok, datagram) {
+            return None;
+        }
         if let Some(peer) = self.answered.get(&ephemeral) {
             let Some(&handle) = self.by_peer.get(peer) else {
                 self.count(DropReason::HandshakeReplayed);
@@ -457,7 +538,18 @@ impl Endpoint {
             self.count(DropReason::HandshakeReplayed);
             return None;
         }
-        if !self.guard.bucket.try_take(now) {
+        let proven = self
+            .cookies
+            .as_mut()
+            .is_some_and(|c| c.mac2_ok(now, from, datagram));
+        let granted = if proven {
+            self.verified_by_source.try_take(now, from.ip()) && self.verified.try_take(now)
+        } else if self.under_load(now) {
+            return self.cookie_reply(now, from, scid, datagram);
+        } else {
+            self.guard.bucket.try_take(now)
+        };
+        if !granted {
             self.count(DropReason::HandshakeRateLimited);
             return None;
         }
@@ -495,6 +587,22 @@ impl Endpoint {
                 remote_static,
                 hello,
             },
+        })
+    }
+
+    fn cookie_reply(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        scid: ConnectionId,
+        init: &[u8],
+    ) -> Option<DatagramEvent> {
+        let mac1 = init_mac1(init)?;
+        let datagram = self.cookies.as_mut()?.reply(now, from, scid, &mac1)?;
+        self.stats.cookies_sent += 1;
+        Some(DatagramEvent::Response {
+            destination: from,
+            datagram,
         })
     }
 

@@ -13,6 +13,8 @@ pub const LONG_TYPE_HELLO: u8 = 0x01;
 pub const LONG_TYPE_HANDSHAKE_INIT: u8 = 0x02;
 /// Long-header packet type: Noise handshake reply (security on).
 pub const LONG_TYPE_HANDSHAKE_REPLY: u8 = 0x03;
+/// Long-header packet type: a busy responder's cookie, instead of a reply (security on).
+pub const LONG_TYPE_COOKIE: u8 = 0x04;
 
 const PN_LEN_SHIFT: u8 = 5;
 const PN_LEN_MASK: u8 = 0x60;
@@ -226,6 +228,7 @@ pub enum Header {
     /// the layout belongs to the security layer).
     HandshakeInit,
     HandshakeReply,
+    Cookie,
 }
 
 /// Parses the header at the start of a datagram sent to a receiver without connection IDs;
@@ -248,6 +251,7 @@ pub fn decode_header_with_cid(
         LONG_TYPE_HELLO => Hello::decode(r).map(Header::Hello),
         LONG_TYPE_HANDSHAKE_INIT => Ok(Header::HandshakeInit),
         LONG_TYPE_HANDSHAKE_REPLY => Ok(Header::HandshakeReply),
+        LONG_TYPE_COOKIE => Ok(Header::Cookie),
         _ => Err(DecodeError::Invalid("unknown long header type")),
     }
 }
@@ -268,7 +272,9 @@ pub fn parse_packet_with_cid(
     let mut r = Reader::new(datagram);
     let header = decode_header_with_cid(&mut r, local_cid_len)?;
     let frames = match &header {
-        Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply => Vec::new(),
+        Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply | Header::Cookie => {
+            Vec::new()
+        }
         Header::Short(s) => decode_payload(r.rest(), s)?,
     };
     Ok((header, frames))

@@ -81,6 +81,11 @@ pub struct SecurityCounts {
     pub handshake_rate_limited: u64,
     /// A handshake initiation seen before (same ephemeral key).
     pub handshake_replayed: u64,
+    /// A handshake message whose mac1 is not keyed for us: dropped before any
+    /// Diffie-Hellman.
+    pub handshake_bad_mac: u64,
+    /// A COOKIE that was forged, stale, replayed or for no initiation of ours.
+    pub cookie_invalid: u64,
     /// Sends refused because the packet number was already used under the current key
     /// (never expected; a guard against nonce reuse).
     pub nonce_refused: u64,
@@ -88,7 +93,7 @@ pub struct SecurityCounts {
 
 impl SecurityCounts {
     /// Each reason with its metric label, for exporters.
-    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 9] {
         [
             ("unauthenticated", self.unauthenticated),
             ("replayed", self.replayed),
@@ -97,6 +102,8 @@ impl SecurityCounts {
             ("handshake_unknown_peer", self.handshake_unknown_peer),
             ("handshake_rate_limited", self.handshake_rate_limited),
             ("handshake_replayed", self.handshake_replayed),
+            ("handshake_bad_mac", self.handshake_bad_mac),
+            ("cookie_invalid", self.cookie_invalid),
         ]
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{decode_header_with_cid, Header};
+use pep_transport::security::{public_key, stamp_initiation_macs};
 use pep_transport::{DatagramEvent, EndpointStats, PeerId};
 use support::endpoints::{hub_addr, terminal_addr, Hubnet, Layout, HUB};
 use support::{geo_secure, pattern, INIT};
@@ -22,6 +23,10 @@ fn established(n: &mut Hubnet, nodes: &[usize]) {
             .established(nodes.iter().copied())),
         "no association"
     );
+}
+
+fn hub_public_key(n: &Hubnet) -> [u8; 32] {
+    public_key(&n.nodes[HUB].key.expect("a secure hub"))
 }
 
 /// The first INIT terminal `i` sent.
@@ -157,6 +162,9 @@ fn init_scid_must_match_hello_cid() {
     let mut forged = genuine.clone();
     forged[5] = 2;
     forged.splice(6..6, [0xab, 0xcd]);
+    // Anyone who knows the hub's public key can make mac1 fit again: the HELLO inside is
+    // what refuses it.
+    stamp_initiation_macs(&mut forged, &hub_public_key(&n), None);
     let now = n.now;
     let hub = &mut n.nodes[HUB].endpoint;
     assert!(hub.handle(now, terminal_addr(1), &forged).is_none());
@@ -326,4 +334,29 @@ fn steady_state_data_with_2_byte_cid_at_most_10_bytes() {
         assert!(checked > 50, "only {checked} data packets seen at {rate}");
         println!("{rate} b/s: {checked} data packets, worst overhead {worst} bytes, by overhead {by_overhead:?}");
     }
+}
+
+/// A hub that restarts has lost every key and cannot reach terminals behind NAT itself: the
+/// terminal's unanswered keepalive starts an outage, and in an outage it initiates, instead
+/// of waiting out `outage_limit` (120 s) first.
+#[test]
+fn terminal_reassociates_soon_after_a_hub_restart() {
+    let layout = Layout::default();
+    let mut n = Hubnet::new(&layout);
+    established(&mut n, &[HUB, 1]);
+    n.run_until(Duration::from_secs(2), |_| false);
+    let mut restarted = Hubnet::new(&layout).nodes.swap_remove(HUB);
+    restarted.epoch += 1;
+    n.nodes[HUB] = restarted;
+    let restart = n.now;
+    let t = n.nodes[1].only();
+    assert!(n.run_until(Duration::from_secs(10), |n| {
+        n.established([HUB, 1]) && n.nodes[1].assocs[&t].0.stats().peer_restarts == 1
+    }));
+    let took = n.now - restart;
+    eprintln!("re-associated {took:?} after the hub restart");
+    assert_eq!(n.nodes[1].assocs[&t].0.stats().outages, 1);
+    // 1.05 s here: the terminal's last packets went unacknowledged, two probe timeouts
+    // made it an outage, and the INIT took one round trip.
+    assert!(took < Duration::from_secs(2), "{took:?}");
 }

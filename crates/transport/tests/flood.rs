@@ -8,9 +8,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
+use pep_transport::security::{public_key, stamp_initiation_macs};
 use support::{
     bulk_with_progress, establish_within_20s as established, fin_at, geo_secure as geo, pattern,
-    Faults, Net, INIT, REPLY,
+    security_pair, Faults, Net, INIT, REPLY,
 };
 
 /// Live heap bytes of this test binary, to show hostile input does not grow memory.
@@ -55,6 +56,7 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
     let data = pattern(4, bytes);
     let f = n.open(0, 1002, data.clone(), true);
     let t0 = n.elapsed();
+    let responder_key = public_key(&security_pair(Duration::ZERO)[1].local_private_key);
     let mut rng = 0x1234_5678_9abc_def1u64;
     let mut next = || {
         rng ^= rng << 13;
@@ -67,7 +69,8 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
             let len = 1 + (next() % 1400) as usize;
             let mut d: Vec<u8> = (0..len).map(|_| next() as u8).collect();
             match i % 4 {
-                // Forged initiations (fresh random ephemerals: each costs a DH unless
+                // Forged initiations (fresh random ephemerals, and the mac1 anyone who
+                // knows the responder's public key can compute: each costs a DH unless
                 // rate limited).
                 0 => {
                     d.resize(150, 0);
@@ -75,6 +78,7 @@ fn junk_and_handshake_floods_neither_grow_memory_nor_slow_the_transfer() {
                     d[1..5].copy_from_slice(&pep_transport::PROTOCOL_VERSION.to_be_bytes());
                     // No source connection ID.
                     d[5] = 0;
+                    stamp_initiation_macs(&mut d, &responder_key, None);
                 }
                 // Replays of a genuine initiation.
                 1 => d = captured_init.clone(),

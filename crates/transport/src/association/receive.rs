@@ -51,7 +51,8 @@ impl Association {
             Header::HandshakeReply if secure => {
                 return self.on_handshake_reply(now, from, datagram)
             }
-            Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply => {
+            Header::Cookie if secure => return self.on_cookie(now, datagram),
+            Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply | Header::Cookie => {
                 self.stats.security.wrong_mode += 1;
                 return;
             }
@@ -216,6 +217,20 @@ impl Association {
         };
         match sec.answer(now, responder, ephemeral, &encoded, h, !rekey) {
             Ok(()) => self.reply_to = from,
+            Err(d) => d.count(&mut self.stats.security),
+        }
+    }
+
+    /// A busy responder's answer to our initiation: the initiation goes again at once,
+    /// carrying the cookie.
+    fn on_cookie(&mut self, now: Instant, datagram: &[u8]) {
+        let cid_len = self.local_cid.len();
+        let Some(sec) = self.security.as_mut() else {
+            return;
+        };
+        match sec.on_cookie(now, datagram, cid_len) {
+            Ok(()) if !self.established => self.hello_due = Some(now),
+            Ok(()) => {}
             Err(d) => d.count(&mut self.stats.security),
         }
     }

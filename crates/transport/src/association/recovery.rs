@@ -317,6 +317,9 @@ impl Association {
         }
         if let Some(sec) = &self.security {
             consider(sec.deadline(self.established));
+            if self.established && self.outage_since.is_some() && !sec.initiating() {
+                consider(Some(self.last_input));
+            }
             if sec.has_outbox() {
                 consider(Some(self.last_input));
             }

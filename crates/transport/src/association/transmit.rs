@@ -187,8 +187,11 @@ impl Association {
             out.extend_from_slice(&d);
             return true;
         }
+        // In an outage the peer may have restarted and lost our keys (a hub cannot reach a
+        // terminal behind NAT itself): a new handshake finds out, and is a rekey if not.
+        let outage = self.outage_since.is_some();
         let due = if established {
-            sec.rekey_due(now, next_pn)
+            sec.rekey_due(now, next_pn) || (outage && !sec.initiating())
         } else if start_due && sec.awaiting_confirmation(now, self.cfg.hello_interval * 3) {
             // Our initiation would only cross the one we answered; look again later.
             self.hello_due = Some(now + self.cfg.hello_interval);

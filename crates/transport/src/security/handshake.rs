@@ -10,6 +10,7 @@ use snow::types::{Cipher, Dh, Hash, Random};
 use snow::HandshakeState;
 
 use super::aead::PacketKey;
+use super::macs::{INIT_MACS, REPLY_MACS};
 use super::{LocalIdentity, KEY_LEN};
 use crate::codec::Reader;
 use crate::packet::{
@@ -25,12 +26,6 @@ const PROLOGUE: &[u8] = b"pepd tunnel v2";
 pub(crate) const HANDSHAKE_HEADER_LEN: usize = 5;
 /// Bound on a handshake datagram; ours are under 250 bytes.
 const MAX_MESSAGE: usize = 512;
-/// Room for the MACs a handshake datagram ends with (mac1 and mac2 after an INIT, mac1 after
-/// a REPLY). They are sent as zeros and not checked until the cookie mechanism lands, so the
-/// layout does not change again when it does (docs/PROTOCOL.md, 7.1).
-pub(crate) const MAC_LEN: usize = 16;
-const INIT_MACS: usize = 2 * MAC_LEN;
-const REPLY_MACS: usize = MAC_LEN;
 
 /// Why a handshake message was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +125,8 @@ fn builder<'a>(
     Ok(b)
 }
 
-/// `type | version | (INIT: scid_len scid; REPLY: dcid) | Noise message | MACs`.
+/// `type | version | (INIT: scid_len scid; REPLY: dcid) | Noise message | MACs`, the MACs
+/// zero until the sender stamps them for its peer (`macs`).
 fn handshake_datagram(kind: u8, cid: ConnectionId, noise: &[u8]) -> Vec<u8> {
     let (prefixed, macs) = if kind == LONG_TYPE_HANDSHAKE_INIT {
         (true, INIT_MACS)
@@ -151,7 +147,7 @@ fn handshake_datagram(kind: u8, cid: ConnectionId, noise: &[u8]) -> Vec<u8> {
 }
 
 /// The version field and what follows it, refusing other versions and oversized datagrams.
-fn versioned_body(datagram: &[u8]) -> Option<Reader<'_>> {
+pub(super) fn versioned_body(datagram: &[u8]) -> Option<Reader<'_>> {
     let version = datagram.get(1..HANDSHAKE_HEADER_LEN)?;
     if version != PROTOCOL_VERSION.to_be_bytes() || datagram.len() > MAX_MESSAGE {
         return None;
@@ -394,7 +390,7 @@ mod tests {
         let init = Initiation::start(&a.local, &a.peer, &mut src, b"h", scid).unwrap();
         let d = &init.datagram;
         assert_eq!(d[..8], [0x82, 0, 0, 0, 2, 2, 1, 2]);
-        // e (32), s (32 + 16), payload (1 + 16), then mac1 and mac2 (zeros for now).
+        // e (32), s (32 + 16), payload (1 + 16), then mac1 and mac2 (zero until stamped).
         assert_eq!(d.len(), 8 + 32 + 48 + 17 + 32);
         assert_eq!(parse_init(d).unwrap().1.len(), 32 + 48 + 17);
         let mut v1 = d.clone();

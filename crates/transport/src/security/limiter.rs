@@ -3,8 +3,9 @@
 //! initiations owns one [`HandshakeGuard`]: a standalone association, or the endpoint that
 //! screens them for all of its associations.
 
-use std::collections::{HashSet, VecDeque};
-use std::time::Instant;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 /// Handshake messages a standalone association processes per second in the long run.
 pub const HANDSHAKES_PER_SECOND: u32 = 20;
@@ -12,6 +13,16 @@ pub const HANDSHAKES_PER_SECOND: u32 = 20;
 pub const HANDSHAKE_BURST: u32 = 20;
 /// Initiation ephemerals remembered to refuse replays without doing any DH.
 pub const RECENT_INITIATIONS: usize = 1024;
+/// Initiations with a proven address (a valid mac2) served per second from one IP address:
+/// an attacker who receives at its address gets cookies too, and must not take the whole
+/// budget of proven addresses. Tens of terminals behind one NAT address fit in it.
+pub const PER_SOURCE_PER_SECOND: u32 = 20;
+pub const PER_SOURCE_BURST: u32 = 5;
+/// Source addresses whose budgets are kept; more are served from the shared budget alone.
+const SOURCES: usize = 4096;
+/// How often at most the budgets of sources gone quiet are cleared out when all are in use,
+/// so a stream of new addresses cannot make every initiation pay for the sweep.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The replay memory and the work budget of everything that reads initiations.
 pub(crate) struct HandshakeGuard {
@@ -56,18 +67,62 @@ impl TokenBucket {
         }
     }
 
-    pub(crate) fn try_take(&mut self, now: Instant) -> bool {
+    fn refill(&mut self, now: Instant) {
         if let Some(last) = self.last {
             let earned = now.saturating_duration_since(last).as_secs_f64() * self.per_second;
             self.tokens = (self.tokens + earned).min(self.burst);
         }
         self.last = Some(self.last.map_or(now, |l| l.max(now)));
+    }
+
+    /// Whether less than half the burst is left: the work is arriving faster than the
+    /// rate, the endpoint's sign of load.
+    pub(crate) fn below_half(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens < self.burst / 2.0
+    }
+
+    /// Whether the bucket holds its whole burst: it remembers nothing of its past.
+    fn is_full(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens >= self.burst
+    }
+
+    pub(crate) fn try_take(&mut self, now: Instant) -> bool {
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
         } else {
             false
         }
+    }
+}
+
+/// A token bucket per source IP address, for initiations with a proven address.
+#[derive(Default)]
+pub(crate) struct SourceBudgets {
+    buckets: HashMap<IpAddr, TokenBucket>,
+    swept_at: Option<Instant>,
+}
+
+impl SourceBudgets {
+    pub(crate) fn try_take(&mut self, now: Instant, source: IpAddr) -> bool {
+        if self.buckets.len() >= SOURCES && !self.buckets.contains_key(&source) {
+            if self.swept_at.is_some_and(|t| now < t + SWEEP_INTERVAL) {
+                // The shared budget still bounds the work.
+                return true;
+            }
+            self.swept_at = Some(now);
+            self.buckets.retain(|_, b| !b.is_full(now));
+            if self.buckets.len() >= SOURCES {
+                return true;
+            }
+        }
+        self.buckets
+            .entry(source)
+            .or_insert_with(|| TokenBucket::new(PER_SOURCE_PER_SECOND, PER_SOURCE_BURST))
+            .try_take(now)
     }
 }
 
@@ -130,6 +185,37 @@ mod tests {
         assert_eq!((0..1000).filter(|_| e.try_take(t0)).count(), 200);
         let later = t0 + Duration::from_millis(100);
         assert_eq!((0..1000).filter(|_| e.try_take(later)).count(), 100);
+    }
+
+    #[test]
+    fn each_source_has_its_own_budget_and_their_number_is_bounded() {
+        let t0 = Instant::now();
+        let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0xc612_0000 + i));
+        let mut s = SourceBudgets::default();
+        let burst = PER_SOURCE_BURST as usize;
+        assert_eq!((0..20).filter(|_| s.try_take(t0, ip(1))).count(), burst);
+        assert_eq!((0..20).filter(|_| s.try_take(t0, ip(2))).count(), burst);
+        // A tenth of a second earns a tenth of the rate.
+        let later = t0 + Duration::from_millis(100);
+        assert_eq!(
+            (0..100).filter(|_| s.try_take(later, ip(1))).count(),
+            PER_SOURCE_PER_SECOND as usize / 10
+        );
+        // Filled with busy sources: a new one is left to the shared budget, not refused,
+        // and nothing grows.
+        for i in 3..SOURCES as u32 + 1 {
+            assert!(s.try_take(later, ip(i)));
+        }
+        assert_eq!(s.buckets.len(), SOURCES);
+        assert!((0..20).all(|_| s.try_take(later, ip(100_000))));
+        assert_eq!(s.buckets.len(), SOURCES);
+        // Once they have gone quiet (their buckets full again) they make room.
+        let quiet = later + Duration::from_secs(2);
+        assert_eq!(
+            (0..20).filter(|_| s.try_take(quiet, ip(100_001))).count(),
+            burst
+        );
+        assert_eq!(s.buckets.len(), 1);
     }
 
     #[test]

@@ -61,12 +61,18 @@ impl std::fmt::Debug for SecurityConfig {
 }
 
 mod aead;
+mod cookie;
 mod handshake;
 mod limiter;
+mod macs;
 mod replay;
 
 pub use aead::TAG_LEN;
-pub use limiter::{HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, RECENT_INITIATIONS};
+pub use cookie::COOKIE_SECRET_LIFETIME;
+pub use limiter::{
+    HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST, PER_SOURCE_PER_SECOND,
+    RECENT_INITIATIONS,
+};
 pub use replay::REPLAY_WINDOW;
 
 use std::time::Instant;
@@ -74,12 +80,25 @@ use std::time::Instant;
 use crate::codec::{expand_truncated, Reader};
 use crate::packet::{decode_header, ConnectionId, Header, Hello, ShortHeader};
 use aead::PacketKey;
+pub(crate) use cookie::{cookie_dcid, CookieJar};
 pub(crate) use handshake::{
     initiation_ephemeral, parse_init, parse_reply, EphemeralSource, Responder, SessionKeys,
 };
 use handshake::{Initiation, Refusal};
-pub(crate) use limiter::HandshakeGuard;
+pub(crate) use limiter::{HandshakeGuard, SourceBudgets, TokenBucket};
+pub(crate) use macs::{init_mac1, init_mac1_ok, reply_mac1_ok, MacKeys};
 use replay::ReplayWindow;
+
+/// Fills the MACs of an INIT for the responder whose static key is `responder_public_key`
+/// (mac2 from `cookie`, zeros without one), as every initiator does. Public because
+/// anyone who knows that key can: tests forge initiations a responder must screen.
+pub fn stamp_initiation_macs(
+    datagram: &mut [u8],
+    responder_public_key: &[u8; KEY_LEN],
+    cookie: Option<&[u8; 16]>,
+) {
+    macs::stamp_init(datagram, &MacKeys::of(responder_public_key), cookie);
+}
 
 /// Sends of one initiation before a fresh one (new ephemeral) replaces it: a responder that
 /// lost its state since refuses the old one as a replay.
@@ -94,6 +113,8 @@ pub(crate) enum DropReason {
     HandshakeUnknownPeer,
     HandshakeRateLimited,
     HandshakeReplayed,
+    HandshakeBadMac,
+    CookieInvalid,
 }
 
 impl DropReason {
@@ -105,6 +126,8 @@ impl DropReason {
             DropReason::HandshakeUnknownPeer => &mut c.handshake_unknown_peer,
             DropReason::HandshakeRateLimited => &mut c.handshake_rate_limited,
             DropReason::HandshakeReplayed => &mut c.handshake_replayed,
+            DropReason::HandshakeBadMac => &mut c.handshake_bad_mac,
+            DropReason::CookieInvalid => &mut c.cookie_invalid,
         };
         *n += 1;
     }
@@ -135,6 +158,8 @@ struct InitiationInFlight {
     init: Initiation,
     next_send: Instant,
     sends: u32,
+    /// A cookie was taken in answer to this initiation: another COOKIE for it is a replay.
+    cookie_taken: bool,
 }
 
 /// A reply sent and not yet confirmed: the keys are used once the initiator's first packet
@@ -233,6 +258,12 @@ pub(crate) struct Security {
     /// Replay memory and work budget for initiations: `None` when an endpoint screens them
     /// (and the REPLYs routed to us) before they arrive.
     guard: Option<Box<HandshakeGuard>>,
+    /// Keys of the MACs we send the peer, and of the cookies it sends us.
+    peer_macs: MacKeys,
+    /// Key of the MACs the peer sends us.
+    own_macs: MacKeys,
+    /// The peer's last cookie and when it came: our initiations carry it as mac2.
+    cookie: Option<(Instant, macs::Tag)>,
 }
 
 impl Security {
@@ -242,6 +273,8 @@ impl Security {
         guard: Option<Box<HandshakeGuard>>,
     ) -> Self {
         let leads = public_key(&cfg.local_private_key) > cfg.peer_public_key;
+        let peer_macs = MacKeys::of(&cfg.peer_public_key);
+        let own_macs = MacKeys::of(&public_key(&cfg.local_private_key));
         Security {
             cfg,
             leads,
@@ -253,6 +286,9 @@ impl Security {
             outbox: None,
             replay: ReplayWindow::default(),
             guard,
+            peer_macs,
+            own_macs,
+            cookie: None,
         }
     }
 
@@ -300,6 +336,11 @@ impl Security {
         self.pending
             .as_ref()
             .is_some_and(|p| now < p.answered_at + window)
+    }
+
+    /// Whether an initiation of ours is in flight.
+    pub(crate) fn initiating(&self) -> bool {
+        self.initiation.is_some()
     }
 
     /// Whether a (re)key initiation should leave now while established.
@@ -353,7 +394,7 @@ impl Security {
             .as_ref()
             .is_some_and(|i| i.sends >= SENDS_PER_INITIATION);
         if self.initiation.is_none() || stale {
-            let init = Initiation::start(
+            let mut init = Initiation::start(
                 &self.cfg.local_identity(),
                 &self.cfg.peer_public_key,
                 &mut self.source,
@@ -361,16 +402,49 @@ impl Security {
                 scid,
             )
             .ok()?;
+            macs::stamp_init(&mut init.datagram, &self.peer_macs, None);
             self.initiation = Some(InitiationInFlight {
                 init,
                 next_send: now,
                 sends: 0,
+                cookie_taken: false,
             });
         }
+        let cookie = self
+            .cookie
+            .filter(|(at, _)| now < *at + COOKIE_SECRET_LIFETIME)
+            .map(|(_, c)| c);
         let i = self.initiation.as_mut()?;
         i.sends += 1;
         i.next_send = now + retransmit_after;
-        Some(i.init.datagram.clone())
+        let mut d = i.init.datagram.clone();
+        if let Some(c) = &cookie {
+            macs::stamp_init(&mut d, &self.peer_macs, Some(c));
+        }
+        Some(d)
+    }
+
+    /// A busy responder's COOKIE answering our initiation in flight: kept for the
+    /// initiations that follow (their mac2), and the initiation is due again at once. Only
+    /// the first COOKIE for an initiation counts, so replaying one changes nothing.
+    pub(crate) fn on_cookie(
+        &mut self,
+        now: Instant,
+        datagram: &[u8],
+        local_cid_len: usize,
+    ) -> Result<(), DropReason> {
+        let i = self
+            .initiation
+            .as_mut()
+            .filter(|i| !i.cookie_taken)
+            .ok_or(DropReason::CookieInvalid)?;
+        let mac1 = macs::init_mac1(&i.init.datagram).ok_or(DropReason::CookieInvalid)?;
+        let cookie = cookie::open_cookie(datagram, local_cid_len, &self.peer_macs, &mac1)
+            .ok_or(DropReason::CookieInvalid)?;
+        i.cookie_taken = true;
+        i.next_send = now;
+        self.cookie = Some((now, cookie));
+        Ok(())
     }
 
     /// Whether the guard (if this association has one) grants the work of one handshake
@@ -388,6 +462,9 @@ impl Security {
         let Some(ephemeral) = handshake::initiation_ephemeral(noise) else {
             return InitiationRead::Dropped(DropReason::HandshakeInvalid);
         };
+        if !macs::init_mac1_ok(datagram, &self.own_macs) {
+            return InitiationRead::Dropped(DropReason::HandshakeBadMac);
+        }
         if self
             .pending
             .as_ref()
@@ -460,7 +537,8 @@ impl Security {
         peer_hello: crate::packet::Hello,
         fresh_numbers: bool,
     ) -> Result<(), DropReason> {
-        let (datagram, keys) = responder.reply(our_hello, peer_hello.cid)?;
+        let (mut datagram, keys) = responder.reply(our_hello, peer_hello.cid)?;
+        macs::stamp_reply(&mut datagram, &self.peer_macs);
         // The peer's initiation won: ours would only collide with it.
         self.initiation = None;
         self.outbox = Some(datagram.clone());
@@ -486,6 +564,9 @@ impl Security {
             handshake::parse_reply(datagram, local_cid_len).ok_or(DropReason::HandshakeInvalid)?;
         if self.initiation.is_none() {
             return Err(DropReason::HandshakeInvalid);
+        }
+        if !macs::reply_mac1_ok(datagram, &self.own_macs) {
+            return Err(DropReason::HandshakeBadMac);
         }
         if !self.take_token(now) {
             return Err(DropReason::HandshakeRateLimited);

@@ -237,6 +237,22 @@ impl Hubnet {
                 }
                 h
             }
+            Some(DatagramEvent::Response {
+                destination,
+                datagram,
+            }) => {
+                let addr = node.addr;
+                node.sent.push((destination, datagram.clone()));
+                self.seq += 1;
+                self.queue.push(Reverse((
+                    now + self.delay,
+                    self.seq,
+                    addr,
+                    destination,
+                    datagram,
+                )));
+                return;
+            }
         };
         self.service(to, handle);
     }
