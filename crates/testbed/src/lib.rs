@@ -21,11 +21,13 @@
 pub mod addr;
 pub mod cmd;
 pub mod cross;
+pub mod daemon;
 pub mod fakepepd;
 pub mod pepd;
 pub mod ping;
 pub mod profile;
 pub mod runner;
+pub mod stats;
 pub mod topology;
 pub mod udp;
 pub mod xfer;
