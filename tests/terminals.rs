@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use pep_linkemu::DirectionConfig;
 use pep_testbed::hub::traffic::seed;
 use pep_testbed::hub::{Activities, HubLinks, HubTestbed, TerminalRates, TrafficSpec};
+use pep_testbed::pepd::sample_value;
 use pep_testbed::xfer::pattern::expected_digest;
 use pep_testbed::xfer::Amount;
 use support::{heavy, metric_value, options, scrape_metrics};
@@ -37,12 +38,7 @@ fn metric_sum(ns: &str, name: &str, label: (&str, &str)) -> f64 {
         .samples
         .iter()
         .filter(|s| s.metric == name && s.labels.get(label.0) == Some(label.1))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => 0.0,
-        })
+        .filter_map(|s| sample_value(&s.value))
         .sum();
     assert!(
         metric_value(&scrape, name, Some(label)).is_some(),

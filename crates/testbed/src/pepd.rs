@@ -361,6 +361,16 @@ pub fn fetch_metrics(ns: &str) -> Result<String, Error> {
         .ok_or_else(|| Error::Invalid("metrics answer without a body".into()))
 }
 
+/// A counter's, gauge's or untyped sample's value (histograms and summaries have none).
+pub fn sample_value(v: &prometheus_parse::Value) -> Option<f64> {
+    match v {
+        prometheus_parse::Value::Counter(x)
+        | prometheus_parse::Value::Gauge(x)
+        | prometheus_parse::Value::Untyped(x) => Some(*x),
+        _ => None,
+    }
+}
+
 /// What a gateway's congestion control reported at the end of a run (from its metrics).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CapacityReport {
@@ -387,12 +397,8 @@ impl CapacityReport {
                 .samples
                 .iter()
                 .find(|m| m.metric == name && label.is_none_or(|(k, v)| m.labels.get(k) == Some(v)))
-                .map_or(0.0, |m| match m.value {
-                    prometheus_parse::Value::Counter(x)
-                    | prometheus_parse::Value::Gauge(x)
-                    | prometheus_parse::Value::Untyped(x) => x,
-                    _ => 0.0,
-                })
+                .and_then(|m| sample_value(&m.value))
+                .unwrap_or(0.0)
         };
         let events = |kind| get("pepd_capacity_events_total", Some(("kind", kind)));
         let limited = |by| get("pepd_send_limited_seconds_total", Some(("by", by)));

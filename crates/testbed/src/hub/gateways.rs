@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::daemon::{Daemon, Launch};
 use crate::pepd::{
     fetch_metrics, finish_config, fresh_dir, gateway_tables, log_level, rate_value, remove_dir,
-    table, write_key, KeyFile, PepdOptions, TunnelSecurity, ASSOCIATION_ESTABLISHED, KEEP_ENV,
-    READY, TUNNEL_PORT,
+    sample_value, table, write_key, KeyFile, PepdOptions, TunnelSecurity, ASSOCIATION_ESTABLISHED,
+    KEEP_ENV, READY, TUNNEL_PORT,
 };
 use crate::Error;
 
@@ -269,10 +269,7 @@ pub fn established_associations(metrics: &str) -> usize {
         .filter(|s| {
             s.metric == "pepd_association_state" && s.labels.get("state") == Some("established")
         })
-        .map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
-            _ => 0.0,
-        })
+        .filter_map(|s| sample_value(&s.value))
         .sum::<f64>()
         .round() as usize
 }
