@@ -53,7 +53,8 @@ pub struct HubArgs {
     /// Size of each bulk transfer.
     #[arg(long, conflicts_with = "seconds")]
     bytes: Option<u64>,
-    /// Length of each bulk transfer (default 30 s).
+    /// How long each bulk sender writes (default 30 s). Through pepd a download goes on
+    /// until what the hub took in has arrived, so --bytes bounds a run better.
     #[arg(long)]
     seconds: Option<f64>,
     #[arg(long, default_value_t = 1000)]
