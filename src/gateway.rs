@@ -224,6 +224,7 @@ fn add_stats(t: &mut Stats, s: &Stats) {
     add_security(&mut t.security, &s.security);
     t.handshakes_completed += s.handshakes_completed;
     t.rekeys += s.rekeys;
+    t.remote_moves += s.remote_moves;
 }
 
 #[cfg(test)]

@@ -93,6 +93,12 @@ pub enum Event {
     AssociationLost {
         reason: LostReason,
     },
+    /// The peer proved it is at a new address (a roaming terminal, a NAT rebinding):
+    /// everything is sent to `to` from now on.
+    RemoteMoved {
+        from: SocketAddr,
+        to: SocketAddr,
+    },
 }
 
 /// Result of a read.
@@ -616,6 +622,18 @@ impl Association {
         self.restart_association(ResetReason::Aborted);
         self.local_epoch = self.local_epoch.wrapping_add(1).max(1);
         self.close_pending = datagram;
+    }
+
+    /// Sends to `to` from now on; a change of a known address is a move, reported and
+    /// counted (learning the first address is not).
+    pub(super) fn set_remote(&mut self, to: SocketAddr) {
+        match self.remote.replace(to) {
+            Some(from) if from != to => {
+                self.stats.remote_moves += 1;
+                self.events.push_back(Event::RemoteMoved { from, to });
+            }
+            _ => {}
+        }
     }
 
     /// Whether this association authenticates its peer and protects its packets.
