@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use crate::config::PeerSpec;
 use crate::link::{LinkCounters, PeerLink};
 use crate::memory::MemoryAccount;
-use crate::metrics::{RelaySnapshot, Snapshot};
+use crate::metrics::{PeerSnapshot, RelaySnapshot, Snapshot};
 use crate::routes::Routes;
 
 pub struct Gateway {
@@ -149,7 +149,24 @@ impl Gateway {
             memory_budget_bytes: self.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
+            peers: self.links.iter().map(|l| peer_snapshot(l)).collect(),
         }
+    }
+}
+
+/// One link's own series.
+fn peer_snapshot(link: &PeerLink) -> PeerSnapshot {
+    let c = &link.counters;
+    let get = LinkCounters::get;
+    PeerSnapshot {
+        name: link.name.to_string(),
+        state: c.state(),
+        endpoint: link.remote(),
+        stats: link.stats().map(|(s, _, _)| s).unwrap_or_default(),
+        flows_active: get(&c.relays_active),
+        bytes_to_peer_total: get(&c.bytes_to_peer),
+        bytes_from_peer_total: get(&c.bytes_from_peer),
+        flow_resets: c.flow_resets.snapshot(),
     }
 }
 
