@@ -120,7 +120,7 @@ impl Association {
         // nothing, so an attacker cannot redirect us with what it captured before.
         let newest = self.acks.largest().is_none_or(|l| opened.pn > l);
         if let (Some(from), true, None) = (from, newest, &opened.confirmed) {
-            self.set_remote(from);
+            self.set_remote(now, from);
         }
         if let Some(reply) = opened.confirmed {
             // The packet's own phase is the one the initiator chose for these keys.
@@ -131,7 +131,7 @@ impl Association {
             }
             // The initiator proved it holds the new keys from there.
             if let Some(from) = from {
-                self.set_remote(from);
+                self.set_remote(now, from);
             }
         }
         Some((opened.pn, opened.payload_len))
@@ -248,7 +248,7 @@ impl Association {
         };
         // The responder answered from there with the keys of our initiation.
         if let Some(from) = from {
-            self.set_remote(from);
+            self.set_remote(now, from);
         }
         // A new association starts in phase 0; a rekey flips the phase.
         self.start_session(now, h, keys, |sec, rekey| rekey && sec.next_phase());
