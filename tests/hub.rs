@@ -300,10 +300,14 @@ impl HubNet {
 
     /// One sample of a gateway's metrics; `None` while its metrics endpoint is not up.
     fn metric(&self, ns: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+        metric_value(&self.scrape(ns)?, name, label)
+    }
+
+    /// A gateway's metrics, parsed; `None` while its metrics endpoint is not up.
+    fn scrape(&self, ns: &str) -> Option<prometheus_parse::Scrape> {
         let text = fetch_metrics(ns).ok()?;
         let lines = text.lines().map(|l| Ok(l.to_owned()));
-        let scrape = prometheus_parse::Scrape::parse(lines).ok()?;
-        metric_value(&scrape, name, label)
+        prometheus_parse::Scrape::parse(lines).ok()
     }
 
     fn logs(&self) -> String {
@@ -800,10 +804,8 @@ const MOVE_AFTER: Duration = Duration::from_millis(900);
 impl HubNet {
     /// The `address` label of every `pepd_peer_endpoint` series of `peer` at the hub.
     fn endpoints_of(&self, peer: &str) -> Vec<String> {
-        let text = fetch_metrics(&self.hub).expect("hub metrics");
-        let lines = text.lines().map(|l| Ok(l.to_owned()));
-        let scrape = prometheus_parse::Scrape::parse(lines).expect("metrics parse");
-        scrape
+        self.scrape(&self.hub)
+            .expect("hub metrics")
             .samples
             .iter()
             .filter(|m| m.metric == "pepd_peer_endpoint" && m.labels.get("peer") == Some(peer))
@@ -814,10 +816,8 @@ impl HubNet {
     /// Datagrams the hub's associations dropped as forged: unparsable, replayed or not
     /// authentic, over every peer.
     fn forged_drops(&self) -> f64 {
-        let text = fetch_metrics(&self.hub).expect("hub metrics");
-        let lines = text.lines().map(|l| Ok(l.to_owned()));
-        let scrape = prometheus_parse::Scrape::parse(lines).expect("metrics parse");
-        scrape
+        self.scrape(&self.hub)
+            .expect("hub metrics")
             .samples
             .iter()
             .filter(|m| {

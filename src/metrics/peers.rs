@@ -82,10 +82,11 @@ pub(super) fn encode(e: &mut DescriptorEncoder, peers: &[PeerSnapshot]) -> fmt::
         Some("direction"),
         peers,
         |p| {
-            vec![
-                ("sent".to_owned(), p.stats.wire_bytes_sent),
-                ("received".to_owned(), p.stats.wire_bytes_received),
-            ]
+            let s = &p.stats;
+            owned(&[
+                ("sent", s.wire_bytes_sent),
+                ("received", s.wire_bytes_received),
+            ])
         },
         encode_counter,
     )?;
@@ -100,10 +101,10 @@ pub(super) fn encode(e: &mut DescriptorEncoder, peers: &[PeerSnapshot]) -> fmt::
         Some("direction"),
         peers,
         |p| {
-            vec![
-                ("to_peer".to_owned(), p.bytes_to_peer_total),
-                ("from_peer".to_owned(), p.bytes_from_peer_total),
-            ]
+            owned(&[
+                ("to_peer", p.bytes_to_peer_total),
+                ("from_peer", p.bytes_from_peer_total),
+            ])
         },
         encode_counter,
     )?;
