@@ -639,11 +639,11 @@ impl Association {
 
     /// The peer left its old address about a one-way delay (and its acknowledgement delay)
     /// before we heard from the new one, so what we sent there in that last round trip
-    /// arrived after it had gone: resent
-    /// now, rather than a probe timeout or two later (3 round trips instead of 1 on a
-    /// test link). Not a sign of congestion. If the old address still reached the peer (a
-    /// NAT that kept the old mapping) the copies are duplicates it drops: at most a round
-    /// trip of sending, once per move.
+    /// arrived after it had gone: resent now, rather than a probe timeout or two later (the
+    /// netns test's move cost 3.2 round trips without this, 1.1 with it). Not a sign of
+    /// congestion. If the old address still reached the peer (a NAT that kept the old
+    /// mapping) the copies are duplicates it drops: at most a round trip of sending, once
+    /// per move.
     fn resend_after_move(&mut self, now: Instant) {
         let since = now.checked_sub(self.rtt.smoothed() + self.cfg.ack.max_delay);
         let gone: Vec<u64> = self
