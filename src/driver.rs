@@ -552,6 +552,9 @@ impl Driver {
                 self.notifier
                     .status(&format!("association established with {peer}"));
             }
+            Event::RemoteMoved { from, to } => {
+                info!(name = %link.name, %from, %to, "peer now sends from a new address; following it");
+            }
             Event::AssociationLost { reason } => {
                 c.set_state(AssociationState::Connecting);
                 warn!(

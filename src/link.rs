@@ -219,6 +219,11 @@ impl PeerLink {
         Some((a.stats(), a.send_buffered(), a.recv_buffered()))
     }
 
+    /// Where the association sends now, if it knows.
+    pub fn remote(&self) -> Option<std::net::SocketAddr> {
+        self.lock().assoc.as_ref().and_then(Association::remote)
+    }
+
     pub fn send_budget(&self) -> u64 {
         self.send_budget.load(Ordering::Relaxed)
     }
