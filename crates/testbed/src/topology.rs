@@ -123,9 +123,15 @@ impl Topology {
             // A long device queue so bursts wait for the emulator instead of being dropped
             // before it: the emulated queue is the only one that should drop.
             ip_in(gw, &["link", "set", SAT_DEV, "txqueuelen", "10000", "up"])?;
+            // As deploy/99-pepd.conf sets them on a gateway: the listeners' accept queue
+            // must hold a burst of `limits.max_flows` connections.
             sysctl_in(
                 gw,
-                &["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"],
+                &[
+                    "net.ipv4.ip_forward=1",
+                    "net.ipv6.conf.all.forwarding=1",
+                    "net.core.somaxconn=16384",
+                ],
             )?;
             // Autotuning stays on; only its ceiling is raised so a window can cover the
             // bandwidth-delay product of a 100 Mb/s, 500 ms path (6.25 MB), as any LFN host
