@@ -240,7 +240,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
 
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
     let concurrency = args.concurrency as u64;
-    let results: Vec<(u64, Result<(u64, u64), String>)> = tb.in_client(move || {
+    let results: Vec<(u64, Carried)> = tb.in_client(move || {
         let workers: Vec<_> = (0..concurrency)
             .map(|w| {
                 thread::spawn(move || {
@@ -299,8 +299,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         .iter()
         .map(|(side, _, ns)| Counters::fetch(*side, ns))
         .collect::<anyhow::Result<_>>()?;
-    let failed: Vec<&(u64, Result<(u64, u64), String>)> =
-        results.iter().filter(|(_, r)| r.is_err()).collect();
+    let failed: Vec<&(u64, Carried)> = results.iter().filter(|(_, r)| r.is_err()).collect();
     let window_from = slope_window_start(traffic_s);
     let mut report = String::new();
     let _ = writeln!(
@@ -383,8 +382,11 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a transfer carried up and down, or why it failed.
+type Carried = Result<(u64, u64), String>;
+
 /// One transfer of the mix, checked: the bytes it carried up and down, or why it failed.
-fn transfer(i: u64, to: SocketAddr) -> Result<(u64, u64), String> {
+fn transfer(i: u64, to: SocketAddr) -> Carried {
     let wl = workload(i);
     let opts = ClientOpts {
         server: to,
