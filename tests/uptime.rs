@@ -370,6 +370,17 @@ fn gateway_metric(tb: &PepdTestbed, side: Side, name: &str, label: Option<(&str,
     metric_value(&s, name, label).unwrap_or_else(|| panic!("{side:?}: no {name}"))
 }
 
+/// Both gateways relay `n` flows: every connection the clients hold is open at once.
+fn assert_all_open(tb: &PepdTestbed, n: u64) {
+    for side in Side::BOTH {
+        assert_eq!(
+            gateway_metric(tb, side, "pepd_flows_active", None),
+            n as f64,
+            "{side:?}: flows active"
+        );
+    }
+}
+
 /// Waits until both gateways relay no flow and hold `fds` descriptors (closed flows linger
 /// until their closes are acknowledged across the link).
 fn wait_quiet(tb: &PepdTestbed, fds_before: [usize; 2], within: Duration) {
@@ -427,13 +438,7 @@ fn ten_thousand_flows_then_churn_leave_nothing_behind() {
     let t = Instant::now();
     let open = open_together(&tb, to, CONCURRENT, 0, RESPONSE, None);
     let opened_s = t.elapsed().as_secs_f64();
-    for side in sides {
-        assert_eq!(
-            gateway_metric(&tb, side, "pepd_flows_active", None),
-            CONCURRENT as f64,
-            "{side:?}: every connection open at once"
-        );
-    }
+    assert_all_open(&tb, CONCURRENT);
     let fds_open = sides.map(|s| fds(&tb, s));
     drop(open);
     wait_quiet(&tb, fds_before, Duration::from_secs(60));
@@ -586,13 +591,7 @@ fn slow_readers_stay_within_the_memory_budget() {
         }
     }
     let stalled_s = t0.elapsed().as_secs_f64();
-    for side in sides {
-        assert_eq!(
-            gateway_metric(&tb, side, "pepd_flows_active", None),
-            READERS as f64,
-            "{side:?}: every reader open"
-        );
-    }
+    assert_all_open(&tb, READERS as u64);
     let at_stall = sides.map(|s| rss_and_peak(&tb, s));
     let accounted = sides.map(|s| gateway_metric(&tb, s, "pepd_memory_accounted_bytes", None));
     let budget = sides.map(|s| gateway_metric(&tb, s, "pepd_memory_budget_bytes", None));
