@@ -157,9 +157,15 @@ impl Topology {
             ip_in(host, &["link", "set", HOST_DEV, "up"])?;
             ip_in(gw, &["link", "set", LAN_DEV, "up"])?;
             add_tun(gw, SAT_DEV)?;
+            // As deploy/99-pepd.conf sets them on a gateway: the listeners' accept queue
+            // must hold a burst of `limits.max_flows` connections.
             sysctl_in(
                 gw,
-                &["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"],
+                &[
+                    "net.ipv4.ip_forward=1",
+                    "net.ipv6.conf.all.forwarding=1",
+                    "net.core.somaxconn=16384",
+                ],
             )?;
             tune_host(host, hosts)?;
         }

@@ -249,8 +249,9 @@ fn upload(o: &ClientOpts, a: Amount, deadline: Instant) -> Outcome {
     out
 }
 
-/// One request/response exchange on an open Rr connection; returns its latency.
-fn exchange(
+/// One request/response exchange on an open Rr connection; returns its latency and whether
+/// the response was intact.
+pub fn exchange(
     s: &mut TcpStream,
     up: &mut Pattern,
     down: &mut Pattern,
@@ -269,7 +270,8 @@ fn exchange(
     Ok((t.elapsed(), down.verify(&buf)))
 }
 
-fn rr_open(o: &ClientOpts, seed: u64, deadline: Instant) -> io::Result<TcpStream> {
+/// Connects and asks for request/response exchanges with stream `seed`.
+pub fn rr_open(o: &ClientOpts, seed: u64, deadline: Instant) -> io::Result<TcpStream> {
     let mut s = connect(o, deadline)?;
     let h = Header {
         op: Op::Rr,
