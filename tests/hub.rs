@@ -12,14 +12,16 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use nix::poll::{poll, PollFd, PollFlags};
 use pep_testbed::pepd::{fetch_metrics, install_interception, OWN_MARK, TPROXY_PORT};
 use pep_testbed::xfer::pattern::{expected_digest, Digest};
 use support::{heavy, metric_value, pepd_bin, read_digest, read_until_end, write_pattern, End};
@@ -412,24 +414,72 @@ fn terminal_cannot_open_into_another_terminals_subnet() {
     let _cpu = heavy();
     let mut net = HubNet::new();
     net.start_gateways();
+    let (mut s, listener) = connect_across_terminals(&net);
+    let written = s.write_all(REQUEST);
+    let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
+    // Linux reports a reset once, to the first call on the socket after it arrived: when
+    // the refusal (a tunnel round trip after the open, well under a millisecond here) comes
+    // before the request is written, the write fails with it and the read after it finds
+    // the socket closed.
+    let reset = match &written {
+        Ok(()) => matches!(end, End::Reset { .. }),
+        Err(e) => e.kind() == ErrorKind::ConnectionReset && matches!(end, End::Eof { .. }),
+    };
+    assert!(reset, "write: {written:?}, read: {end:?}\n{}", net.logs());
+    assert_eq!(n, 0);
+    assert_refused_at_hub(&net, &listener);
+}
+
+/// The refusal reaches the client before its request (as when the client is slow to
+/// write): the socket holds a reset, not a FIN, and the request's write fails with it.
+#[test]
+fn a_refusal_before_the_request_fails_its_write_with_a_reset() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_gateways();
+    let (mut s, listener) = connect_across_terminals(&net);
+    let mut fds = [PollFd::new(s.as_fd(), PollFlags::empty())];
+    // Waiting for the hang-up leaves the socket's error for the write to take.
+    let ready = poll(&mut fds, 10_000u16).expect("poll");
+    let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+    assert_eq!(ready, 1, "no reset within 10 s\n{}", net.logs());
+    // A FIN alone sets neither; a reset sets both.
+    assert!(
+        revents.contains(PollFlags::POLLERR | PollFlags::POLLHUP),
+        "{revents:?}"
+    );
+    let written = s.write_all(REQUEST).expect_err("the write after a reset");
+    assert_eq!(written.kind(), ErrorKind::ConnectionReset, "{written}");
+    let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
+    assert!(matches!(end, End::Eof { .. }), "{end:?}");
+    assert_eq!(n, 0);
+    assert_refused_at_hub(&net, &listener);
+}
+
+const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
+
+/// A connection from terminal 1's client to terminal 2's, which terminal 1 answers itself
+/// (TPROXY) and the hub refuses; and the listener at terminal 2's client it never reaches.
+fn connect_across_terminals(net: &HubNet) -> (TcpStream, TcpListener) {
     let target = SocketAddr::from((client(2), 5002));
-    let listener = pep_testbed::in_netns(&net.clients[1], move || TcpListener::bind(target))
-        .expect("client namespace")
-        .expect("listen");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let mut s = pep_testbed::in_netns(&net.clients[0], move || {
+    let listener = listen_in(&net.clients[1], target);
+    let s = pep_testbed::in_netns(&net.clients[0], move || {
         TcpStream::connect_timeout(&target, Duration::from_secs(10))
     })
     .expect("client namespace")
-    // Terminal 1 answers the SYN itself (TPROXY); the refusal comes as a reset.
     .expect("connect to terminal 1");
-    let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
-    let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
-    assert!(matches!(end, End::Reset { .. }), "{end:?}\n{}", net.logs());
-    assert_eq!(n, 0);
+    (s, listener)
+}
+
+/// Nothing reached terminal 2's client, and the hub counted the one flow terminal 1 opened
+/// as refused for isolation.
+fn assert_refused_at_hub(net: &HubNet, listener: &TcpListener) {
     match listener.accept() {
         Ok((_, from)) => panic!("terminal 2's client got a connection from {from}"),
-        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::WouldBlock),
     }
     assert_eq!(
         net.metric(&net.hub, "pepd_flows_refused_total", None),
