@@ -408,62 +408,58 @@ fn three_terminals_upload_and_download_5mb_through_one_hub_byte_exact() {
 /// flow, and the hub refuses it (terminal 2's subnet is not terminal 1's to reach).
 #[test]
 fn terminal_cannot_open_into_another_terminals_subnet() {
-    if !pep_testbed::require_root() {
-        return;
-    }
-    let _cpu = heavy();
-    let mut net = HubNet::new();
-    net.start_gateways();
-    let (mut s, listener) = connect_across_terminals(&net);
-    let written = s.write_all(REQUEST);
-    let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
-    // Linux reports a reset once, to the first call on the socket after it arrived: when
-    // the refusal (a tunnel round trip after the open, well under a millisecond here) comes
-    // before the request is written, the write fails with it and the read after it finds
-    // the socket closed.
-    let reset = match &written {
-        Ok(()) => matches!(end, End::Reset { .. }),
-        Err(e) => e.kind() == ErrorKind::ConnectionReset && matches!(end, End::Eof { .. }),
-    };
-    assert!(reset, "write: {written:?}, read: {end:?}\n{}", net.logs());
-    assert_eq!(n, 0);
-    assert_refused_at_hub(&net, &listener);
+    across_terminals(|net, mut s| {
+        let written = s.write_all(REQUEST);
+        let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
+        // Linux reports a reset once, to the first call on the socket after it arrived:
+        // when the refusal (a tunnel round trip after the open, well under a millisecond
+        // here) comes before the request is written, the write fails with it and the read
+        // after it finds the socket closed.
+        let reset = match &written {
+            Ok(()) => matches!(end, End::Reset { .. }),
+            Err(e) => e.kind() == ErrorKind::ConnectionReset && matches!(end, End::Eof { .. }),
+        };
+        assert!(reset, "write: {written:?}, read: {end:?}\n{}", net.logs());
+        assert_eq!(n, 0);
+    });
 }
 
 /// The refusal reaches the client before its request (as when the client is slow to
 /// write): the socket holds a reset, not a FIN, and the request's write fails with it.
 #[test]
 fn a_refusal_before_the_request_fails_its_write_with_a_reset() {
+    across_terminals(|net, mut s| {
+        let mut fds = [PollFd::new(s.as_fd(), PollFlags::empty())];
+        // Waiting for the hang-up leaves the socket's error for the write to take.
+        let ready = poll(&mut fds, 10_000u16).expect("poll");
+        let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+        assert_eq!(ready, 1, "no reset within 10 s\n{}", net.logs());
+        // A FIN alone sets neither; a reset sets both.
+        assert!(
+            revents.contains(PollFlags::POLLERR | PollFlags::POLLHUP),
+            "{revents:?}"
+        );
+        let written = s.write_all(REQUEST).expect_err("the write after a reset");
+        assert_eq!(written.kind(), ErrorKind::ConnectionReset, "{written}");
+        let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
+        assert!(matches!(end, End::Eof { .. }), "{end:?}");
+        assert_eq!(n, 0);
+    });
+}
+
+const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
+
+/// Hands `client` a connection from terminal 1's client to terminal 2's, which terminal 1
+/// answers itself (TPROXY) and the hub refuses; then checks that nothing reached terminal
+/// 2's client and that the hub counted the one flow terminal 1 opened as refused for
+/// isolation.
+fn across_terminals(client_side: impl FnOnce(&HubNet, TcpStream)) {
     if !pep_testbed::require_root() {
         return;
     }
     let _cpu = heavy();
     let mut net = HubNet::new();
     net.start_gateways();
-    let (mut s, listener) = connect_across_terminals(&net);
-    let mut fds = [PollFd::new(s.as_fd(), PollFlags::empty())];
-    // Waiting for the hang-up leaves the socket's error for the write to take.
-    let ready = poll(&mut fds, 10_000u16).expect("poll");
-    let revents = fds[0].revents().unwrap_or(PollFlags::empty());
-    assert_eq!(ready, 1, "no reset within 10 s\n{}", net.logs());
-    // A FIN alone sets neither; a reset sets both.
-    assert!(
-        revents.contains(PollFlags::POLLERR | PollFlags::POLLHUP),
-        "{revents:?}"
-    );
-    let written = s.write_all(REQUEST).expect_err("the write after a reset");
-    assert_eq!(written.kind(), ErrorKind::ConnectionReset, "{written}");
-    let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
-    assert!(matches!(end, End::Eof { .. }), "{end:?}");
-    assert_eq!(n, 0);
-    assert_refused_at_hub(&net, &listener);
-}
-
-const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
-
-/// A connection from terminal 1's client to terminal 2's, which terminal 1 answers itself
-/// (TPROXY) and the hub refuses; and the listener at terminal 2's client it never reaches.
-fn connect_across_terminals(net: &HubNet) -> (TcpStream, TcpListener) {
     let target = SocketAddr::from((client(2), 5002));
     let listener = listen_in(&net.clients[1], target);
     let s = pep_testbed::in_netns(&net.clients[0], move || {
@@ -471,12 +467,7 @@ fn connect_across_terminals(net: &HubNet) -> (TcpStream, TcpListener) {
     })
     .expect("client namespace")
     .expect("connect to terminal 1");
-    (s, listener)
-}
-
-/// Nothing reached terminal 2's client, and the hub counted the one flow terminal 1 opened
-/// as refused for isolation.
-fn assert_refused_at_hub(net: &HubNet, listener: &TcpListener) {
+    client_side(&net, s);
     match listener.accept() {
         Ok((_, from)) => panic!("terminal 2's client got a connection from {from}"),
         Err(e) => assert_eq!(e.kind(), ErrorKind::WouldBlock),
