@@ -103,6 +103,10 @@ const DEFICIT: f64 = 0.75;
 /// A path that slows by 8× or more is measured once the smoothed ACK pace has followed it
 /// (a few ACKs later); the drain protects the queue meanwhile.
 const STALL_ACKS: f64 = 6.0;
+/// A span's newer half delivered this much faster than the whole span: the older half held
+/// a stall (one read 76 Mb/s against 100 in the newer half). ACK noise over the few ACKs of
+/// a newer half at 10 Mb/s stays within about 20 %.
+const STALL_RATIO: f64 = 1.25;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
 const MAX_CUT: f64 = 4.0;
@@ -309,11 +313,11 @@ impl Adaptive {
     /// throughout it (a queue stood, or was draining), so that is what it carries for us,
     /// lower or (after a partly failed probe) higher than we thought. When the path has
     /// just slowed, the span's older ACKs still report the old rate: the newer half of the
-    /// span, where it holds enough ACKs, is the purer measure. A newer half faster than the
-    /// whole span is a stall of a host in the older half (a busy bottleneck does not speed
-    /// up), so the newer half counts whenever it can be measured, and no ACKs at all in it
-    /// at a pace that promised several are a stall now: nothing is measured. One overload
-    /// cuts to a quarter of `from` (the estimate before it) at most.
+    /// span, where it holds enough ACKs, is the purer measure, and the lower counts (its
+    /// few ACKs bunch both ways). A newer half much faster than the whole span is a stall
+    /// of a host in the older half (a busy bottleneck does not speed up), and no ACKs at all
+    /// in it at a pace that promised several are a stall now: then nothing is measured. One
+    /// overload cuts to a quarter of `from` (the estimate before it) at most.
     fn measure_busy_path(&mut self, now: Instant, from: f64, rtt: &RttEstimator) {
         let span = self.span(rtt);
         let valid = |r: Option<Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
@@ -324,7 +328,13 @@ impl Adaptive {
         if recent.is_none() && promised >= STALL_ACKS {
             return;
         }
-        let measured = valid(recent).or_else(|| valid(self.meter.rate(now, span)));
+        let measured = match (valid(self.meter.rate(now, span)), valid(recent)) {
+            // Delivered much faster lately than over the span: a stall in its older half.
+            (Some(w), Some(r)) if r > w * STALL_RATIO => return,
+            // The newer half's few ACKs bunch both ways: the lower keeps noise out.
+            (Some(w), Some(r)) => Some(w.min(r)),
+            (w, r) => w.or(r),
+        };
         if let Some(bps) = measured {
             let lowest = (from / MAX_CUT).max(self.floor());
             self.estimate = bps.max(lowest).min(self.ceiling);
