@@ -446,6 +446,9 @@ impl Driver {
         };
         share.set_carrier(self.gateway.carrier_bps.load(Ordering::Relaxed));
         for (i, l) in self.gateway.links.iter().enumerate() {
+            if let Some(r) = l.take_share_rates() {
+                share.set_share_rates(i, r.min_bps, r.weight);
+            }
             let mut st = l.lock();
             let Some(assoc) = st.assoc.as_mut() else {
                 continue;

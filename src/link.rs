@@ -90,9 +90,20 @@ pub struct PeerLink {
     /// This peer's share of the send side of the budget, so that one peer cannot take all
     /// of it (the receive side is bounded by the windows we advertise); changes on reload.
     send_budget: AtomicU64,
+    /// A reload's new `min_rate` and `weight` for the carrier scheduler, which the driver
+    /// owns: it takes them at its next refresh of the ceilings.
+    pending_share: Mutex<Option<ShareRates>>,
     /// The gateway's memory account, shared by every link: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
     pub counters: LinkCounters,
+}
+
+/// What a peer is guaranteed and how it shares the spare carrier; its MIR is its
+/// association's rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRates {
+    pub min_bps: u64,
+    pub weight: u32,
 }
 
 /// Relay-side counters of one link the metrics read.
@@ -190,9 +201,24 @@ impl PeerLink {
             queued: AtomicBool::new(false),
             budget_waiting: AtomicBool::new(false),
             send_budget: AtomicU64::new(send_budget),
+            pending_share: Mutex::new(None),
             memory,
             counters: LinkCounters::default(),
         }
+    }
+
+    /// Has the driver give the carrier scheduler this peer's new CIR and weight.
+    pub fn set_share_rates(&self, rates: ShareRates) {
+        *self.pending_share.lock().unwrap_or_else(|p| p.into_inner()) = Some(rates);
+        self.wake();
+    }
+
+    /// The CIR and weight a reload set since the driver last looked, if any.
+    pub fn take_share_rates(&self) -> Option<ShareRates> {
+        self.pending_share
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Asks the driver to service this link: something was queued or freed.
