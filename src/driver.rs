@@ -328,7 +328,10 @@ impl Driver {
             return false;
         };
         match self.factory.make(&mut self.endpoint, now, link) {
-            Ok((handle, assoc)) => {
+            Ok((handle, mut assoc)) => {
+                if let Some(bps) = l.reloaded_tx_rate() {
+                    assoc.set_rate(bps);
+                }
                 self.deadlines[link] = assoc.poll_timeout();
                 l.lock().assoc = Some(assoc);
                 self.by_handle.insert(handle, link);

@@ -93,6 +93,9 @@ pub struct PeerLink {
     /// A reload's new `min_rate` and `weight` for the carrier scheduler, which the driver
     /// owns: it takes them at its next refresh of the ceilings.
     pending_share: Mutex<Option<ShareRates>>,
+    /// The `tx_rate` a reload set, 0 if none: an association made after the reload (a peer
+    /// whose address is learned) starts from it rather than from the config at start.
+    reloaded_tx_bps: AtomicU64,
     /// The gateway's memory account, shared by every link: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
     pub counters: LinkCounters,
@@ -202,6 +205,7 @@ impl PeerLink {
             budget_waiting: AtomicBool::new(false),
             send_budget: AtomicU64::new(send_budget),
             pending_share: Mutex::new(None),
+            reloaded_tx_bps: AtomicU64::new(0),
             memory,
             counters: LinkCounters::default(),
         }
@@ -219,6 +223,21 @@ impl PeerLink {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
+    }
+
+    /// Sets this peer's `tx_rate` as a reload changed it, on its association if it has one
+    /// and on the one made later if not.
+    pub fn set_tx_rate(&self, bps: u64) {
+        self.reloaded_tx_bps.store(bps, Ordering::Relaxed);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_rate(bps);
+        }
+        self.wake();
+    }
+
+    /// The `tx_rate` a reload set, if any.
+    pub fn reloaded_tx_rate(&self) -> Option<u64> {
+        Some(self.reloaded_tx_bps.load(Ordering::Relaxed)).filter(|&bps| bps > 0)
     }
 
     /// Asks the driver to service this link: something was queued or freed.

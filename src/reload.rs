@@ -83,7 +83,7 @@ fn apply_live(
             let specs = new.peer_specs();
             for (i, link) in gateway.links.iter().enumerate() {
                 let rate = specs.get(i).map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
-                with_assoc(link, |a| a.set_rate(rate));
+                link.set_tx_rate(rate);
             }
             // With `[[peer]]` entries the driver shares the new carrier from its next
             // refresh of the ceilings.
@@ -149,7 +149,7 @@ fn apply_peer_rates(new: &PepdConfig, running: &mut PepdConfig, gateway: &Gatewa
         let (Some(link), Some(spec), true) = (gateway.links.get(i), specs.get(i), same_peer) else {
             continue;
         };
-        with_assoc(link, |a| a.set_rate(spec.tx_bps));
+        link.set_tx_rate(spec.tx_bps);
         link.set_share_rates(ShareRates {
             min_bps: spec.min_bps,
             weight: spec.weight,
