@@ -329,9 +329,7 @@ impl Driver {
         };
         match self.factory.make(&mut self.endpoint, now, link) {
             Ok((handle, mut assoc)) => {
-                if let Some(bps) = l.reloaded_tx_rate() {
-                    assoc.set_rate(bps);
-                }
+                l.apply_reloaded(&mut assoc);
                 self.deadlines[link] = assoc.poll_timeout();
                 l.lock().assoc = Some(assoc);
                 self.by_handle.insert(handle, link);

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use pep_transport::{
     Association, FlowError, FlowId, FlowMeta, OpenError, PeerId, ReadOutcome, ResetReason,
@@ -96,6 +97,8 @@ pub struct PeerLink {
     /// The `tx_rate` a reload set, 0 if none: an association made after the reload (a peer
     /// whose address is learned) starts from it rather than from the config at start.
     reloaded_tx_bps: AtomicU64,
+    /// The keepalive a reload set, likewise.
+    reloaded_keepalive: Mutex<Option<Duration>>,
     /// The gateway's memory account, shared by every link: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
     pub counters: LinkCounters,
@@ -206,6 +209,7 @@ impl PeerLink {
             send_budget: AtomicU64::new(send_budget),
             pending_share: Mutex::new(None),
             reloaded_tx_bps: AtomicU64::new(0),
+            reloaded_keepalive: Mutex::new(None),
             memory,
             counters: LinkCounters::default(),
         }
@@ -236,8 +240,34 @@ impl PeerLink {
     }
 
     /// The `tx_rate` a reload set, if any.
-    pub fn reloaded_tx_rate(&self) -> Option<u64> {
+    fn reloaded_tx_rate(&self) -> Option<u64> {
         Some(self.reloaded_tx_bps.load(Ordering::Relaxed)).filter(|&bps| bps > 0)
+    }
+
+    /// Sets this peer's keepalive as a reload changed it, as [`set_tx_rate`](Self::set_tx_rate).
+    pub fn set_keepalive(&self, interval: Duration) {
+        *self
+            .reloaded_keepalive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(interval);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_keepalive(interval);
+        }
+        self.wake();
+    }
+
+    /// What a reload set, on an association made since.
+    pub fn apply_reloaded(&self, assoc: &mut Association) {
+        if let Some(bps) = self.reloaded_tx_rate() {
+            assoc.set_rate(bps);
+        }
+        let keepalive = *self
+            .reloaded_keepalive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(interval) = keepalive {
+            assoc.set_keepalive(interval);
+        }
     }
 
     /// Asks the driver to service this link: something was queued or freed.

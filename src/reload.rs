@@ -137,7 +137,7 @@ fn apply_live(
     true
 }
 
-/// New MIR, CIR and weight for each running peer whose entry stays the same peer (same
+/// New MIR, CIR, weight and keepalive for each running peer whose entry stays the same peer (same
 /// place, name and key); an entry added, removed or replaced waits for a restart.
 fn apply_peer_rates(new: &PepdConfig, running: &mut PepdConfig, gateway: &Gateway) {
     let (Peers::List(entries), Peers::List(old)) = (&new.peer, &mut running.peer) else {
@@ -150,6 +150,7 @@ fn apply_peer_rates(new: &PepdConfig, running: &mut PepdConfig, gateway: &Gatewa
             continue;
         };
         link.set_tx_rate(spec.tx_bps);
+        link.set_keepalive(spec.keepalive);
         link.set_share_rates(ShareRates {
             min_bps: spec.min_bps,
             weight: spec.weight,
@@ -157,6 +158,7 @@ fn apply_peer_rates(new: &PepdConfig, running: &mut PepdConfig, gateway: &Gatewa
         old.tx_rate = entry.tx_rate;
         old.min_rate = entry.min_rate;
         old.weight = entry.weight;
+        old.keepalive = entry.keepalive;
     }
 }
 

@@ -795,7 +795,7 @@ fn a_peer_s_tx_rate_changes_on_sighup_without_touching_its_flow() {
     eprintln!("reload: goodput {before:.0} bit/s before, {after:.0} bit/s after");
     let logs = net.logs();
     assert!(
-        logs.contains("peer[].tx_rate/min_rate/weight"),
+        logs.contains("peer[].tx_rate/min_rate/weight/keepalive"),
         "the reload did not apply the rate\n{logs}"
     );
     assert!(before >= 0.8 * BEFORE, "before: {before:.0} bit/s\n{logs}");

@@ -29,8 +29,8 @@ pub enum LiveSetting {
     Timeouts,
     Upstream,
     Shutdown,
-    /// `peer[].tx_rate`, `min_rate` and `weight` of an entry that stays: its MIR, CIR and
-    /// share of the carrier follow without touching its flows.
+    /// `peer[].tx_rate`, `min_rate`, `weight` and `keepalive` of an entry that stays: its
+    /// MIR, CIR, share of the carrier and keepalive follow without touching its flows.
     PeerRates,
 }
 
@@ -77,7 +77,7 @@ impl LiveSetting {
             LiveSetting::Timeouts => "timeouts",
             LiveSetting::Upstream => "upstream",
             LiveSetting::Shutdown => "shutdown",
-            LiveSetting::PeerRates => "peer[].tx_rate/min_rate/weight",
+            LiveSetting::PeerRates => "peer[].tx_rate/min_rate/weight/keepalive",
         }
     }
 }
@@ -432,7 +432,7 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
 /// routes after a restart.
 fn entry_setting(name: &str) -> Setting {
     match name {
-        "peer[].tx_rate" | "peer[].min_rate" | "peer[].weight" => {
+        "peer[].tx_rate" | "peer[].min_rate" | "peer[].weight" | "peer[].keepalive" => {
             Setting::Live(LiveSetting::PeerRates)
         }
         _ => Setting::Restart(RestartSetting::Peer),
@@ -700,7 +700,7 @@ mod tests {
                 restart,
             ),
             ("peer[].rx_rate", |c| entry(c).rx_rate = None, restart),
-            ("peer[].keepalive", |c| entry(c).keepalive = None, restart),
+            ("peer[].keepalive", |c| entry(c).keepalive = None, live),
         ];
         let base = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
         for (name, mutate, setting) in mutations {
