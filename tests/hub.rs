@@ -661,8 +661,13 @@ fn unrouted_destination_bypasses_when_open_and_refuses_when_closed() {
 /// Downloads are sampled in bins of this length.
 const BIN: Duration = Duration::from_millis(100);
 
-/// Serves `count` connections with an endless download each (until the client goes).
-fn serve_downloads(listener: TcpListener, count: usize) {
+/// Serves `count` connections at the server's `port` with an endless download each (until
+/// the client goes); where it listens.
+fn serve_downloads(net: &HubNet, port: u16, count: usize) -> SocketAddr {
+    let at = SocketAddr::from((SERVER, port));
+    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
+        .expect("server namespace")
+        .expect("listen");
     std::thread::spawn(move || {
         for seed in 0..count as u64 {
             let Ok((mut s, _)) = listener.accept() else {
@@ -671,6 +676,7 @@ fn serve_downloads(listener: TcpListener, count: usize) {
             std::thread::spawn(move || write_pattern(&mut s, seed, 1, u64::MAX));
         }
     });
+    at
 }
 
 /// Client `i` downloads from `at` from `start` for `length`; the bytes it received in each
@@ -724,11 +730,7 @@ fn a_terminal_alone_gets_its_mir() {
     const MIR: f64 = 8e6;
     let mut net = HubNet::new();
     net.start_shaped_gateways("", "20Mbit", &["tx_rate = \"8Mbit\""]);
-    let at = SocketAddr::from((SERVER, 5005));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    serve_downloads(listener, 1);
+    let at = serve_downloads(&net, 5005, 1);
     let got = download(&net, 1, at, Instant::now(), Duration::from_secs(10))
         .join()
         .expect("client thread");
@@ -779,11 +781,7 @@ fn a_peer_s_tx_rate_changes_on_sighup_without_touching_its_flow() {
     const AFTER: f64 = 4e6;
     let mut net = HubNet::new();
     net.start_shaped_gateways("", "20Mbit", &["tx_rate = \"12Mbit\""]);
-    let at = SocketAddr::from((SERVER, 5007));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    serve_downloads(listener, 1);
+    let at = serve_downloads(&net, 5007, 1);
     let start = Instant::now();
     let running = download(&net, 1, at, start, Duration::from_secs(12));
     std::thread::sleep(Duration::from_secs(4).saturating_sub(start.elapsed()));
@@ -827,11 +825,7 @@ fn two_bulk_terminals_share_by_weight() {
     let _cpu = heavy();
     let mut net = HubNet::new();
     net.start_shaped_gateways("", "20Mbit", &["weight = 1", "weight = 2"]);
-    let at = SocketAddr::from((SERVER, 5006));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    serve_downloads(listener, 2);
+    let at = serve_downloads(&net, 5006, 2);
     let start = Instant::now();
     let length = Duration::from_secs(9);
     let downloads: Vec<_> = [1, 2]
