@@ -709,8 +709,13 @@ fn unrouted_destination_bypasses_when_open_and_refuses_when_closed() {
 /// Downloads are sampled in bins of this length.
 const BIN: Duration = Duration::from_millis(100);
 
-/// Serves `count` connections with an endless download each (until the client goes).
-fn serve_downloads(listener: TcpListener, count: usize) {
+/// Serves `count` connections at the server's `port` with an endless download each (until
+/// the client goes); where it listens.
+fn serve_downloads(net: &HubNet, port: u16, count: usize) -> SocketAddr {
+    let at = SocketAddr::from((SERVER, port));
+    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
+        .expect("server namespace")
+        .expect("listen");
     std::thread::spawn(move || {
         for seed in 0..count as u64 {
             let Ok((mut s, _)) = listener.accept() else {
@@ -719,6 +724,7 @@ fn serve_downloads(listener: TcpListener, count: usize) {
             std::thread::spawn(move || write_pattern(&mut s, seed, 1, u64::MAX));
         }
     });
+    at
 }
 
 /// Client `i` downloads from `at` from `start` for `length`; the bytes it received in each
@@ -772,11 +778,7 @@ fn a_terminal_alone_gets_its_mir() {
     const MIR: f64 = 8e6;
     let mut net = HubNet::new();
     net.start_shaped_gateways("", "20Mbit", &["tx_rate = \"8Mbit\""]);
-    let at = SocketAddr::from((SERVER, 5005));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    serve_downloads(listener, 1);
+    let at = serve_downloads(&net, 5005, 1);
     let got = download(&net, 1, at, Instant::now(), Duration::from_secs(10))
         .join()
         .expect("client thread");
@@ -797,6 +799,70 @@ fn a_terminal_alone_gets_its_mir() {
     assert!(most <= 1.05 * MIR, "5 s at {most:.0} bit/s");
 }
 
+impl HubNet {
+    /// Rewrites the hub's config with `from` replaced by `to` and sends the hub SIGHUP.
+    fn reload_hub(&self, from: &str, to: &str) {
+        let path = self.dir.join("hub.toml");
+        let config = std::fs::read_to_string(&path).expect("hub config");
+        assert!(config.contains(from), "{from:?} not in the hub's config");
+        std::fs::write(&path, config.replacen(from, to, 1)).expect("hub config");
+        // Started first; `ip netns exec` execs pepd, so the child is the hub's pepd.
+        let hub = self
+            .children
+            .first()
+            .expect("the hub runs")
+            .id()
+            .to_string();
+        run("kill", &["-HUP", &hub]);
+    }
+}
+
+/// Terminal 1 downloads alone; its `tx_rate` lowered by SIGHUP takes effect on the running
+/// download, which carries on at the new rate without a reset.
+#[test]
+fn a_peer_s_tx_rate_changes_on_sighup_without_touching_its_flow() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    const BEFORE: f64 = 12e6;
+    const AFTER: f64 = 4e6;
+    let mut net = HubNet::new();
+    net.start_shaped_gateways("", "20Mbit", &["tx_rate = \"12Mbit\""]);
+    let at = serve_downloads(&net, 5007, 1);
+    let start = Instant::now();
+    let running = download(&net, 1, at, start, Duration::from_secs(12));
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(start.elapsed()));
+    net.reload_hub("tx_rate = \"12Mbit\"", "tx_rate = \"4Mbit\"");
+    let got = running.join().expect("client thread");
+    // 1–4 s: past the start; from 6 s: past the reload and the queue it left behind.
+    let before = bps(got[10..40].iter().sum(), 30);
+    let after = bps(got[60..].iter().sum(), got.len() - 60);
+    eprintln!("reload: goodput {before:.0} bit/s before, {after:.0} bit/s after");
+    let logs = net.logs();
+    assert!(
+        logs.contains("peer[].tx_rate/min_rate/weight/keepalive"),
+        "the reload did not apply the rate\n{logs}"
+    );
+    assert!(before >= 0.8 * BEFORE, "before: {before:.0} bit/s\n{logs}");
+    assert!(
+        (0.8 * AFTER..=1.05 * AFTER).contains(&after),
+        "after: {after:.0} bit/s\n{logs}"
+    );
+    let resets: f64 = net
+        .scrape(&net.hub)
+        .expect("hub metrics")
+        .samples
+        .iter()
+        .filter(|m| m.metric == "pepd_flow_resets_total")
+        .filter_map(|m| match m.value {
+            prometheus_parse::Value::Counter(v) => Some(v),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(resets, 0.0, "{logs}");
+}
+
 /// Terminals 1 and 2 (weights 1 and 2, `tx_rate` the whole carrier) download at once: the
 /// hub's carrier goes 1:2 between them.
 #[test]
@@ -807,11 +873,7 @@ fn two_bulk_terminals_share_by_weight() {
     let _cpu = heavy();
     let mut net = HubNet::new();
     net.start_shaped_gateways("", "20Mbit", &["weight = 1", "weight = 2"]);
-    let at = SocketAddr::from((SERVER, 5006));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    serve_downloads(listener, 2);
+    let at = serve_downloads(&net, 5006, 2);
     let start = Instant::now();
     let length = Duration::from_secs(9);
     let downloads: Vec<_> = [1, 2]

@@ -428,6 +428,12 @@ impl Association {
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
     }
 
+    /// Changes how long an idle association waits before it proves it is alive (a NAT
+    /// mapping's lifetime), from the next idle period.
+    pub fn set_keepalive(&mut self, interval: std::time::Duration) {
+        self.cfg.keepalive_interval = interval;
+    }
+
     /// Changes the flow limit live; flows already open above it stay.
     pub fn set_max_flows(&mut self, max_flows: usize) {
         self.cfg.max_flows = max_flows.max(1);
