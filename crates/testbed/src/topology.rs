@@ -158,13 +158,15 @@ impl Topology {
             ip_in(gw, &["link", "set", LAN_DEV, "up"])?;
             add_tun(gw, SAT_DEV)?;
             // As deploy/99-pepd.conf sets them on a gateway: the listeners' accept queue
-            // must hold a burst of `limits.max_flows` connections.
+            // must hold a burst of `limits.max_flows` connections, and upstream connects may
+            // reuse ports in TIME_WAIT (tests/uptime.rs makes 32,000 to one server in 100 s).
             sysctl_in(
                 gw,
                 &[
                     "net.ipv4.ip_forward=1",
                     "net.ipv6.conf.all.forwarding=1",
                     "net.core.somaxconn=16384",
+                    "net.ipv4.tcp_tw_reuse=1",
                 ],
             )?;
             tune_host(host, hosts)?;
