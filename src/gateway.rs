@@ -8,17 +8,14 @@ use std::sync::{Arc, Mutex};
 use pep_transport::{EndpointStats, Stats};
 use tokio::sync::Notify;
 
-use crate::config::PeerSpec;
 use crate::link::{LinkCounters, PeerLink};
 use crate::memory::MemoryAccount;
 use crate::metrics::{PeerSnapshot, RelaySnapshot, Snapshot};
-use crate::routes::Routes;
+use crate::peers::{PeerSet, PeerTable};
 
 pub struct Gateway {
-    /// In the order of `peer_specs()`; a link's `PeerId` is its index.
-    pub links: Vec<Arc<PeerLink>>,
-    pub specs: Vec<PeerSpec>,
-    pub routes: Routes,
+    /// The configured peers, which a reload may change.
+    pub peers: PeerSet,
     pub counters: GatewayCounters,
     /// `[link] tx_rate`, which a reload may change: with `[[peer]]` entries the carrier the
     /// peers share.
@@ -65,14 +62,37 @@ impl GatewayCounters {
 }
 
 impl Gateway {
+    /// The gateway of `peers`, with the carrier at `carrier_bps`.
+    pub fn new(
+        peers: PeerTable,
+        carrier_bps: u64,
+        wake: Arc<Notify>,
+        memory: Arc<MemoryAccount>,
+    ) -> Gateway {
+        Gateway {
+            peers: PeerSet::new(peers),
+            counters: GatewayCounters::default(),
+            carrier_bps: AtomicU64::new(carrier_bps),
+            wake,
+            memory,
+        }
+    }
+
+    /// The peers now.
+    pub fn links(&self) -> Vec<Arc<PeerLink>> {
+        self.peers.table().links.clone()
+    }
+
     /// The link an intercepted connection to `server` goes to, if any.
-    pub fn route(&self, server: std::net::IpAddr) -> Option<&Arc<PeerLink>> {
-        self.routes.lookup(server).and_then(|i| self.links.get(i))
+    pub fn route(&self, server: std::net::IpAddr) -> Option<Arc<PeerLink>> {
+        self.peers.table().route(server).cloned()
     }
 
     /// Relays running over every link (what a drain waits for).
     pub fn relays_active(&self) -> u64 {
-        self.links
+        self.peers
+            .table()
+            .links
             .iter()
             .map(|l| LinkCounters::get(&l.counters.relays_active))
             .sum()
@@ -83,7 +103,7 @@ impl Gateway {
     pub fn stats(&self) -> (Stats, u64, u64) {
         let mut total: Option<Stats> = None;
         let (mut send, mut recv) = (0, 0);
-        for link in &self.links {
+        for link in &self.peers.table().links {
             let Some((s, sent, received)) = link.stats() else {
                 continue;
             };
@@ -102,13 +122,14 @@ impl Gateway {
     /// What the metrics endpoint serves at this instant.
     pub fn snapshot(&self) -> Snapshot {
         let (stats, send, recv) = self.stats();
+        let links = self.links();
         let get = LinkCounters::get;
         let sum = |f: fn(&LinkCounters) -> &AtomicU64| -> u64 {
-            self.links.iter().map(|l| get(f(&l.counters))).sum()
+            links.iter().map(|l| get(f(&l.counters))).sum()
         };
         let by_reason = |f: fn(&LinkCounters) -> Vec<(&'static str, u64)>| {
             let mut total: Vec<(&'static str, u64)> = Vec::new();
-            for l in &self.links {
+            for l in &links {
                 for (i, (label, n)) in f(&l.counters).into_iter().enumerate() {
                     match total.get_mut(i) {
                         Some(t) => t.1 += n,
@@ -121,9 +142,8 @@ impl Gateway {
         let c = &self.counters;
         Snapshot {
             stats,
-            associations: self.links.iter().map(|l| l.counters.state()).collect(),
-            association_restarts: self
-                .links
+            associations: links.iter().map(|l| l.counters.state()).collect(),
+            association_restarts: links
                 .iter()
                 .map(|l| get(&l.counters.associations_established).saturating_sub(1))
                 .sum(),
@@ -150,7 +170,7 @@ impl Gateway {
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             cookies_sent: c.endpoint().cookies_sent,
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
-            peers: self.links.iter().map(|l| peer_snapshot(l)).collect(),
+            peers: links.iter().map(|l| peer_snapshot(l)).collect(),
         }
     }
 }

@@ -470,6 +470,17 @@ impl LinkState {
         }
     }
 
+    /// Ends every flow's relay with `reason`: the association that carried them is gone.
+    pub fn reset_all_flows(&mut self, reason: ResetReason) {
+        for (_, slot) in self.flows.drain() {
+            slot.signal.set_reset(reason);
+            slot.signal.notify.notify_one();
+        }
+        for s in self.budget_waiters.drain(..) {
+            s.notify.notify_one();
+        }
+    }
+
     pub fn flow_closed(&mut self, id: FlowId) {
         if let Some(slot) = self.flows.remove(&id) {
             slot.signal.notify.notify_one();
