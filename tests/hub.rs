@@ -1194,10 +1194,29 @@ fn sighup_adds_and_removes_peers_and_the_others_flows_carry_on() {
     std::thread::sleep(Duration::from_secs(1));
 
     let (t2, t3) = (net.entries[1].clone(), net.entries[2].clone());
-    net.reload_hub_with(|config| {
-        assert!(config.contains(&t2), "terminal 2's entry");
-        config.replacen(&t2, "", 1) + &t3
-    });
+    let config = std::fs::read_to_string(net.dir.join("hub.toml")).expect("hub config");
+    assert!(config.contains(&t2), "terminal 2's entry");
+    let reloaded = config.replacen(&t2, "", 1) + &t3;
+    // A file that fails to load changes nothing: terminal 3's entry twice.
+    let broken = reloaded.clone() + &t3;
+    net.reload_hub_with(|_| broken);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !net
+        .logs()
+        .contains("reload failed, keeping the running configuration")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no failed reload\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(net.peer_established("t2"), "{}", net.logs());
+    assert!(net
+        .peer_samples("pepd_peer_association_state", "t3")
+        .is_empty());
+    net.reload_hub_with(|_| reloaded);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !net.peer_established("t3") {
         assert!(

@@ -88,6 +88,7 @@ impl Driver {
             share.remove(id);
         }
         let mut st = link.lock();
+        let mut last_stats = None;
         if let Some(mut assoc) = st.assoc.take() {
             assoc.close(0, "peer removed from the configuration");
             let mut buf = Vec::new();
@@ -100,12 +101,14 @@ impl Driver {
                     st.flow_reset(flow, reason);
                 }
             }
+            last_stats = Some(assoc.stats());
         }
         // Flows the association no longer had a record of end too: nothing carries them.
         st.reset_all_flows(REMOVED);
         st.report_send(&link.memory);
         drop(st);
         link.counters.set_state(AssociationState::Closed);
+        self.gateway.retire(link, last_stats);
         info!(peer = %link.name, "peer removed: its association is closed and its flows reset");
     }
 
