@@ -242,3 +242,86 @@ fn with_assoc(link: &PeerLink, f: impl FnOnce(&mut pep_transport::Association)) 
     }
     link.wake();
 }
+
+#[cfg(test)]
+mod tests {
+    use pep_transport::PeerId;
+
+    use super::*;
+
+    fn names_and_ids(gateway: &Gateway) -> Vec<(String, u32)> {
+        let table = gateway.peers.table();
+        table
+            .links
+            .iter()
+            .map(|l| (l.name.to_string(), l.peer.0))
+            .collect()
+    }
+
+    #[test]
+    fn entries_are_matched_by_name_and_another_identity_replaces_the_peer() {
+        let start =
+            PepdConfig::parse(include_str!("../config/hub-spoke.toml")).expect("hub-spoke.toml");
+        let security = LoadedSecurity {
+            local: None,
+            warnings: Vec::new(),
+        };
+        let gateway = crate::tunnel::build(&start, &security, 1, [7; 32])
+            .expect("tunnel")
+            .gateway;
+        let at_start: Vec<(String, u32)> = vec![
+            ("rig-3".into(), 0),
+            ("ship-7".into(), 1),
+            ("cell-12".into(), 2),
+        ];
+        assert_eq!(names_and_ids(&gateway), at_start);
+
+        let mut new = start.clone();
+        let Peers::List(entries) = &mut new.peer else {
+            panic!("the list form");
+        };
+        // ship-7 goes; cell-12 reaches another subnet now (another peer); rig-3 gets a new
+        // weight and comes last, where its place does not matter; buoy-1 is new.
+        let mut rig = entries.remove(0);
+        entries.remove(0);
+        entries[0].subnets = vec!["10.13.0.0/22".parse().expect("cidr")];
+        rig.weight = 3;
+        let mut buoy = rig.clone();
+        buoy.name = "buoy-1".into();
+        buoy.address = Some("198.19.0.40:7400".parse().expect("address"));
+        buoy.subnets = vec!["10.40.0.0/24".parse().expect("cidr")];
+        entries.push(rig);
+        entries.push(buoy);
+        let mut running = start.clone();
+        apply_peers(&new, &mut running, &security, &gateway);
+        let now: Vec<(String, u32)> = vec![
+            ("cell-12".into(), 3),
+            ("rig-3".into(), 0),
+            ("buoy-1".into(), 4),
+        ];
+        assert_eq!(names_and_ids(&gateway), now);
+        assert_eq!(running.peer, new.peer);
+        let (changes, table) = gateway.peers.take_changes().expect("a change");
+        assert_eq!(changes.len(), 1);
+        let removed: Vec<&str> = changes[0].removed.iter().map(|l| &*l.name).collect();
+        let added: Vec<&str> = changes[0].added.iter().map(|p| &*p.link.name).collect();
+        assert_eq!(removed, ["ship-7", "cell-12"]);
+        assert_eq!(added, ["cell-12", "buoy-1"]);
+        let route = |ip: &str| table.routes.lookup(ip.parse().expect("ip"));
+        assert_eq!(route("10.13.0.5"), Some(PeerId(3)));
+        assert_eq!(route("10.12.0.5"), None);
+        assert_eq!(route("10.7.0.1"), None);
+        assert_eq!(route("10.3.0.1"), Some(PeerId(0)));
+        assert_eq!(route("10.40.0.1"), Some(PeerId(4)));
+        // The same file again changes nothing; removing a peer never frees its id for another.
+        apply_peers(&new, &mut running, &security, &gateway);
+        assert!(gateway.peers.take_changes().is_none());
+        apply_peers(&start, &mut running, &security, &gateway);
+        let back: Vec<(String, u32)> = vec![
+            ("rig-3".into(), 0),
+            ("ship-7".into(), 5),
+            ("cell-12".into(), 6),
+        ];
+        assert_eq!(names_and_ids(&gateway), back);
+    }
+}
