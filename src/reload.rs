@@ -249,6 +249,10 @@ mod tests {
 
     use super::*;
 
+    fn named(peers: &[(&str, u32)]) -> Vec<(String, u32)> {
+        peers.iter().map(|&(n, id)| (n.to_owned(), id)).collect()
+    }
+
     fn names_and_ids(gateway: &Gateway) -> Vec<(String, u32)> {
         let table = gateway.peers.table();
         table
@@ -269,11 +273,7 @@ mod tests {
         let gateway = crate::tunnel::build(&start, &security, 1, [7; 32])
             .expect("tunnel")
             .gateway;
-        let at_start: Vec<(String, u32)> = vec![
-            ("rig-3".into(), 0),
-            ("ship-7".into(), 1),
-            ("cell-12".into(), 2),
-        ];
+        let at_start = named(&[("rig-3", 0), ("ship-7", 1), ("cell-12", 2)]);
         assert_eq!(names_and_ids(&gateway), at_start);
 
         let mut new = start.clone();
@@ -294,11 +294,7 @@ mod tests {
         entries.push(buoy);
         let mut running = start.clone();
         apply_peers(&new, &mut running, &security, &gateway);
-        let now: Vec<(String, u32)> = vec![
-            ("cell-12".into(), 3),
-            ("rig-3".into(), 0),
-            ("buoy-1".into(), 4),
-        ];
+        let now = named(&[("cell-12", 3), ("rig-3", 0), ("buoy-1", 4)]);
         assert_eq!(names_and_ids(&gateway), now);
         assert_eq!(running.peer, new.peer);
         let (changes, table) = gateway.peers.take_changes().expect("a change");
@@ -317,11 +313,7 @@ mod tests {
         apply_peers(&new, &mut running, &security, &gateway);
         assert!(gateway.peers.take_changes().is_none());
         apply_peers(&start, &mut running, &security, &gateway);
-        let back: Vec<(String, u32)> = vec![
-            ("rig-3".into(), 0),
-            ("ship-7".into(), 5),
-            ("cell-12".into(), 6),
-        ];
+        let back = named(&[("rig-3", 0), ("ship-7", 5), ("cell-12", 6)]);
         assert_eq!(names_and_ids(&gateway), back);
     }
 }

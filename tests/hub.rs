@@ -448,11 +448,7 @@ fn three_terminals_upload_and_download_5mb_through_one_hub_byte_exact() {
     let _cpu = heavy();
     let mut net = HubNet::new();
     net.start_gateways();
-    let at = SocketAddr::from((SERVER, 5001));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    let results = serve(listener, TERMINALS, SIZE);
+    let (at, results) = serve_exchanges(&net, 5001, TERMINALS, SIZE);
     let clients: Vec<_> = (1..=TERMINALS)
         .map(|i| exchange(&net, i, at, 100 + i as u64, SIZE))
         .collect();
@@ -999,25 +995,8 @@ fn timed_exchange(
         !client.is_finished(),
         "seed {seed}: the exchange ended before the move ({move_after:?} in)"
     );
-    let (down, end) = client
-        .join()
-        .expect("client thread")
-        .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", net.logs()));
-    let took = start.elapsed();
-    assert_eq!(
-        down,
-        expected_digest(seed, 1, ROAM_SIZE).hex(),
-        "download {seed}"
-    );
-    assert!(matches!(end, End::Eof { .. }), "seed {seed}: {end:?}");
-    let upload = uploads
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the server saw the upload");
-    assert_eq!(
-        upload,
-        (seed, ROAM_SIZE, expected_digest(seed, 0, ROAM_SIZE).hex())
-    );
-    took
+    let ended = assert_exchanged(net, 1, client, uploads, seed, ROAM_SIZE);
+    ended - start
 }
 
 /// Terminal 1's tunnel address changes mid-transfer (a new address, the old one gone), then
@@ -1035,11 +1014,7 @@ fn terminal_address_and_nat_port_change_mid_transfer() {
     let mut net = HubNet::with_emulated_terminal(&support::link(50e6, ROAM_ONE_WAY_MS));
     net.start_gateways();
     assert_eq!(net.endpoints_of("t1"), ["198.19.1.2:7400"]);
-    let at = SocketAddr::from((SERVER, 5007));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    let uploads = serve(listener, 4, ROAM_SIZE);
+    let (at, uploads) = serve_exchanges(&net, 5007, 4, ROAM_SIZE);
     // The same exchange unmoved, twice: the slower is the reference, so that the host's
     // own jitter is not counted against the move.
     let unmoved: Vec<Duration> = (0..2)
@@ -1152,6 +1127,35 @@ impl HubNet {
     }
 }
 
+/// Checks client `i`'s exchange of `size` bytes with `seed` both ways: the download it
+/// read, how the connection ended, and the upload the server got. Returns when the client
+/// was done.
+fn assert_exchanged(
+    net: &HubNet,
+    i: usize,
+    client: std::thread::JoinHandle<std::io::Result<(String, End)>>,
+    uploads: &mpsc::Receiver<(u64, u64, String)>,
+    seed: u64,
+    size: u64,
+) -> Instant {
+    let (down, end) = client
+        .join()
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("client {i}: {e}\n{}", net.logs()));
+    let ended = Instant::now();
+    assert_eq!(
+        down,
+        expected_digest(seed, 1, size).hex(),
+        "download of client {i}"
+    );
+    assert!(matches!(end, End::Eof { .. }), "client {i}: {end:?}");
+    let up = uploads
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the server saw the upload");
+    assert_eq!(up, (seed, size, expected_digest(seed, 0, size).hex()));
+    ended
+}
+
 /// Serves `count` exchanges (see [`serve`]) of `size` bytes at the server's `port`.
 fn serve_exchanges(
     net: &HubNet,
@@ -1236,20 +1240,8 @@ fn sighup_adds_and_removes_peers_and_the_others_flows_carry_on() {
     };
     // Terminal 3's initiations before the reload were an unknown peer's too.
     let unknown_at_reload = unknown_peer(&net);
-    let (down3, end3) = exchange(&net, 3, at3, 323, SIZE)
-        .join()
-        .expect("client 3 thread")
-        .unwrap_or_else(|e| panic!("client 3: {e}\n{}", net.logs()));
-    assert_eq!(
-        down3,
-        expected_digest(323, 1, SIZE).hex(),
-        "download of client 3"
-    );
-    assert!(matches!(end3, End::Eof { .. }), "client 3: {end3:?}");
-    let up3 = uploads3
-        .recv_timeout(Duration::from_secs(10))
-        .expect("upload 3");
-    assert_eq!(up3, (323, SIZE, expected_digest(323, 0, SIZE).hex()));
+    let client3 = exchange(&net, 3, at3, 323, SIZE);
+    assert_exchanged(&net, 3, client3, &uploads3, 323, SIZE);
 
     let (end2, got2) = download2.join().expect("client 2 thread");
     assert!(
@@ -1278,27 +1270,7 @@ fn sighup_adds_and_removes_peers_and_the_others_flows_carry_on() {
         Err(e) => assert_eq!(e.kind(), ErrorKind::WouldBlock),
     }
 
-    let (down1, end1) = long
-        .join()
-        .expect("client 1 thread")
-        .unwrap_or_else(|e| panic!("client 1: {e}\n{}", net.logs()));
-    assert_eq!(
-        down1,
-        expected_digest(121, 1, ACROSS_RELOAD).hex(),
-        "download of client 1"
-    );
-    assert!(matches!(end1, End::Eof { .. }), "client 1: {end1:?}");
-    let up1 = uploads1
-        .recv_timeout(Duration::from_secs(10))
-        .expect("upload 1");
-    assert_eq!(
-        up1,
-        (
-            121,
-            ACROSS_RELOAD,
-            expected_digest(121, 0, ACROSS_RELOAD).hex()
-        )
-    );
+    assert_exchanged(&net, 1, long, &uploads1, 121, ACROSS_RELOAD);
 
     let logs = net.logs();
     assert!(

@@ -692,6 +692,16 @@ mod tests {
         Endpoint::new(cfg, None, [1; 32]).unwrap()
     }
 
+    /// The association of peer `p`, security off.
+    fn associate(
+        e: &mut Endpoint,
+        now: Instant,
+        p: u32,
+    ) -> Result<(AssocHandle, Association), ConfigError> {
+        let cfg = Config::for_rate(1_000_000);
+        e.new_association(now, PeerId(p), cfg, Role::Responder, 1, None)
+    }
+
     #[test]
     fn connection_ids_name_shard_and_slot() {
         let mut cfg = EndpointConfig::new(2);
@@ -736,17 +746,7 @@ mod tests {
         });
         assert!(e.set_peers(peers).is_empty());
         let now = Instant::now();
-        let make = |e: &mut Endpoint, p: u32| {
-            e.new_association(
-                now,
-                PeerId(p),
-                Config::for_rate(1_000_000),
-                Role::Responder,
-                1,
-                None,
-            )
-            .map(|(h, _)| h)
-        };
+        let make = |e: &mut Endpoint, p: u32| associate(e, now, p).map(|(h, _)| h);
         let first: Vec<AssocHandle> = (0..8192).map(|p| make(&mut e, p).unwrap()).collect();
         assert_eq!(first[8191], AssocHandle(8191));
         assert!(make(&mut e, 0).is_err(), "one association per peer");
@@ -785,17 +785,7 @@ mod tests {
         );
         e.add_peer(PeerId(2), identity(3)).unwrap();
         let now = Instant::now();
-        let make = |e: &mut Endpoint, p: u32| {
-            e.new_association(
-                now,
-                PeerId(p),
-                Config::for_rate(1_000_000),
-                Role::Responder,
-                1,
-                None,
-            )
-            .map(|(h, a)| (h, a.local_cid()))
-        };
+        let make = |e: &mut Endpoint, p: u32| associate(e, now, p).map(|(h, a)| (h, a.local_cid()));
         let (h0, _) = make(&mut e, 0).unwrap();
         let (h1, cid1) = make(&mut e, 1).unwrap();
         let (h2, _) = make(&mut e, 2).unwrap();
