@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use pep_transport::security::SecurityConfig;
@@ -86,6 +87,8 @@ pub struct PeerChange {
 pub struct PeerSet {
     table: RwLock<Arc<PeerTable>>,
     pending: Mutex<Pending>,
+    /// Set with a queued change: the driver looks on every pass, without the lock.
+    changed: AtomicBool,
 }
 
 struct Pending {
@@ -103,6 +106,7 @@ impl PeerSet {
                 changes: Vec::new(),
                 next_id,
             }),
+            changed: AtomicBool::new(false),
         }
     }
 
@@ -124,10 +128,14 @@ impl PeerSet {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
         p.changes.push(change);
+        self.changed.store(true, Ordering::Release);
     }
 
     /// The changes queued since the last call, with the table they lead to; `None` if none.
     pub fn take_changes(&self) -> Option<(Vec<PeerChange>, Arc<PeerTable>)> {
+        if !self.changed.swap(false, Ordering::AcqRel) {
+            return None;
+        }
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if p.changes.is_empty() {
             return None;
