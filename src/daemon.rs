@@ -175,7 +175,7 @@ impl Daemon {
         if let Some(period) = notifier.watchdog_period() {
             tokio::spawn(watchdog(gateway.clone(), notifier, period));
         }
-        let peers = peer_list(&gateway.specs);
+        let peers = peer_list(&gateway.peers.table().specs);
         info!(
             side = ?cfg.side(),
             peer = %peers,
@@ -190,7 +190,7 @@ impl Daemon {
         let signal = loop {
             match signals.next().await {
                 Signal::Hangup => {
-                    reload::apply(&path, &mut cfg, &gateway, &live, &log_reload);
+                    reload::apply(&path, &mut cfg, &security, &gateway, &live, &log_reload);
                 }
                 other => break other,
             }
@@ -211,7 +211,7 @@ impl Daemon {
         while gateway.relays_active() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        for link in &gateway.links {
+        for link in &gateway.links() {
             link.counters.set_state(AssociationState::Closed);
         }
         result
@@ -292,7 +292,7 @@ async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
         tick.tick().await;
         let gateway = gateway.clone();
         let alive = tokio::task::spawn_blocking(move || {
-            for link in &gateway.links {
+            for link in &gateway.links() {
                 drop(link.lock());
             }
         })
@@ -306,7 +306,7 @@ async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
 /// SIGUSR1 logs the association's counters.
 async fn log_stats_on_sigusr1(gateway: Arc<Gateway>, mut usr1: tokio::signal::unix::Signal) {
     while usr1.recv().await.is_some() {
-        for link in &gateway.links {
+        for link in &gateway.links() {
             if let Some((stats, _, _)) = link.stats() {
                 info!(peer = %link.name, ?stats, "association statistics");
             }
@@ -394,7 +394,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         dscp,
     };
     let live = read_live(&ctx.live);
-    let link = ctx.gateway.route(server.ip()).cloned();
+    let link = ctx.gateway.route(server.ip());
     // The first bytes are read into this thread's scratch buffer and, from there, into the
     // flow's open, with no await between: nothing of them stays with the connection. Only
     // a connection the peers do not take keeps a copy, for the bypass to send.
@@ -514,8 +514,9 @@ impl UpstreamAcceptor {
     /// cannot use the hub as a relay into another's LAN. The pair's one peer holds every
     /// address, so this never refuses there.
     fn may_open(&self, link: &PeerLink, meta: &FlowMeta) -> bool {
-        let routes = &self.gateway.routes;
-        let peer = link.peer.0 as usize;
+        let table = self.gateway.peers.table();
+        let routes = &table.routes;
+        let peer = link.peer;
         routes.admits(peer, meta.client.ip())
             && routes.lookup(meta.server.ip()).is_none_or(|p| p == peer)
     }
@@ -612,15 +613,12 @@ pub(crate) fn flow_tasks(
         server: "198.18.1.2:80".parse().expect("addr"),
         dscp: 0,
     };
-    let gateway = Gateway {
-        links: vec![link.clone()],
-        specs: Vec::new(),
-        routes: crate::routes::Routes::default(),
-        counters: GatewayCounters::default(),
-        carrier_bps: Default::default(),
-        wake: Arc::new(tokio::sync::Notify::new()),
-        memory: link.memory.clone(),
-    };
+    let gateway = Gateway::new(
+        crate::peers::PeerTable::new(vec![link.clone()], Vec::new()),
+        0,
+        Arc::new(tokio::sync::Notify::new()),
+        link.memory.clone(),
+    );
     let ctx = Arc::new(InterceptCtx {
         gateway: Arc::new(gateway),
         live: Arc::new(RwLock::new(live.clone())),

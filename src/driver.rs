@@ -3,6 +3,8 @@
 //! link), runs the timers, sends what the associations produce in turn, and hands their
 //! events to the relays.
 
+mod peers;
+
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
@@ -10,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pep_transport::security::{AcceptedInitiation, SecurityConfig};
+use pep_transport::security::AcceptedInitiation;
 use pep_transport::{
     AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowMeta,
     PeerId, ResetReason, Role,
@@ -24,6 +26,7 @@ use crate::link::{FlowRef, LinkCounters, LinkState, PeerLink};
 use crate::memory::FlowCharge;
 use crate::metrics::AssociationState;
 use crate::notify::Notifier;
+use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
 
 /// Datagrams taken from the socket, or produced, per pass.
@@ -46,10 +49,8 @@ type Accepts = Vec<(FlowRef, FlowMeta, FlowCharge)>;
 /// How a peer's association is made: at start for a peer whose address is configured, else
 /// by the driver on the peer's first authenticated initiation.
 pub struct AssocFactory {
-    /// By link.
-    pub configs: Vec<Config>,
-    /// By link; `None` with `security.mode = "none"`.
-    pub security: Vec<Option<SecurityConfig>>,
+    /// Every configured peer's.
+    pub peers: HashMap<PeerId, PeerSettings>,
     pub role: Role,
     pub epoch: u64,
 }
@@ -59,22 +60,27 @@ impl AssocFactory {
         &self,
         endpoint: &mut Endpoint,
         now: Instant,
-        link: usize,
+        peer: PeerId,
     ) -> Result<(AssocHandle, Association), ConfigError> {
-        let missing = || ConfigError {
-            key: "peer",
-            why: "no settings for this peer",
+        let Some(s) = self.peers.get(&peer) else {
+            return Err(ConfigError {
+                key: "peer",
+                why: "no settings for this peer",
+            });
         };
-        let cfg = self.configs.get(link).ok_or_else(missing)?;
-        let security = self.security.get(link).ok_or_else(missing)?;
         endpoint.new_association(
             now,
-            PeerId(link as u32),
-            cfg.clone(),
+            peer,
+            s.config.clone(),
             self.role,
             self.epoch,
-            security.clone(),
+            s.security.clone(),
         )
+    }
+
+    /// Every peer's transport settings.
+    pub fn configs(&self) -> impl Iterator<Item = &Config> + Clone {
+        self.peers.values().map(|s| &s.config)
     }
 }
 
@@ -93,6 +99,9 @@ enum Input {
 
 pub struct Driver {
     gateway: Arc<Gateway>,
+    /// The peers as the driver serves them: the gateway's table as of the last change it
+    /// applied. The vectors below go by place in it.
+    table: Arc<PeerTable>,
     socket: UdpSocket,
     endpoint: Endpoint,
     factory: AssocFactory,
@@ -101,8 +110,8 @@ pub struct Driver {
     allowed: Option<HashSet<SocketAddr>>,
     acceptor: Arc<dyn FlowAcceptor>,
     notifier: Notifier,
-    /// The link of each association.
-    by_handle: HashMap<AssocHandle, usize>,
+    /// The peer of each association.
+    by_handle: HashMap<AssocHandle, PeerId>,
     /// Each link's next timer, as of its last service.
     deadlines: Vec<Option<Instant>>,
     /// Where the next pass starts, so no link is always served first.
@@ -123,16 +132,20 @@ impl Driver {
         acceptor: Arc<dyn FlowAcceptor>,
         notifier: Notifier,
     ) -> Driver {
-        let by_handle = (0..gateway.links.len())
-            .filter_map(|i| Some((endpoint.association_of(PeerId(i as u32))?, i)))
+        let table = gateway.peers.table();
+        let by_handle = table
+            .links
+            .iter()
+            .filter_map(|l| Some((endpoint.association_of(l.peer)?, l.peer)))
             .collect();
-        let deadlines = gateway
+        let deadlines = table
             .links
             .iter()
             .map(|l| l.lock().assoc.as_ref().and_then(Association::poll_timeout))
             .collect();
         Driver {
             gateway,
+            table,
             socket,
             endpoint,
             factory,
@@ -154,7 +167,7 @@ impl Driver {
 
     /// Runs until `stop` turns true, then closes every association with one CLOSE.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
-        let links = self.gateway.links.len();
+        let mut links = self.table.links.len();
         let mut rx: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; RECV_BUF]).collect();
         let mut received: Vec<(usize, SocketAddr)> = Vec::with_capacity(BATCH);
         let mut inputs: Vec<Vec<Input>> = (0..links).map(|_| Vec::new()).collect();
@@ -183,6 +196,12 @@ impl Driver {
                         return Ok(());
                     }
                 }
+            }
+            if self.apply_peer_changes(Instant::now(), &mut tx) {
+                links = self.table.links.len();
+                inputs = (0..links).map(|_| Vec::new()).collect();
+                // A peer's first pass, or a pass more for the others: harmless.
+                more = vec![true; links];
             }
             received.clear();
             while received.len() < BATCH {
@@ -222,7 +241,7 @@ impl Driver {
             serviced.clear();
             for k in 0..links {
                 let i = (self.cursor + k) % links;
-                let queued = self.gateway.links[i].take_queued();
+                let queued = self.table.links[i].take_queued();
                 let due = self.deadlines[i].is_some_and(|t| t <= now);
                 if queued || due || more[i] || !inputs[i].is_empty() {
                     serviced.push(i);
@@ -249,7 +268,7 @@ impl Driver {
             if self.gateway.memory.send_buffered() < send_buffered {
                 // The budget is the gateway's: acknowledgements on one link may free what
                 // relays of another wait for.
-                for l in self.gateway.links.iter().filter(|l| l.waits_for_budget()) {
+                for l in self.table.links.iter().filter(|l| l.waits_for_budget()) {
                     l.wake();
                 }
             }
@@ -271,8 +290,8 @@ impl Driver {
         let links = self
             .deadlines
             .iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.filter(|&d| d > now || !share.is_staged(i)));
+            .zip(&self.table.links)
+            .filter_map(|(d, l)| d.filter(|&d| d > now || !share.is_staged(l.peer)));
         links.chain(share.poll_timeout(now)).min()
     }
 
@@ -291,7 +310,8 @@ impl Driver {
         let (link, input) = match self.endpoint.handle(now, from, datagram) {
             None => return,
             Some(DatagramEvent::Routed(h)) => {
-                let Some(&link) = self.by_handle.get(&h) else {
+                let Some(link) = self.by_handle.get(&h).and_then(|&p| self.table.position(p))
+                else {
                     return;
                 };
                 let len = datagram.len();
@@ -302,7 +322,9 @@ impl Driver {
                 handle,
                 accepted,
             }) => {
-                let link = peer.0 as usize;
+                let Some(link) = self.table.position(peer) else {
+                    return;
+                };
                 if handle.is_none() && !self.associate(now, link, from) {
                     return;
                 }
@@ -324,15 +346,15 @@ impl Driver {
     /// Makes the association of a peer whose address was not configured, on its first
     /// authenticated initiation.
     fn associate(&mut self, now: Instant, link: usize, from: SocketAddr) -> bool {
-        let Some(l) = self.gateway.links.get(link).cloned() else {
+        let Some(l) = self.table.links.get(link).cloned() else {
             return false;
         };
-        match self.factory.make(&mut self.endpoint, now, link) {
+        match self.factory.make(&mut self.endpoint, now, l.peer) {
             Ok((handle, mut assoc)) => {
                 l.apply_reloaded(&mut assoc);
                 self.deadlines[link] = assoc.poll_timeout();
                 l.lock().assoc = Some(assoc);
-                self.by_handle.insert(handle, link);
+                self.by_handle.insert(handle, l.peer);
                 info!(peer = %l.name, %from, "association made on the peer's initiation");
                 true
             }
@@ -356,7 +378,7 @@ impl Driver {
         spare: &mut Vec<Vec<u8>>,
         accepts: &mut Accepts,
     ) -> bool {
-        let l = self.gateway.links[link].clone();
+        let l = self.table.links[link].clone();
         let mut st = l.lock();
         let Some(assoc) = st.assoc.as_mut() else {
             received.inputs.clear();
@@ -381,9 +403,9 @@ impl Driver {
         if let Some(share) = self.share.as_mut() {
             // One datagram waits for the carrier; the next is made once it has left, so
             // the association's pacing sees the share it gets.
-            if !share.is_staged(link) {
+            if !share.is_staged(l.peer) {
                 if let Some((to, buf)) = next_datagram(assoc, now, spare) {
-                    share.stage(link, to, buf);
+                    share.stage(l.peer, to, buf);
                 }
             }
         } else {
@@ -425,10 +447,13 @@ impl Driver {
         let mut none = Vec::new();
         while tx.len() < BATCH {
             let now = Instant::now();
-            let Some((link, to, buf)) = self.share.as_mut().and_then(|s| s.next(now)) else {
+            let Some((peer, to, buf)) = self.share.as_mut().and_then(|s| s.next(now)) else {
                 return false;
             };
             tx.push((to, buf));
+            let Some(link) = self.table.position(peer) else {
+                continue;
+            };
             let r = Received {
                 rx,
                 inputs: &mut none,
@@ -446,15 +471,15 @@ impl Driver {
             return;
         };
         share.set_carrier(self.gateway.carrier_bps.load(Ordering::Relaxed));
-        for (i, l) in self.gateway.links.iter().enumerate() {
+        for (i, l) in self.table.links.iter().enumerate() {
             if let Some(r) = l.take_share_rates() {
-                share.set_share_rates(i, r.min_bps, r.weight);
+                share.set_share_rates(l.peer, r.min_bps, r.weight);
             }
             let mut st = l.lock();
             let Some(assoc) = st.assoc.as_mut() else {
                 continue;
             };
-            let ceiling = share.ceiling(i, assoc.config().rate_bps);
+            let ceiling = share.ceiling(l.peer, assoc.config().rate_bps);
             assoc.set_rate_ceiling(ceiling);
             self.deadlines[i] = assoc.poll_timeout();
         }
@@ -499,7 +524,7 @@ impl Driver {
     fn accept_all(&self, link: usize, accepts: &mut Accepts) {
         for (flow, meta, charge) in accepts.drain(..) {
             self.acceptor
-                .accept(self.gateway.links[link].clone(), flow, meta, charge);
+                .accept(self.table.links[link].clone(), flow, meta, charge);
         }
     }
 
@@ -576,7 +601,7 @@ impl Driver {
     async fn close(&mut self, tx: &mut Vec<(SocketAddr, Vec<u8>)>) {
         let now = Instant::now();
         let mut accepts = Accepts::new();
-        for (i, l) in self.gateway.links.clone().iter().enumerate() {
+        for (i, l) in self.table.clone().links.iter().enumerate() {
             {
                 let mut st = l.lock();
                 let Some(assoc) = st.assoc.as_mut() else {
@@ -632,8 +657,6 @@ mod tests {
     use tokio::sync::Notify;
 
     use super::*;
-    use crate::gateway::GatewayCounters;
-    use crate::routes::Routes;
     use std::sync::Mutex;
 
     /// Resets every flow the peer opens from inside `accept`, which takes the link lock.
@@ -683,13 +706,18 @@ mod tests {
                 address: Some(theirs.local_addr().unwrap()),
             };
             endpoint.set_peers([(PeerId(0), identity)]);
+            let settings = PeerSettings {
+                config: cfg.clone(),
+                security: None,
+            };
             let factory = AssocFactory {
-                configs: vec![cfg.clone()],
-                security: vec![None],
+                peers: [(PeerId(0), settings)].into_iter().collect(),
                 role: Role::Responder,
                 epoch: 1,
             };
-            let (_, assoc) = factory.make(&mut endpoint, Instant::now(), 0).unwrap();
+            let (_, assoc) = factory
+                .make(&mut endpoint, Instant::now(), PeerId(0))
+                .unwrap();
             let wake = Arc::new(Notify::new());
             let memory = Arc::new(crate::memory::MemoryAccount::new(1 << 30, 0, 0));
             let link = PeerLink::new(
@@ -700,15 +728,12 @@ mod tests {
                 memory.clone(),
                 wake.clone(),
             );
-            let gateway = Gateway {
-                links: vec![Arc::new(link)],
-                memory,
-                specs: Vec::new(),
-                routes: Routes::default(),
-                counters: GatewayCounters::default(),
-                carrier_bps: Default::default(),
+            let gateway = Gateway::new(
+                PeerTable::new(vec![Arc::new(link)], Vec::new()),
+                0,
                 wake,
-            };
+                memory,
+            );
             let acceptor = Arc::new(ResettingAcceptor {
                 accepted: Mutex::new(accepted_tx),
             });

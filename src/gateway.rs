@@ -8,17 +8,14 @@ use std::sync::{Arc, Mutex};
 use pep_transport::{EndpointStats, Stats};
 use tokio::sync::Notify;
 
-use crate::config::PeerSpec;
 use crate::link::{LinkCounters, PeerLink};
 use crate::memory::MemoryAccount;
 use crate::metrics::{PeerSnapshot, RelaySnapshot, Snapshot};
-use crate::routes::Routes;
+use crate::peers::{PeerSet, PeerTable};
 
 pub struct Gateway {
-    /// In the order of `peer_specs()`; a link's `PeerId` is its index.
-    pub links: Vec<Arc<PeerLink>>,
-    pub specs: Vec<PeerSpec>,
-    pub routes: Routes,
+    /// The configured peers, which a reload may change.
+    pub peers: PeerSet,
     pub counters: GatewayCounters,
     /// `[link] tx_rate`, which a reload may change: with `[[peer]]` entries the carrier the
     /// peers share.
@@ -28,6 +25,17 @@ pub struct Gateway {
     /// The memory budget and what counts against it: one for the gateway, every link holds
     /// it, as `limits.memory_budget` is the process's.
     pub memory: Arc<MemoryAccount>,
+    /// What the peers a reload removed had counted, so that the gateway's totals (counters
+    /// to Prometheus) never go back when a peer's series go.
+    retired: Retired,
+}
+
+#[derive(Default)]
+struct Retired {
+    counters: LinkCounters,
+    /// Counters only: a removed association has no path gauges.
+    stats: Mutex<Stats>,
+    restarts: AtomicU64,
 }
 
 /// Counters of the gateway as a whole: interception happens before a connection is routed
@@ -65,14 +73,54 @@ impl GatewayCounters {
 }
 
 impl Gateway {
+    /// The gateway of `peers`, with the carrier at `carrier_bps`.
+    pub fn new(
+        peers: PeerTable,
+        carrier_bps: u64,
+        wake: Arc<Notify>,
+        memory: Arc<MemoryAccount>,
+    ) -> Gateway {
+        Gateway {
+            peers: PeerSet::new(peers),
+            counters: GatewayCounters::default(),
+            carrier_bps: AtomicU64::new(carrier_bps),
+            wake,
+            memory,
+            retired: Retired::default(),
+        }
+    }
+
+    /// Keeps what a removed peer counted in the gateway's totals; `stats`: its
+    /// association's last, if it had one.
+    pub fn retire(&self, link: &PeerLink, stats: Option<Stats>) {
+        let get = LinkCounters::get;
+        let c = &link.counters;
+        self.retired.counters.add_totals(c);
+        LinkCounters::add(
+            &self.retired.restarts,
+            get(&c.associations_established).saturating_sub(1),
+        );
+        if let Some(s) = stats {
+            let mut r = self.retired.stats.lock().unwrap_or_else(|p| p.into_inner());
+            add_stats(&mut r, &counters_only(s));
+        }
+    }
+
+    /// The peers now.
+    pub fn links(&self) -> Vec<Arc<PeerLink>> {
+        self.peers.table().links.clone()
+    }
+
     /// The link an intercepted connection to `server` goes to, if any.
-    pub fn route(&self, server: std::net::IpAddr) -> Option<&Arc<PeerLink>> {
-        self.routes.lookup(server).and_then(|i| self.links.get(i))
+    pub fn route(&self, server: std::net::IpAddr) -> Option<Arc<PeerLink>> {
+        self.peers.table().route(server).cloned()
     }
 
     /// Relays running over every link (what a drain waits for).
     pub fn relays_active(&self) -> u64 {
-        self.links
+        self.peers
+            .table()
+            .links
             .iter()
             .map(|l| LinkCounters::get(&l.counters.relays_active))
             .sum()
@@ -83,7 +131,7 @@ impl Gateway {
     pub fn stats(&self) -> (Stats, u64, u64) {
         let mut total: Option<Stats> = None;
         let (mut send, mut recv) = (0, 0);
-        for link in &self.links {
+        for link in &self.peers.table().links {
             let Some((s, sent, received)) = link.stats() else {
                 continue;
             };
@@ -95,6 +143,10 @@ impl Gateway {
             }
         }
         let mut total = total.unwrap_or_default();
+        add_stats(
+            &mut total,
+            &self.retired.stats.lock().unwrap_or_else(|p| p.into_inner()),
+        );
         add_endpoint_stats(&mut total, &self.counters.endpoint());
         (total, send, recv)
     }
@@ -102,14 +154,20 @@ impl Gateway {
     /// What the metrics endpoint serves at this instant.
     pub fn snapshot(&self) -> Snapshot {
         let (stats, send, recv) = self.stats();
+        let links = self.links();
+        let counters: Vec<&LinkCounters> = links
+            .iter()
+            .map(|l| &l.counters)
+            .chain([&self.retired.counters])
+            .collect();
         let get = LinkCounters::get;
         let sum = |f: fn(&LinkCounters) -> &AtomicU64| -> u64 {
-            self.links.iter().map(|l| get(f(&l.counters))).sum()
+            counters.iter().map(|c| get(f(c))).sum()
         };
         let by_reason = |f: fn(&LinkCounters) -> Vec<(&'static str, u64)>| {
             let mut total: Vec<(&'static str, u64)> = Vec::new();
-            for l in &self.links {
-                for (i, (label, n)) in f(&l.counters).into_iter().enumerate() {
+            for c in &counters {
+                for (i, (label, n)) in f(c).into_iter().enumerate() {
                     match total.get_mut(i) {
                         Some(t) => t.1 += n,
                         None => total.push((label, n)),
@@ -121,12 +179,12 @@ impl Gateway {
         let c = &self.counters;
         Snapshot {
             stats,
-            associations: self.links.iter().map(|l| l.counters.state()).collect(),
-            association_restarts: self
-                .links
+            associations: links.iter().map(|l| l.counters.state()).collect(),
+            association_restarts: links
                 .iter()
                 .map(|l| get(&l.counters.associations_established).saturating_sub(1))
-                .sum(),
+                .sum::<u64>()
+                + get(&self.retired.restarts),
             relay: RelaySnapshot {
                 flows_active: sum(|c| &c.relays_active),
                 flows_intercepted_total: get(&c.flows_intercepted),
@@ -150,7 +208,7 @@ impl Gateway {
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             cookies_sent: c.endpoint().cookies_sent,
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
-            peers: self.links.iter().map(|l| peer_snapshot(l)).collect(),
+            peers: links.iter().map(|l| peer_snapshot(l)).collect(),
         }
     }
 }
@@ -192,6 +250,25 @@ fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::Securi
     t.handshake_bad_mac += s.handshake_bad_mac;
     t.cookie_invalid += s.cookie_invalid;
     t.nonce_refused += s.nonce_refused;
+}
+
+/// `s` without what describes a running association (its path and flows now), so that
+/// adding it to a total counts what it did and nothing of what it was.
+fn counters_only(s: Stats) -> Stats {
+    let mut c = Stats {
+        rtt_min: Default::default(),
+        rtt_smoothed: Default::default(),
+        pacing_rate_bps: 0,
+        cwnd_bytes: 0,
+        bytes_in_flight: 0,
+        datagram_size: 0,
+        corruption_by_size: Vec::new(),
+        flows_open: 0,
+        ..s
+    };
+    c.capacity.estimate_bps = 0;
+    c.capacity.queue_delay = Default::default();
+    c
 }
 
 /// Adds one association's stats to a total: counters and amounts add up; of the path
@@ -252,6 +329,69 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    fn link(id: u32, name: &str, memory: &Arc<MemoryAccount>, wake: &Arc<Notify>) -> Arc<PeerLink> {
+        let l = PeerLink::new(
+            pep_transport::PeerId(id),
+            name,
+            None,
+            1 << 20,
+            memory.clone(),
+            wake.clone(),
+        );
+        Arc::new(l)
+    }
+
+    #[test]
+    fn a_removed_peer_s_counts_stay_in_the_totals_and_its_series_go() {
+        let memory = Arc::new(MemoryAccount::new(1 << 30, 0, 0));
+        let wake = Arc::new(Notify::new());
+        let (a, b) = (link(0, "a", &memory, &wake), link(1, "b", &memory, &wake));
+        for (l, n) in [(&a, 3), (&b, 5)] {
+            LinkCounters::add(&l.counters.bytes_to_peer, 1000 * n);
+            LinkCounters::add(&l.counters.flows_from_peer, n);
+            LinkCounters::add(&l.counters.associations_established, n);
+            l.counters
+                .flow_resets
+                .add(pep_transport::ResetReason::Aborted);
+        }
+        let gateway = Gateway::new(
+            PeerTable::new(vec![a.clone(), b.clone()], Vec::new()),
+            0,
+            wake,
+            memory,
+        );
+        let before = gateway.snapshot();
+        assert_eq!(before.relay.bytes_to_peer_total, 8000);
+        let b_stats = Stats {
+            packets_sent: 70,
+            rtt_smoothed: Duration::from_secs(9),
+            flows_open: 2,
+            ..Stats::default()
+        };
+        gateway.peers.replace(
+            PeerTable::new(vec![a], Vec::new()),
+            crate::peers::PeerChange {
+                removed: vec![b.clone()],
+                added: Vec::new(),
+            },
+        );
+        gateway.retire(&b, Some(b_stats));
+        let after = gateway.snapshot();
+        assert_eq!(after.relay.bytes_to_peer_total, 8000);
+        assert_eq!(after.relay.flows_from_peer_total, 8);
+        assert_eq!(after.association_restarts, 2 + 4);
+        assert_eq!(after.relay.flow_resets, before.relay.flow_resets);
+        assert_eq!(after.stats.packets_sent, 70);
+        assert_eq!(
+            after.stats.rtt_smoothed,
+            Duration::ZERO,
+            "no gauge of b's stays"
+        );
+        assert_eq!(after.stats.flows_open, 0);
+        let names: Vec<&str> = after.peers.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a"]);
+    }
 
     #[test]
     fn stats_add_counters_and_keep_the_largest_path_gauges() {

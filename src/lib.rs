@@ -14,6 +14,7 @@ mod link;
 pub mod memory;
 pub mod metrics;
 mod notify;
+mod peers;
 mod relay;
 mod reload;
 pub mod routes;

@@ -140,6 +140,20 @@ impl LinkCounters {
         c.load(Ordering::Relaxed)
     }
 
+    /// Adds `from`'s counters to these (not the gauges: relays running, state).
+    pub fn add_totals(&self, from: &LinkCounters) {
+        let add = |to: &AtomicU64, from: &AtomicU64| Self::add(to, Self::get(from));
+        add(&self.flows_from_peer, &from.flows_from_peer);
+        add(&self.bytes_to_peer, &from.bytes_to_peer);
+        add(&self.bytes_from_peer, &from.bytes_from_peer);
+        add(
+            &self.associations_established,
+            &from.associations_established,
+        );
+        self.connect_errors.add_counts(&from.connect_errors);
+        self.flow_resets.add_counts(&from.flow_resets);
+    }
+
     pub fn set_state(&self, s: AssociationState) {
         self.association_state.store(s as u8, Ordering::Relaxed);
     }
@@ -158,6 +172,12 @@ impl ByReason {
     pub fn add(&self, reason: ResetReason) {
         let i = usize::from(reason.code()).min(self.0.len() - 1);
         self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn add_counts(&self, from: &ByReason) {
+        for (to, from) in self.0.iter().zip(&from.0) {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
     }
 
     /// (label, count) for every known reason; unknown codes count as "other".
@@ -467,6 +487,17 @@ impl LinkState {
         if let Some(slot) = self.flows.get(&id) {
             slot.signal.set_reset(reason);
             slot.signal.notify.notify_one();
+        }
+    }
+
+    /// Ends every flow's relay with `reason`: the association that carried them is gone.
+    pub fn reset_all_flows(&mut self, reason: ResetReason) {
+        for (_, slot) in self.flows.drain() {
+            slot.signal.set_reset(reason);
+            slot.signal.notify.notify_one();
+        }
+        for s in self.budget_waiters.drain(..) {
+            s.notify.notify_one();
         }
     }
 

@@ -76,7 +76,8 @@ pub fn implied(budget: u64, receive_reserve: u64, fixed: u64, max_flows: u64) ->
 #[derive(Debug)]
 pub struct MemoryAccount {
     budget: AtomicU64,
-    receive_reserve: u64,
+    /// Follows the associations: a reload may add and remove peers.
+    receive_reserve: AtomicU64,
     fixed: u64,
     flows: AtomicU64,
     /// Payload taken out of the transport and not yet written to TCP.
@@ -89,7 +90,7 @@ impl MemoryAccount {
     pub fn new(budget: u64, receive_reserve: u64, fixed: u64) -> MemoryAccount {
         MemoryAccount {
             budget: AtomicU64::new(budget),
-            receive_reserve,
+            receive_reserve: AtomicU64::new(receive_reserve),
             fixed,
             flows: AtomicU64::new(0),
             held: AtomicU64::new(0),
@@ -103,6 +104,10 @@ impl MemoryAccount {
 
     pub fn set_budget(&self, bytes: u64) {
         self.budget.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn set_receive_reserve(&self, bytes: u64) {
+        self.receive_reserve.store(bytes, Ordering::Relaxed);
     }
 
     pub fn flows(&self) -> u64 {
@@ -142,7 +147,7 @@ impl MemoryAccount {
     pub fn send_room(&self, send_buffered: u64) -> u64 {
         let budget = self.budget();
         let for_send = budget
-            .saturating_sub(self.receive_reserve)
+            .saturating_sub(self.receive_reserve.load(Ordering::Relaxed))
             .saturating_sub(self.overhead())
             .min(send_cap(budget));
         for_send.saturating_sub(send_buffered)

@@ -2,25 +2,36 @@
 
 mod changes;
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
+use pep_transport::PeerId;
 use tracing::{info, warn};
 
-use crate::config::{Peers, PepdConfig};
-use crate::daemon::{Live, LiveRef, LogReload};
+use crate::config::{LoadedSecurity, PeerEntry, Peers, PepdConfig};
+use crate::daemon::{check_servable, Live, LiveRef, LogReload};
 use crate::gateway::Gateway;
 use crate::link::{PeerLink, ShareRates};
+use crate::peers::{PeerChange, PeerTable};
 use changes::{LiveSetting, Setting};
 
 /// Applies `path` to the running daemon; on a bad file the running config stays.
+/// `security`: the keys read at start, which new peers' associations use too.
 pub fn apply(
     path: &Path,
     running: &mut PepdConfig,
+    security: &LoadedSecurity,
     gateway: &Gateway,
     live: &LiveRef,
     log: &LogReload,
 ) {
-    let new = match PepdConfig::load(path) {
+    let new = match PepdConfig::load(path)
+        .map_err(anyhow::Error::from)
+        .and_then(|c| {
+            check_servable(&c)?;
+            Ok(c)
+        }) {
         Ok(c) => c,
         Err(e) => {
             warn!("reload failed, keeping the running configuration: {e}");
@@ -32,7 +43,7 @@ pub fn apply(
     for setting in changes::changed_settings(running, &new) {
         match setting {
             Setting::Live(s) => {
-                if apply_live(s, &new, running, gateway, log) {
+                if apply_live(s, &new, running, security, gateway, log) {
                     changed.push(s.label());
                 }
             }
@@ -67,6 +78,7 @@ fn apply_live(
     setting: LiveSetting,
     new: &PepdConfig,
     running: &mut PepdConfig,
+    security: &LoadedSecurity,
     gateway: &Gateway,
     log: &LogReload,
 ) -> bool {
@@ -79,11 +91,12 @@ fn apply_live(
             }
         },
         LiveSetting::TxRate => {
-            // Each peer's own `tx_rate` caps it; the `[peer]` table's is `link.tx_rate`.
+            // Each peer's own `tx_rate` caps it; the `[peer]` table's is `link.tx_rate`. A
+            // peer the reload removes keeps its rate to its end.
             let specs = new.peer_specs();
-            for (i, link) in gateway.links.iter().enumerate() {
-                let rate = specs.get(i).map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
-                link.set_tx_rate(rate);
+            for link in &gateway.links() {
+                let spec = specs.iter().find(|p| *p.name == *link.name);
+                link.set_tx_rate(spec.map_or(new.link.tx_rate.bps(), |p| p.tx_bps));
             }
             // With `[[peer]]` entries the driver shares the new carrier from its next
             // refresh of the ceilings.
@@ -94,7 +107,7 @@ fn apply_live(
         }
         LiveSetting::AckPolicy => {
             let ack = new.transport().ack;
-            for link in &gateway.links {
+            for link in &gateway.links() {
                 with_assoc(link, |a| a.set_ack_policy(ack));
             }
             running.transport.ack_every_packets = new.transport.ack_every_packets;
@@ -109,7 +122,7 @@ fn apply_live(
                     served, "the open-file limit serves fewer flows than `limits.max_flows`"
                 );
             }
-            for link in &gateway.links {
+            for link in &gateway.links() {
                 with_assoc(link, |a| a.set_max_flows(served));
             }
             running.limits.max_flows = served;
@@ -120,8 +133,9 @@ fn apply_live(
             // One budget for the gateway; each peer's share of the send side follows it.
             let budget = new.limits.memory_budget.bytes();
             gateway.memory.set_budget(budget);
-            let share = crate::tunnel::peer_send_share(budget, gateway.links.len());
-            for link in &gateway.links {
+            let links = gateway.links();
+            let share = crate::tunnel::peer_send_share(budget, links.len());
+            for link in &links {
                 link.set_send_budget(share);
             }
             running.limits.memory_budget = new.limits.memory_budget;
@@ -132,34 +146,93 @@ fn apply_live(
         LiveSetting::Upstream => running.upstream = new.upstream.clone(),
         // Read when SIGTERM comes.
         LiveSetting::Shutdown => running.shutdown = new.shutdown.clone(),
-        LiveSetting::PeerRates => apply_peer_rates(new, running, gateway),
+        // One change of the set of peers, whichever keys changed; the second finds the
+        // running entries equal to the new ones.
+        LiveSetting::PeerRates | LiveSetting::Peers => apply_peers(new, running, security, gateway),
     }
     true
 }
 
-/// New MIR, CIR, weight and keepalive for each running peer whose entry stays the same peer (same
-/// place, name and key); an entry added, removed or replaced waits for a restart.
-fn apply_peer_rates(new: &PepdConfig, running: &mut PepdConfig, gateway: &Gateway) {
-    let (Peers::List(entries), Peers::List(old)) = (&new.peer, &mut running.peer) else {
+/// The new `[[peer]]` entries on the running gateway, matched by name: an entry that stays
+/// the same peer (same key, address, subnets and `rx_rate`) keeps its association and flows
+/// and takes its new MIR, CIR, weight and keepalive; an entry that is new, or names another
+/// peer now, is added (after the one it replaces is removed); a running peer whose entry
+/// went is removed, its flows reset. The route table changes at once, the endpoint and the
+/// carrier scheduler at the driver's next pass.
+fn apply_peers(
+    new: &PepdConfig,
+    running: &mut PepdConfig,
+    security: &LoadedSecurity,
+    gateway: &Gateway,
+) {
+    let (Peers::List(entries), Peers::List(old)) = (&new.peer, &running.peer) else {
         return;
     };
+    let table = gateway.peers.table();
     let specs = new.peer_specs();
-    for (i, (entry, old)) in entries.iter().zip(old.iter_mut()).enumerate() {
-        let same_peer = entry.name == old.name && entry.public_key == old.public_key;
-        let (Some(link), Some(spec), true) = (gateway.links.get(i), specs.get(i), same_peer) else {
-            continue;
-        };
-        link.set_tx_rate(spec.tx_bps);
-        link.set_keepalive(spec.keepalive);
-        link.set_share_rates(ShareRates {
-            min_bps: spec.min_bps,
-            weight: spec.weight,
-        });
-        old.tx_rate = entry.tx_rate;
-        old.min_rate = entry.min_rate;
-        old.weight = entry.weight;
-        old.keepalive = entry.keepalive;
+    let mut links = Vec::with_capacity(specs.len());
+    let mut kept: HashSet<PeerId> = HashSet::new();
+    let mut added = Vec::new();
+    for (entry, spec) in entries.iter().zip(&specs) {
+        let running_entry = old.iter().find(|o| o.name == entry.name);
+        let link = table.links.iter().find(|l| *l.name == entry.name);
+        match (running_entry, link) {
+            (Some(o), Some(link)) if same_peer(o, entry) => {
+                if rates_changed(o, entry) {
+                    link.set_tx_rate(spec.tx_bps);
+                    link.set_keepalive(spec.keepalive);
+                    link.set_share_rates(ShareRates {
+                        min_bps: spec.min_bps,
+                        weight: spec.weight,
+                    });
+                }
+                kept.insert(link.peer);
+                links.push(link.clone());
+            }
+            _ => {
+                let id = gateway.peers.fresh_id();
+                let peer = crate::tunnel::new_peer(running, security, spec, id, gateway);
+                links.push(peer.link.clone());
+                added.push(peer);
+            }
+        }
     }
+    let removed: Vec<Arc<PeerLink>> = table
+        .links
+        .iter()
+        .filter(|l| !kept.contains(&l.peer))
+        .cloned()
+        .collect();
+    if !added.is_empty() || !removed.is_empty() {
+        let names = |links: &mut dyn Iterator<Item = &Arc<PeerLink>>| -> Vec<String> {
+            links.map(|l| l.name.to_string()).collect()
+        };
+        info!(
+            added = ?names(&mut added.iter().map(|p| &p.link)),
+            removed = ?names(&mut removed.iter()),
+            "peers changed; the others' flows carry on"
+        );
+        gateway
+            .peers
+            .replace(PeerTable::new(links, specs), PeerChange { removed, added });
+        gateway.wake.notify_one();
+    }
+    running.peer = new.peer.clone();
+}
+
+/// Whether `new` is still the peer `old` is: what its association was made from is the same.
+fn same_peer(old: &PeerEntry, new: &PeerEntry) -> bool {
+    old.public_key == new.public_key
+        && old.address == new.address
+        && old.subnets == new.subnets
+        && old.rx_rate == new.rx_rate
+}
+
+fn rates_changed(old: &PeerEntry, new: &PeerEntry) -> bool {
+    old.tx_rate != new.tx_rate
+        || old.min_rate != new.min_rate
+        || old.weight != new.weight
+        || old.keepalive != new.keepalive
 }
 
 /// Changes a link's association, if it has one yet, and has the driver look at it again.
@@ -168,4 +241,79 @@ fn with_assoc(link: &PeerLink, f: impl FnOnce(&mut pep_transport::Association)) 
         f(a);
     }
     link.wake();
+}
+
+#[cfg(test)]
+mod tests {
+    use pep_transport::PeerId;
+
+    use super::*;
+
+    fn named(peers: &[(&str, u32)]) -> Vec<(String, u32)> {
+        peers.iter().map(|&(n, id)| (n.to_owned(), id)).collect()
+    }
+
+    fn names_and_ids(gateway: &Gateway) -> Vec<(String, u32)> {
+        let table = gateway.peers.table();
+        table
+            .links
+            .iter()
+            .map(|l| (l.name.to_string(), l.peer.0))
+            .collect()
+    }
+
+    #[test]
+    fn entries_are_matched_by_name_and_another_identity_replaces_the_peer() {
+        let start =
+            PepdConfig::parse(include_str!("../config/hub-spoke.toml")).expect("hub-spoke.toml");
+        let security = LoadedSecurity {
+            local: None,
+            warnings: Vec::new(),
+        };
+        let gateway = crate::tunnel::build(&start, &security, 1, [7; 32])
+            .expect("tunnel")
+            .gateway;
+        let at_start = named(&[("rig-3", 0), ("ship-7", 1), ("cell-12", 2)]);
+        assert_eq!(names_and_ids(&gateway), at_start);
+
+        let mut new = start.clone();
+        let Peers::List(entries) = &mut new.peer else {
+            panic!("the list form");
+        };
+        // ship-7 goes; cell-12 reaches another subnet now (another peer); rig-3 gets a new
+        // weight and comes last, where its place does not matter; buoy-1 is new.
+        let mut rig = entries.remove(0);
+        entries.remove(0);
+        entries[0].subnets = vec!["10.13.0.0/22".parse().expect("cidr")];
+        rig.weight = 3;
+        let mut buoy = rig.clone();
+        buoy.name = "buoy-1".into();
+        buoy.address = Some("198.19.0.40:7400".parse().expect("address"));
+        buoy.subnets = vec!["10.40.0.0/24".parse().expect("cidr")];
+        entries.push(rig);
+        entries.push(buoy);
+        let mut running = start.clone();
+        apply_peers(&new, &mut running, &security, &gateway);
+        let now = named(&[("cell-12", 3), ("rig-3", 0), ("buoy-1", 4)]);
+        assert_eq!(names_and_ids(&gateway), now);
+        assert_eq!(running.peer, new.peer);
+        let (changes, table) = gateway.peers.take_changes().expect("a change");
+        assert_eq!(changes.len(), 1);
+        let removed: Vec<&str> = changes[0].removed.iter().map(|l| &*l.name).collect();
+        let added: Vec<&str> = changes[0].added.iter().map(|p| &*p.link.name).collect();
+        assert_eq!(removed, ["ship-7", "cell-12"]);
+        assert_eq!(added, ["cell-12", "buoy-1"]);
+        let route = |ip: &str| table.routes.lookup(ip.parse().expect("ip"));
+        assert_eq!(route("10.13.0.5"), Some(PeerId(3)));
+        assert_eq!(route("10.12.0.5"), None);
+        assert_eq!(route("10.7.0.1"), None);
+        assert_eq!(route("10.3.0.1"), Some(PeerId(0)));
+        assert_eq!(route("10.40.0.1"), Some(PeerId(4)));
+        // The same file again changes nothing; removing a peer never frees its id for another.
+        apply_peers(&new, &mut running, &security, &gateway);
+        assert!(gateway.peers.take_changes().is_none());
+        apply_peers(&start, &mut running, &security, &gateway);
+        let back = named(&[("rig-3", 0), ("ship-7", 5), ("cell-12", 6)]);
+        assert_eq!(names_and_ids(&gateway), back);
+    }
 }

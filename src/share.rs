@@ -1,4 +1,4 @@
-//! A hub's forward carrier (`[link] tx_rate`) shared between its terminals: each link holds
+//! A hub's forward carrier (`[link] tx_rate`) shared between its terminals: each peer holds
 //! at most one datagram its association produced, and the [`CarrierScheduler`] picks whose
 //! leaves next, so every terminal gets its `min_rate` when it has data, the rest goes by
 //! `weight`, and none exceeds its `tx_rate`. Every [`REFRESH`] each association is capped at
@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use pep_transport::{CarrierScheduler, MemberId, MemberRates};
+use pep_transport::{CarrierScheduler, MemberId, MemberRates, PeerId};
 
 use crate::config::PeerSpec;
 
@@ -23,86 +23,100 @@ struct Staged {
     buf: Vec<u8>,
 }
 
+/// One peer on the carrier.
+struct Member {
+    id: MemberId,
+    /// The rates last given to the scheduler.
+    rates: MemberRates,
+    /// Bytes a datagram costs on the carrier beyond its UDP payload.
+    overhead: usize,
+    staged: Option<Staged>,
+}
+
 pub struct CarrierShare {
     sched: CarrierScheduler,
-    /// By link.
-    members: Vec<MemberId>,
-    link_of: HashMap<MemberId, usize>,
-    /// By link: the rates last given to the scheduler.
-    rates: Vec<MemberRates>,
-    /// By link: bytes a datagram costs on the carrier beyond its UDP payload.
-    overhead: Vec<usize>,
-    /// By link.
-    staged: Vec<Option<Staged>>,
+    /// By peer: a reload may add and remove peers, and the others keep their place.
+    members: HashMap<PeerId, Member>,
+    peer_of: HashMap<MemberId, PeerId>,
     next_refresh: Option<Instant>,
 }
 
 impl CarrierShare {
-    /// One member per peer in `specs` (by link), at its `tx_rate`, `min_rate` and `weight`;
-    /// `overhead` by link: what a datagram costs on the wire beyond its bytes.
-    pub fn new(
-        carrier_bps: u64,
-        mtu: usize,
-        burst: Duration,
-        specs: &[PeerSpec],
-        overhead: Vec<usize>,
-    ) -> CarrierShare {
-        let mut sched = CarrierScheduler::new(carrier_bps, mtu).with_burst(burst);
-        let rates: Vec<MemberRates> = specs
-            .iter()
-            .map(|s| MemberRates {
-                cir_bps: s.min_bps,
-                mir_bps: s.tx_bps,
-                weight: s.weight,
-            })
-            .collect();
-        let members: Vec<MemberId> = rates.iter().map(|r| sched.add_member(*r)).collect();
+    /// A carrier of `carrier_bps` with no member yet.
+    pub fn new(carrier_bps: u64, mtu: usize, burst: Duration) -> CarrierShare {
         CarrierShare {
-            sched,
-            link_of: members.iter().enumerate().map(|(l, &m)| (m, l)).collect(),
-            members,
-            rates,
-            overhead,
-            staged: specs.iter().map(|_| None).collect(),
+            sched: CarrierScheduler::new(carrier_bps, mtu).with_burst(burst),
+            members: HashMap::new(),
+            peer_of: HashMap::new(),
             next_refresh: None,
         }
     }
 
-    /// Whether `link` has a datagram waiting (and so needs no other produced yet).
-    pub fn is_staged(&self, link: usize) -> bool {
-        self.staged.get(link).is_some_and(Option::is_some)
+    /// `peer` shares the carrier from now on, at its `tx_rate`, `min_rate` and `weight`;
+    /// `overhead`: what a datagram of it costs on the wire beyond its bytes.
+    pub fn add(&mut self, peer: PeerId, spec: &PeerSpec, overhead: usize) {
+        self.remove(peer);
+        let rates = MemberRates {
+            cir_bps: spec.min_bps,
+            mir_bps: spec.tx_bps,
+            weight: spec.weight,
+        };
+        let id = self.sched.add_member(rates);
+        self.peer_of.insert(id, peer);
+        self.members.insert(
+            peer,
+            Member {
+                id,
+                rates,
+                overhead,
+                staged: None,
+            },
+        );
+        // The others' allocations follow at the next refresh.
+        self.next_refresh = None;
     }
 
-    /// Holds `link`'s next datagram until the scheduler gives it its turn.
-    pub fn stage(&mut self, link: usize, to: SocketAddr, buf: Vec<u8>) {
-        let (Some(slot), Some(&member)) = (self.staged.get_mut(link), self.members.get(link))
-        else {
+    /// `peer` no longer shares the carrier; a datagram it had staged is dropped.
+    pub fn remove(&mut self, peer: PeerId) {
+        if let Some(m) = self.members.remove(&peer) {
+            self.peer_of.remove(&m.id);
+            self.sched.remove(m.id);
+            self.next_refresh = None;
+        }
+    }
+
+    /// Whether `peer` has a datagram waiting (and so needs no other produced yet).
+    pub fn is_staged(&self, peer: PeerId) -> bool {
+        self.members.get(&peer).is_some_and(|m| m.staged.is_some())
+    }
+
+    /// Holds `peer`'s next datagram until the scheduler gives it its turn.
+    pub fn stage(&mut self, peer: PeerId, to: SocketAddr, buf: Vec<u8>) {
+        let Some(m) = self.members.get_mut(&peer) else {
             return;
         };
-        *slot = Some(Staged { to, buf });
-        self.sched.wake(member);
+        m.staged = Some(Staged { to, buf });
+        self.sched.wake(m.id);
     }
 
-    /// The link whose datagram leaves now, with the datagram, booked on the carrier; `None`
+    /// The peer whose datagram leaves now, with the datagram, booked on the carrier; `None`
     /// while none may (see [`poll_timeout`](Self::poll_timeout)).
-    pub fn next(&mut self, now: Instant) -> Option<(usize, SocketAddr, Vec<u8>)> {
+    pub fn next(&mut self, now: Instant) -> Option<(PeerId, SocketAddr, Vec<u8>)> {
         let CarrierShare {
             sched,
-            link_of,
-            staged,
-            overhead,
+            peer_of,
+            members,
             ..
         } = self;
-        let cost = |link: usize| -> Option<usize> {
-            let s = staged.get(link)?.as_ref()?;
-            Some(s.buf.len() + overhead.get(link).copied().unwrap_or(0))
-        };
-        let member = sched.next(now, |m| cost(*link_of.get(&m)?))?;
-        let link = *link_of.get(&member)?;
-        let bytes = cost(link)?;
-        let datagram = staged.get_mut(link)?.take()?;
+        let cost =
+            |m: &Member| -> Option<usize> { Some(m.staged.as_ref()?.buf.len() + m.overhead) };
+        let member = sched.next(now, |id| cost(members.get(peer_of.get(&id)?)?))?;
+        let peer = *peer_of.get(&member)?;
+        let m = members.get_mut(&peer)?;
+        let bytes = cost(m)?;
+        let datagram = m.staged.take()?;
         sched.on_sent(now, member, bytes);
-        Some((link, datagram.to, datagram.buf))
+        Some((peer, datagram.to, datagram.buf))
     }
 
     /// When [`next`](Self::next) may return a datagram; `None` while none is staged.
@@ -122,29 +136,27 @@ impl CarrierShare {
         }
     }
 
-    /// `link`'s ceiling now: its allocation, at most `mir_bps` (its association's configured
+    /// `peer`'s ceiling now: its allocation, at most `mir_bps` (its association's configured
     /// rate, which a reload may have changed since the scheduler last heard of it).
-    pub fn ceiling(&mut self, link: usize, mir_bps: u64) -> u64 {
-        let (Some(&member), Some(rates)) = (self.members.get(link), self.rates.get_mut(link))
-        else {
+    pub fn ceiling(&mut self, peer: PeerId, mir_bps: u64) -> u64 {
+        let Some(m) = self.members.get_mut(&peer) else {
             return mir_bps;
         };
-        if rates.mir_bps != mir_bps {
-            rates.mir_bps = mir_bps;
-            self.sched.set_rates(member, *rates);
+        if m.rates.mir_bps != mir_bps {
+            m.rates.mir_bps = mir_bps;
+            self.sched.set_rates(m.id, m.rates);
         }
-        self.sched.allocation(member).min(mir_bps)
+        self.sched.allocation(m.id).min(mir_bps)
     }
 
-    /// `link`'s CIR and weight as a reload changed them; its flows carry on.
-    pub fn set_share_rates(&mut self, link: usize, min_bps: u64, weight: u32) {
-        let (Some(&member), Some(rates)) = (self.members.get(link), self.rates.get_mut(link))
-        else {
+    /// `peer`'s CIR and weight as a reload changed them; its flows carry on.
+    pub fn set_share_rates(&mut self, peer: PeerId, min_bps: u64, weight: u32) {
+        let Some(m) = self.members.get_mut(&peer) else {
             return;
         };
-        rates.cir_bps = min_bps;
-        rates.weight = weight;
-        self.sched.set_rates(member, *rates);
+        m.rates.cir_bps = min_bps;
+        m.rates.weight = weight;
+        self.sched.set_rates(m.id, m.rates);
     }
 
     /// The ceilings were refreshed at `now`.

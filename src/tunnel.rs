@@ -5,7 +5,6 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,12 +13,12 @@ use pep_transport::security::{LocalIdentity, HANDSHAKES_PER_SECOND, HANDSHAKE_BU
 use pep_transport::{Endpoint, EndpointConfig, PeerId, PeerIdentity};
 use tokio::sync::Notify;
 
-use crate::config::{LoadedSecurity, Peers, PepdConfig, Side};
+use crate::config::{LoadedSecurity, PeerSpec, Peers, PepdConfig, Side};
 use crate::driver::AssocFactory;
-use crate::gateway::{Gateway, GatewayCounters};
+use crate::gateway::Gateway;
 use crate::link::PeerLink;
 use crate::memory::MemoryAccount;
-use crate::routes::Routes;
+use crate::peers::{NewPeer, PeerSettings, PeerTable};
 use crate::share::CarrierShare;
 
 /// Connection ID length of a hub with `[[peer]]` entries: 2 bytes name up to 65,536
@@ -53,17 +52,20 @@ pub fn build(
     seed: [u8; 32],
 ) -> anyhow::Result<Tunnel> {
     let specs = cfg.peer_specs();
+    let ids: Vec<PeerId> = (0..specs.len()).map(|i| PeerId(i as u32)).collect();
+    let settings: Vec<PeerSettings> = specs
+        .iter()
+        .map(|p| peer_settings(cfg, security, p))
+        .collect();
     let factory = AssocFactory {
-        configs: specs.iter().map(|p| cfg.transport_for(p)).collect(),
-        security: specs.iter().map(|p| security.towards(p)).collect(),
+        peers: ids.iter().copied().zip(settings.iter().cloned()).collect(),
         role: cfg.role(),
         epoch,
     };
     let mut ecfg = EndpointConfig::new(cid_len(cfg));
-    ecfg.max_datagram = factory
-        .configs
+    ecfg.max_datagram = settings
         .iter()
-        .map(pep_transport::Config::max_datagram)
+        .map(|s| s.config.max_datagram())
         .max()
         .unwrap_or(ecfg.max_datagram);
     if matches!(cfg.peer, Peers::Pair(_)) {
@@ -78,26 +80,22 @@ pub fn build(
     let secure = local.is_some();
     let mut endpoint = Endpoint::new(ecfg, local, seed)
         .map_err(|e| anyhow::anyhow!("tunnel endpoint {}: {}", e.key, e.why))?;
-    endpoint.set_peers(specs.iter().enumerate().map(|(i, p)| {
-        (
-            PeerId(i as u32),
-            PeerIdentity {
-                public_key: p.public_key.filter(|_| secure),
-                address: p.address,
-            },
-        )
-    }));
+    endpoint.set_peers(
+        ids.iter()
+            .zip(&specs)
+            .map(|(&id, p)| (id, identity(p, secure))),
+    );
     let wake = Arc::new(Notify::new());
-    let memory = Arc::new(gateway_memory(cfg, &factory.configs));
+    let memory = Arc::new(gateway_memory(cfg, settings.iter().map(|s| &s.config)));
     // Each peer's relays buffer at most their share of the send half of the budget.
     let send_budget = peer_send_share(cfg.limits.memory_budget.bytes(), specs.len());
     let now = Instant::now();
     let mut links = Vec::with_capacity(specs.len());
-    for (i, spec) in specs.iter().enumerate() {
+    for (&id, spec) in ids.iter().zip(&specs) {
         let assoc = match spec.address {
             Some(_) => {
                 let (_, a) = factory
-                    .make(&mut endpoint, now, i)
+                    .make(&mut endpoint, now, id)
                     .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))
                     .with_context(|| format!("the association with peer {}", spec.name))?;
                 Some(a)
@@ -105,7 +103,7 @@ pub fn build(
             None => None,
         };
         links.push(Arc::new(PeerLink::new(
-            PeerId(i as u32),
+            id,
             &spec.name,
             assoc,
             send_budget,
@@ -119,38 +117,23 @@ pub fn build(
         .then(|| specs.iter().filter_map(|p| p.address).collect());
     let share = matches!(cfg.peer, Peers::List(_)).then(|| {
         let transport = cfg.transport();
-        CarrierShare::new(
-            cfg.link.tx_rate.bps(),
-            factory
-                .configs
-                .iter()
-                .map(|c| c.mtu)
-                .max()
-                .unwrap_or(transport.mtu),
-            transport.pacing_burst,
-            &specs,
-            // As the association counts a datagram on the wire: `wire_overhead` holds room
-            // for the AEAD tag, which a sealed datagram carries already.
-            factory
-                .configs
-                .iter()
-                .zip(&factory.security)
-                .map(|(c, sec)| {
-                    c.wire_overhead
-                        .saturating_sub(sec.as_ref().map_or(0, |_| TAG_LEN))
-                })
-                .collect(),
-        )
+        let mtu = settings
+            .iter()
+            .map(|s| s.config.mtu)
+            .max()
+            .unwrap_or(transport.mtu);
+        let mut share = CarrierShare::new(cfg.link.tx_rate.bps(), mtu, transport.pacing_burst);
+        for ((&id, spec), s) in ids.iter().zip(&specs).zip(&settings) {
+            share.add(id, spec, carrier_overhead(s));
+        }
+        share
     });
-    let gateway = Gateway {
-        links,
-        routes: Routes::new(&specs),
-        specs,
-        counters: GatewayCounters::default(),
-        carrier_bps: AtomicU64::new(cfg.link.tx_rate.bps()),
+    let gateway = Gateway::new(
+        PeerTable::new(links, specs),
+        cfg.link.tx_rate.bps(),
         wake,
         memory,
-    };
+    );
     Ok(Tunnel {
         gateway: Arc::new(gateway),
         endpoint,
@@ -160,26 +143,89 @@ pub fn build(
     })
 }
 
+/// How the association with `peer` is made: the transport settings of `cfg` at the peer's
+/// rates, and the security towards its key.
+pub fn peer_settings(cfg: &PepdConfig, security: &LoadedSecurity, peer: &PeerSpec) -> PeerSettings {
+    PeerSettings {
+        config: cfg.transport_for(peer),
+        security: security.towards(peer),
+    }
+}
+
+/// What the endpoint knows of `peer`: its key only when security is on.
+pub fn identity(peer: &PeerSpec, secure: bool) -> PeerIdentity {
+    PeerIdentity {
+        public_key: peer.public_key.filter(|_| secure),
+        address: peer.address,
+    }
+}
+
+/// What a datagram costs on the carrier beyond its bytes, as the association counts a
+/// datagram on the wire: `wire_overhead` holds room for the AEAD tag, which a sealed
+/// datagram carries already.
+pub fn carrier_overhead(settings: &PeerSettings) -> usize {
+    let tag = settings.security.as_ref().map_or(0, |_| TAG_LEN);
+    settings.config.wire_overhead.saturating_sub(tag)
+}
+
+/// A peer a reload adds, as `build` makes one at start: its link (no association yet; the
+/// driver makes it) and what the driver needs to make it.
+pub fn new_peer(
+    cfg: &PepdConfig,
+    security: &LoadedSecurity,
+    spec: &PeerSpec,
+    id: PeerId,
+    gateway: &Gateway,
+) -> NewPeer {
+    let settings = peer_settings(cfg, security, spec);
+    let link = PeerLink::new(
+        id,
+        &spec.name,
+        None,
+        // The driver shares the budget anew once the peer is in.
+        0,
+        gateway.memory.clone(),
+        gateway.wake.clone(),
+    );
+    NewPeer {
+        link: Arc::new(link),
+        spec: spec.clone(),
+        identity: identity(spec, security.local.is_some()),
+        carrier_overhead: carrier_overhead(&settings),
+        settings,
+    }
+}
+
 /// A peer's share of the send side of `budget` when `peers` share it.
 pub fn peer_send_share(budget: u64, peers: usize) -> u64 {
     crate::memory::send_cap(budget) / peers.max(1) as u64
 }
 
-/// The gateway's one memory account. Every association's receive window is reserved; each
-/// is sized within the receive half of the budget (config.rs), and their sum is held to
-/// that half too, so that the send side keeps its share however many peers there are.
-fn gateway_memory(cfg: &PepdConfig, configs: &[pep_transport::Config]) -> MemoryAccount {
+/// The gateway's one memory account. Every association's receive window is reserved.
+fn gateway_memory<'a>(
+    cfg: &PepdConfig,
+    configs: impl Iterator<Item = &'a pep_transport::Config> + Clone,
+) -> MemoryAccount {
     let budget = cfg.limits.memory_budget.bytes();
-    let windows: u64 = configs.iter().map(|c| c.assoc_window).sum();
-    let receive_reserve = windows.min(budget - crate::memory::send_cap(budget));
     let mtu = configs
-        .iter()
+        .clone()
         .map(|c| c.mtu)
         .max()
         .unwrap_or(cfg.transport().mtu);
     MemoryAccount::new(
         budget,
-        receive_reserve,
+        receive_reserve(budget, configs),
         crate::memory::fixed(mtu, crate::memory::worker_threads()),
     )
+}
+
+/// What the receive side holds of `budget` for the associations of `configs`: each window
+/// is sized within the receive half of the budget (config.rs), and their sum is held to
+/// that half too, so that the send side keeps its share however many peers there are.
+pub fn receive_reserve<'a>(
+    budget: u64,
+    configs: impl Iterator<Item = &'a pep_transport::Config>,
+) -> u64 {
+    let windows: u64 = configs.map(|c| c.assoc_window).sum();
+    windows.min(budget - crate::memory::send_cap(budget))
 }

@@ -71,6 +71,8 @@ struct HubNet {
     children: Vec<Child>,
     /// The emulated satellite link of terminal 1, when it has one.
     emulator: Option<Emulator>,
+    /// Terminal i's `[[peer]]` entry in the hub's config at `entries[i - 1]`.
+    entries: Vec<String>,
 }
 
 impl HubNet {
@@ -96,6 +98,7 @@ impl HubNet {
             dir: std::env::temp_dir().join(&base),
             children: Vec::new(),
             emulator: None,
+            entries: Vec::new(),
         };
         for ns in net.all() {
             run("ip", &["netns", "add", ns]);
@@ -247,16 +250,33 @@ impl HubNet {
     /// As `start_gateways_with`, the hub's carrier (`link.tx_rate`) at `carrier` and
     /// `peer_keys[i - 1]` (TOML keys) in terminal i's `[[peer]]` entry.
     fn start_shaped_gateways(&mut self, hub_extra: &str, carrier: &str, peer_keys: &[&str]) {
+        let every: Vec<usize> = (1..=TERMINALS).collect();
+        self.start_gateways_known(hub_extra, carrier, peer_keys, &every);
+    }
+
+    /// As `start_shaped_gateways`, with only the terminals in `known` among the hub's
+    /// `[[peer]]` entries (every terminal runs, each with its own key).
+    fn start_gateways_known(
+        &mut self,
+        hub_extra: &str,
+        carrier: &str,
+        peer_keys: &[&str],
+        known: &[usize],
+    ) {
         let (hub_key, hub_public) = self.key("hub");
         let mut entries = String::new();
         let mut terminal_keys = Vec::new();
         for i in 1..=TERMINALS {
             let (key, public) = self.key(&format!("t{i}"));
-            entries.push_str(&format!(
+            let entry = format!(
                 "\n[[peer]]\nname = \"t{i}\"\npublic_key = \"{public}\"\nsubnets = [\"198.18.{}.0/24\"]\n{}\n",
                 10 + i,
                 peer_keys.get(i - 1).unwrap_or(&"")
-            ));
+            );
+            if known.contains(&i) {
+                entries.push_str(&entry);
+            }
+            self.entries.push(entry);
             terminal_keys.push(key);
         }
         let intercept =
@@ -288,7 +308,7 @@ impl HubNet {
                 "pepd_association_state",
                 Some(("state", "established")),
             );
-            if established == Some(TERMINALS as f64) {
+            if established == Some(known.len() as f64) {
                 return;
             }
             assert!(
@@ -428,11 +448,7 @@ fn three_terminals_upload_and_download_5mb_through_one_hub_byte_exact() {
     let _cpu = heavy();
     let mut net = HubNet::new();
     net.start_gateways();
-    let at = SocketAddr::from((SERVER, 5001));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    let results = serve(listener, TERMINALS, SIZE);
+    let (at, results) = serve_exchanges(&net, 5001, TERMINALS, SIZE);
     let clients: Vec<_> = (1..=TERMINALS)
         .map(|i| exchange(&net, i, at, 100 + i as u64, SIZE))
         .collect();
@@ -802,10 +818,17 @@ fn a_terminal_alone_gets_its_mir() {
 impl HubNet {
     /// Rewrites the hub's config with `from` replaced by `to` and sends the hub SIGHUP.
     fn reload_hub(&self, from: &str, to: &str) {
+        self.reload_hub_with(|config| {
+            assert!(config.contains(from), "{from:?} not in the hub's config");
+            config.replacen(from, to, 1)
+        });
+    }
+
+    /// Rewrites the hub's config as `edit` makes it and sends the hub SIGHUP.
+    fn reload_hub_with(&self, edit: impl FnOnce(String) -> String) {
         let path = self.dir.join("hub.toml");
         let config = std::fs::read_to_string(&path).expect("hub config");
-        assert!(config.contains(from), "{from:?} not in the hub's config");
-        std::fs::write(&path, config.replacen(from, to, 1)).expect("hub config");
+        std::fs::write(&path, edit(config)).expect("hub config");
         // Started first; `ip netns exec` execs pepd, so the child is the hub's pepd.
         let hub = self
             .children
@@ -972,25 +995,8 @@ fn timed_exchange(
         !client.is_finished(),
         "seed {seed}: the exchange ended before the move ({move_after:?} in)"
     );
-    let (down, end) = client
-        .join()
-        .expect("client thread")
-        .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", net.logs()));
-    let took = start.elapsed();
-    assert_eq!(
-        down,
-        expected_digest(seed, 1, ROAM_SIZE).hex(),
-        "download {seed}"
-    );
-    assert!(matches!(end, End::Eof { .. }), "seed {seed}: {end:?}");
-    let upload = uploads
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the server saw the upload");
-    assert_eq!(
-        upload,
-        (seed, ROAM_SIZE, expected_digest(seed, 0, ROAM_SIZE).hex())
-    );
-    took
+    let ended = assert_exchanged(net, 1, client, uploads, seed, ROAM_SIZE);
+    ended - start
 }
 
 /// Terminal 1's tunnel address changes mid-transfer (a new address, the old one gone), then
@@ -1008,11 +1014,7 @@ fn terminal_address_and_nat_port_change_mid_transfer() {
     let mut net = HubNet::with_emulated_terminal(&support::link(50e6, ROAM_ONE_WAY_MS));
     net.start_gateways();
     assert_eq!(net.endpoints_of("t1"), ["198.19.1.2:7400"]);
-    let at = SocketAddr::from((SERVER, 5007));
-    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
-        .expect("server namespace")
-        .expect("listen");
-    let uploads = serve(listener, 4, ROAM_SIZE);
+    let (at, uploads) = serve_exchanges(&net, 5007, 4, ROAM_SIZE);
     // The same exchange unmoved, twice: the slower is the reference, so that the host's
     // own jitter is not counted against the move.
     let unmoved: Vec<Duration> = (0..2)
@@ -1097,5 +1099,214 @@ fn terminal_address_and_nat_port_change_mid_transfer() {
             Some(("peer", "t1"))
         ),
         Some(2.0)
+    );
+}
+
+/// Bytes of terminal 1's transfer each way across the reload: several seconds at 50 Mbit/s.
+const ACROSS_RELOAD: u64 = 20_000_000;
+
+impl HubNet {
+    /// The hub's samples of `metric` labelled `peer`.
+    fn peer_samples(&self, metric: &str, peer: &str) -> Vec<prometheus_parse::Sample> {
+        self.scrape(&self.hub)
+            .map(|s| s.samples)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.metric == metric && m.labels.get("peer") == Some(peer))
+            .collect()
+    }
+
+    /// Whether the hub has peer `name`'s association established.
+    fn peer_established(&self, name: &str) -> bool {
+        self.peer_samples("pepd_peer_association_state", name)
+            .iter()
+            .any(|m| {
+                m.labels.get("state") == Some("established")
+                    && matches!(m.value, prometheus_parse::Value::Gauge(v) if v == 1.0)
+            })
+    }
+}
+
+/// Checks client `i`'s exchange of `size` bytes with `seed` both ways: the download it
+/// read, how the connection ended, and the upload the server got. Returns when the client
+/// was done.
+fn assert_exchanged(
+    net: &HubNet,
+    i: usize,
+    client: std::thread::JoinHandle<std::io::Result<(String, End)>>,
+    uploads: &mpsc::Receiver<(u64, u64, String)>,
+    seed: u64,
+    size: u64,
+) -> Instant {
+    let (down, end) = client
+        .join()
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("client {i}: {e}\n{}", net.logs()));
+    let ended = Instant::now();
+    assert_eq!(
+        down,
+        expected_digest(seed, 1, size).hex(),
+        "download of client {i}"
+    );
+    assert!(matches!(end, End::Eof { .. }), "client {i}: {end:?}");
+    let up = uploads
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the server saw the upload");
+    assert_eq!(up, (seed, size, expected_digest(seed, 0, size).hex()));
+    ended
+}
+
+/// Serves `count` exchanges (see [`serve`]) of `size` bytes at the server's `port`.
+fn serve_exchanges(
+    net: &HubNet,
+    port: u16,
+    count: usize,
+    size: u64,
+) -> (SocketAddr, mpsc::Receiver<(u64, u64, String)>) {
+    let at = SocketAddr::from((SERVER, port));
+    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
+        .expect("server namespace")
+        .expect("listen");
+    (at, serve(listener, count, size))
+}
+
+/// The hub starts with terminals 1 and 2 as peers; one SIGHUP adds terminal 3 and removes
+/// terminal 2. Terminal 3 carries a flow byte-exact at once; terminal 2's download is
+/// reset, its series go, and its next connection reaches nothing; terminal 1's exchange,
+/// started before the reload, ends byte-exact both ways with no reset.
+#[test]
+fn sighup_adds_and_removes_peers_and_the_others_flows_carry_on() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_gateways_known("", "50Mbit", &[], &[1, 2]);
+    assert!(!net.peer_established("t3"), "terminal 3 is no peer yet");
+    let (at1, uploads1) = serve_exchanges(&net, 5021, 1, ACROSS_RELOAD);
+    let (at3, uploads3) = serve_exchanges(&net, 5023, 1, SIZE);
+    let at2 = serve_downloads(&net, 5022, 1);
+    let long = exchange(&net, 1, at1, 121, ACROSS_RELOAD);
+    let mut s2 = pep_testbed::in_netns(&net.clients[1], move || {
+        TcpStream::connect_timeout(&at2, Duration::from_secs(10))
+    })
+    .expect("client namespace")
+    .expect("client 2 connect");
+    let download2 = std::thread::spawn(move || {
+        read_until_end(&mut s2, Instant::now() + Duration::from_secs(30))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+
+    let (t2, t3) = (net.entries[1].clone(), net.entries[2].clone());
+    let config = std::fs::read_to_string(net.dir.join("hub.toml")).expect("hub config");
+    assert!(config.contains(&t2), "terminal 2's entry");
+    let reloaded = config.replacen(&t2, "", 1) + &t3;
+    // A file that fails to load changes nothing: terminal 3's entry twice.
+    let broken = reloaded.clone() + &t3;
+    net.reload_hub_with(|_| broken);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !net
+        .logs()
+        .contains("reload failed, keeping the running configuration")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no failed reload\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(net.peer_established("t2"), "{}", net.logs());
+    assert!(net
+        .peer_samples("pepd_peer_association_state", "t3")
+        .is_empty());
+    net.reload_hub_with(|_| reloaded);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !net.peer_established("t3") {
+        assert!(
+            Instant::now() < deadline,
+            "terminal 3 not associated 20 s after the reload\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let unknown_peer = |net: &HubNet| {
+        net.metric(
+            &net.hub,
+            "pepd_datagrams_dropped_total",
+            Some(("reason", "handshake_unknown_peer")),
+        )
+        .unwrap_or(0.0)
+    };
+    // Terminal 3's initiations before the reload were an unknown peer's too.
+    let unknown_at_reload = unknown_peer(&net);
+    let client3 = exchange(&net, 3, at3, 323, SIZE);
+    assert_exchanged(&net, 3, client3, &uploads3, 323, SIZE);
+
+    let (end2, got2) = download2.join().expect("client 2 thread");
+    assert!(
+        matches!(end2, End::Reset { .. }),
+        "client 2: {end2:?} after {got2} bytes\n{}",
+        net.logs()
+    );
+    assert!(got2 > 0, "client 2's download had started");
+    // Terminal 2's next connection is carried nowhere: the server never sees it.
+    let at4 = SocketAddr::from((SERVER, 5024));
+    let server4 = listen_in(&net.server, at4);
+    let mut s4 = pep_testbed::in_netns(&net.clients[1], move || {
+        TcpStream::connect_timeout(&at4, Duration::from_secs(10))
+    })
+    .expect("client namespace")
+    .expect("client 2 connect (answered by its terminal)");
+    let _ = s4.write_all(REQUEST);
+    let (end4, got4) = read_until_end(&mut s4, Instant::now() + Duration::from_secs(5));
+    assert_eq!(got4, 0, "client 2's new connection: {end4:?}");
+    assert!(
+        !matches!(end4, End::Eof { .. }),
+        "client 2's new connection: {end4:?}"
+    );
+    match server4.accept() {
+        Ok((_, from)) => panic!("the server got a connection from {from} through terminal 2"),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::WouldBlock),
+    }
+
+    assert_exchanged(&net, 1, long, &uploads1, 121, ACROSS_RELOAD);
+
+    let logs = net.logs();
+    assert!(
+        logs.contains("peer[] entries added/removed/replaced"),
+        "{logs}"
+    );
+    assert!(
+        net.peer_samples("pepd_peer_association_state", "t2")
+            .is_empty(),
+        "terminal 2's series stay"
+    );
+    let resets1: f64 = net
+        .peer_samples("pepd_peer_flow_resets_total", "t1")
+        .iter()
+        .filter_map(|m| match m.value {
+            prometheus_parse::Value::Counter(v) => Some(v),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(resets1, 0.0, "{logs}");
+    // Terminal 2 initiates again with its key, now an unknown peer's, in vain.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unknown_peer(&net) <= unknown_at_reload {
+        assert!(
+            Instant::now() < deadline,
+            "no initiation of terminal 2 counted as an unknown peer's\n{logs}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        net.metric(
+            &net.terminals[1],
+            "pepd_association_state",
+            Some(("state", "established"))
+        ),
+        Some(0.0),
+        "{logs}"
     );
 }

@@ -32,6 +32,9 @@ pub enum LiveSetting {
     /// `peer[].tx_rate`, `min_rate`, `weight` and `keepalive` of an entry that stays: its
     /// MIR, CIR, share of the carrier and keepalive follow without touching its flows.
     PeerRates,
+    /// `[[peer]]` entries added, removed or replaced (another key, address, subnets or
+    /// `rx_rate`): the peers that stay keep their flows.
+    Peers,
 }
 
 /// Keys read once at start: they wait for `systemctl restart pepd`. In log order.
@@ -41,7 +44,8 @@ pub enum RestartSetting {
     FlowBuffer,
     /// Every `[transport]` key but the ACK policy.
     Transport,
-    /// `[peer]`, or every `[[peer]]` entry: the peers are set up once, at start.
+    /// `[peer]`, or a change between `[peer]` and `[[peer]]`: the pair's one peer is set
+    /// up once, at start.
     Peer,
     Tunnel,
     Intercept,
@@ -78,6 +82,7 @@ impl LiveSetting {
             LiveSetting::Upstream => "upstream",
             LiveSetting::Shutdown => "shutdown",
             LiveSetting::PeerRates => "peer[].tx_rate/min_rate/weight/keepalive",
+            LiveSetting::Peers => "peer[] entries added/removed/replaced",
         }
     }
 }
@@ -380,7 +385,7 @@ fn key(name: &'static str, setting: Setting, changed: bool) -> Key {
 
 /// The `[peer]` table's keys, or the `[[peer]]` fields: `peer[].name` is changed when any
 /// entry's name is, or an entry came or went. Compared with the running config's form;
-/// a change of form changes every key.
+/// a change of form changes every key, and waits for a restart.
 fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
     let peer = Setting::Restart(RestartSetting::Peer);
     match new {
@@ -404,9 +409,13 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
             ]
         }
         Peers::List(entries) => {
-            let old: &[PeerEntry] = match running {
-                Peers::List(r) => r,
-                Peers::Pair(_) => &[],
+            let (old, same_form): (&[PeerEntry], bool) = match running {
+                Peers::List(r) => (r, true),
+                Peers::Pair(_) => (&[], false),
+            };
+            let setting = |name| match same_form {
+                true => entry_setting(name),
+                false => peer,
             };
             let removed = old.len() > entries.len();
             let mut keys: Vec<Key> = Vec::new();
@@ -415,7 +424,7 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
                 if keys.is_empty() {
                     keys = changes
                         .iter()
-                        .map(|&(name, changed)| key(name, entry_setting(name), changed || removed))
+                        .map(|&(name, changed)| key(name, setting(name), changed || removed))
                         .collect();
                 } else {
                     for (k, (_, changed)) in keys.iter_mut().zip(changes) {
@@ -428,14 +437,15 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
     }
 }
 
-/// How a changed `[[peer]]` field takes effect: the rates live, the peer's identity and
-/// routes after a restart.
+/// How a changed `[[peer]]` field takes effect: the rates on the running association; any
+/// other field makes the entry another peer, which replaces the running one (its flows
+/// reset) while the other peers carry on.
 fn entry_setting(name: &str) -> Setting {
     match name {
         "peer[].tx_rate" | "peer[].min_rate" | "peer[].weight" | "peer[].keepalive" => {
             Setting::Live(LiveSetting::PeerRates)
         }
-        _ => Setting::Restart(RestartSetting::Peer),
+        _ => Setting::Live(LiveSetting::Peers),
     }
 }
 
@@ -633,7 +643,7 @@ mod tests {
     }
 
     #[test]
-    fn every_key_of_the_list_form_is_listed_once_and_only_the_rates_apply_live() {
+    fn every_key_of_the_list_form_is_listed_once_and_every_entry_key_applies_live() {
         let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
         let keys = compare(&c, &c);
         let listed = names(&keys, |_| true);
@@ -674,32 +684,40 @@ mod tests {
             settings.into_iter().collect::<Vec<_>>(),
             [
                 Setting::Live(LiveSetting::PeerRates),
-                Setting::Restart(RestartSetting::Peer),
+                Setting::Live(LiveSetting::Peers),
                 Setting::Restart(RestartSetting::Tunnel),
             ]
         );
         assert_eq!(RestartSetting::Tunnel.label(), "tunnel");
+        assert_eq!(
+            LiveSetting::Peers.label(),
+            "peer[] entries added/removed/replaced"
+        );
     }
 
     #[test]
-    fn an_entry_s_rates_apply_live_and_its_identity_after_a_restart() {
+    fn an_entry_s_rates_apply_live_and_another_identity_replaces_the_peer() {
         type Mutation = (&'static str, fn(&mut PepdConfig), Setting);
         let live = Setting::Live(LiveSetting::PeerRates);
-        let restart = Setting::Restart(RestartSetting::Peer);
+        let replaced = Setting::Live(LiveSetting::Peers);
         let mutations: Vec<Mutation> = vec![
             ("peer[].tx_rate", |c| entry(c).tx_rate = None, live),
             ("peer[].min_rate", |c| entry(c).min_rate = None, live),
             ("peer[].weight", |c| entry(c).weight += 1, live),
-            ("peer[].name", |c| entry(c).name.push('x'), restart),
-            ("peer[].public_key", |c| entry(c).public_key = None, restart),
+            ("peer[].name", |c| entry(c).name.push('x'), replaced),
+            (
+                "peer[].public_key",
+                |c| entry(c).public_key = None,
+                replaced,
+            ),
             (
                 "peer[].subnets",
                 |c| {
                     entry(c).subnets.pop();
                 },
-                restart,
+                replaced,
             ),
-            ("peer[].rx_rate", |c| entry(c).rx_rate = None, restart),
+            ("peer[].rx_rate", |c| entry(c).rx_rate = None, replaced),
             ("peer[].keepalive", |c| entry(c).keepalive = None, live),
         ];
         let base = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
@@ -714,6 +732,11 @@ mod tests {
                 "{name}"
             );
         }
+        // The pair's one peer, or a change between the forms, waits for a restart.
+        let pair = every_key();
+        assert!(changed_settings(&pair, &base).contains(&Setting::Restart(RestartSetting::Peer)));
+        assert!(changed_settings(&base, &pair).contains(&Setting::Restart(RestartSetting::Peer)));
+        assert!(!changed_settings(&pair, &base).contains(&Setting::Live(LiveSetting::Peers)));
     }
 
     #[test]

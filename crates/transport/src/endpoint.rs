@@ -24,7 +24,8 @@ use crate::security::{
 };
 use crate::stats::SecurityCounts;
 
-/// A configured peer, named by the caller; stable per public key for the life of the process.
+/// A configured peer, named by the caller: it keeps its id while it stays configured, and a
+/// removed peer's id is never given to another, so nothing keyed by it shifts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u32);
 
@@ -121,6 +122,25 @@ pub struct PeerIdentity {
     pub public_key: Option<[u8; KEY_LEN]>,
     /// Where it is, if configured (without security the address is its identity).
     pub address: Option<SocketAddr>,
+}
+
+/// Why a peer could not be added to a running endpoint: it would make a key or an address
+/// name two peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PeerTableError {
+    #[error("peer {0:?} is already in the table")]
+    DuplicateId(PeerId),
+    #[error("the public key is peer {0:?}'s")]
+    DuplicateKey(PeerId),
+    #[error("the address is peer {0:?}'s")]
+    DuplicateAddress(PeerId),
+}
+
+/// What [`Endpoint::remove_peer`] freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemovedPeer {
+    /// The peer's association, whose connection ID is free now: the caller drops it.
+    pub association: Option<AssocHandle>,
 }
 
 /// What to do with a datagram.
@@ -248,6 +268,65 @@ impl Endpoint {
     ) -> Vec<PeerId> {
         let old = std::mem::take(&mut self.peers);
         self.peers = peers.into_iter().collect();
+        self.index_peers();
+        let mut removed: Vec<PeerId> = old
+            .into_keys()
+            .filter(|id| !self.peers.contains_key(id))
+            .collect();
+        removed.sort_unstable();
+        removed
+    }
+
+    /// Adds one peer to the running table: its initiations are accepted from now on, and
+    /// its association can be made. The others' are untouched.
+    pub fn add_peer(&mut self, id: PeerId, identity: PeerIdentity) -> Result<(), PeerTableError> {
+        if self.peers.contains_key(&id) {
+            return Err(PeerTableError::DuplicateId(id));
+        }
+        if let Some(&other) = identity.public_key.and_then(|k| self.keys.get(&k)) {
+            return Err(PeerTableError::DuplicateKey(other));
+        }
+        if let Some(&other) = identity.address.and_then(|a| self.addresses.get(&a)) {
+            return Err(PeerTableError::DuplicateAddress(other));
+        }
+        if let Some(key) = identity.public_key {
+            self.keys.insert(key, id);
+        }
+        if let Some(address) = identity.address {
+            self.addresses.insert(address, id);
+        }
+        self.peers.insert(id, identity);
+        Ok(())
+    }
+
+    /// Takes one peer out of the table and frees its association's connection ID: from now
+    /// on its key is an unknown peer's and its connection ID names nothing. The caller drops
+    /// the association named in the answer (the endpoint never owns one); `None` if `id` was
+    /// not a peer.
+    pub fn remove_peer(&mut self, id: PeerId) -> Option<RemovedPeer> {
+        let identity = self.peers.remove(&id)?;
+        if let Some(key) = identity.public_key {
+            if self.keys.get(&key) == Some(&id) {
+                self.keys.remove(&key);
+            }
+        }
+        if let Some(address) = identity.address {
+            if self.addresses.get(&address) == Some(&id) {
+                self.addresses.remove(&address);
+            }
+        }
+        let association = self.by_peer.get(&id).copied();
+        if let Some(handle) = association {
+            self.forget(handle);
+        }
+        if let Some(e) = self.answered_by_peer.remove(&id) {
+            self.answered.remove(&e);
+        }
+        Some(RemovedPeer { association })
+    }
+
+    /// The lookups by key and by address, from the peer table.
+    fn index_peers(&mut self) {
         self.keys = self
             .peers
             .iter()
@@ -258,12 +337,6 @@ impl Endpoint {
             .iter()
             .filter_map(|(id, p)| Some((p.address?, *id)))
             .collect();
-        let mut removed: Vec<PeerId> = old
-            .into_keys()
-            .filter(|id| !self.peers.contains_key(id))
-            .collect();
-        removed.sort_unstable();
-        removed
     }
 
     pub fn stats(&self) -> EndpointStats {
@@ -619,6 +692,16 @@ mod tests {
         Endpoint::new(cfg, None, [1; 32]).unwrap()
     }
 
+    /// The association of peer `p`, security off.
+    fn associate(
+        e: &mut Endpoint,
+        now: Instant,
+        p: u32,
+    ) -> Result<(AssocHandle, Association), ConfigError> {
+        let cfg = Config::for_rate(1_000_000);
+        e.new_association(now, PeerId(p), cfg, Role::Responder, 1, None)
+    }
+
     #[test]
     fn connection_ids_name_shard_and_slot() {
         let mut cfg = EndpointConfig::new(2);
@@ -663,17 +746,7 @@ mod tests {
         });
         assert!(e.set_peers(peers).is_empty());
         let now = Instant::now();
-        let make = |e: &mut Endpoint, p: u32| {
-            e.new_association(
-                now,
-                PeerId(p),
-                Config::for_rate(1_000_000),
-                Role::Responder,
-                1,
-                None,
-            )
-            .map(|(h, _)| h)
-        };
+        let make = |e: &mut Endpoint, p: u32| associate(e, now, p).map(|(h, _)| h);
         let first: Vec<AssocHandle> = (0..8192).map(|p| make(&mut e, p).unwrap()).collect();
         assert_eq!(first[8191], AssocHandle(8191));
         assert!(make(&mut e, 0).is_err(), "one association per peer");
@@ -683,5 +756,66 @@ mod tests {
         assert_eq!(make(&mut e, 3).unwrap(), AssocHandle(3));
         assert_eq!(e.stats(), EndpointStats::default());
         assert_eq!(e.set_peers([]), (0..8192).map(PeerId).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_peer_added_and_removed_at_run_time() {
+        let mut e = endpoint(EndpointConfig::new(2));
+        let at = |port: u16| SocketAddr::from(([198, 18, 0, 1], port));
+        let identity = |port: u16| PeerIdentity {
+            public_key: Some([port as u8; KEY_LEN]),
+            address: Some(at(port)),
+        };
+        e.set_peers([(PeerId(0), identity(1)), (PeerId(1), identity(2))]);
+        assert_eq!(
+            e.add_peer(PeerId(1), identity(3)),
+            Err(PeerTableError::DuplicateId(PeerId(1)))
+        );
+        assert_eq!(
+            e.add_peer(PeerId(2), identity(2)),
+            Err(PeerTableError::DuplicateKey(PeerId(1)))
+        );
+        let same_address = PeerIdentity {
+            public_key: Some([9; KEY_LEN]),
+            address: Some(at(1)),
+        };
+        assert_eq!(
+            e.add_peer(PeerId(2), same_address),
+            Err(PeerTableError::DuplicateAddress(PeerId(0)))
+        );
+        e.add_peer(PeerId(2), identity(3)).unwrap();
+        let now = Instant::now();
+        let make = |e: &mut Endpoint, p: u32| associate(e, now, p).map(|(h, a)| (h, a.local_cid()));
+        let (h0, _) = make(&mut e, 0).unwrap();
+        let (h1, cid1) = make(&mut e, 1).unwrap();
+        let (h2, _) = make(&mut e, 2).unwrap();
+        assert_eq!(
+            (h0, h1, h2),
+            (AssocHandle(0), AssocHandle(1), AssocHandle(2))
+        );
+        assert_eq!(
+            e.remove_peer(PeerId(1)),
+            Some(RemovedPeer {
+                association: Some(h1)
+            })
+        );
+        assert_eq!(e.remove_peer(PeerId(1)), None);
+        assert_eq!(e.association_of(PeerId(1)), None);
+        assert!(make(&mut e, 1).is_err(), "no longer a peer");
+        // Its connection ID and its address name nothing; the others route as before.
+        let mut short = vec![0u8; 20];
+        short[1..3].copy_from_slice(cid1.as_slice());
+        assert!(e.handle(now, at(2), &short).is_none());
+        assert_eq!(e.stats().unknown_cid, 1);
+        let hello = [LONG_HEADER_BIT | LONG_TYPE_HELLO, 0, 0, 0];
+        assert!(e.handle(now, at(2), &hello).is_none());
+        assert_eq!(e.stats().unknown_address, 1);
+        assert!(matches!(
+            e.handle(now, at(3), &hello),
+            Some(DatagramEvent::Routed(h)) if h == h2
+        ));
+        // Its key and address may be another peer's now.
+        e.add_peer(PeerId(3), identity(2)).unwrap();
+        assert!(e.association_of(PeerId(3)).is_none());
     }
 }

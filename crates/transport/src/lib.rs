@@ -29,7 +29,7 @@ pub use association::{Association, Event, FlowError, LostReason, OpenError, Read
 pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, SizeMode, VegasParams};
 pub use endpoint::{
     AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerId, PeerIdentity,
-    ENDPOINT_HANDSHAKES_PER_SECOND, ENDPOINT_HANDSHAKE_BURST,
+    PeerTableError, RemovedPeer, ENDPOINT_HANDSHAKES_PER_SECOND, ENDPOINT_HANDSHAKE_BURST,
 };
 pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};

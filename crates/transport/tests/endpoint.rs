@@ -10,8 +10,8 @@ use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{decode_header_with_cid, Header};
 use pep_transport::security::{public_key, stamp_initiation_macs};
-use pep_transport::{DatagramEvent, EndpointStats, PeerId};
-use support::endpoints::{hub_addr, terminal_addr, Hubnet, Layout, HUB};
+use pep_transport::{DatagramEvent, EndpointStats, PeerId, PeerIdentity};
+use support::endpoints::{hub_addr, terminal_addr, terminal_key, Hubnet, Layout, HUB};
 use support::{geo_secure, pattern, INIT};
 
 const MS: Duration = Duration::from_millis(1);
@@ -340,4 +340,61 @@ fn terminal_reassociates_soon_after_a_hub_restart() {
     // 1.05 s here: the terminal's last packets went unacknowledged, two probe timeouts
     // made it an outage, and the INIT took one round trip.
     assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+/// The hub's endpoint learns a terminal and forgets another while running: the new one
+/// associates and carries flows at once; the removed one's connection ID names nothing and
+/// its fresh initiations are an unknown peer's; terminal 1's flows opened before go on to
+/// the last byte.
+#[test]
+fn a_peer_added_and_a_peer_removed_while_the_hub_runs() {
+    let mut n = Hubnet::new(&Layout {
+        terminals: 2,
+        strangers: 1,
+        ..Layout::default()
+    });
+    n.run_until(MS * 2500, |_| false);
+    assert!(n.established([HUB, 1, 2]));
+    assert!(!n.nodes[3].established(), "terminal 3 is not a peer yet");
+    assert_eq!(
+        n.nodes[HUB]
+            .endpoint
+            .stats()
+            .security
+            .handshake_unknown_peer,
+        1
+    );
+    let ongoing = n.open_both_ways(&[1], 2_000_000);
+
+    let key = public_key(&terminal_key(3));
+    let identity = PeerIdentity {
+        public_key: Some(key),
+        address: None,
+    };
+    n.nodes[HUB].endpoint.add_peer(PeerId(3), identity).unwrap();
+    n.nodes[HUB].peer_keys.insert(PeerId(3), key);
+    established(&mut n, &[HUB, 3]);
+    flows_both_ways(&mut n, &[3], 300_000);
+
+    let removed = n.nodes[HUB].endpoint.remove_peer(PeerId(2)).unwrap();
+    let gone = removed.association.expect("terminal 2's association");
+    n.nodes[HUB].assocs.remove(&gone);
+    assert_eq!(n.hub_handle(2), None);
+    n.complete_both_ways(&ongoing, Duration::from_secs(60));
+    // Terminal 2 gives up on its silent association and initiates again, in vain.
+    assert!(
+        n.run_until(Duration::from_secs(120), |n| n.nodes[HUB]
+            .endpoint
+            .stats()
+            .security
+            .handshake_unknown_peer
+            > 1),
+        "terminal 2 never initiated again: {:?}",
+        n.nodes[HUB].endpoint.stats()
+    );
+    let s = n.nodes[HUB].endpoint.stats();
+    assert!(s.unknown_cid > 0, "{s:?}");
+    assert_eq!(n.nodes[HUB].assocs.len(), 2);
+    assert!(n.hub_handle(2).is_none());
+    assert!(n.established([1, 3]));
 }

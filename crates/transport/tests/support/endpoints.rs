@@ -131,7 +131,7 @@ pub fn hub_addr() -> SocketAddr {
     SocketAddr::from(([198, 18, 0, 1], 7400))
 }
 
-fn terminal_key(i: usize) -> [u8; 32] {
+pub fn terminal_key(i: usize) -> [u8; 32] {
     [0x40 + i as u8; 32]
 }
 
