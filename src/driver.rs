@@ -422,6 +422,7 @@ impl Driver {
                 sent += 1;
             }
         }
+        st.lift_shares(&l);
         while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
             self.dispatch(&l, &mut st, ev, accepts);
         }

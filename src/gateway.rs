@@ -311,6 +311,7 @@ fn add_stats(t: &mut Stats, s: &Stats) {
     t.probes_sent += s.probes_sent;
     t.outages += s.outages;
     t.flows_open += s.flows_open;
+    t.flows_waiting_for_share += s.flows_waiting_for_share;
     t.flows_opened_total += s.flows_opened_total;
     t.flows_reset += s.flows_reset;
     t.peer_restarts += s.peer_restarts;

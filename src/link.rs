@@ -71,6 +71,9 @@ pub struct LinkState {
     next_token: u64,
     /// Relays waiting for the global send budget.
     budget_waiters: Vec<Arc<FlowSignal>>,
+    /// Some flow waits for its share of the contended send budget (the association wakes
+    /// each as its data is acknowledged, [`LinkState::lift_shares`] all once it is over).
+    share_waiting: bool,
     /// The association's send buffers as last reported to the memory account.
     send_reported: u64,
 }
@@ -221,6 +224,7 @@ impl PeerLink {
                 flows: HashMap::new(),
                 next_token: 0,
                 budget_waiters: Vec::new(),
+                share_waiting: false,
                 send_reported: 0,
             }),
             wake,
@@ -371,7 +375,8 @@ impl PeerLink {
         Ok((flow, charge))
     }
 
-    /// Bytes a relay may hand to the flow now: its own room, within the global budget.
+    /// Bytes a relay may hand to the flow now: its own room, within the global budget and,
+    /// while that is contended, within the flow's share of it.
     pub fn write_room(&self, flow: &FlowRef) -> Result<usize, FlowGone> {
         let mut st = self.lock();
         let room = st.flow_assoc(flow)?.send_capacity(flow.id) as u64;
@@ -380,8 +385,18 @@ impl PeerLink {
             // Woken by the driver when acknowledgements free budget.
             st.budget_waiters.push(flow.signal.clone());
             self.budget_waiting.store(true, Ordering::Relaxed);
+            return Ok(0);
         }
-        Ok(room.min(left) as usize)
+        let share_left = st.share_left(self, flow);
+        if share_left == 0 && room > 0 {
+            if let Some(a) = st.assoc.as_mut() {
+                a.wait_for_share(flow.id);
+            }
+            st.share_waiting = true;
+            // Acknowledgements on another link may end the contention.
+            self.budget_waiting.store(true, Ordering::Relaxed);
+        }
+        Ok(room.min(left).min(share_left) as usize)
     }
 
     pub fn write(&self, flow: &FlowRef, data: &[u8]) -> Result<usize, FlowGone> {
@@ -524,6 +539,42 @@ impl LinkState {
         share.min(link.memory.send_room(link.memory.send_buffered()))
     }
 
+    /// What `flow` may still buffer to send within its share of the contended budget
+    /// (everything, while the budget is not contended).
+    fn share_left(&self, link: &PeerLink, flow: &FlowRef) -> u64 {
+        let Some(share) = link.memory.flow_share(link.memory.send_buffered()) else {
+            return u64::MAX;
+        };
+        let held = self
+            .assoc
+            .as_ref()
+            .map_or(0, |a| a.flow_send_buffered(flow.id));
+        share.saturating_sub(held)
+    }
+
+    /// Wakes every flow that waits for its share once the budget is no longer contended
+    /// (before the association's events are polled: the wake-ups are among them).
+    pub fn lift_shares(&mut self, link: &PeerLink) {
+        if !self.share_waiting {
+            return;
+        }
+        self.report_send(&link.memory);
+        if link
+            .memory
+            .flow_share(link.memory.send_buffered())
+            .is_some()
+        {
+            return;
+        }
+        if let Some(a) = self.assoc.as_mut() {
+            a.release_share_waits();
+        }
+        self.share_waiting = false;
+        if self.budget_waiters.is_empty() {
+            link.budget_waiting.store(false, Ordering::Relaxed);
+        }
+    }
+
     /// Whether one more flow, bringing `first` bytes to send, fits the peer's share and
     /// the gateway's budget.
     fn admits_flow(&mut self, link: &PeerLink, first: u64) -> bool {
@@ -552,6 +603,7 @@ impl LinkState {
         for s in self.budget_waiters.drain(..) {
             s.notify.notify_one();
         }
-        link.budget_waiting.store(false, Ordering::Relaxed);
+        link.budget_waiting
+            .store(self.share_waiting, Ordering::Relaxed);
     }
 }

@@ -17,6 +17,10 @@ use std::sync::Arc;
 /// (about 2.5 KiB); the rest is headroom for allocator rounding and map growth.
 pub const PER_FLOW: u64 = 4 * 1024;
 
+/// The least a flow's share of a contended send pool comes to: a few datagrams, so that a
+/// flow that moves does not go out in slivers however many flows are open.
+pub const SHARE_FLOOR: u64 = 4 * 1024;
+
 /// Read buffer each runtime worker thread lends to the relays it runs (relay::CHUNK).
 pub const SCRATCH_PER_WORKER: u64 = crate::relay::CHUNK as u64;
 
@@ -142,15 +146,29 @@ impl MemoryAccount {
         self.overhead() + send_buffered + recv_buffered
     }
 
-    /// Bytes the send buffers may still take: what the budget leaves after the overhead,
-    /// the receive reserve and `send_buffered`, within the send side's share.
-    pub fn send_room(&self, send_buffered: u64) -> u64 {
+    /// What the send buffers may hold in all: what the budget leaves after the overhead and
+    /// the receive reserve, within the send side's share.
+    pub fn send_pool(&self) -> u64 {
         let budget = self.budget();
-        let for_send = budget
+        budget
             .saturating_sub(self.receive_reserve.load(Ordering::Relaxed))
             .saturating_sub(self.overhead())
-            .min(send_cap(budget));
-        for_send.saturating_sub(send_buffered)
+            .min(send_cap(budget))
+    }
+
+    /// Bytes the send buffers may still take: the pool less `send_buffered`.
+    pub fn send_room(&self, send_buffered: u64) -> u64 {
+        self.send_pool().saturating_sub(send_buffered)
+    }
+
+    /// The most one flow may buffer to send while the send buffers hold `send_buffered`:
+    /// `None` while they fill less than half the pool (a flow takes what is free), then
+    /// a quarter of the pool split over the open flows, and never less than
+    /// [`SHARE_FLOOR`]. Flows over it wait, so that flows whose clients stopped reading
+    /// cannot take what the pool has left from flows that move or are still to come.
+    pub fn flow_share(&self, send_buffered: u64) -> Option<u64> {
+        let pool = self.send_pool();
+        (send_buffered > pool / 2).then(|| (pool / 4 / self.flows().max(1)).max(SHARE_FLOOR))
     }
 
     /// Whether one more flow, bringing `first` bytes to send, fits.

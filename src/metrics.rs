@@ -564,6 +564,14 @@ impl Collector for SnapshotCollector {
             bytes,
             s.memory_budget_bytes,
         )?;
+        gauge(
+            e,
+            "flows_at_share",
+            "Flows holding their share of a contended send budget, not reading from their \
+             TCP side until the peer acknowledges some of it",
+            None,
+            st.flows_waiting_for_share,
+        )?;
         peers::encode(e, &s.peers)
     }
 }

@@ -583,7 +583,8 @@ pub fn conntrack_needed(max_flows: usize) -> u64 {
 }
 
 /// The kernel limits a busy gateway meets before `limits.max_flows`: the connection-tracking
-/// table, the ephemeral ports of the upstream connects and the listeners' accept queue.
+/// table, the ephemeral ports of the upstream connects (and their reuse out of TIME_WAIT)
+/// and the listeners' accept queue.
 /// A limit that cannot be read is not checked (conntrack's is absent while the module is
 /// not loaded, and then there is no table to fill).
 fn check_kernel_limits(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
@@ -620,6 +621,7 @@ fn check_kernel_limits(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>)
                 ));
             }
         }
+        check_time_wait_reuse(range, read("/proc/sys/net/ipv4/tcp_tw_reuse"), w);
     }
     if let Some(max) = read("/proc/sys/net/core/somaxconn").and_then(|t| parse_sysctl(&t)) {
         if max < flows as i64 {
@@ -631,6 +633,47 @@ fn check_kernel_limits(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>)
             ));
         }
     }
+}
+
+/// How long a connection closed here holds its port in TIME_WAIT (the kernel's fixed
+/// TCP_TIMEWAIT_LEN).
+const TIME_WAIT_SECONDS: i64 = 60;
+
+/// Without TIME_WAIT reuse for outgoing connects, every upstream connection this gateway
+/// closes first keeps its ephemeral port for a minute: the port range then caps the rate of
+/// new connections to one destination, not only how many are open (commit 689f520).
+fn check_time_wait_reuse(range: Option<(i64, i64)>, reuse: Option<String>, w: &mut Vec<String>) {
+    let Some(reuse) = reuse.as_deref().and_then(parse_sysctl) else {
+        return;
+    };
+    if reuse == 1 {
+        return;
+    }
+    let what = match reuse {
+        0 => "is 0 (off)".to_owned(),
+        2 => "is 2 (loopback connections only)".to_owned(),
+        v => format!("is {v}"),
+    };
+    let ports = match range {
+        Some((lo, hi)) => {
+            let ports = (hi - lo + 1).max(0);
+            format!(
+                "net.ipv4.ip_local_port_range ({lo} {hi}) gives {ports} ports, so past about \
+                 {} new connections a second to one destination",
+                ports / TIME_WAIT_SECONDS
+            )
+        }
+        None => "past what net.ipv4.ip_local_port_range gives in a minute, new connections \
+                 to one destination"
+            .to_owned(),
+    };
+    w.push(format!(
+        "net.ipv4.tcp_tw_reuse {what}: each upstream connection this gateway closes first \
+         holds its ephemeral port in TIME_WAIT for {TIME_WAIT_SECONDS} s; \
+         {ports} fail with EADDRNOTAVAIL (the clients get a reset, reason resource_limit); \
+         let connects reuse TIME_WAIT ports: sysctl -w net.ipv4.tcp_tw_reuse=1 (and in \
+         /etc/sysctl.d, as deploy/99-pepd.conf does)"
+    ));
 }
 
 /// `net.ipv4.ip_local_port_range`: two integers, the first and last port.

@@ -1,6 +1,7 @@
 //! pepd at its limits (root only): a connection past `limits.memory_budget` or
 //! `limits.max_flows` gets the `over_limit` treatment, `refuse` and `bypass`, while the
-//! flows already open stay.
+//! flows already open stay; downloads whose clients stopped reading leave a new download
+//! its share of the send budget.
 
 mod support;
 
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use pep_testbed::addr;
 use pep_testbed::pepd::{PepdTestbed, Side};
+use pep_testbed::xfer::pattern::Pattern;
 use support::*;
 
 fn server_at(port: u16) -> SocketAddr {
@@ -253,4 +255,128 @@ fn idle_flows_cost_a_descriptor_and_their_share_each() {
         terminal_metric(&tb, "pepd_memory_accounted_bytes"),
         fixed as f64
     );
+}
+
+fn hub_metric(tb: &PepdTestbed, name: &str, label: Option<(&str, &str)>) -> f64 {
+    let s = scrape_metrics(Side::Hub.namespace(tb.names()));
+    metric_value(&s, name, label).unwrap_or_else(|| panic!("no {name}"))
+}
+
+/// Serves every connection the pattern of the seed it sends first (8 bytes), on and on,
+/// until the connection fails.
+fn serve_patterns(listener: std::net::TcpListener) {
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut seed = [0u8; 8];
+                if s.read_exact(&mut seed).is_err() {
+                    return;
+                }
+                let mut pattern = Pattern::new(u64::from_be_bytes(seed), 0);
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    pattern.fill(&mut buf);
+                    if s.write_all(&buf).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Downloads started together whose clients never read fill the hub's send budget; a
+/// download started after them still gets its share and completes byte-exact, and the
+/// budget holds.
+#[test]
+fn a_new_download_gets_its_share_beside_stalled_readers() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    const STALLED: u64 = 8;
+    const FRESH_BYTES: usize = 4 << 20;
+    const FRESH_WITHIN: Duration = Duration::from_secs(20);
+    let mut o = options();
+    // The hub's send side is what the stalled downloads fill: about 3.5 MiB with a 16 MiB
+    // budget, where one flow alone may buffer 4 MiB. The terminal takes at most 1 MiB of
+    // each flow, far within its receive window, so it is not what they fill.
+    o.hub_toml = "[limits]\nmemory_budget = \"16MiB\"\n".into();
+    o.terminal_toml = "[limits]\nflow_buffer = \"1MiB\"\n".into();
+    let tb = up(&link(100e6, 20), &o);
+    let to = server_at(5104);
+    serve_patterns(listen_in_server(&tb, to));
+
+    let stalled: Vec<TcpStream> = tb
+        .in_client(move || {
+            let conns: Vec<TcpStream> = (0..STALLED)
+                .map(|_| TcpStream::connect_timeout(&to, Duration::from_secs(10)).expect("connect"))
+                .collect();
+            for (seed, mut c) in conns.iter().enumerate() {
+                c.write_all(&(seed as u64).to_be_bytes()).expect("seed");
+            }
+            conns
+        })
+        .expect("client namespace");
+    // Until the hub has read nothing more for 2 s: every buffer on the way is full.
+    let relayed = || {
+        hub_metric(
+            &tb,
+            "pepd_relay_bytes_total",
+            Some(("direction", "to_peer")),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut last, mut still_since) = (relayed(), Instant::now());
+    while still_since.elapsed() < Duration::from_secs(2) {
+        assert!(Instant::now() < deadline, "the downloads never stalled");
+        std::thread::sleep(Duration::from_millis(200));
+        let now = relayed();
+        if now != last {
+            (last, still_since) = (now, Instant::now());
+        }
+    }
+    let budget = hub_metric(&tb, "pepd_memory_budget_bytes", None);
+    let at_stall = hub_metric(&tb, "pepd_memory_accounted_bytes", None);
+    let at_share = hub_metric(&tb, "pepd_flows_at_share", None);
+
+    let t = Instant::now();
+    // The bytes read and checked, and what ended the download short.
+    let (fresh, failed) = tb
+        .in_client(move || {
+            let mut got = 0;
+            let read = (|| -> std::io::Result<()> {
+                let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(10))?;
+                c.set_read_timeout(Some(FRESH_WITHIN))?;
+                c.write_all(&STALLED.to_be_bytes())?;
+                let mut pattern = Pattern::new(STALLED, 0);
+                let mut buf = vec![0u8; 64 * 1024];
+                while got < FRESH_BYTES && t.elapsed() < FRESH_WITHIN {
+                    let n = c.read(&mut buf[..(FRESH_BYTES - got).min(64 * 1024)])?;
+                    if n == 0 || !pattern.verify(&buf[..n]) {
+                        return Err(std::io::Error::other("ended or corrupted"));
+                    }
+                    got += n;
+                }
+                Ok(())
+            })();
+            (got, read.err().map(|e| e.to_string()))
+        })
+        .expect("client namespace");
+    let fresh_s = t.elapsed().as_secs_f64();
+    let after = hub_metric(&tb, "pepd_memory_accounted_bytes", None);
+    eprintln!(
+        "{STALLED} stalled downloads: hub accounted {at_stall} B of {budget} B, {at_share} \
+         flows at their share; a new download read {fresh} B of {FRESH_BYTES} in {fresh_s:.1} s \
+         ({failed:?}), the hub then accounting {after} B"
+    );
+    assert_eq!((fresh, failed), (FRESH_BYTES, None), "the new download");
+    assert!(fresh_s < FRESH_WITHIN.as_secs_f64());
+    assert!(at_stall <= budget && after <= budget, "hub over its budget");
+    assert_eq!(
+        at_share, STALLED as f64,
+        "every stalled flow is held at its share"
+    );
+    drop(stalled);
 }

@@ -233,8 +233,10 @@ fn topology(test: &str) -> Topology {
     t.gw.sysctl("net.ipv4.conf.all.rp_filter", "0");
     t.gw.sysctl("net.ipv4.conf.lan0.rp_filter", "2");
     t.gw.sysctl("net.ipv4.conf.wan0.rp_filter", "2");
-    // Room in the accept queue for `limits.max_flows`, as deploy/99-pepd.conf sets it.
+    // Room in the accept queue for `limits.max_flows`, and TIME_WAIT reuse for upstream
+    // connects, as deploy/99-pepd.conf sets them.
     t.gw.sysctl("net.core.somaxconn", "16384");
+    t.gw.sysctl("net.ipv4.tcp_tw_reuse", "1");
     t
 }
 

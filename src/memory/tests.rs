@@ -276,3 +276,79 @@ fn per_flow_cost_is_covered() {
     );
     drop(open);
 }
+
+#[test]
+fn past_half_the_send_pool_each_flow_gets_a_share() {
+    // The pool is what 10 MiB leaves after a 4 MiB reserve, 1 MiB of fixed costs and the
+    // flows: under the send cap of 5 MiB.
+    let m = Arc::new(MemoryAccount::new(10 * MIB, 4 * MIB, MIB));
+    let charges: Vec<FlowCharge> = (0..4).map(|_| m.charge_flow()).collect();
+    let pool = 5 * MIB - 4 * PER_FLOW;
+    assert_eq!(m.send_pool(), pool);
+    assert_eq!(m.send_room(1000), pool - 1000);
+    // Up to half the pool, a flow takes what is free.
+    assert_eq!(m.flow_share(0), None);
+    assert_eq!(m.flow_share(pool / 2), None);
+    // Past it, a quarter of the pool split over the four flows.
+    assert_eq!(m.flow_share(pool / 2 + 1), Some(pool / 16));
+    assert_eq!(pool / 16, 326_656);
+    // Never less than the floor, however many flows.
+    let many: Vec<FlowCharge> = (0..1000).map(|_| m.charge_flow()).collect();
+    assert_eq!(m.flow_share(m.send_pool()), Some(SHARE_FLOOR));
+    drop((charges, many));
+}
+
+#[test]
+fn a_flow_over_its_share_waits_until_the_contention_ends() {
+    // A 1 MiB pool (the reserve and fixed costs take the rest, the flows' own cost too).
+    let budget = 4 * MIB + 2 * PER_FLOW;
+    let hub = hub(budget, 3 * MIB, 0);
+    let (a, _ca) = hub.open(meta(1), &[]).expect("fits");
+    let (b, _cb) = hub.open(meta(2), &[]).expect("fits");
+    assert_eq!(hub.memory.send_pool(), MIB);
+    // Alone past half the pool, `a` may write what is free, then holds more than its share.
+    let big = vec![7u8; (MIB / 2 + 1) as usize];
+    assert_eq!(hub.write_room(&a).expect("room"), MIB as usize);
+    assert_eq!(hub.write(&a, &big).expect("write"), big.len());
+    let share = MIB / 4 / 2;
+    assert_eq!(
+        hub.memory.flow_share(hub.memory.send_buffered()),
+        Some(share)
+    );
+    assert_eq!(hub.write_room(&a).expect("room"), 0);
+    assert_eq!(
+        hub.stats().expect("association").0.flows_waiting_for_share,
+        1
+    );
+    // `b` still gets its share of what is left, not all of it.
+    assert_eq!(hub.write_room(&b).expect("room"), share as usize);
+    assert_eq!(
+        hub.write(&b, &vec![1u8; share as usize]).expect("write"),
+        share as usize
+    );
+    assert_eq!(hub.write_room(&b).expect("room"), 0);
+    assert_eq!(
+        hub.stats().expect("association").0.flows_waiting_for_share,
+        2
+    );
+    assert!(hub.waits_for_budget());
+    // A larger budget ends the contention: both are woken and write again.
+    hub.memory.set_budget(64 * MIB);
+    let mut st = hub.lock();
+    st.lift_shares(&hub);
+    let mut woken = Vec::new();
+    while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
+        if let pep_transport::Event::FlowWritable { flow } = ev {
+            woken.push(flow);
+        }
+    }
+    drop(st);
+    assert_eq!(woken, vec![a.id, b.id]);
+    assert_eq!(
+        hub.stats().expect("association").0.flows_waiting_for_share,
+        0
+    );
+    assert!(!hub.waits_for_budget());
+    assert!(hub.write_room(&a).expect("room") > 0);
+    assert!(hub.write_room(&b).expect("room") > 0);
+}

@@ -69,6 +69,7 @@ fn sample() -> Snapshot {
             probes_sent: 116,
             outages: 117,
             flows_open: 118,
+            flows_waiting_for_share: 164,
             flows_opened_total: 119,
             flows_reset: 120,
             peer_restarts: 121,
@@ -355,6 +356,7 @@ fn encode_reports_every_value_exactly() {
     assert_eq!(v("pepd_memory_in_use_bytes", &[]), 140.0);
     assert_eq!(v("pepd_memory_accounted_bytes", &[]), 160.0);
     assert_eq!(v("pepd_memory_budget_bytes", &[]), 141.0);
+    assert_eq!(v("pepd_flows_at_share", &[]), 164.0);
     for (state, want) in [
         ("connecting", 0.0),
         ("established", 0.0),

@@ -270,10 +270,11 @@ fn healthy() -> Fake {
         .file("/proc/sys/net/ipv4/conf/lan0/rp_filter", "2\n")
         .file("/proc/sys/net/ipv4/conf/wan0/rp_filter", "2\n")
         // A 4 GiB host's conntrack default, the kernel's port range, deploy/99-pepd.conf's
-        // accept queue.
+        // accept queue and TIME_WAIT reuse.
         .file("/proc/sys/net/netfilter/nf_conntrack_max", "262144\n")
         .file("/proc/sys/net/ipv4/ip_local_port_range", "32768\t60999\n")
         .file("/proc/sys/net/core/somaxconn", "16384\n")
+        .file("/proc/sys/net/ipv4/tcp_tw_reuse", "1\n")
 }
 
 #[test]
@@ -632,17 +633,56 @@ fn kernel_limits_below_max_flows_are_named() {
 }
 
 #[test]
+fn time_wait_reuse_off_is_named_with_the_port_range() {
+    let cfg = config("interfaces = [\"lan0\"]");
+    let warning = |reuse: &str| {
+        startup_checks_with(
+            &cfg,
+            &healthy().file("/proc/sys/net/ipv4/tcp_tw_reuse", reuse),
+        )
+    };
+    assert_eq!(
+        warning("0\n"),
+        [
+            "net.ipv4.tcp_tw_reuse is 0 (off): each upstream connection this gateway closes \
+             first holds its ephemeral port in TIME_WAIT for 60 s; \
+             net.ipv4.ip_local_port_range (32768 60999) gives 28232 ports, so past about 470 \
+             new connections a second to one destination fail with EADDRNOTAVAIL (the \
+             clients get a reset, reason resource_limit); let connects reuse TIME_WAIT ports: \
+             sysctl -w net.ipv4.tcp_tw_reuse=1 (and in /etc/sysctl.d, as deploy/99-pepd.conf \
+             does)"
+        ]
+    );
+    // The kernel's default reuses ports for loopback connections only, not a server's.
+    let w = warning("2\n");
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].starts_with("net.ipv4.tcp_tw_reuse is 2 (loopback connections only): "));
+    // Without a readable port range, the warning still stands.
+    let mut probe = healthy().file("/proc/sys/net/ipv4/tcp_tw_reuse", "0\n");
+    probe.files.remove("/proc/sys/net/ipv4/ip_local_port_range");
+    let w = startup_checks_with(&cfg, &probe);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("past what net.ipv4.ip_local_port_range gives in a minute, new"),
+        "{w:?}"
+    );
+}
+
+#[test]
 fn kernel_limits_not_there_are_not_checked() {
     let cfg = config("interfaces = [\"lan0\"]");
     // Without the conntrack module its sysctl does not exist, and there is no table.
-    let mut probe = healthy().file("/proc/sys/net/ipv4/ip_local_port_range", "1024 2047\n");
+    let mut probe = healthy()
+        .file("/proc/sys/net/ipv4/ip_local_port_range", "1024 2047\n")
+        .file("/proc/sys/net/ipv4/tcp_tw_reuse", "0\n");
     probe
         .files
         .remove("/proc/sys/net/netfilter/nf_conntrack_max");
     probe.files.remove("/proc/sys/net/core/somaxconn");
     let w = startup_checks_with(&cfg, &probe);
-    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w.len(), 2, "{w:?}");
     assert!(w[0].starts_with("net.ipv4.ip_local_port_range is 1024 2047, 1024 ports"));
+    assert!(w[1].starts_with("net.ipv4.tcp_tw_reuse is 0 (off)"));
     // Transparent connects come from the clients' addresses, each with its own ports.
     let transparent = PepdConfig::parse(
         "[upstream]\ntransparent_source = true\n\

@@ -47,6 +47,9 @@ pub struct Stats {
     pub probes_sent: u64,
     pub outages: u64,
     pub flows_open: u64,
+    /// Open flows whose application holds back writes until its data is acknowledged
+    /// ([`Association::wait_for_share`](crate::Association::wait_for_share)).
+    pub flows_waiting_for_share: u64,
     pub flows_opened_total: u64,
     pub flows_reset: u64,
     pub peer_restarts: u64,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{decode_header, Header};
-use pep_transport::{Event, LostReason, ResetReason};
+use pep_transport::{Event, FlowId, LostReason, ResetReason};
 use proptest::prelude::*;
 use support::{fin_at, pattern, security_pair, test_config, Faults, Net};
 
@@ -430,4 +430,38 @@ fn reset_with_an_impossible_final_offset_is_a_violation_not_an_overflow() {
         .get(&f)
         .is_some_and(|x| x.fin_received)));
     assert_eq!(n.apps[1].flows[&f].received, data);
+}
+
+#[test]
+fn a_flow_waiting_for_its_share_is_told_when_its_data_is_acknowledged() {
+    let mut n = net(Faults::default(), 9);
+    let f = n.open(0, 1009, pattern(9, 50_000), false);
+    let g = n.open(0, 1010, pattern(10, 50_000), false);
+    n.ends[0].wait_for_share(f);
+    n.ends[0].wait_for_share(g);
+    assert_eq!(n.ends[0].stats().flows_waiting_for_share, 2);
+    let writable = |n: &Net, flow: FlowId| {
+        n.apps[0]
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::FlowWritable { flow: w } if *w == flow))
+            .count()
+    };
+    // The first acknowledgement of `f`'s bytes ends its wait (and `g`'s, whose bytes are
+    // acknowledged as well), once each.
+    assert!(n.run_until(Duration::from_secs(5), |n| n.ends[0]
+        .stats()
+        .flows_waiting_for_share
+        == 0));
+    assert_eq!((writable(&n, f), writable(&n, g)), (1, 1));
+    // Lifted together: one event for each flow still waiting, none for the others.
+    n.ends[0].wait_for_share(f);
+    n.ends[0].release_share_waits();
+    n.apps[0].drain_events(&mut n.ends[0]);
+    assert_eq!((writable(&n, f), writable(&n, g)), (2, 1));
+    assert_eq!(n.ends[0].stats().flows_waiting_for_share, 0);
+    assert!(n.run_until(Duration::from_secs(5), |n| n.apps[1]
+        .flows
+        .get(&g)
+        .is_some_and(|x| x.received.len() == 50_000)));
 }

@@ -456,6 +456,7 @@ impl Association {
         s.corruption_by_size = self.sizer.class_losses();
         s.bytes_in_flight = self.sent.bytes_in_flight();
         s.flows_open = self.flows.len() as u64;
+        s.flows_waiting_for_share = self.flows_waiting_for_share();
         s
     }
 
@@ -538,6 +539,39 @@ impl Association {
             }
         }
         room
+    }
+
+    /// Bytes of `flow` written and not yet acknowledged: its part of
+    /// [`send_buffered`](Self::send_buffered).
+    pub fn flow_send_buffered(&self, flow: FlowId) -> u64 {
+        self.flows
+            .get(&flow)
+            .map_or(0, |f| f.send.end() - f.send.acked_base())
+    }
+
+    /// The application holds back writes to `flow` until what it buffers shrinks: a
+    /// `FlowWritable` event follows the next acknowledgement of its data, or
+    /// [`release_share_waits`](Self::release_share_waits).
+    pub fn wait_for_share(&mut self, flow: FlowId) {
+        if let Some(f) = self.flows.get_mut(&flow) {
+            f.share_blocked = true;
+        }
+    }
+
+    /// Ends every [`wait_for_share`](Self::wait_for_share) with a `FlowWritable` event (the
+    /// shares are lifted).
+    pub fn release_share_waits(&mut self) {
+        for (&flow, f) in self.flows.iter_mut().filter(|(_, f)| f.share_blocked) {
+            f.share_blocked = false;
+            if f.reset.is_none() {
+                self.events.push_back(Event::FlowWritable { flow });
+            }
+        }
+    }
+
+    /// Flows whose writes wait for their share (see [`wait_for_share`](Self::wait_for_share)).
+    pub fn flows_waiting_for_share(&self) -> u64 {
+        self.flows.values().filter(|f| f.share_blocked).count() as u64
     }
 
     /// Bytes `write` would accept now, without asking for a `FlowWritable` event.

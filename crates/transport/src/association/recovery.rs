@@ -100,9 +100,16 @@ impl Association {
                 if let Some(f) = self.flows.get_mut(&flow) {
                     let before = f.send.acked_base();
                     f.send.on_acked(offset, len as usize, fin);
-                    self.stats.stream_bytes_acked += f.send.acked_base() - before;
+                    let freed = f.send.acked_base() - before;
+                    self.stats.stream_bytes_acked += freed;
+                    let share_freed = f.share_blocked && freed > 0;
+                    if share_freed {
+                        f.share_blocked = false;
+                    }
                     if f.write_blocked && f.send.has_room() && f.reset.is_none() {
                         f.write_blocked = false;
+                        self.events.push_back(Event::FlowWritable { flow });
+                    } else if share_freed && f.reset.is_none() {
                         self.events.push_back(Event::FlowWritable { flow });
                     }
                     self.maybe_close_flow(flow);
