@@ -9,7 +9,7 @@ use snow::resolvers::{CryptoResolver, DefaultResolver};
 use snow::types::{Cipher, Dh, Hash, Random};
 use snow::HandshakeState;
 
-use super::aead::PacketKey;
+use super::aead::{PacketKey, PacketProtection};
 use super::macs::{INIT_MACS, REPLY_MACS};
 use super::{LocalIdentity, KEY_LEN};
 use crate::codec::Reader;
@@ -214,8 +214,8 @@ impl Initiation {
         Ok((
             payload[..n].to_vec(),
             SessionKeys {
-                send: PacketKey::new(&to_responder),
-                recv: PacketKey::new(&to_initiator),
+                send: PacketKey::new(PacketProtection::ChaCha20Poly1305, &to_responder),
+                recv: PacketKey::new(PacketProtection::ChaCha20Poly1305, &to_initiator),
             },
         ))
     }
@@ -259,8 +259,8 @@ impl Responder {
         Ok((
             handshake_datagram(LONG_TYPE_HANDSHAKE_REPLY, dcid, &buf[..n]),
             SessionKeys {
-                send: PacketKey::new(&to_initiator),
-                recv: PacketKey::new(&to_responder),
+                send: PacketKey::new(PacketProtection::ChaCha20Poly1305, &to_initiator),
+                recv: PacketKey::new(PacketProtection::ChaCha20Poly1305, &to_responder),
             },
         ))
     }

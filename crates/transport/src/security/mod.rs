@@ -67,7 +67,7 @@ mod limiter;
 mod macs;
 mod replay;
 
-pub use aead::TAG_LEN;
+pub use aead::{PacketProtection, TAG_LEN};
 pub use cookie::COOKIE_SECRET_LIFETIME;
 pub use limiter::{
     HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST, PER_SOURCE_PER_SECOND,
