@@ -328,7 +328,8 @@ impl Driver {
             return false;
         };
         match self.factory.make(&mut self.endpoint, now, link) {
-            Ok((handle, assoc)) => {
+            Ok((handle, mut assoc)) => {
+                l.apply_reloaded(&mut assoc);
                 self.deadlines[link] = assoc.poll_timeout();
                 l.lock().assoc = Some(assoc);
                 self.by_handle.insert(handle, link);
@@ -446,6 +447,9 @@ impl Driver {
         };
         share.set_carrier(self.gateway.carrier_bps.load(Ordering::Relaxed));
         for (i, l) in self.gateway.links.iter().enumerate() {
+            if let Some(r) = l.take_share_rates() {
+                share.set_share_rates(i, r.min_bps, r.weight);
+            }
             let mut st = l.lock();
             let Some(assoc) = st.assoc.as_mut() else {
                 continue;
@@ -551,6 +555,9 @@ impl Driver {
                 info!(?duration, name = %link.name, "satellite link back");
                 self.notifier
                     .status(&format!("association established with {peer}"));
+            }
+            Event::RemoteMoved { from, to } => {
+                info!(name = %link.name, %from, %to, "peer now sends from a new address; following it");
             }
             Event::AssociationLost { reason } => {
                 c.set_state(AssociationState::Connecting);

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use crate::config::PeerSpec;
 use crate::link::{LinkCounters, PeerLink};
 use crate::memory::MemoryAccount;
-use crate::metrics::{RelaySnapshot, Snapshot};
+use crate::metrics::{PeerSnapshot, RelaySnapshot, Snapshot};
 use crate::routes::Routes;
 
 pub struct Gateway {
@@ -150,7 +150,24 @@ impl Gateway {
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             cookies_sent: c.endpoint().cookies_sent,
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
+            peers: self.links.iter().map(|l| peer_snapshot(l)).collect(),
         }
+    }
+}
+
+/// One link's own series.
+fn peer_snapshot(link: &PeerLink) -> PeerSnapshot {
+    let c = &link.counters;
+    let get = LinkCounters::get;
+    PeerSnapshot {
+        name: link.name.to_string(),
+        state: c.state(),
+        endpoint: link.remote(),
+        stats: link.stats().map(|(s, _, _)| s).unwrap_or_default(),
+        flows_active: get(&c.relays_active),
+        bytes_to_peer_total: get(&c.bytes_to_peer),
+        bytes_from_peer_total: get(&c.bytes_from_peer),
+        flow_resets: c.flow_resets.snapshot(),
     }
 }
 
@@ -227,6 +244,7 @@ fn add_stats(t: &mut Stats, s: &Stats) {
     add_security(&mut t.security, &s.security);
     t.handshakes_completed += s.handshakes_completed;
     t.rekeys += s.rekeys;
+    t.remote_moves += s.remote_moves;
 }
 
 #[cfg(test)]

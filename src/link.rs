@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use pep_transport::{
     Association, FlowError, FlowId, FlowMeta, OpenError, PeerId, ReadOutcome, ResetReason,
@@ -90,9 +91,25 @@ pub struct PeerLink {
     /// This peer's share of the send side of the budget, so that one peer cannot take all
     /// of it (the receive side is bounded by the windows we advertise); changes on reload.
     send_budget: AtomicU64,
+    /// A reload's new `min_rate` and `weight` for the carrier scheduler, which the driver
+    /// owns: it takes them at its next refresh of the ceilings.
+    pending_share: Mutex<Option<ShareRates>>,
+    /// The `tx_rate` a reload set, 0 if none: an association made after the reload (a peer
+    /// whose address is learned) starts from it rather than from the config at start.
+    reloaded_tx_bps: AtomicU64,
+    /// The keepalive a reload set, likewise.
+    reloaded_keepalive: Mutex<Option<Duration>>,
     /// The gateway's memory account, shared by every link: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
     pub counters: LinkCounters,
+}
+
+/// What a peer is guaranteed and how it shares the spare carrier; its MIR is its
+/// association's rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRates {
+    pub min_bps: u64,
+    pub weight: u32,
 }
 
 /// Relay-side counters of one link the metrics read.
@@ -190,8 +207,66 @@ impl PeerLink {
             queued: AtomicBool::new(false),
             budget_waiting: AtomicBool::new(false),
             send_budget: AtomicU64::new(send_budget),
+            pending_share: Mutex::new(None),
+            reloaded_tx_bps: AtomicU64::new(0),
+            reloaded_keepalive: Mutex::new(None),
             memory,
             counters: LinkCounters::default(),
+        }
+    }
+
+    /// Has the driver give the carrier scheduler this peer's new CIR and weight.
+    pub fn set_share_rates(&self, rates: ShareRates) {
+        *self.pending_share.lock().unwrap_or_else(|p| p.into_inner()) = Some(rates);
+        self.wake();
+    }
+
+    /// The CIR and weight a reload set since the driver last looked, if any.
+    pub fn take_share_rates(&self) -> Option<ShareRates> {
+        self.pending_share
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Sets this peer's `tx_rate` as a reload changed it, on its association if it has one
+    /// and on the one made later if not.
+    pub fn set_tx_rate(&self, bps: u64) {
+        self.reloaded_tx_bps.store(bps, Ordering::Relaxed);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_rate(bps);
+        }
+        self.wake();
+    }
+
+    /// The `tx_rate` a reload set, if any.
+    fn reloaded_tx_rate(&self) -> Option<u64> {
+        Some(self.reloaded_tx_bps.load(Ordering::Relaxed)).filter(|&bps| bps > 0)
+    }
+
+    /// Sets this peer's keepalive as a reload changed it, as [`set_tx_rate`](Self::set_tx_rate).
+    pub fn set_keepalive(&self, interval: Duration) {
+        *self
+            .reloaded_keepalive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(interval);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_keepalive(interval);
+        }
+        self.wake();
+    }
+
+    /// What a reload set, on an association made since.
+    pub fn apply_reloaded(&self, assoc: &mut Association) {
+        if let Some(bps) = self.reloaded_tx_rate() {
+            assoc.set_rate(bps);
+        }
+        let keepalive = *self
+            .reloaded_keepalive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(interval) = keepalive {
+            assoc.set_keepalive(interval);
         }
     }
 
@@ -217,6 +292,11 @@ impl PeerLink {
         let st = self.lock();
         let a = st.assoc.as_ref()?;
         Some((a.stats(), a.send_buffered(), a.recv_buffered()))
+    }
+
+    /// Where the association sends now, if it knows.
+    pub fn remote(&self) -> Option<std::net::SocketAddr> {
+        self.lock().assoc.as_ref().and_then(Association::remote)
     }
 
     pub fn send_budget(&self) -> u64 {

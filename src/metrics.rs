@@ -21,8 +21,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 mod http;
+mod peers;
 
 pub use http::{serve, SnapshotSource, CONTENT_TYPE};
+pub use peers::PeerSnapshot;
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "pepd";
@@ -114,6 +116,8 @@ pub struct Snapshot {
     pub cookies_sent: u64,
     /// (daemon version, transport protocol version).
     pub build_info: (&'static str, u32),
+    /// Each configured peer's own series, in config order.
+    pub peers: Vec<PeerSnapshot>,
 }
 
 /// Encodes `s` in the OpenMetrics text format, `# EOF` included: the body of a scrape
@@ -560,7 +564,7 @@ impl Collector for SnapshotCollector {
             bytes,
             s.memory_budget_bytes,
         )?;
-        Ok(())
+        peers::encode(e, &s.peers)
     }
 }
 

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
-use crate::config::PepdConfig;
+use crate::config::{Peers, PepdConfig};
 use crate::daemon::{Live, LiveRef, LogReload};
 use crate::gateway::Gateway;
-use crate::link::PeerLink;
+use crate::link::{PeerLink, ShareRates};
 use changes::{LiveSetting, Setting};
 
 /// Applies `path` to the running daemon; on a bad file the running config stays.
@@ -83,7 +83,7 @@ fn apply_live(
             let specs = new.peer_specs();
             for (i, link) in gateway.links.iter().enumerate() {
                 let rate = specs.get(i).map_or(new.link.tx_rate.bps(), |p| p.tx_bps);
-                with_assoc(link, |a| a.set_rate(rate));
+                link.set_tx_rate(rate);
             }
             // With `[[peer]]` entries the driver shares the new carrier from its next
             // refresh of the ceilings.
@@ -132,8 +132,34 @@ fn apply_live(
         LiveSetting::Upstream => running.upstream = new.upstream.clone(),
         // Read when SIGTERM comes.
         LiveSetting::Shutdown => running.shutdown = new.shutdown.clone(),
+        LiveSetting::PeerRates => apply_peer_rates(new, running, gateway),
     }
     true
+}
+
+/// New MIR, CIR, weight and keepalive for each running peer whose entry stays the same peer (same
+/// place, name and key); an entry added, removed or replaced waits for a restart.
+fn apply_peer_rates(new: &PepdConfig, running: &mut PepdConfig, gateway: &Gateway) {
+    let (Peers::List(entries), Peers::List(old)) = (&new.peer, &mut running.peer) else {
+        return;
+    };
+    let specs = new.peer_specs();
+    for (i, (entry, old)) in entries.iter().zip(old.iter_mut()).enumerate() {
+        let same_peer = entry.name == old.name && entry.public_key == old.public_key;
+        let (Some(link), Some(spec), true) = (gateway.links.get(i), specs.get(i), same_peer) else {
+            continue;
+        };
+        link.set_tx_rate(spec.tx_bps);
+        link.set_keepalive(spec.keepalive);
+        link.set_share_rates(ShareRates {
+            min_bps: spec.min_bps,
+            weight: spec.weight,
+        });
+        old.tx_rate = entry.tx_rate;
+        old.min_rate = entry.min_rate;
+        old.weight = entry.weight;
+        old.keepalive = entry.keepalive;
+    }
 }
 
 /// Changes a link's association, if it has one yet, and has the driver look at it again.

@@ -136,6 +136,17 @@ impl CarrierShare {
         self.sched.allocation(member).min(mir_bps)
     }
 
+    /// `link`'s CIR and weight as a reload changed them; its flows carry on.
+    pub fn set_share_rates(&mut self, link: usize, min_bps: u64, weight: u32) {
+        let (Some(&member), Some(rates)) = (self.members.get(link), self.rates.get_mut(link))
+        else {
+            return;
+        };
+        rates.cir_bps = min_bps;
+        rates.weight = weight;
+        self.sched.set_rates(member, *rates);
+    }
+
     /// The ceilings were refreshed at `now`.
     pub fn refreshed(&mut self, now: Instant) {
         self.next_refresh = Some(now + REFRESH);

@@ -90,6 +90,8 @@ fn sample() -> Snapshot {
             },
             handshakes_completed: 151,
             rekeys: 152,
+            // Reported per peer only.
+            remote_moves: 161,
         },
         associations: vec![AssociationState::Outage],
         association_restarts: 126,
@@ -113,6 +115,39 @@ fn sample() -> Snapshot {
         tunnel_foreign_datagrams: 142,
         cookies_sent: 163,
         build_info: ("0.1.0", 1),
+        peers: vec![
+            PeerSnapshot {
+                name: "ship-7".into(),
+                state: AssociationState::Established,
+                endpoint: Some("198.19.0.7:40123".parse().expect("address")),
+                stats: Stats {
+                    wire_bytes_sent: 201,
+                    wire_bytes_received: 202,
+                    flows_opened_total: 203,
+                    lost: LossCounts {
+                        congestion: 204,
+                        corruption: 205,
+                        outage: 206,
+                    },
+                    malformed_dropped: 207,
+                    remote_moves: 208,
+                    security: pep_transport::SecurityCounts {
+                        unauthenticated: 209,
+                        ..Default::default()
+                    },
+                    ..Stats::default()
+                },
+                flows_active: 210,
+                bytes_to_peer_total: 211,
+                bytes_from_peer_total: 212,
+                flow_resets: vec![("aborted", 213), ("refused", 214), ("aborted", 1)],
+            },
+            // Not associated yet: no endpoint series, zeros elsewhere.
+            PeerSnapshot {
+                name: "rig-3".into(),
+                ..PeerSnapshot::default()
+            },
+        ],
     }
 }
 
@@ -393,6 +428,148 @@ fn names_follow_the_conventions() {
     let mut seen = std::collections::HashSet::new();
     for l in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
         assert!(seen.insert(l.to_owned()), "duplicate family {l}");
+    }
+}
+
+#[test]
+fn per_peer_series_have_exact_labels() {
+    let text = encode(&sample()).expect("encodes");
+    let s = parse(&text);
+    let v = |name: &str, labels: &[(&str, &str)]| value(&s, name, labels);
+    let ship = ("peer", "ship-7");
+    let rig = ("peer", "rig-3");
+    let expected: &[Expected<'_>] = &[
+        (
+            "pepd_peer_association_state",
+            &[ship, ("state", "established")],
+            1,
+        ),
+        (
+            "pepd_peer_association_state",
+            &[ship, ("state", "connecting")],
+            0,
+        ),
+        (
+            "pepd_peer_association_state",
+            &[ship, ("state", "outage")],
+            0,
+        ),
+        (
+            "pepd_peer_association_state",
+            &[ship, ("state", "closed")],
+            0,
+        ),
+        (
+            "pepd_peer_association_state",
+            &[rig, ("state", "connecting")],
+            1,
+        ),
+        (
+            "pepd_peer_association_state",
+            &[rig, ("state", "established")],
+            0,
+        ),
+        (
+            "pepd_peer_endpoint",
+            &[ship, ("address", "198.19.0.7:40123")],
+            1,
+        ),
+        ("pepd_peer_endpoint_moves_total", &[ship], 208),
+        ("pepd_peer_endpoint_moves_total", &[rig], 0),
+        (
+            "pepd_peer_wire_bytes_total",
+            &[ship, ("direction", "sent")],
+            201,
+        ),
+        (
+            "pepd_peer_wire_bytes_total",
+            &[ship, ("direction", "received")],
+            202,
+        ),
+        (
+            "pepd_peer_relay_bytes_total",
+            &[ship, ("direction", "to_peer")],
+            211,
+        ),
+        (
+            "pepd_peer_relay_bytes_total",
+            &[ship, ("direction", "from_peer")],
+            212,
+        ),
+        ("pepd_peer_flows_active", &[ship], 210),
+        ("pepd_peer_flows_active", &[rig], 0),
+        ("pepd_peer_flows_opened_total", &[ship], 203),
+        (
+            "pepd_peer_flow_resets_total",
+            &[ship, ("reason", "aborted")],
+            214,
+        ),
+        (
+            "pepd_peer_flow_resets_total",
+            &[ship, ("reason", "refused")],
+            214,
+        ),
+        (
+            "pepd_peer_packets_lost_total",
+            &[ship, ("cause", "congestion")],
+            204,
+        ),
+        (
+            "pepd_peer_packets_lost_total",
+            &[ship, ("cause", "corruption")],
+            205,
+        ),
+        (
+            "pepd_peer_packets_lost_total",
+            &[ship, ("cause", "outage")],
+            206,
+        ),
+        (
+            "pepd_peer_datagrams_dropped_total",
+            &[ship, ("reason", "malformed")],
+            207,
+        ),
+        (
+            "pepd_peer_datagrams_dropped_total",
+            &[ship, ("reason", "unauthenticated")],
+            209,
+        ),
+        (
+            "pepd_peer_datagrams_dropped_total",
+            &[rig, ("reason", "replayed")],
+            0,
+        ),
+    ];
+    for &(name, labels, want) in expected {
+        assert_eq!(v(name, labels), want as f64, "{name}{labels:?}");
+    }
+    // One endpoint series per peer that has one, never one per address it was seen at.
+    let endpoints: Vec<_> = s
+        .samples
+        .iter()
+        .filter(|m| m.metric == "pepd_peer_endpoint")
+        .collect();
+    assert_eq!(endpoints.len(), 1);
+    // Foreign datagrams belong to no peer.
+    assert!(!s
+        .samples
+        .iter()
+        .any(|m| m.metric == "pepd_peer_datagrams_dropped_total"
+            && m.labels.get("reason") == Some("foreign")));
+    // The gateway-wide series stay as they were.
+    assert_eq!(
+        v("pepd_wire_bytes_total", &[("direction", "received")]),
+        103.0
+    );
+    let types = types(&text);
+    for (family, ty) in [
+        ("pepd_peer_association_state", "gauge"),
+        ("pepd_peer_endpoint", "gauge"),
+        ("pepd_peer_endpoint_moves", "counter"),
+        ("pepd_peer_wire_bytes", "counter"),
+        ("pepd_peer_datagrams_dropped", "counter"),
+    ] {
+        assert_eq!(types.get(family).map(String::as_str), Some(ty), "{family}");
     }
 }
 

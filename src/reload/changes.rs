@@ -29,6 +29,9 @@ pub enum LiveSetting {
     Timeouts,
     Upstream,
     Shutdown,
+    /// `peer[].tx_rate`, `min_rate`, `weight` and `keepalive` of an entry that stays: its
+    /// MIR, CIR, share of the carrier and keepalive follow without touching its flows.
+    PeerRates,
 }
 
 /// Keys read once at start: they wait for `systemctl restart pepd`. In log order.
@@ -74,6 +77,7 @@ impl LiveSetting {
             LiveSetting::Timeouts => "timeouts",
             LiveSetting::Upstream => "upstream",
             LiveSetting::Shutdown => "shutdown",
+            LiveSetting::PeerRates => "peer[].tx_rate/min_rate/weight/keepalive",
         }
     }
 }
@@ -411,7 +415,7 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
                 if keys.is_empty() {
                     keys = changes
                         .iter()
-                        .map(|&(name, changed)| key(name, peer, changed || removed))
+                        .map(|&(name, changed)| key(name, entry_setting(name), changed || removed))
                         .collect();
                 } else {
                     for (k, (_, changed)) in keys.iter_mut().zip(changes) {
@@ -421,6 +425,17 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
             }
             keys
         }
+    }
+}
+
+/// How a changed `[[peer]]` field takes effect: the rates live, the peer's identity and
+/// routes after a restart.
+fn entry_setting(name: &str) -> Setting {
+    match name {
+        "peer[].tx_rate" | "peer[].min_rate" | "peer[].weight" | "peer[].keepalive" => {
+            Setting::Live(LiveSetting::PeerRates)
+        }
+        _ => Setting::Restart(RestartSetting::Peer),
     }
 }
 
@@ -618,7 +633,7 @@ mod tests {
     }
 
     #[test]
-    fn every_key_of_the_list_form_is_listed_once_and_needs_a_restart() {
+    fn every_key_of_the_list_form_is_listed_once_and_only_the_rates_apply_live() {
         let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
         let keys = compare(&c, &c);
         let listed = names(&keys, |_| true);
@@ -658,11 +673,47 @@ mod tests {
         assert_eq!(
             settings.into_iter().collect::<Vec<_>>(),
             [
+                Setting::Live(LiveSetting::PeerRates),
                 Setting::Restart(RestartSetting::Peer),
                 Setting::Restart(RestartSetting::Tunnel),
             ]
         );
         assert_eq!(RestartSetting::Tunnel.label(), "tunnel");
+    }
+
+    #[test]
+    fn an_entry_s_rates_apply_live_and_its_identity_after_a_restart() {
+        type Mutation = (&'static str, fn(&mut PepdConfig), Setting);
+        let live = Setting::Live(LiveSetting::PeerRates);
+        let restart = Setting::Restart(RestartSetting::Peer);
+        let mutations: Vec<Mutation> = vec![
+            ("peer[].tx_rate", |c| entry(c).tx_rate = None, live),
+            ("peer[].min_rate", |c| entry(c).min_rate = None, live),
+            ("peer[].weight", |c| entry(c).weight += 1, live),
+            ("peer[].name", |c| entry(c).name.push('x'), restart),
+            ("peer[].public_key", |c| entry(c).public_key = None, restart),
+            (
+                "peer[].subnets",
+                |c| {
+                    entry(c).subnets.pop();
+                },
+                restart,
+            ),
+            ("peer[].rx_rate", |c| entry(c).rx_rate = None, restart),
+            ("peer[].keepalive", |c| entry(c).keepalive = None, live),
+        ];
+        let base = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+        for (name, mutate, setting) in mutations {
+            let mut new = base.clone();
+            mutate(&mut new);
+            assert_eq!(
+                changed_settings(&base, &new)
+                    .into_iter()
+                    .collect::<Vec<_>>(),
+                [setting],
+                "{name}"
+            );
+        }
     }
 
     #[test]

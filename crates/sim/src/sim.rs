@@ -560,7 +560,8 @@ impl Simulation {
                 Event::FlowWritable { .. }
                 | Event::FlowClosed { .. }
                 | Event::PeerRestarted
-                | Event::AssociationLost { .. } => {}
+                | Event::AssociationLost { .. }
+                | Event::RemoteMoved { .. } => {}
             }
         }
     }

@@ -144,3 +144,50 @@ fn rate_steps_down_are_drained_and_a_step_up_found() {
     assert!(up.reached_s.is_some_and(|s| s <= 5.0), "{up:?}");
     assert!(r.capacity.drains >= 2 && r.capacity.probes >= 1);
 }
+
+#[test]
+fn a_train_that_read_the_path_too_slow_is_undone_in_one_probe() {
+    // A NASA-like path (100 Mb/s, 250 ms each way) that carries 30 Mb/s while the association
+    // is established and the full rate from before traffic comes: what the train sees is what
+    // a host's scheduling stall looked like to it at 100 Mb/s (3 of 17 testbed runs, one cut
+    // to 16 Mb/s). The first probe checks the ceiling, and goes with the first traffic: the
+    // estimate is back one round trip (0.5 s) and a probe after traffic starts. One doubling
+    // per round trip took 1.7 s here, and 7.5 s from 16 Mb/s on the testbed.
+    let delay = Duration::from_millis(250);
+    let mut a = Config::for_rate(100_000_000);
+    a.initial_rtt = delay * 2;
+    let mut b = Config::for_rate(100_000_000);
+    b.initial_rtt = delay * 2;
+    let mut sc = Scenario {
+        forward: LinkConfig::fixed(100_000_000, delay, 6_250_000, Impairments::default()),
+        ret: LinkConfig::fixed(100_000_000, delay, 6_250_000, Impairments::default()),
+        a_config: a,
+        b_config: b,
+        associations: 1,
+        flows_per_association: 1,
+        workload: Workload::Seconds(Duration::from_secs(8)),
+        seed: 5,
+        time_limit: Duration::from_secs(60),
+        cross_traffic: None,
+        interactive: None,
+        start_after: Duration::from_secs(2),
+    };
+    sc.forward.rate_schedule = Schedule::new(vec![
+        (Duration::ZERO, 30e6),
+        (Duration::from_millis(1500), 100e6),
+    ]);
+    let r = run(&sc);
+    assert!(r.intact);
+    let timeline = r.timeline.expect("timeline");
+    let first = timeline.first().expect("buckets").estimate_mbps;
+    assert!(
+        first < 80.0,
+        "the train should have lowered the estimate: {first}"
+    );
+    // Seconds from the start of the transfer until the estimate is the ceiling again.
+    let back = timeline
+        .iter()
+        .find(|row| row.estimate_mbps >= 99.0)
+        .map(|row| row.t);
+    assert!(back.is_some_and(|t| t <= 0.7), "{back:?}");
+}

@@ -17,15 +17,22 @@
 //! In pepd mode ([`pepd`]) gw-a runs pepd as the terminal and gw-b as the hub, with TPROXY
 //! interception and policy routing installed in their namespaces; [`PepdTestbed`] keeps
 //! such a topology up for tests (kill and restart a gateway, take the hop down).
+//!
+//! [`hub`] builds the hub-and-spoke form (`pep-testbed hub --terminals N`): one hub gateway,
+//! N terminal gateways each with its own client network, one shared emulated forward
+//! carrier and a return link per terminal; [`hub::HubTestbed`] keeps it up for tests.
 
 pub mod addr;
 pub mod cmd;
 pub mod cross;
+pub mod daemon;
 pub mod fakepepd;
+pub mod hub;
 pub mod pepd;
 pub mod ping;
 pub mod profile;
 pub mod runner;
+pub mod stats;
 pub mod topology;
 pub mod udp;
 pub mod xfer;

@@ -1,6 +1,7 @@
 //! `pep-testbed`: build the satellite testbed, move verified traffic through it, run scenarios.
 
 mod demo;
+mod hub_cmd;
 mod soak;
 
 use std::net::SocketAddr;
@@ -183,6 +184,12 @@ enum Cmd {
     /// --out; fails unless every transfer was byte-exact, the flow counters equal the
     /// connections made and the descriptors are back to their count before.
     Soak(soak::SoakArgs),
+    /// One hub gateway and --terminals N terminal gateways on a shared emulated forward
+    /// carrier, each terminal with its own return link and client network, pepd on every
+    /// gateway; per-terminal downloads, uploads and paced requests, reported as one JSON
+    /// object (goodput, byte-exactness, request latency percentiles, Jain's index of
+    /// goodput per weight, the busiest 5 s against each MIR).
+    Hub(hub_cmd::HubArgs),
     /// A stand-in for pepd that relays intercepted TCP over the routed path (tests the
     /// testbed's interception plumbing): `fake-pepd run -c FILE`.
     #[command(hide = true)]
@@ -329,6 +336,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Soak(args) => soak::run(&args)?,
+        Cmd::Hub(args) => hub_cmd::run(&args)?,
         Cmd::FakePepd { args } => pep_testbed::fakepepd::main(&args)?,
     }
     Ok(())

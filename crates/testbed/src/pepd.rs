@@ -33,15 +33,12 @@
 //! 1 exactly, so pepd's own packets are never diverted to `lo`.
 
 use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::fs;
+use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::{self, JoinHandle};
+use std::process::ExitStatus;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use pep_linkemu::LinkConfig;
@@ -49,7 +46,9 @@ use pep_linkemu::LinkConfig;
 use crate::addr::{GW_A_SAT_V4, GW_B_SAT_V4};
 use crate::cmd::{ip_in, nft_in};
 use crate::cross::CROSS_TCP_PORT;
-use crate::topology::{command_in, HostTuning, Names, Topology, LAN_DEV};
+pub use crate::daemon::Notification;
+use crate::daemon::{Daemon, Launch};
+use crate::topology::{HostTuning, Names, Topology, LAN_DEV};
 use crate::xfer::{client, server::Server, Outcome, Workload};
 use crate::{addr, in_netns, Error};
 
@@ -214,7 +213,8 @@ impl TunnelSecurity {
         }
     }
 
-    fn effective(self) -> Result<Self, Error> {
+    /// The security in force: `$PEPTB_SECURITY` stands in for the default.
+    pub fn effective(self) -> Result<Self, Error> {
         match (self, std::env::var(SECURITY_ENV)) {
             (TunnelSecurity::Noise, Ok(v)) => TunnelSecurity::parse(&v),
             (s, _) => Ok(s),
@@ -232,29 +232,17 @@ fn random_key() -> Result<[u8; 32], Error> {
 /// returns the `[security]` TOML for each side.
 fn security_toml(dir: &Path, security: TunnelSecurity) -> Result<[String; 2], Error> {
     use pep_transport::security::{private_key_from_random, public_key};
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     if security == TunnelSecurity::None {
         let none = "[security]\nmode = \"none\"\n".to_owned();
         return Ok([none.clone(), none]);
     }
-    let b64 = |k: &[u8; 32]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, k);
-    let mut files = Vec::new();
-    let mut publics = Vec::new();
+    let mut keys = Vec::new();
     for side in Side::BOTH {
-        let private = private_key_from_random(random_key()?);
-        let path = dir.join(format!("{}.key", side.gateway()));
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
-        writeln!(f, "{}", b64(&private))?;
-        files.push(path);
-        publics.push(public_key(&private));
+        keys.push(write_key(dir, side.gateway())?);
     }
     if security == TunnelSecurity::NoiseWrongPeerKey {
-        publics[Side::Terminal.index()] = public_key(&private_key_from_random(random_key()?));
+        keys[Side::Terminal.index()].public =
+            base64_key(&public_key(&private_key_from_random(random_key()?)));
     }
     let toml_for = |side: Side| {
         let peer = match side {
@@ -263,11 +251,40 @@ fn security_toml(dir: &Path, security: TunnelSecurity) -> Result<[String; 2], Er
         };
         format!(
             "[security]\nprivate_key_file = {:?}\npeer_public_key = {:?}\n",
-            files[side.index()].display().to_string(),
-            b64(&publics[peer.index()])
+            keys[side.index()].file.display().to_string(),
+            keys[peer.index()].public
         )
     };
     Ok([toml_for(Side::Terminal), toml_for(Side::Hub)])
+}
+
+/// A gateway's key pair: where its private key is, and the public key in base64.
+#[derive(Clone, Debug)]
+pub struct KeyFile {
+    pub file: PathBuf,
+    pub public: String,
+}
+
+fn base64_key(k: &[u8; 32]) -> String {
+    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, k)
+}
+
+/// Writes a fresh private key to `DIR/NAME.key` (mode 0600, as `pepd genkey` does).
+pub fn write_key(dir: &Path, name: &str) -> Result<KeyFile, Error> {
+    use pep_transport::security::{private_key_from_random, public_key};
+    use std::os::unix::fs::OpenOptionsExt;
+    let private = private_key_from_random(random_key()?);
+    let file = dir.join(format!("{name}.key"));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&file)?;
+    writeln!(f, "{}", base64_key(&private))?;
+    Ok(KeyFile {
+        file,
+        public: base64_key(&public_key(&private)),
+    })
 }
 
 impl PepdOptions {
@@ -276,20 +293,6 @@ impl PepdOptions {
             Side::Terminal => &self.terminal_toml,
             Side::Hub => &self.hub_toml,
         }
-    }
-}
-
-/// One notify-socket datagram and when it arrived.
-#[derive(Clone, Debug)]
-pub struct Notification {
-    pub at: Instant,
-    pub text: String,
-}
-
-impl Notification {
-    /// Whether one of its `KEY=VALUE` lines starts with `needle`.
-    pub fn has(&self, needle: &str) -> bool {
-        self.text.lines().any(|l| l.starts_with(needle))
     }
 }
 
@@ -358,6 +361,16 @@ pub fn fetch_metrics(ns: &str) -> Result<String, Error> {
         .ok_or_else(|| Error::Invalid("metrics answer without a body".into()))
 }
 
+/// A counter's, gauge's or untyped sample's value (histograms and summaries have none).
+pub fn sample_value(v: &prometheus_parse::Value) -> Option<f64> {
+    match v {
+        prometheus_parse::Value::Counter(x)
+        | prometheus_parse::Value::Gauge(x)
+        | prometheus_parse::Value::Untyped(x) => Some(*x),
+        _ => None,
+    }
+}
+
 /// What a gateway's congestion control reported at the end of a run (from its metrics).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CapacityReport {
@@ -384,12 +397,8 @@ impl CapacityReport {
                 .samples
                 .iter()
                 .find(|m| m.metric == name && label.is_none_or(|(k, v)| m.labels.get(k) == Some(v)))
-                .map_or(0.0, |m| match m.value {
-                    prometheus_parse::Value::Counter(x)
-                    | prometheus_parse::Value::Gauge(x)
-                    | prometheus_parse::Value::Untyped(x) => x,
-                    _ => 0.0,
-                })
+                .and_then(|m| sample_value(&m.value))
+                .unwrap_or(0.0)
         };
         let events = |kind| get("pepd_capacity_events_total", Some(("kind", kind)));
         let limited = |by| get("pepd_send_limited_seconds_total", Some(("by", by)));
@@ -411,14 +420,7 @@ impl CapacityReport {
 /// TOML snippets merged into one document in order (later keys win), so two snippets may
 /// both set keys of one table.
 pub fn merge_toml(snippets: &[&str]) -> Result<String, Error> {
-    let mut t = toml::Table::new();
-    for text in snippets {
-        let over: toml::Table = text
-            .parse()
-            .map_err(|e| Error::Invalid(format!("pepd config override {text:?}: {e}")))?;
-        merge(&mut t, over);
-    }
-    toml::to_string(&t).map_err(|e| Error::Invalid(format!("writing the pepd config: {e}")))
+    finish_config(toml::Table::new(), snippets)
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -441,38 +443,55 @@ pub fn config_toml(
     overrides: &[&str],
 ) -> Result<String, Error> {
     let (bind, peer) = side.sat_addrs();
-    let (tx, rx) = side.rates(link);
     let mut t = toml::Table::new();
-    let mut table = |name: &str, entries: Vec<(&str, toml::Value)>| {
-        let mut sub = toml::Table::new();
-        for (k, v) in entries {
-            sub.insert(k.to_owned(), v);
-        }
-        t.insert(name.to_owned(), toml::Value::Table(sub));
-    };
-    table(
-        "peer",
-        vec![
+    t.insert(
+        "peer".into(),
+        table(vec![
             ("address", peer.to_string().into()),
             ("bind", bind.to_string().into()),
             ("side", side.as_str().into()),
-        ],
+        ]),
     );
+    gateway_tables(
+        &mut t,
+        side.rates(link),
+        link.forward.frame_overhead,
+        log_level,
+    )?;
+    finish_config(t, overrides)
+}
+
+/// A TOML table of `entries`.
+pub fn table(entries: Vec<(&str, toml::Value)>) -> toml::Value {
+    toml::Value::Table(
+        entries
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+    )
+}
+
+/// What every gateway's config holds whatever its form: `[link]` at `(tx, rx)` bit/s (and
+/// the bytes the emulated link layer adds to each packet), the TPROXY listeners and mark,
+/// the log level.
+pub fn gateway_tables(
+    t: &mut toml::Table,
+    (tx, rx): (f64, f64),
+    frame_overhead: usize,
+    log_level: &str,
+) -> Result<(), Error> {
     let mut link_keys = vec![
         ("tx_rate", rate_bps(tx, "transmit")?.into()),
         ("rx_rate", rate_bps(rx, "receive")?.into()),
     ];
     // pepd is told what the emulated link layer adds to each packet, as an operator would.
-    if link.forward.frame_overhead > 0 {
-        link_keys.push((
-            "frame_overhead",
-            (link.forward.frame_overhead as i64).into(),
-        ));
+    if frame_overhead > 0 {
+        link_keys.push(("frame_overhead", (frame_overhead as i64).into()));
     }
-    table("link", link_keys);
-    table(
-        "intercept",
-        vec![
+    t.insert("link".into(), table(link_keys));
+    t.insert(
+        "intercept".into(),
+        table(vec![
             (
                 "listen",
                 toml::Value::Array(vec![
@@ -481,9 +500,14 @@ pub fn config_toml(
                 ]),
             ),
             ("own_mark", i64::from(OWN_MARK).into()),
-        ],
+        ]),
     );
-    table("log", vec![("level", log_level.into())]);
+    t.insert("log".into(), table(vec![("level", log_level.into())]));
+    Ok(())
+}
+
+/// `t` with `overrides` (TOML texts) merged over it in order, as a document.
+pub fn finish_config(mut t: toml::Table, overrides: &[&str]) -> Result<String, Error> {
     for text in overrides.iter().filter(|t| !t.trim().is_empty()) {
         let over: toml::Table = text
             .parse()
@@ -491,6 +515,11 @@ pub fn config_toml(
         merge(&mut t, over);
     }
     toml::to_string(&t).map_err(|e| Error::Invalid(format!("writing the pepd config: {e}")))
+}
+
+/// A rate in bit/s as pepd's config takes it.
+pub fn rate_value(bps: f64, what: &str) -> Result<toml::Value, Error> {
+    rate_bps(bps, what).map(toml::Value::from)
 }
 
 /// The testbed's nftables ruleset for a gateway (see the module comment).
@@ -581,143 +610,103 @@ fn install_pepd_rules(ns: &str, program: &Path, config: &Path) -> Result<(), Err
     crate::cmd::run_with_input("ip", &["netns", "exec", ns, "sh", "-s"], &routes).map(drop)
 }
 
-#[derive(Default)]
-struct Notes {
-    list: Mutex<Vec<Notification>>,
-    changed: Condvar,
-    stop: AtomicBool,
-}
-
-fn read_notifications(sock: &UnixDatagram, notes: &Notes) {
-    let mut buf = vec![0u8; 4096];
-    while !notes.stop.load(Ordering::Relaxed) {
-        match sock.recv(&mut buf) {
-            Ok(n) => {
-                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                notes
-                    .list
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(Notification {
-                        at: Instant::now(),
-                        text,
-                    });
-                notes.changed.notify_all();
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
-            // Not expected on a bound datagram socket; back off rather than spin.
-            Err(_) => thread::sleep(crate::xfer::io::TICK),
-        }
-    }
-}
-
-struct Gateway {
-    ns: String,
-    config: PathBuf,
-    log: PathBuf,
-    notify: PathBuf,
-    notes: Arc<Notes>,
-    reader: Option<JoinHandle<()>>,
-    child: Option<Child>,
-}
-
-impl Gateway {
-    fn append_log(&self, line: &str) {
-        if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(&self.log) {
-            let _ = writeln!(f, "=== pep-testbed: {line}");
-        }
-    }
-}
-
 /// pepd running on both gateways of a topology. Dropping it kills the daemons and removes
 /// the temporary directory (kept when `PEPTB_KEEP` is set); when that happens during a
 /// panic, it first prints the tail of both daemons' logs.
 pub struct Gateways {
     dir: PathBuf,
     keep: bool,
-    gws: Vec<Gateway>,
-    program: PathBuf,
-    program_args: Vec<String>,
-    env: Vec<(String, String)>,
+    /// By [`Side::index`].
+    gws: Vec<Daemon>,
+    launch: Launch,
     ready_timeout: Duration,
+}
+
+/// A fresh directory for an instance's configs, keys, logs and notify sockets.
+pub fn fresh_dir(names_base: &str) -> Result<PathBuf, Error> {
+    let dir = std::env::temp_dir().join(format!("{names_base}-pepd"));
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The log level the generated configs get.
+pub fn log_level() -> String {
+    std::env::var(LOG_ENV).unwrap_or_else(|_| "info".into())
+}
+
+impl PepdOptions {
+    /// How the daemons are started.
+    pub fn launch(&self) -> Result<Launch, Error> {
+        Ok(Launch {
+            program: locate_pepd(self.binary.as_deref())?,
+            args: self.binary_args.clone(),
+            env: self.env.clone(),
+        })
+    }
+
+    /// Installs the interception rules this asks for (and the routed-TCP ban) in gateway
+    /// namespace `ns`, whose pepd reads `config`.
+    pub fn install_rules(&self, ns: &str, program: &Path, config: &Path) -> Result<(), Error> {
+        match self.interception {
+            Interception::Testbed => install_interception(ns)?,
+            Interception::Pepd => install_pepd_rules(ns, program, config)?,
+        }
+        if self.forbid_routed_tcp {
+            nft_in(ns, FORBID_ROUTED_TCP)?;
+        }
+        Ok(())
+    }
+
+    /// What goes under every generated config: the rules pepd is told to print.
+    pub fn rules_base(&self) -> &'static str {
+        match self.interception {
+            Interception::Testbed => "",
+            Interception::Pepd => PEPD_RULES_TOML,
+        }
+    }
 }
 
 impl Gateways {
     /// Writes the configs, installs interception in both gateway namespaces, starts pepd on
     /// both and waits until both report the association established.
     pub fn start(names: &Names, link: &LinkConfig, opts: &PepdOptions) -> Result<Gateways, Error> {
-        let program = locate_pepd(opts.binary.as_deref())?;
-        let dir = std::env::temp_dir().join(format!("{}-pepd", names.base()));
-        if dir.exists() {
-            fs::remove_dir_all(&dir)?;
-        }
-        fs::create_dir_all(&dir)?;
+        let launch = opts.launch()?;
         let rtt = link.forward.delay + link.ret.delay;
         let mut g = Gateways {
-            dir,
+            dir: fresh_dir(names.base())?,
             keep: std::env::var_os(KEEP_ENV).is_some(),
             gws: Vec::new(),
-            program,
-            program_args: opts.binary_args.clone(),
-            env: opts.env.clone(),
+            launch,
             ready_timeout: opts
                 .ready_timeout
                 .unwrap_or(Duration::from_secs(10) + 4 * rtt),
         };
         // From here on an error drops `g`, which kills what started and removes the dir.
-        let level = std::env::var(LOG_ENV).unwrap_or_else(|_| "info".into());
-        let rules_base = match opts.interception {
-            Interception::Testbed => "",
-            Interception::Pepd => PEPD_RULES_TOML,
-        };
+        let level = log_level();
         let security = security_toml(&g.dir, opts.security.effective()?)?;
         for side in Side::BOTH {
-            let ns = side.namespace(names).to_owned();
+            let ns = side.namespace(names);
             let text = config_toml(
                 side,
                 link,
                 &level,
                 &[
-                    rules_base,
+                    opts.rules_base(),
                     &security[side.index()],
                     &opts.extra_toml,
                     opts.side_toml(side),
                 ],
             )?;
-            let config = g.dir.join(format!("{}.toml", side.gateway()));
-            fs::write(&config, text)?;
-            match opts.interception {
-                Interception::Testbed => install_interception(&ns)?,
-                Interception::Pepd => install_pepd_rules(&ns, &g.program, &config)?,
-            }
-            if opts.forbid_routed_tcp {
-                nft_in(&ns, FORBID_ROUTED_TCP)?;
-            }
-            let notify = g.dir.join(format!("{}.notify", side.gateway()));
-            let sock = UnixDatagram::bind(&notify)?;
-            sock.set_read_timeout(Some(crate::xfer::io::TICK))?;
-            let notes = Arc::new(Notes::default());
-            let n = notes.clone();
-            let reader = thread::Builder::new()
-                .name(format!("notify-{}", side.gateway()))
-                .spawn(move || read_notifications(&sock, &n))?;
-            g.gws.push(Gateway {
-                ns,
-                config,
-                log: g.dir.join(format!("{}.log", side.gateway())),
-                notify,
-                notes,
-                reader: Some(reader),
-                child: None,
-            });
+            let d = Daemon::prepare(&g.dir, side.gateway(), &side.to_string(), ns, &text)?;
+            opts.install_rules(ns, &g.launch.program, d.config_path())?;
+            g.gws.push(d);
         }
         let mut since = Vec::new();
         for side in Side::BOTH {
-            since.push(g.spawn(side)?);
+            since.push(g.gws[side.index()].spawn(&g.launch)?);
         }
         let deadline = Instant::now() + g.ready_timeout;
         for (side, t) in Side::BOTH.into_iter().zip(since) {
@@ -729,37 +718,12 @@ impl Gateways {
         Ok(g)
     }
 
-    fn gw(&self, side: Side) -> &Gateway {
+    fn gw(&self, side: Side) -> &Daemon {
         &self.gws[side.index()]
     }
 
-    fn gw_mut(&mut self, side: Side) -> &mut Gateway {
+    fn gw_mut(&mut self, side: Side) -> &mut Daemon {
         &mut self.gws[side.index()]
-    }
-
-    /// Starts pepd on `side` (which must not be running) and returns when it was started.
-    fn spawn(&mut self, side: Side) -> Result<Instant, Error> {
-        let (program, pre, env) = (&self.program, &self.program_args, &self.env);
-        let gw = &mut self.gws[side.index()];
-        let mut cmd = command_in(&gw.ns, program);
-        cmd.args(pre)
-            .arg("run")
-            .arg("-c")
-            .arg(&gw.config)
-            .env("NOTIFY_SOCKET", &gw.notify)
-            .envs(env.iter().map(|(k, v)| (k, v)));
-        gw.append_log(&format!("starting {:?}", cmd));
-        let log = OpenOptions::new().create(true).append(true).open(&gw.log)?;
-        cmd.stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let started = Instant::now();
-        let child = cmd.spawn().map_err(|source| Error::Spawn {
-            cmd: format!("{cmd:?}"),
-            source,
-        })?;
-        gw.child = Some(child);
-        Ok(started)
     }
 
     /// Waits until `side` sent a notification with a line starting with `needle`, at or
@@ -771,88 +735,32 @@ impl Gateways {
         since: Instant,
         deadline: Instant,
     ) -> Result<Notification, Error> {
-        loop {
-            let notes = self.gw(side).notes.clone();
-            {
-                let list = notes.list.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(n) = list.iter().find(|n| n.at >= since && n.has(needle)) {
-                    return Ok(n.clone());
-                }
-                // Short waits: the child's exit is polled, not signalled.
-                let left = deadline.saturating_duration_since(Instant::now());
-                let _ = notes
-                    .changed
-                    .wait_timeout(list, left.min(Duration::from_millis(50)));
-            }
-            if let Some(status) = self.exit_status(side) {
-                return Err(self.failure(
-                    side,
-                    &format!("exited ({status}) before sending `{needle}`"),
-                ));
-            }
-            if Instant::now() >= deadline {
-                let got: Vec<String> = self
-                    .notifications(side)
-                    .iter()
-                    .map(|n| format!("{:?}", n.text))
-                    .collect();
-                return Err(self.failure(
-                    side,
-                    &format!(
-                        "sent no `{needle}` within {:?} (notifications so far: [{}])",
-                        self.ready_timeout,
-                        got.join(", ")
-                    ),
-                ));
-            }
-        }
-    }
-
-    fn failure(&self, side: Side, what: &str) -> Error {
-        Error::Pepd(format!(
-            "pepd on {side} {what}; log {}:\n{}",
-            self.log_path(side).display(),
-            self.log_tail(side, 40)
-        ))
+        let allowed = self.ready_timeout;
+        self.gw_mut(side).wait_for(needle, since, deadline, allowed)
     }
 
     /// Exit status of `side`'s pepd if it has exited (None while running or never started).
     pub fn exit_status(&mut self, side: Side) -> Option<ExitStatus> {
-        self.gw_mut(side)
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
+        self.gw_mut(side).exit_status()
     }
 
     pub fn pid(&self, side: Side) -> Option<u32> {
-        self.gw(side).child.as_ref().map(Child::id)
+        self.gw(side).pid()
     }
 
     /// Kills `side`'s pepd with SIGKILL (no chance to clean up) and reaps it.
     pub fn kill(&mut self, side: Side) -> Result<ExitStatus, Error> {
-        let gw = self.gw_mut(side);
-        let mut child = gw
-            .child
-            .take()
-            .ok_or_else(|| Error::Pepd(format!("pepd on {side} is not running")))?;
-        gw.append_log("SIGKILL");
-        // Child::kill sends SIGKILL.
-        child.kill()?;
-        Ok(child.wait()?)
+        self.gw_mut(side).kill()
     }
 
     /// Starts `side`'s pepd again with the same config and waits for `READY=1` and the
     /// association; returns when the new process was started.
     pub fn restart(&mut self, side: Side) -> Result<Instant, Error> {
-        if let Some(status) = self.exit_status(side) {
-            self.gw_mut(side).child = None;
-            self.gw(side)
-                .append_log(&format!("exited earlier: {status}"));
-        }
-        if self.gw(side).child.is_some() {
+        self.gw_mut(side).reap();
+        if self.gw(side).is_started() {
             return Err(Error::Pepd(format!("pepd on {side} is still running")));
         }
-        let started = self.spawn(side)?;
+        let started = self.gws[side.index()].spawn(&self.launch)?;
         let deadline = started + self.ready_timeout;
         self.wait_for(side, READY, started, deadline)?;
         self.wait_for(side, ASSOCIATION_ESTABLISHED, started, deadline)?;
@@ -861,21 +769,16 @@ impl Gateways {
 
     /// Every notification `side` has sent so far, oldest first.
     pub fn notifications(&self, side: Side) -> Vec<Notification> {
-        self.gw(side)
-            .notes
-            .list
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.gw(side).notifications()
     }
 
     /// The daemon's stdout and stderr (with the testbed's `===` lines between runs).
     pub fn log_path(&self, side: Side) -> &Path {
-        &self.gw(side).log
+        self.gw(side).log_path()
     }
 
     pub fn config_path(&self, side: Side) -> &Path {
-        &self.gw(side).config
+        self.gw(side).config_path()
     }
 
     /// The temporary directory with configs, logs and notify sockets.
@@ -885,12 +788,7 @@ impl Gateways {
 
     /// The last `lines` lines of `side`'s log.
     pub fn log_tail(&self, side: Side, lines: usize) -> String {
-        let text = match fs::read(self.log_path(side)) {
-            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-            Err(e) => return format!("(cannot read the log: {e})"),
-        };
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        self.gw(side).log_tail(lines)
     }
 
     /// Each gateway's congestion-control figures, keyed by gateway name; a gateway whose
@@ -900,7 +798,7 @@ impl Gateways {
             .iter()
             .zip(Side::BOTH)
             .filter_map(|(g, side)| {
-                let text = fetch_metrics(&g.ns).ok()?;
+                let text = fetch_metrics(g.namespace()).ok()?;
                 Some((
                     side.gateway().to_owned(),
                     CapacityReport::from_metrics(&text).ok()?,
@@ -921,32 +819,22 @@ impl Gateways {
 impl Drop for Gateways {
     fn drop(&mut self) {
         if thread::panicking() {
-            for side in Side::BOTH
-                .into_iter()
-                .filter(|s| s.index() < self.gws.len())
-            {
-                eprintln!(
-                    "---- pepd on {side}, last {TAIL_ON_PANIC} lines of {} ----\n{}",
-                    self.log_path(side).display(),
-                    self.log_tail(side, TAIL_ON_PANIC)
-                );
+            for d in &self.gws {
+                d.dump_tail(TAIL_ON_PANIC);
             }
         }
-        for gw in &mut self.gws {
-            if let Some(mut c) = gw.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            gw.notes.stop.store(true, Ordering::Relaxed);
-            if let Some(h) = gw.reader.take() {
-                let _ = h.join();
-            }
-        }
-        if self.keep {
-            eprintln!("pep-testbed: kept {}", self.dir.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.dir);
-        }
+        // The daemons stop (and their readers end) before their directory goes.
+        self.gws.clear();
+        remove_dir(&self.dir, self.keep);
+    }
+}
+
+/// Removes an instance's directory, or says where it was kept.
+pub fn remove_dir(dir: &Path, keep: bool) {
+    if keep {
+        eprintln!("pep-testbed: kept {}", dir.display());
+    } else {
+        let _ = fs::remove_dir_all(dir);
     }
 }
 

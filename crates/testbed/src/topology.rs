@@ -26,10 +26,16 @@ pub struct Names {
     pub server: String,
 }
 
+/// `peptb-PID-N`, unique to this process and instance: the start of every name an
+/// instance gives its namespaces, so [`down`] can find what a dead process left.
+pub fn fresh_base() -> String {
+    let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
+    format!("{PREFIX}{}-{n}", std::process::id())
+}
+
 impl Names {
     fn fresh() -> Names {
-        let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
-        let base = format!("{PREFIX}{}-{n}", std::process::id());
+        let base = fresh_base();
         Names {
             client: format!("{base}-cl"),
             gw_a: format!("{base}-ga"),
@@ -79,6 +85,37 @@ pub struct Topology {
     children: Vec<Child>,
 }
 
+/// Creates TUN device `dev` in `ns` for the emulator to attach to, and brings it up.
+pub fn add_tun(ns: &str, dev: &str) -> Result<(), Error> {
+    ip_in(ns, &["tuntap", "add", "dev", dev, "mode", "tun"])?;
+    // A long device queue so bursts wait for the emulator instead of being dropped
+    // before it: the emulated queue is the only one that should drop.
+    ip_in(ns, &["link", "set", dev, "txqueuelen", "10000", "up"]).map(drop)
+}
+
+/// The TCP settings of an end host (client or server) in namespace `host`.
+pub fn tune_host(host: &str, hosts: &HostTuning) -> Result<(), Error> {
+    // Autotuning stays on; only its ceiling is raised so a window can cover the
+    // bandwidth-delay product of a 100 Mb/s, 500 ms path (6.25 MB), as any LFN host
+    // would be configured.
+    sysctl_in(
+        host,
+        &[
+            "net.ipv4.tcp_rmem=4096 131072 67108864",
+            "net.ipv4.tcp_wmem=4096 16384 67108864",
+        ],
+    )?;
+    // A child namespace may only default to algorithms the host lists in
+    // tcp_allowed_congestion_control, so when the host does not allow it the
+    // traffic tool's per-socket TCP_CONGESTION (root may pick any) still applies.
+    let cc = format!(
+        "net.ipv4.tcp_congestion_control={}",
+        hosts.congestion_control
+    );
+    let _ = sysctl_in(host, &[&cc]);
+    Ok(())
+}
+
 impl Topology {
     /// Builds the namespaces, links, addresses and routes and starts the emulator between the
     /// gateways. The link's forward direction is gw-b → gw-a (towards the client).
@@ -119,32 +156,20 @@ impl Topology {
             )?;
             ip_in(host, &["link", "set", HOST_DEV, "up"])?;
             ip_in(gw, &["link", "set", LAN_DEV, "up"])?;
-            ip_in(gw, &["tuntap", "add", "dev", SAT_DEV, "mode", "tun"])?;
-            // A long device queue so bursts wait for the emulator instead of being dropped
-            // before it: the emulated queue is the only one that should drop.
-            ip_in(gw, &["link", "set", SAT_DEV, "txqueuelen", "10000", "up"])?;
+            add_tun(gw, SAT_DEV)?;
+            // As deploy/99-pepd.conf sets them on a gateway: the listeners' accept queue
+            // must hold a burst of `limits.max_flows` connections, and upstream connects may
+            // reuse ports in TIME_WAIT (tests/uptime.rs makes 32,000 to one server in 100 s).
             sysctl_in(
                 gw,
-                &["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"],
-            )?;
-            // Autotuning stays on; only its ceiling is raised so a window can cover the
-            // bandwidth-delay product of a 100 Mb/s, 500 ms path (6.25 MB), as any LFN host
-            // would be configured.
-            sysctl_in(
-                host,
                 &[
-                    "net.ipv4.tcp_rmem=4096 131072 67108864",
-                    "net.ipv4.tcp_wmem=4096 16384 67108864",
+                    "net.ipv4.ip_forward=1",
+                    "net.ipv6.conf.all.forwarding=1",
+                    "net.core.somaxconn=16384",
+                    "net.ipv4.tcp_tw_reuse=1",
                 ],
             )?;
-            // A child namespace may only default to algorithms the host lists in
-            // tcp_allowed_congestion_control, so when the host does not allow it the
-            // traffic tool's per-socket TCP_CONGESTION (root may pick any) still applies.
-            let cc = format!(
-                "net.ipv4.tcp_congestion_control={}",
-                hosts.congestion_control
-            );
-            let _ = sysctl_in(host, &[&cc]);
+            tune_host(host, hosts)?;
         }
         let addr = |ns: &str, dev: &str, a: String| -> Result<(), Error> {
             ip_in(ns, &["addr", "add", &a, "dev", dev, "nodad"]).map(drop)
@@ -298,7 +323,7 @@ impl Drop for Topology {
 }
 
 /// Kills every process whose network namespace is `ns` (except this one) and deletes it.
-fn remove_namespace(ns: &str) {
+pub fn remove_namespace(ns: &str) {
     if let Ok(pids) = run("ip", &["netns", "pids", ns]) {
         let me = std::process::id().to_string();
         for pid in pids.split_whitespace().filter(|p| *p != me) {

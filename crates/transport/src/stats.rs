@@ -62,6 +62,8 @@ pub struct Stats {
     pub handshakes_completed: u64,
     /// Key changes within a running association.
     pub rekeys: u64,
+    /// Times the peer's address changed after it proved it is at the new one.
+    pub remote_moves: u64,
 }
 
 /// Datagrams dropped by the security layer. None of them gets a reply.

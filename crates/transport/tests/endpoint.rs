@@ -41,27 +41,8 @@ fn first_init(n: &Hubnet, i: usize) -> Vec<u8> {
 
 /// A flow each way between terminal `i` and the hub, both byte-exact.
 fn flows_both_ways(n: &mut Hubnet, terminals: &[usize], bytes: usize) {
-    let mut flows = Vec::new();
-    for &i in terminals {
-        let t = n.nodes[i].only();
-        let h = n.hub_handle(i).expect("the hub's association");
-        let up = pattern(i as u64, bytes);
-        let down = pattern(100 + i as u64, bytes + i);
-        let f = n.open(i, t, 3000 + i as u16, up.clone(), true);
-        let g = n.open(HUB, h, 4000 + i as u16, down.clone(), true);
-        flows.push((i, t, h, f, up, g, down));
-    }
-    let done = n.run_until(Duration::from_secs(60), |n| {
-        flows.iter().all(|(i, t, h, f, _, g, _)| {
-            n.received(HUB, *h, *f).is_some_and(|x| x.fin_received)
-                && n.received(*i, *t, *g).is_some_and(|x| x.fin_received)
-        })
-    });
-    assert!(done, "transfers did not complete");
-    for (i, t, h, f, up, g, down) in flows {
-        assert_eq!(n.received(HUB, h, f).unwrap().received, up, "up {i}");
-        assert_eq!(n.received(i, t, g).unwrap().received, down, "down {i}");
-    }
+    let flows = n.open_both_ways(terminals, bytes);
+    n.complete_both_ways(&flows, Duration::from_secs(60));
 }
 
 #[test]

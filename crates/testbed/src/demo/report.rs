@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use pep_linkemu::LinkConfig;
 use pep_testbed::runner::{LinkSummary, Mode, RunResult};
+use pep_testbed::stats::percentile;
 use pep_testbed::xfer::Outcome;
 use pep_testbed::Profile;
 use serde::Serialize;
@@ -83,15 +84,6 @@ impl Row {
     pub fn speedup(&self) -> f64 {
         self.plain.median_s() / self.pepd.median_s()
     }
-}
-
-/// The `q` quantile (nearest rank) of `v`; NaN when empty.
-pub fn percentile(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s.get(((s.len().max(1) - 1) as f64 * q).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
 }
 
 /// The row as it goes into demo.json: the medians and derived figures spelt out.

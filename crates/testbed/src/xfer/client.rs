@@ -109,6 +109,35 @@ fn limit(deadline: Instant) -> Limit<'static> {
 }
 
 fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome {
+    download_counting(o, a, seed, deadline, |_| {})
+}
+
+/// A download of `a` (verified as any), and the bytes that arrived in each `bin` from its
+/// start: how its rate moved.
+pub fn download_sampled(o: &ClientOpts, a: Amount, bin: Duration) -> (Outcome, Vec<u64>) {
+    let t0 = Instant::now();
+    let mut bins = Vec::new();
+    let mut out = download_counting(o, a, o.seed, t0 + o.max_duration, |n| {
+        let at = (t0.elapsed().as_nanos() / bin.as_nanos().max(1)) as usize;
+        if bins.len() <= at {
+            bins.resize(at + 1, 0);
+        }
+        bins[at] += n as u64;
+    });
+    if out.completion_s > 0.0 {
+        out.goodput_bps = out.bytes as f64 * 8.0 / out.completion_s;
+    }
+    (out, bins)
+}
+
+/// A download, telling `arrived` the size of every read.
+fn download_counting(
+    o: &ClientOpts,
+    a: Amount,
+    seed: u64,
+    deadline: Instant,
+    mut arrived: impl FnMut(usize),
+) -> Outcome {
     let t0 = Instant::now();
     let mut out = Outcome::default();
     let mut ok = true;
@@ -134,6 +163,7 @@ fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome 
             if n == 0 {
                 break;
             }
+            arrived(n);
             ok &= p.verify(&buf[..n]);
             digest.update(&buf[..n]);
             out.bytes += n as u64;
@@ -219,8 +249,9 @@ fn upload(o: &ClientOpts, a: Amount, deadline: Instant) -> Outcome {
     out
 }
 
-/// One request/response exchange on an open Rr connection; returns its latency.
-fn exchange(
+/// One request/response exchange on an open Rr connection; returns its latency and whether
+/// the response was intact.
+pub fn exchange(
     s: &mut TcpStream,
     up: &mut Pattern,
     down: &mut Pattern,
@@ -239,7 +270,8 @@ fn exchange(
     Ok((t.elapsed(), down.verify(&buf)))
 }
 
-fn rr_open(o: &ClientOpts, seed: u64, deadline: Instant) -> io::Result<TcpStream> {
+/// Connects and asks for request/response exchanges with stream `seed`.
+pub fn rr_open(o: &ClientOpts, seed: u64, deadline: Instant) -> io::Result<TcpStream> {
     let mut s = connect(o, deadline)?;
     let h = Header {
         op: Op::Rr,
@@ -303,50 +335,7 @@ fn interactive(
     };
     // A different seed: the two connections' byte streams must not be confused.
     let seed = o.seed.wrapping_add(1_000);
-    let r = (|| -> io::Result<(Vec<f64>, bool)> {
-        let mut s = rr_open(o, seed, deadline)?;
-        let mut reader = s.try_clone()?;
-        let (tx, rx) = std::sync::mpsc::channel::<Instant>();
-        let responses = thread::spawn(move || -> io::Result<(Vec<f64>, bool)> {
-            let mut down = Pattern::new(seed, 1);
-            let mut buf = vec![0u8; response];
-            let (mut lat, mut ok) = (Vec::new(), true);
-            for sent in rx {
-                xio::read_exact(&mut reader, &mut buf, limit(deadline))?;
-                lat.push(sent.elapsed().as_secs_f64());
-                ok &= down.verify(&buf);
-            }
-            Ok((lat, ok))
-        });
-        let mut up = Pattern::new(seed, 0);
-        let mut msg = vec![0u8; 8 + request];
-        msg[..4].copy_from_slice(&(request as u32).to_be_bytes());
-        msg[4..8].copy_from_slice(&(response as u32).to_be_bytes());
-        let mut next = Instant::now();
-        let sent = (|| -> io::Result<()> {
-            while !done.load(Ordering::Relaxed) {
-                let now = Instant::now();
-                if now < next {
-                    thread::sleep((next - now).min(xio::TICK));
-                    continue;
-                }
-                next += every;
-                up.fill(&mut msg[8..]);
-                let t = Instant::now();
-                xio::write_all(&mut s, &msg, limit(deadline))?;
-                if tx.send(t).is_err() {
-                    break;
-                }
-            }
-            Ok(())
-        })();
-        drop(tx);
-        let answered = responses
-            .join()
-            .map_err(|_| io::Error::other("response reader panicked"))?;
-        sent?;
-        answered
-    })();
+    let r = paced_requests(o, seed, (request, response), every, &done, deadline);
     let mut out = bulk.join().unwrap_or_else(|_| Outcome {
         error: Some("download thread panicked".into()),
         intact: Some(false),
@@ -364,6 +353,92 @@ fn interactive(
                 fail(&mut out, &e);
             }
         }
+    }
+    out
+}
+
+/// Requests on one connection, one leaving every `every` whether or not the earlier ones
+/// were answered (a second thread reads the responses in order), until `done`: each one's
+/// latency, and whether every response was intact.
+fn paced_requests(
+    o: &ClientOpts,
+    seed: u64,
+    (request, response): (usize, usize),
+    every: Duration,
+    done: &AtomicBool,
+    deadline: Instant,
+) -> io::Result<(Vec<f64>, bool)> {
+    let mut s = rr_open(o, seed, deadline)?;
+    let mut reader = s.try_clone()?;
+    let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+    let responses = thread::spawn(move || -> io::Result<(Vec<f64>, bool)> {
+        let mut down = Pattern::new(seed, 1);
+        let mut buf = vec![0u8; response];
+        let (mut lat, mut ok) = (Vec::new(), true);
+        for sent in rx {
+            xio::read_exact(&mut reader, &mut buf, limit(deadline))?;
+            lat.push(sent.elapsed().as_secs_f64());
+            ok &= down.verify(&buf);
+        }
+        Ok((lat, ok))
+    });
+    let mut up = Pattern::new(seed, 0);
+    let mut msg = vec![0u8; 8 + request];
+    msg[..4].copy_from_slice(&(request as u32).to_be_bytes());
+    msg[4..8].copy_from_slice(&(response as u32).to_be_bytes());
+    let mut next = Instant::now();
+    let sent = (|| -> io::Result<()> {
+        while !done.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now < next {
+                thread::sleep((next - now).min(xio::TICK));
+                continue;
+            }
+            next += every;
+            up.fill(&mut msg[8..]);
+            let t = Instant::now();
+            xio::write_all(&mut s, &msg, limit(deadline))?;
+            if tx.send(t).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    })();
+    drop(tx);
+    let answered = responses
+        .join()
+        .map_err(|_| io::Error::other("response reader panicked"))?;
+    sent?;
+    answered
+}
+
+/// Requests of `request` bytes, each answered by `response` bytes, one every `every` until
+/// `done` is set (or `o.max_duration` passes): their latencies, as the interactive
+/// workload measures them beside a download.
+pub fn requests_until(
+    o: &ClientOpts,
+    (request, response): (usize, usize),
+    every: Duration,
+    done: &AtomicBool,
+) -> Outcome {
+    let t0 = Instant::now();
+    let mut out = Outcome::default();
+    let r = paced_requests(
+        o,
+        o.seed,
+        (request, response),
+        every,
+        done,
+        t0 + o.max_duration,
+    );
+    out.completion_s = t0.elapsed().as_secs_f64();
+    match r {
+        Ok((lat, ok)) => {
+            out.bytes = (lat.len() * response) as u64;
+            out.latencies_s = lat;
+            out.intact = Some(ok);
+        }
+        Err(e) => fail(&mut out, &e),
     }
     out
 }

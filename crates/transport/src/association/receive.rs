@@ -42,6 +42,8 @@ impl Association {
         let short = match header {
             Header::Short(s) => s,
             Header::Hello(h) if !secure => {
+                // Without security nothing proves who sent a packet: the address is the
+                // peer's identity, learned once and never moved.
                 if self.remote.is_none() {
                     self.remote = from;
                 }
@@ -113,6 +115,14 @@ impl Association {
                 return None;
             }
         };
+        // Roaming as WireGuard does it, with QUIC's guard against replays: only a packet
+        // that authenticates and is the newest yet moves the peer. A copy of an older one
+        // sent from elsewhere (the replay window lets some of them through once) moves
+        // nothing, so an attacker cannot redirect us with what it captured before.
+        let newest = self.acks.largest().is_none_or(|l| opened.pn > l);
+        if let (Some(from), true, None) = (from, newest, &opened.confirmed) {
+            self.set_remote(now, from);
+        }
         if let Some(reply) = opened.confirmed {
             // The packet's own phase is the one the initiator chose for these keys.
             let h = reply.peer_hello;
@@ -121,8 +131,8 @@ impl Association {
                 sec.record(opened.pn);
             }
             // The initiator proved it holds the new keys from there.
-            if from.is_some() {
-                self.remote = from;
+            if let Some(from) = from {
+                self.set_remote(now, from);
             }
         }
         Some((opened.pn, opened.payload_len))
@@ -252,8 +262,8 @@ impl Association {
             return;
         };
         // The responder answered from there with the keys of our initiation.
-        if from.is_some() {
-            self.remote = from;
+        if let Some(from) = from {
+            self.set_remote(now, from);
         }
         // A new association starts in phase 0; a rekey flips the phase.
         self.start_session(now, h, keys, |sec, rekey| rekey && sec.next_phase());

@@ -34,6 +34,13 @@ const ACTIVITY_WINDOW: Duration = Duration::from_millis(200);
 /// the association's controller takes them as a ceiling and moves on round-trip time scales.
 const ALLOCATION_REFRESH: Duration = Duration::from_millis(100);
 
+/// A member that sent at less than its share over the last refresh period counts in the
+/// water level at this many times what it sent (within its CIR and MIR): a terminal whose
+/// only traffic is keepalives, acknowledgements or a request now and then leaves what it does
+/// not use to the others, while one that is speeding up (by up to this factor per period)
+/// is not held back; its own allocation stays the share it would get.
+const DEMAND_HEADROOM: u64 = 2;
+
 /// Queues holding more stale entries than this beyond twice the member count are compacted.
 const STALE_ENTRY_SLACK: usize = 64;
 
@@ -89,6 +96,11 @@ struct Member {
     cir_queued: bool,
     cir_epoch: u32,
     last_sent: Option<Instant>,
+    /// Bytes sent since the current refresh period began.
+    period_bytes: u64,
+    /// What it sent over the last complete refresh period, in bit/s; `None` for a member
+    /// added or changed since, until a period ends.
+    demand_bps: Option<u64>,
 }
 
 impl Member {
@@ -120,6 +132,8 @@ pub struct CarrierScheduler {
     level: Cell<Option<WaterLevel>>,
     refresh_at: Option<Instant>,
     last_now: Option<Instant>,
+    /// When the current refresh period began (each member's `period_bytes` count from it).
+    period_start: Option<Instant>,
     /// Reused by each periodic refresh of `level`.
     scratch: Vec<MemberRates>,
 }
@@ -140,6 +154,7 @@ impl CarrierScheduler {
             level: Cell::new(None),
             refresh_at: None,
             last_now: None,
+            period_start: None,
             scratch: Vec::new(),
         }
     }
@@ -182,6 +197,8 @@ impl CarrierScheduler {
             cir_queued: false,
             cir_epoch: 0,
             last_sent: None,
+            period_bytes: 0,
+            demand_bps: None,
         };
         let slot = self.members.insert(member);
         let id = MemberId { slot, serial };
@@ -218,6 +235,8 @@ impl CarrierScheduler {
             return false;
         };
         member.rates = rates;
+        // What it sent under the old rates says little about what it will under the new.
+        member.demand_bps = None;
         member.mir.set_rate(rates.mir_bps);
         let had_cir = member.cir.is_some();
         match (member.cir.as_mut(), new_cir) {
@@ -282,6 +301,7 @@ impl CarrierScheduler {
             return;
         };
         member.last_sent = Some(now);
+        member.period_bytes = member.period_bytes.saturating_add(bytes);
         member.mir.on_sent(now, bytes);
         let within_cir = match member.cir.as_mut() {
             Some(cir) if cir.delay_until(now).is_none() => {
@@ -419,6 +439,7 @@ impl CarrierScheduler {
             }
         }
         if self.level.get().is_none() || self.refresh_at.is_none_or(|t| now >= t) {
+            self.end_period(now);
             let mut scratch = std::mem::take(&mut self.scratch);
             self.level
                 .set(Some(self.water_level(Some(now), &mut scratch)));
@@ -427,13 +448,56 @@ impl CarrierScheduler {
         }
     }
 
+    /// Closes the refresh period at `now` (if one has run long enough to measure): each
+    /// member's demand is what it sent in it.
+    fn end_period(&mut self, now: Instant) {
+        let Some(start) = self.period_start else {
+            // Nothing was sent before the first time seen: members take nobody's share
+            // before they send, so associations that all handshake at once (a hub's start)
+            // do not cap the first one with data at 1/n.
+            for (_, m) in self.members.iter_mut() {
+                m.demand_bps = Some(0);
+            }
+            self.period_start = Some(now);
+            return;
+        };
+        let length = now.saturating_duration_since(start);
+        if length < ALLOCATION_REFRESH / 2 {
+            return;
+        }
+        let nanos = length.as_nanos().max(1);
+        for (_, m) in self.members.iter_mut() {
+            let bps = u128::from(m.period_bytes) * 8 * 1_000_000_000 / nanos;
+            m.demand_bps = Some(u64::try_from(bps).unwrap_or(u64::MAX));
+            m.period_bytes = 0;
+        }
+        self.period_start = Some(now);
+    }
+
     /// The water level of the members with data or seen sending within [`ACTIVITY_WINDOW`]
-    /// of `now` (with data only, before any time was seen).
+    /// of `now`, each counted at its MIR or at [`DEMAND_HEADROOM`] times its demand (at least
+    /// a datagram per refresh period), whichever is less; before any time was seen, the
+    /// members with data at their MIR.
     fn water_level(&self, now: Option<Instant>, scratch: &mut Vec<MemberRates>) -> WaterLevel {
         let recently = |m: &Member| {
             m.backlogged
                 || matches!((now, m.last_sent), (Some(now), Some(t))
                     if now.saturating_duration_since(t) < ACTIVITY_WINDOW)
+        };
+        let floor_bps = u64::try_from(
+            (self.mtu as u128) * 8 * 1_000_000_000 / ALLOCATION_REFRESH.as_nanos().max(1),
+        )
+        .unwrap_or(u64::MAX);
+        let counted = |m: &Member| match m.demand_bps.filter(|_| now.is_some()) {
+            Some(d) => MemberRates {
+                mir_bps: m
+                    .rates
+                    .mir_bps
+                    .min(d.saturating_mul(DEMAND_HEADROOM).max(floor_bps))
+                    .max(m.rates.cir_bps),
+                ..m.rates
+            },
+            None => m.rates,
         };
         scratch.clear();
         scratch.extend(
@@ -441,7 +505,7 @@ impl CarrierScheduler {
                 .iter()
                 .map(|(_, m)| m)
                 .filter(|m| recently(m))
-                .map(|m| m.rates),
+                .map(counted),
         );
         share::water_level(self.carrier.rate_bps(), scratch)
     }

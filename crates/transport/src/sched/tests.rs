@@ -475,3 +475,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_member_sending_little_leaves_the_rest_to_a_busy_one() {
+    let mut sched = CarrierScheduler::new(20_000_000, 1500);
+    let a = sched.add_member(rates(0, 20_000_000, 1));
+    let b = sched.add_member(rates(0, 20_000_000, 1));
+    let mut run = Run::new(sched);
+    let ms = Duration::from_millis;
+    // A always has data; B has 1000 bytes every 200 ms (a request's answer), then nothing.
+    for k in 0..10 {
+        run.sched.wake(b);
+        run.until(ms(200 * k + 1), |m| Some(if m == a { 1500 } else { 1000 }));
+        run.until(ms(200 * (k + 1)), |m| (m == a).then_some(1500));
+    }
+    assert_eq!(run.bytes(b, Duration::ZERO, ms(2000)), 10 * 1000);
+    // B counts at a datagram per refresh period (it sent 1000 bytes in one period of two),
+    // not at half the carrier. Its own ceiling is the level A gets: when it has more data,
+    // the round robin shares the carrier until its demand is measured.
+    assert_eq!(run.sched.allocation(a), 20_000_000 - 120_000);
+    assert_eq!(run.sched.allocation(b), 20_000_000 - 120_000);
+    // Both busy: halves again once B's demand is measured.
+    run.sched.wake(b);
+    run.until(ms(2300), |_| Some(1500));
+    assert_eq!(run.sched.allocation(a), 10_000_000);
+    assert_eq!(run.sched.allocation(b), 10_000_000);
+}

@@ -14,7 +14,7 @@ use pep_transport::{
     PeerIdentity, Role,
 };
 
-use super::{meta, App, FlowApp};
+use super::{meta, pattern, App, FlowApp};
 
 pub const HUB: usize = 0;
 const PSK: [u8; 32] = [0x33; 32];
@@ -68,6 +68,17 @@ impl Node {
     }
 }
 
+/// A flow each way between a terminal and the hub, with what each should deliver.
+pub struct BothWays {
+    pub terminal: usize,
+    pub at_terminal: AssocHandle,
+    pub at_hub: AssocHandle,
+    pub up: FlowId,
+    pub up_bytes: Vec<u8>,
+    pub down: FlowId,
+    pub down_bytes: Vec<u8>,
+}
+
 /// How to build a hub and its terminals.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -79,6 +90,9 @@ pub struct Layout {
     pub strangers: usize,
     pub delay: Duration,
     pub rate_bps: u64,
+    /// `Config::keepalive_interval` of the hub's associations and of the terminals'.
+    pub hub_keepalive: Duration,
+    pub terminal_keepalive: Duration,
 }
 
 impl Default for Layout {
@@ -90,6 +104,8 @@ impl Default for Layout {
             strangers: 0,
             delay: Duration::from_millis(100),
             rate_bps: 20_000_000,
+            hub_keepalive: Config::for_rate(1).keepalive_interval,
+            terminal_keepalive: Config::for_rate(1).keepalive_interval,
         }
     }
 }
@@ -161,7 +177,10 @@ impl Hubnet {
             peer_keys: (1..=layout.terminals)
                 .map(|i| (PeerId(i as u32), public_key(&terminal_key(i))))
                 .collect(),
-            cfg: cfg.clone(),
+            cfg: Config {
+                keepalive_interval: layout.hub_keepalive,
+                ..cfg.clone()
+            },
             role: Role::Responder,
             epoch: 1000,
             sent: Vec::new(),
@@ -192,7 +211,10 @@ impl Hubnet {
                 assocs: BTreeMap::new(),
                 key: layout.secure.then_some(terminal_key(i)),
                 peer_keys: [(hub, public_key(&hub_key))].into_iter().collect(),
-                cfg: cfg.clone(),
+                cfg: Config {
+                    keepalive_interval: layout.terminal_keepalive,
+                    ..cfg.clone()
+                },
                 role: Role::Initiator,
                 epoch: 2000 + i as u64,
                 sent: Vec::new(),
@@ -379,5 +401,52 @@ impl Hubnet {
 
     pub fn received(&self, node: usize, h: AssocHandle, f: FlowId) -> Option<&FlowApp> {
         self.nodes[node].assocs.get(&h)?.1.flows.get(&f)
+    }
+
+    /// Opens a flow each way between each listed terminal and the hub, `bytes` (and a few
+    /// more downwards) of a pattern per terminal, both finished.
+    pub fn open_both_ways(&mut self, terminals: &[usize], bytes: usize) -> Vec<BothWays> {
+        let mut flows = Vec::new();
+        for &i in terminals {
+            let at_terminal = self.nodes[i].only();
+            let at_hub = self.hub_handle(i).expect("the hub's association");
+            let up_bytes = pattern(i as u64, bytes);
+            let down_bytes = pattern(100 + i as u64, bytes + i);
+            let up = self.open(i, at_terminal, 3000 + i as u16, up_bytes.clone(), true);
+            let down = self.open(HUB, at_hub, 4000 + i as u16, down_bytes.clone(), true);
+            flows.push(BothWays {
+                terminal: i,
+                at_terminal,
+                at_hub,
+                up,
+                up_bytes,
+                down,
+                down_bytes,
+            });
+        }
+        flows
+    }
+
+    /// Runs until every flow of `flows` has delivered its end, for at most `limit`; then
+    /// requires each byte-exact.
+    pub fn complete_both_ways(&mut self, flows: &[BothWays], limit: Duration) {
+        let done = self.run_until(limit, |n| {
+            flows.iter().all(|f| {
+                n.received(HUB, f.at_hub, f.up)
+                    .is_some_and(|x| x.fin_received)
+                    && n.received(f.terminal, f.at_terminal, f.down)
+                        .is_some_and(|x| x.fin_received)
+            })
+        });
+        assert!(done, "transfers did not complete");
+        for f in flows {
+            let up = &self.received(HUB, f.at_hub, f.up).unwrap().received;
+            assert_eq!(*up, f.up_bytes, "up {}", f.terminal);
+            let down = &self
+                .received(f.terminal, f.at_terminal, f.down)
+                .unwrap()
+                .received;
+            assert_eq!(*down, f.down_bytes, "down {}", f.terminal);
+        }
     }
 }

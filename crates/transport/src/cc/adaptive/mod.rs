@@ -67,12 +67,14 @@ const PROBE_SUCCESS: f64 = 0.9;
 /// A probe delivered above this multiple of the estimate found some capacity; less is the
 /// estimate confirmed (and measurement noise).
 const PROBE_PARTIAL: f64 = 1.05;
-/// The establishment train: about 10 ms at the ceiling, at least 16 packets (a dozen ACKs
-/// even when the receiver batches them), at most 64 (96 KB) unless the ACK policy needs
-/// more for three ACKs.
+/// The establishment train: about 20 ms at the ceiling, at least 16 packets (a dozen ACKs
+/// even when the receiver batches them), at most 256 (384 KB) unless the ACK policy needs
+/// more for three ACKs. A host's scheduling stalls of a few milliseconds are what the train
+/// must not mistake for a slow path: at 100 Mb/s a train of 10 ms (64 packets) was lowered
+/// by them in 3 of 17 testbed runs, each costing 20–50 % of a 100 MB transfer.
 const TRAIN_MIN: u32 = 16;
-const TRAIN_MAX: u32 = 64;
-const TRAIN_TIME: Duration = Duration::from_millis(10);
+const TRAIN_MAX: u32 = 256;
+const TRAIN_TIME: Duration = Duration::from_millis(20);
 /// The train lowers the estimate only below this fraction of the ceiling: timing noise of
 /// real hosts must not cost a correctly provisioned link its first round trips.
 const TRAIN_LOWERS_BELOW: f64 = 0.8;
@@ -96,6 +98,15 @@ const PROBE_INTERVAL_MAX: Duration = Duration::from_millis(500);
 /// Delivered below this fraction of the estimate, with a queue showing, the path has
 /// slowed: well below the ACK-timing noise of a real receiver (a few per cent over a span).
 const DEFICIT: f64 = 0.75;
+/// Half a span without three ACKs, where the ACK pace promised this many, is a stalled
+/// host, not a path: at 100 Mb/s on a loaded testbed such stalls read as 40 Mb/s paths.
+/// A path that slows by 8× or more is measured once the smoothed ACK pace has followed it
+/// (a few ACKs later); the drain protects the queue meanwhile.
+const STALL_ACKS: f64 = 6.0;
+/// A span's newer half delivered this much faster than the whole span: the older half held
+/// a stall (one read 76 Mb/s against 100 in the newer half). ACK noise over the few ACKs of
+/// a newer half at 10 Mb/s stays within about 20 %.
+const STALL_RATIO: f64 = 1.25;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
 const MAX_CUT: f64 = 4.0;
@@ -156,6 +167,12 @@ pub struct Adaptive {
     probe: Option<Probe>,
     next_probe_at: Option<Instant>,
     probe_interval: Duration,
+    /// The train (or an overload while it was measured) lowered the estimate and no probe
+    /// has checked it yet: the next probe goes at the ceiling.
+    verify_train: bool,
+    /// ... and the first such probe goes with the first full-size packet, not waiting for
+    /// the probe schedule.
+    verify_now: bool,
     next_pn: u64,
     /// A pause the pacer owes after a probe.
     pause: Option<Duration>,
@@ -188,6 +205,8 @@ impl Adaptive {
             probe: None,
             next_probe_at: None,
             probe_interval: Duration::ZERO,
+            verify_train: false,
+            verify_now: false,
             next_pn: 0,
             pause: None,
             event_app_limited: false,
@@ -271,6 +290,10 @@ impl Adaptive {
         self.measure_busy_path(now, from, rtt);
         self.drained_queue = self.last_queue;
         self.stats.drains += 1;
+        // An overload while the train is being measured is the train's finding, and as
+        // open to the host's timing as its own verdict; a later one is the path's.
+        self.verify_train = self.probe.is_some_and(|p| p.train);
+        self.verify_now = self.verify_train;
         self.probe = None;
         self.pause = None;
         self.judging_drain = false;
@@ -290,14 +313,25 @@ impl Adaptive {
     /// throughout it (a queue stood, or was draining), so that is what it carries for us,
     /// lower or (after a partly failed probe) higher than we thought. When the path has
     /// just slowed, the span's older ACKs still report the old rate: the newer half of the
-    /// span, where it holds enough ACKs, is the purer measure, and the lower counts. One
+    /// span, where it holds enough ACKs, is the purer measure, and the lower counts (its
+    /// few ACKs bunch both ways). A newer half much faster than the whole span is a stall
+    /// of a host in the older half (a busy bottleneck does not speed up), and no ACKs at all
+    /// in it at a pace that promised several are a stall now: then nothing is measured. One
     /// overload cuts to a quarter of `from` (the estimate before it) at most.
     fn measure_busy_path(&mut self, now: Instant, from: f64, rtt: &RttEstimator) {
         let span = self.span(rtt);
         let valid = |r: Option<Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
-        let whole = valid(self.meter.rate(now, span));
-        let recent = valid(self.meter.rate(now, span / 2));
-        let measured = match (whole, recent) {
+        let recent = self.meter.rate(now, span / 2);
+        let promised = self.meter.ack_interval().map_or(0.0, |i| {
+            (span / 2).as_secs_f64() / i.as_secs_f64().max(f64::MIN_POSITIVE)
+        });
+        if recent.is_none() && promised >= STALL_ACKS {
+            return;
+        }
+        let measured = match (valid(self.meter.rate(now, span)), valid(recent)) {
+            // Delivered much faster lately than over the span: a stall in its older half.
+            (Some(w), Some(r)) if r > w * STALL_RATIO => return,
+            // The newer half's few ACKs bunch both ways: the lower keeps noise out.
             (Some(w), Some(r)) => Some(w.min(r)),
             (w, r) => w.or(r),
         };
@@ -382,7 +416,7 @@ impl Adaptive {
         self.stats.queue_delay = q;
         if q <= self.q_high() {
             self.judging_drain = false;
-            self.maybe_probe(now, rtt);
+            self.maybe_probe(now, rtt, false);
         } else if self.judging_drain && !self.queue_is_ours(now, span, rtt) {
             self.judging_drain = false;
             self.rebase(q, rtt);
@@ -393,14 +427,29 @@ impl Adaptive {
 
     // ---- probes -----------------------------------------------------------------------
 
-    fn maybe_probe(&mut self, now: Instant, rtt: &RttEstimator) {
+    /// `sending`: called as a full-size packet leaves, rather than on an ACK.
+    fn maybe_probe(&mut self, now: Instant, rtt: &RttEstimator, sending: bool) {
+        // The check of a train's cut goes with the first traffic, whatever the schedule
+        // (each round trip at a cut the host's timing caused costs a transfer what the
+        // ceiling would carry in it), and only with traffic: begun on an idle link it
+        // would measure nothing. A probe with gaps may raise the estimate, never lower it.
+        if self.verify_now && !sending {
+            return;
+        }
+        // A gap of the sender's within the last span (nothing to send, or a timer that
+        // fired late) would leave gaps in the probe. Not the last round trip: on a loaded
+        // host late timers mark a packet every few hundred milliseconds at 100 Mb/s, and
+        // waiting for a round trip without one could leave a cut estimate unprobed for
+        // seconds.
+        let waiting = !self.verify_now
+            && (self.next_probe_at.is_some_and(|t| now < t)
+                || self
+                    .last_app_limited
+                    .is_some_and(|t| now.saturating_duration_since(t) < self.span(rtt)));
         if self.estimate >= self.ceiling
             || self.probe.is_some()
             || self.state != State::Cruise
-            || self.next_probe_at.is_some_and(|t| now < t)
-            || self
-                .last_app_limited
-                .is_some_and(|t| now.saturating_duration_since(t) < rtt.smoothed())
+            || waiting
             // Only while sending: a probe on an idle link would measure nothing.
             || self
                 .last_sent
@@ -408,7 +457,17 @@ impl Adaptive {
         {
             return;
         }
-        let rate = (self.estimate * PROBE_GAIN).min(self.ceiling);
+        // The first probe after the train (or an overload during it) lowered the estimate
+        // checks the ceiling at once: a train misled by the host's timing (a stall of a few milliseconds at 100 Mb/s
+        // read as a path at a tenth of it) is undone in one round trip instead of one
+        // doubling per round trip, and a path that really is slower queues at most the
+        // probe's length times (ceiling ÷ E − 1), which the pause after it drains.
+        self.verify_now = false;
+        let rate = if self.verify_train {
+            self.ceiling
+        } else {
+            (self.estimate * PROBE_GAIN).min(self.ceiling)
+        };
         self.state = State::Probe {
             rate,
             until: now + self.probe_len(rate, rtt),
@@ -469,6 +528,9 @@ impl Adaptive {
         // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
         // lower counts.
         let rate = v.by_delay.map_or(v.by_acks, |d| d.min(v.by_acks));
+        if !p.app_limited || rate >= p.rate * PROBE_SUCCESS {
+            self.verify_train = false;
+        }
         if rate >= p.rate * PROBE_SUCCESS {
             // The path carried all of it: probe again at once.
             self.estimate = self.estimate.max(p.rate.min(rate)).min(self.ceiling);
@@ -512,6 +574,8 @@ impl Adaptive {
         if rate < p.rate * TRAIN_LOWERS_BELOW && queued && took <= planned * 2 + TRAIN_SLACK {
             self.estimate = rate.max(self.floor());
             self.next_probe_at = Some(now + self.base_or(rtt));
+            self.verify_train = true;
+            self.verify_now = true;
         }
     }
 }
@@ -554,6 +618,8 @@ impl CongestionController for Adaptive {
         self.probe = None;
         self.next_probe_at = None;
         self.probe_interval = Duration::ZERO;
+        self.verify_train = false;
+        self.verify_now = false;
         self.next_pn = 0;
         self.pause = None;
         self.event_app_limited = false;
@@ -610,6 +676,9 @@ impl CongestionController for Adaptive {
             }
         }
         self.end_probe_if_due(now, rtt);
+        if self.verify_now && sent.wire_bytes >= self.mtu / 2 {
+            self.maybe_probe(now, rtt, true);
+        }
     }
 
     fn on_ack(&mut self, now: Instant, acked: AckedPacket, rtt: &RttEstimator) {
@@ -741,11 +810,13 @@ mod tests {
     #[test]
     fn the_train_is_padded_only_where_it_is_short_on_the_link() {
         // (rate, packets in the train, padded). Three ACKs of the default ACK-every-8 make
-        // at least 24 packets of 1500 bytes: 14.4 ms at 20 Mb/s, 36 ms at 8 Mb/s, 72 ms at
-        // 4 Mb/s, 141 ms at 2.048 Mb/s and 1.1 s at 256 kb/s; at 100 Mb/s 64 packets, 7.7 ms.
+        // at least 24 packets of 1500 bytes: 36 ms at 8 Mb/s, 72 ms at 4 Mb/s, 141 ms at
+        // 2.048 Mb/s and 1.1 s at 256 kb/s; 20 ms at the ceiling is 33 packets at 20 Mb/s
+        // and 166 at 100 Mb/s; at 1 Gb/s the cap of 256 packets is 3.1 ms.
         for (rate, packets, padded) in [
-            (100_000_000, 64, true),
-            (20_000_000, 24, true),
+            (1_000_000_000, 256, true),
+            (100_000_000, 166, true),
+            (20_000_000, 33, true),
             (8_000_000, 24, true),
             (4_000_000, 24, false),
             (2_048_000, 24, false),
