@@ -144,6 +144,19 @@ mod tests {
         }
     }
 
+    /// ring zeroes what fails to authenticate, so whoever tries a second key on a packet
+    /// needs it as it arrived (`Security::open` keeps a copy when there is a second key).
+    #[test]
+    fn a_failed_open_does_not_leave_the_packet_as_it_arrived() {
+        for protection in BOTH {
+            let p = sealed(&PacketKey::new(protection, &[7; 32]), 7);
+            let mut tried = p.clone();
+            let other = PacketKey::new(protection, &[8; 32]);
+            assert_eq!(other.open(7, 3, &mut tried), Err(Unauthentic));
+            assert_ne!(tried, p, "{protection:?}");
+        }
+    }
+
     #[test]
     fn the_two_aeads_never_open_each_others_packets() {
         let aes = PacketKey::new(PacketProtection::Aes256Gcm, &[7; 32]);

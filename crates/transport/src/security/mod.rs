@@ -635,12 +635,31 @@ impl Security {
         ];
         let has_candidate = same_numbers.iter().any(Option::is_some);
         let fresh = self.replay.is_fresh(pn);
-        if fresh {
-            let opened = same_numbers
-                .into_iter()
-                .flatten()
-                .find_map(|key| key.open(pn, header_len, packet).ok());
-            if let Some(payload_len) = opened {
+        // Then the keys of a reply awaiting confirmation: (packet number, key, confirms).
+        let confirming = self
+            .pending
+            .as_ref()
+            .filter(|p| p.fresh_numbers || fresh)
+            .map(|p| {
+                let pn = if p.fresh_numbers { expand(0) } else { pn };
+                (pn, &p.keys.recv, true)
+            });
+        let [current, previous] = same_numbers.map(|k| k.filter(|_| fresh).map(|k| (pn, k, false)));
+        let candidates = [current, previous, confirming];
+        // ring zeroes what fails to authenticate, so a key tried after another failed
+        // needs the packet as it arrived. Most packets have one candidate and no copy.
+        let arrived = (candidates.iter().flatten().count() > 1).then(|| packet.to_vec());
+        let opened = candidates.into_iter().flatten().enumerate().find_map(
+            |(attempt, (pn, key, confirms))| {
+                if let (true, Some(arrived)) = (attempt > 0, &arrived) {
+                    packet.copy_from_slice(arrived);
+                }
+                let payload_len = key.open(pn, header_len, packet).ok()?;
+                Some((pn, payload_len, confirms))
+            },
+        );
+        match opened {
+            Some((pn, payload_len, false)) => {
                 self.replay.record(pn);
                 return Ok(Opened {
                     pn,
@@ -648,18 +667,14 @@ impl Security {
                     confirmed: None,
                 });
             }
-        }
-        if let Some(p) = &self.pending {
-            let pn = if p.fresh_numbers { expand(0) } else { pn };
-            if p.fresh_numbers || fresh {
-                if let Ok(payload_len) = p.keys.recv.open(pn, header_len, packet) {
-                    return Ok(Opened {
-                        pn,
-                        payload_len,
-                        confirmed: self.pending.take(),
-                    });
-                }
+            Some((pn, payload_len, true)) => {
+                return Ok(Opened {
+                    pn,
+                    payload_len,
+                    confirmed: self.pending.take(),
+                })
             }
+            None => {}
         }
         Err(if has_candidate && !fresh {
             DropReason::Replayed
