@@ -192,6 +192,7 @@ fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::Securi
     t.handshake_bad_mac += s.handshake_bad_mac;
     t.cookie_invalid += s.cookie_invalid;
     t.nonce_refused += s.nonce_refused;
+    t.aead_mismatch += s.aead_mismatch;
 }
 
 /// Adds one association's stats to a total: counters and amounts add up; of the path

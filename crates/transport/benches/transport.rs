@@ -29,6 +29,7 @@ fn security(me: u8, peer: u8) -> SecurityConfig {
         psk: None,
         rekey_interval: Duration::from_secs(120),
         rekey_after_packets: 1 << 30,
+        aeads: pep_transport::security::AeadOffer::auto(false),
     }
 }
 

@@ -456,6 +456,7 @@ impl Association {
         s.corruption_by_size = self.sizer.class_losses();
         s.bytes_in_flight = self.sent.bytes_in_flight();
         s.flows_open = self.flows.len() as u64;
+        s.aead = self.security.as_ref().and_then(|sec| sec.protection());
         s
     }
 
