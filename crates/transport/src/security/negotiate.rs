@@ -56,7 +56,7 @@ pub struct AeadOffer {
 
 impl AeadOffer {
     /// Both AEADs, AES-256-GCM first only where this CPU has AES instructions (without
-    /// them it is several times slower than ChaCha20 and not constant-time in software).
+    /// them it is several times slower than ChaCha20-Poly1305).
     pub fn auto(hardware_aes: bool) -> Self {
         if hardware_aes {
             Self::of(&[
