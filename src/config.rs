@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pep_transport::security::{AeadOffer, PacketProtection};
 use serde::Deserialize;
 
 mod cidr;
@@ -366,7 +367,7 @@ impl Default for ShutdownConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SecurityMode {
-    /// Noise IK handshake with static keys, then ChaCha20-Poly1305 on every packet.
+    /// Noise IK handshake with static keys, then an AEAD (`aead`) on every packet.
     Noise,
     /// No authentication or encryption: only for a link already encrypted below pepd.
     None,
@@ -390,6 +391,34 @@ pub struct SecuritySection {
     pub rekey_interval: Duration,
     /// Packets under one session key before it is replaced.
     pub rekey_after_packets: u64,
+    /// Which AEAD protects packets: chosen with the peer, or pinned.
+    pub aead: AeadSetting,
+}
+
+/// `security.aead`: what this gateway offers the peer in its handshake HELLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum AeadSetting {
+    /// Both, AES-256-GCM preferred where this CPU has AES instructions; the peer's
+    /// preference counts as much (docs/PROTOCOL.md §7.2).
+    #[serde(rename = "auto")]
+    Auto,
+    /// ChaCha20-Poly1305 only.
+    #[serde(rename = "chacha20-poly1305")]
+    ChaCha20Poly1305,
+    /// AES-256-GCM only.
+    #[serde(rename = "aes-256-gcm")]
+    Aes256Gcm,
+}
+
+impl AeadSetting {
+    /// The offer this setting makes on a CPU with (or without) AES instructions.
+    pub fn offer(self, hardware_aes: bool) -> AeadOffer {
+        match self {
+            AeadSetting::Auto => AeadOffer::auto(hardware_aes),
+            AeadSetting::ChaCha20Poly1305 => AeadOffer::only(PacketProtection::ChaCha20Poly1305),
+            AeadSetting::Aes256Gcm => AeadOffer::only(PacketProtection::Aes256Gcm),
+        }
+    }
 }
 
 impl Default for SecuritySection {
@@ -401,6 +430,7 @@ impl Default for SecuritySection {
             psk_file: None,
             rekey_interval: DEFAULT_REKEY_INTERVAL,
             rekey_after_packets: DEFAULT_REKEY_AFTER_PACKETS,
+            aead: AeadSetting::Auto,
         }
     }
 }

@@ -250,6 +250,7 @@ fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::Securi
     t.handshake_bad_mac += s.handshake_bad_mac;
     t.cookie_invalid += s.cookie_invalid;
     t.nonce_refused += s.nonce_refused;
+    t.aead_mismatch += s.aead_mismatch;
 }
 
 /// `s` without what describes a running association (its path and flows now), so that

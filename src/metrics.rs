@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use pep_transport::security::PacketProtection;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
@@ -174,6 +175,21 @@ impl Collector for SnapshotCollector {
             None,
             "state",
             &states,
+        )?;
+        let aeads: Vec<(&str, u64)> = AEADS
+            .iter()
+            .map(|&a| {
+                let peers = s.peers.iter().filter(|p| p.stats.aead == Some(a)).count();
+                (a.name(), peers as u64)
+            })
+            .collect();
+        gauge_family(
+            e,
+            "association_aead",
+            "Peers whose association's keys in use are of this AEAD (the one the handshake settled on)",
+            None,
+            "aead",
+            &aeads,
         )?;
         counter(
             e,
@@ -588,6 +604,12 @@ fn merged(entries: &[(&'static str, u64)]) -> Vec<(&'static str, u64)> {
     }
     out
 }
+
+/// Every AEAD an association may use, in the order the metrics list them.
+const AEADS: [PacketProtection; 2] = [
+    PacketProtection::ChaCha20Poly1305,
+    PacketProtection::Aes256Gcm,
+];
 
 fn counter(
     e: &mut DescriptorEncoder,

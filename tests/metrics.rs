@@ -1,5 +1,6 @@
 //! The metrics endpoint against real traffic: after one transfer through pepd, the byte and
-//! flow counters both gateways serve equal what the test sent (root only, namespaces).
+//! flow counters both gateways serve equal what the test sent, and both name the AEAD this
+//! CPU leads them to (root only, namespaces).
 
 mod support;
 
@@ -68,4 +69,16 @@ fn byte_and_flow_counters_match_the_traffic_sent() {
     assert_eq!(value(&b, flows, Some(("origin", "peer"))), 1.0);
     assert_eq!(value(&a, "pepd_flows_active", None), 0.0);
     assert_eq!(value(&b, "pepd_flows_active", None), 0.0);
+    // Both gateways run on this CPU with `aead = "auto"`: AES-256-GCM if it has AES
+    // instructions, else ChaCha20-Poly1305, on both sides.
+    let (chosen, other) = if pep_transport::security::hardware_aes() {
+        ("aes-256-gcm", "chacha20-poly1305")
+    } else {
+        ("chacha20-poly1305", "aes-256-gcm")
+    };
+    for s in [&a, &b] {
+        let aead = "pepd_association_aead";
+        assert_eq!(value(s, aead, Some(("aead", chosen))), 1.0);
+        assert_eq!(value(s, aead, Some(("aead", other))), 0.0);
+    }
 }

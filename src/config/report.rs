@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::error::sort_by_position;
 use super::{
-    BitRate, CcModeName, FailMode, LossDefault, OverLimit, PeerSpec, Peers, PepdConfig,
-    SecurityMode, Side,
+    AeadSetting, BitRate, CcModeName, FailMode, LossDefault, OverLimit, PeerSpec, Peers,
+    PepdConfig, SecurityMode, Side,
 };
 
 /// The round trip a flow buffer must cover to keep a GEO link busy (two hops up and down,
@@ -194,8 +194,13 @@ impl PepdConfig {
                     Some(p) => format!("psk from {}", p.display()),
                     None => "no psk".to_owned(),
                 };
+                let aead = match sec.aead {
+                    AeadSetting::Auto => "AEAD chosen with the peer",
+                    AeadSetting::ChaCha20Poly1305 => "AEAD pinned to chacha20-poly1305",
+                    AeadSetting::Aes256Gcm => "AEAD pinned to aes-256-gcm",
+                };
                 format!(
-                    "noise IK ({peer}), {psk}; rekey every {} or {} packets",
+                    "noise IK ({peer}), {psk}; rekey every {} or {} packets; {aead}",
                     dur(sec.rekey_interval),
                     sec.rekey_after_packets
                 )
@@ -395,6 +400,7 @@ impl PepdConfig {
                     "security.psk_file",
                     "security.rekey_interval",
                     "security.rekey_after_packets",
+                    "security.aead",
                 ] {
                     if map.contains(key) {
                         warn(key, "has no effect with `security.mode = \"none\"`".into());

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use pep_transport::security::{public_key, SecurityConfig, KEY_LEN};
+use pep_transport::security::{hardware_aes, public_key, AeadOffer, SecurityConfig, KEY_LEN};
 
 use super::error::{sort_by_position, Position};
 use super::{ConfigError, Diagnostic, PeerSpec, Peers, PepdConfig, SecurityMode};
@@ -28,6 +28,9 @@ pub struct LocalKeys {
     pub psk: Option<[u8; KEY_LEN]>,
     pub rekey_interval: Duration,
     pub rekey_after_packets: u64,
+    /// What this gateway offers for packet protection, with this CPU's AES instructions
+    /// taken into account.
+    pub aeads: AeadOffer,
 }
 
 impl std::fmt::Debug for LocalKeys {
@@ -38,6 +41,7 @@ impl std::fmt::Debug for LocalKeys {
             .field("psk", &self.psk.map(|_| "<set>"))
             .field("rekey_interval", &self.rekey_interval)
             .field("rekey_after_packets", &self.rekey_after_packets)
+            .field("aeads", &self.aeads)
             .finish()
     }
 }
@@ -62,6 +66,7 @@ impl LoadedSecurity {
             psk: local.psk,
             rekey_interval: local.rekey_interval,
             rekey_after_packets: local.rekey_after_packets,
+            aeads: local.aeads,
         })
     }
 }
@@ -148,6 +153,9 @@ impl PepdConfig {
                 psk,
                 rekey_interval: s.rekey_interval,
                 rekey_after_packets: s.rekey_after_packets,
+                // The CPU is read here, in the daemon, and never by the transport's state
+                // machine, so simulations replay alike on every machine.
+                aeads: s.aead.offer(hardware_aes()),
             }),
             warnings: warnings.iter().map(ToString::to_string).collect(),
         })

@@ -157,7 +157,36 @@ fn defaults() {
     assert_eq!(sec.psk_file, None);
     assert_eq!(sec.rekey_interval, Duration::from_secs(120));
     assert_eq!(sec.rekey_after_packets, 1 << 30);
+    assert_eq!(sec.aead, AeadSetting::Auto);
     assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+}
+
+#[test]
+fn aead_settings_make_their_offers() {
+    use pep_transport::security::{AeadOffer, PacketProtection};
+    for (text, setting) in [
+        ("auto", AeadSetting::Auto),
+        ("chacha20-poly1305", AeadSetting::ChaCha20Poly1305),
+        ("aes-256-gcm", AeadSetting::Aes256Gcm),
+    ] {
+        let c = PepdConfig::parse(&with_security(&format!("aead = \"{text}\"\n"))).expect(text);
+        assert_eq!(c.security.aead, setting);
+    }
+    // With AES instructions "auto" puts AES-256-GCM first; without, ChaCha20-Poly1305.
+    for hardware_aes in [true, false] {
+        assert_eq!(
+            AeadSetting::Auto.offer(hardware_aes),
+            AeadOffer::auto(hardware_aes)
+        );
+        assert_eq!(
+            AeadSetting::Aes256Gcm.offer(hardware_aes),
+            AeadOffer::only(PacketProtection::Aes256Gcm)
+        );
+        assert_eq!(
+            AeadSetting::ChaCha20Poly1305.offer(hardware_aes),
+            AeadOffer::only(PacketProtection::ChaCha20Poly1305)
+        );
+    }
 }
 
 #[test]
@@ -267,7 +296,7 @@ fn unknown_section_and_nested_keys() {
         Some("security.private_key"),
         "test.toml line 8: unknown key `security.private_key` (expected one of `mode`, \
          `private_key_file`, `peer_public_key`, `psk_file`, `rekey_interval`, \
-         `rekey_after_packets`)",
+         `rekey_after_packets`, `aead`)",
     );
 }
 
@@ -463,6 +492,12 @@ fn bad_values_name_key_and_line() {
         &with_security("mode = \"tls\"\n"),
         Some("security.mode"),
         "test.toml line 8: `security.mode`: unknown value `tls`, expected `noise` or `none`",
+    );
+    assert_parse_error(
+        &with_security("mode = \"noise\"\naead = \"aes-128-gcm\"\n"),
+        Some("security.aead"),
+        "test.toml line 9: `security.aead`: unknown value `aes-128-gcm`, expected one of \
+         `auto`, `chacha20-poly1305`, `aes-256-gcm`",
     );
     assert_parse_error(
         &MIN.replace("198.18.0.1:7400", "198.18.0.1"),
@@ -784,7 +819,7 @@ fn summary_shows_effective_settings() {
         "log:        info",
         "metrics:    127.0.0.1:9464",
         "security:   noise IK (peer key REPLACE+with+output+of+pepd+pubkey+on+peer0=), no psk; \
-         rekey every 2m or 1073741824 packets",
+         rekey every 2m or 1073741824 packets; AEAD chosen with the peer",
     ] {
         assert!(s.lines().any(|l| l == want), "missing {want:?} in\n{s}");
     }
@@ -925,7 +960,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 44, "every key of the schema");
+    assert_eq!(count, 45, "every key of the schema");
     // The `[[peer]]` form's keys, in config/hub-spoke.toml, which sets every one.
     let root = toml::de::DeTable::parse(HUB_SPOKE).expect("toml");
     let mut list_keys = std::collections::BTreeSet::new();
@@ -1173,7 +1208,7 @@ fn security_loads_keys_and_psk() {
     let c = PepdConfig::parse_named(
         &with_security(&format!(
             "private_key_file = {key:?}\npeer_public_key = \"{}\"\npsk_file = {psk:?}\n\
-             rekey_interval = \"30s\"\nrekey_after_packets = 5000\n",
+             rekey_interval = \"30s\"\nrekey_after_packets = 5000\naead = \"aes-256-gcm\"\n",
             peer_key()
         )),
         "test.toml",
@@ -1197,9 +1232,16 @@ fn security_loads_keys_and_psk() {
     );
     assert_eq!(sec.rekey_interval, Duration::from_secs(30));
     assert_eq!(sec.rekey_after_packets, 5000);
+    assert_eq!(
+        sec.aeads,
+        pep_transport::security::AeadOffer::only(
+            pep_transport::security::PacketProtection::Aes256Gcm
+        )
+    );
     assert!(c.warnings().is_empty(), "{:?}", c.warnings());
     let want = format!(
-        "security:   noise IK (peer key {}), psk from {}; rekey every 30s or 5000 packets",
+        "security:   noise IK (peer key {}), psk from {}; rekey every 30s or 5000 packets; \
+         AEAD pinned to aes-256-gcm",
         peer_key(),
         psk.display()
     );

@@ -65,6 +65,14 @@ pub(super) fn encode(e: &mut DescriptorEncoder, peers: &[PeerSnapshot]) -> fmt::
     )?;
     family(
         e,
+        ("peer_aead", "The AEAD of this peer's keys in use (1; the AEAD is a label, absent until a handshake completes)", None, gauge),
+        Some("aead"),
+        peers,
+        |p| p.stats.aead.iter().map(|a| (a.name().to_owned(), 1)).collect(),
+        encode_gauge,
+    )?;
+    family(
+        e,
         ("peer_endpoint_moves", "Times this peer proved it is at a new address (roaming, NAT rebinding) and was followed there", None, counter),
         None,
         peers,

@@ -88,11 +88,14 @@ fn sample() -> Snapshot {
                 nonce_refused: 150,
                 handshake_bad_mac: 161,
                 cookie_invalid: 162,
+                aead_mismatch: 164,
             },
             handshakes_completed: 151,
             rekeys: 152,
             // Reported per peer only.
             remote_moves: 161,
+            // Counted from the peers, whatever the sum holds.
+            aead: Some(pep_transport::security::PacketProtection::ChaCha20Poly1305),
         },
         associations: vec![AssociationState::Outage],
         association_restarts: 126,
@@ -132,6 +135,7 @@ fn sample() -> Snapshot {
                     },
                     malformed_dropped: 207,
                     remote_moves: 208,
+                    aead: Some(pep_transport::security::PacketProtection::Aes256Gcm),
                     security: pep_transport::SecurityCounts {
                         unauthenticated: 209,
                         ..Default::default()
@@ -278,6 +282,11 @@ fn encode_reports_every_value_exactly() {
             &[("reason", "cookie_invalid")],
             162,
         ),
+        (
+            "pepd_datagrams_dropped_total",
+            &[("reason", "aead_mismatch")],
+            164,
+        ),
         ("pepd_handshakes_total", &[], 151),
         ("pepd_rekeys_total", &[], 152),
         ("pepd_nonce_refusals_total", &[], 150),
@@ -364,6 +373,10 @@ fn encode_reports_every_value_exactly() {
         ("closed", 0.0),
     ] {
         assert_eq!(v("pepd_association_state", &[("state", state)]), want);
+    }
+    // Counted from the peers: ship-7 uses AES-256-GCM, rig-3 has no keys yet.
+    for (aead, want) in [("chacha20-poly1305", 0.0), ("aes-256-gcm", 1.0)] {
+        assert_eq!(v("pepd_association_aead", &[("aead", aead)]), want);
     }
     assert_eq!(
         v(
@@ -476,6 +489,7 @@ fn per_peer_series_have_exact_labels() {
             &[ship, ("address", "198.19.0.7:40123")],
             1,
         ),
+        ("pepd_peer_aead", &[ship, ("aead", "aes-256-gcm")], 1),
         ("pepd_peer_endpoint_moves_total", &[ship], 208),
         ("pepd_peer_endpoint_moves_total", &[rig], 0),
         (
@@ -552,6 +566,13 @@ fn per_peer_series_have_exact_labels() {
         .filter(|m| m.metric == "pepd_peer_endpoint")
         .collect();
     assert_eq!(endpoints.len(), 1);
+    // One AEAD series per peer with keys; none for a peer without.
+    let aeads: Vec<_> = s
+        .samples
+        .iter()
+        .filter(|m| m.metric == "pepd_peer_aead")
+        .collect();
+    assert_eq!(aeads.len(), 1);
     // Foreign datagrams belong to no peer.
     assert!(!s
         .samples

@@ -188,6 +188,7 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 psk_file,
                 rekey_interval,
                 rekey_after_packets,
+                aead,
             },
         // Where keys were written, not a setting.
         source_map: _,
@@ -371,6 +372,11 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             Restart(R::Security),
             *rekey_after_packets != r.security.rekey_after_packets,
         ),
+        key(
+            "security.aead",
+            Restart(R::Security),
+            *aead != r.security.aead,
+        ),
     ]);
     keys
 }
@@ -511,8 +517,8 @@ mod tests {
 
     use super::*;
     use crate::config::{
-        example_with_every_key, BitRate, ByteSize, CcModeName, DatagramSizeName, FailMode,
-        LossDefault, OverLimit, SecurityMode, Side,
+        example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, DatagramSizeName,
+        FailMode, LossDefault, OverLimit, SecurityMode, Side,
     };
 
     const HUB_SPOKE: &str = include_str!("../../config/hub-spoke.toml");
@@ -625,6 +631,7 @@ mod tests {
                 "security.psk_file",
                 "security.rekey_interval",
                 "security.rekey_after_packets",
+                "security.aead",
             ]
         );
         assert_eq!(
@@ -903,6 +910,9 @@ mod tests {
             }),
             ("security.rekey_after_packets", |c| {
                 c.security.rekey_after_packets += 1
+            }),
+            ("security.aead", |c| {
+                c.security.aead = AeadSetting::Aes256Gcm
             }),
         ];
         let base = every_key();

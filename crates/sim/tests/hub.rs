@@ -130,6 +130,7 @@ impl Node {
             psk: None,
             rekey_interval: Duration::from_secs(3600),
             rekey_after_packets: 1 << 40,
+            aeads: pep_transport::security::AeadOffer::auto(false),
         };
         let (h, a) = self
             .endpoint

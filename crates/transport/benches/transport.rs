@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use pep_transport::codec::Reader;
 use pep_transport::frame::{self, AckFrame, Frame};
-use pep_transport::security::{public_key, stamp_initiation_macs, LocalIdentity, SecurityConfig};
+use pep_transport::security::{
+    public_key, stamp_initiation_macs, AeadOffer, LocalIdentity, PacketProtection, SecurityConfig,
+};
 use pep_transport::{
     Association, Config, DatagramEvent, Endpoint, EndpointConfig, FlowMeta, PeerId, PeerIdentity,
     ReadOutcome, Role, ENDPOINT_HANDSHAKE_BURST,
@@ -22,13 +24,14 @@ fn meta() -> FlowMeta {
     }
 }
 
-fn security(me: u8, peer: u8) -> SecurityConfig {
+fn security(me: u8, peer: u8, aeads: AeadOffer) -> SecurityConfig {
     SecurityConfig {
         local_private_key: [me; 32],
         peer_public_key: public_key(&[peer; 32]),
         psk: None,
         rekey_interval: Duration::from_secs(120),
         rekey_after_packets: 1 << 30,
+        aeads,
     }
 }
 
@@ -41,8 +44,20 @@ fn pair() -> (Association, Association, Instant) {
     establish(a, b, now)
 }
 
-/// The same, encrypted (Noise IK, ChaCha20-Poly1305).
+/// The same, encrypted (Noise IK, then ChaCha20-Poly1305).
 fn secure_pair() -> (Association, Association, Instant) {
+    secure_pair_offering(AeadOffer::auto(false))
+}
+
+/// The same under AES-256-GCM, which both sides prefer when their CPUs have AES
+/// instructions.
+fn aes_pair() -> (Association, Association, Instant) {
+    let (a, b, now) = secure_pair_offering(AeadOffer::auto(true));
+    assert_eq!(a.stats().aead, Some(PacketProtection::Aes256Gcm));
+    (a, b, now)
+}
+
+fn secure_pair_offering(aeads: AeadOffer) -> (Association, Association, Instant) {
     let now = Instant::now();
     let cfg = Config::for_rate(10_000_000_000);
     let a = Association::new_secure(
@@ -50,11 +65,12 @@ fn secure_pair() -> (Association, Association, Instant) {
         Role::Initiator,
         1,
         now,
-        security(1, 2),
+        security(1, 2, aeads),
         [1; 32],
     )
     .unwrap();
-    let b = Association::new_secure(cfg, Role::Responder, 2, now, security(2, 1), [2; 32]).unwrap();
+    let b = Association::new_secure(cfg, Role::Responder, 2, now, security(2, 1, aeads), [2; 32])
+        .unwrap();
     establish(a, b, now)
 }
 
@@ -145,6 +161,13 @@ fn bench_bulk(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
+    g.bench_function("bulk_16MiB_one_flow_encrypted_aes", |bch| {
+        bch.iter_batched(
+            aes_pair,
+            |(mut a, mut b, now)| assert_eq!(transfer(&mut a, &mut b, now, TOTAL), TOTAL),
+            BatchSize::PerIteration,
+        )
+    });
     g.finish();
 }
 
@@ -175,8 +198,15 @@ fn hub_endpoint_and_init() -> (Endpoint, Vec<u8>, Instant) {
         },
     )]);
     let cfg = Config::for_rate(10_000_000);
-    let mut t =
-        Association::new_secure(cfg, Role::Initiator, 1, now, security(1, 2), [1; 32]).unwrap();
+    let mut t = Association::new_secure(
+        cfg,
+        Role::Initiator,
+        1,
+        now,
+        security(1, 2, AeadOffer::auto(false)),
+        [1; 32],
+    )
+    .unwrap();
     let mut init = Vec::new();
     assert!(t.poll_transmit(now, &mut init));
     (hub, init, now)

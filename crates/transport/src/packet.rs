@@ -4,6 +4,7 @@
 
 use crate::codec::{put_uint, put_varint, DecodeError, Reader};
 use crate::frame::{decode_payload, Frame};
+use crate::security::AeadOffer;
 
 /// First-byte flag: long header (handshake) when set.
 pub const LONG_HEADER_BIT: u8 = 0x80;
@@ -181,6 +182,9 @@ pub struct Hello {
     pub params: HelloParams,
     /// The connection ID the sender wants in the short packets it receives.
     pub cid: ConnectionId,
+    /// The AEADs the sender accepts, most preferred first: sent with security on, inside
+    /// the handshake. `None` from a peer that sends none (before the offer existed).
+    pub aeads: Option<AeadOffer>,
 }
 
 impl Hello {
@@ -194,6 +198,9 @@ impl Hello {
         put_varint(out, self.params.initial_assoc_window);
         put_varint(out, self.params.max_ack_delay_us);
         self.cid.write_prefixed(out);
+        if let Some(aeads) = &self.aeads {
+            aeads.encode(out);
+        }
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -210,6 +217,11 @@ impl Hello {
                 max_ack_delay_us: r.varint()?,
             },
             cid: ConnectionId::read_prefixed(r)?,
+            aeads: if r.is_empty() {
+                None
+            } else {
+                Some(AeadOffer::decode(r)?)
+            },
         };
         if hello.epoch == 0 {
             return Err(DecodeError::Invalid("zero epoch"));
@@ -338,6 +350,7 @@ mod tests {
                 max_ack_delay_us: 50_000,
             },
             cid: ConnectionId::new(&[7, 9]).unwrap(),
+            aeads: None,
         };
         let mut out = Vec::new();
         h.encode(&mut out);
@@ -345,6 +358,23 @@ mod tests {
             decode_header(&mut Reader::new(&out)).unwrap(),
             Header::Hello(h)
         );
+        // The AEAD offer follows the CID; bytes after it stay reserved and are ignored.
+        let offered = Hello {
+            aeads: Some(AeadOffer::auto(true)),
+            ..h
+        };
+        let mut with_offer = Vec::new();
+        offered.encode(&mut with_offer);
+        assert_eq!(with_offer.len(), out.len() + 3);
+        assert_eq!(with_offer[..out.len()], out[..]);
+        with_offer.extend_from_slice(&[0xEE, 0xEE]);
+        assert_eq!(
+            decode_header(&mut Reader::new(&with_offer)).unwrap(),
+            Header::Hello(offered)
+        );
+        let mut malformed = out.clone();
+        malformed.push(0);
+        assert!(decode_header(&mut Reader::new(&malformed)).is_err());
         let mut zero = h;
         zero.epoch = 0;
         out.clear();

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::cc::CapacityStats;
 use crate::datagram_size::ClassLoss;
 use crate::loss::LossCounts;
+use crate::security::PacketProtection;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
@@ -67,6 +68,9 @@ pub struct Stats {
     pub rekeys: u64,
     /// Times the peer's address changed after it proved it is at the new one.
     pub remote_moves: u64,
+    /// The AEAD the two HELLOs settled on for the keys in use: `None` before the first
+    /// handshake completes and without security.
+    pub aead: Option<PacketProtection>,
 }
 
 /// Datagrams dropped by the security layer. None of them gets a reply.
@@ -94,11 +98,14 @@ pub struct SecurityCounts {
     /// Sends refused because the packet number was already used under the current key
     /// (never expected; a guard against nonce reuse).
     pub nonce_refused: u64,
+    /// A handshake that authenticated but whose two AEAD offers have nothing in common
+    /// (both sides pinned to different AEADs): no keys are installed.
+    pub aead_mismatch: u64,
 }
 
 impl SecurityCounts {
     /// Each reason with its metric label, for exporters.
-    pub fn by_reason(&self) -> [(&'static str, u64); 9] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 10] {
         [
             ("unauthenticated", self.unauthenticated),
             ("replayed", self.replayed),
@@ -109,6 +116,7 @@ impl SecurityCounts {
             ("handshake_replayed", self.handshake_replayed),
             ("handshake_bad_mac", self.handshake_bad_mac),
             ("cookie_invalid", self.cookie_invalid),
+            ("aead_mismatch", self.aead_mismatch),
         ]
     }
 }

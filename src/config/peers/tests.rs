@@ -581,7 +581,7 @@ fn check_config_reports_every_peer() {
         "  cell-12: 198.19.0.12:7400; subnets 10.12.0.0/22; tx 100 Mbit/s (min 10 Mbit/s, \
          weight 1), rx 5 Mbit/s; keepalive 5s",
         "security:   noise IK (3 peer keys, one per `[[peer]]` entry), no psk; rekey every 2m \
-         or 1073741824 packets",
+         or 1073741824 packets; AEAD chosen with the peer",
     ] {
         assert!(s.lines().any(|l| l == want), "missing {want:?} in\n{s}");
     }

@@ -457,6 +457,7 @@ impl Association {
         s.bytes_in_flight = self.sent.bytes_in_flight();
         s.flows_open = self.flows.len() as u64;
         s.flows_waiting_for_share = self.flows_waiting_for_share();
+        s.aead = self.security.as_ref().and_then(|sec| sec.protection());
         s
     }
 

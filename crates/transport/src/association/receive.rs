@@ -1,7 +1,7 @@
 //! Input: datagrams, the handshake, and the frames they carry.
 
 use super::*;
-use crate::security::{AcceptedInitiation, InitiationRead};
+use crate::security::{AcceptedInitiation, DropReason, InitiationRead};
 
 impl Association {
     /// Processes one received datagram. Anything malformed, unauthenticated or replayed is
@@ -227,7 +227,13 @@ impl Association {
         };
         match sec.answer(now, responder, ephemeral, &encoded, h, !rekey) {
             Ok(()) => self.reply_to = from,
-            Err(d) => d.count(&mut self.stats.security),
+            Err(d) => {
+                // Without an AEAD in common the reply still goes, so the initiator learns why.
+                if d == DropReason::AeadMismatch {
+                    self.reply_to = from;
+                }
+                d.count(&mut self.stats.security);
+            }
         }
     }
 
@@ -251,7 +257,7 @@ impl Association {
         let Some(sec) = self.security.as_mut() else {
             return;
         };
-        let (hello, keys) = match sec.read_reply(now, datagram, cid_len) {
+        let (hello, split) = match sec.read_reply(now, datagram, cid_len) {
             Ok(r) => r,
             Err(d) => {
                 d.count(&mut self.stats.security);
@@ -260,6 +266,16 @@ impl Association {
         };
         let Some(h) = self.authenticated_hello(&hello) else {
             return;
+        };
+        let Some(sec) = self.security.as_ref() else {
+            return;
+        };
+        let keys = match sec.session_keys(split, &h) {
+            Ok(k) => k,
+            Err(d) => {
+                d.count(&mut self.stats.security);
+                return;
+            }
         };
         // The responder answered from there with the keys of our initiation.
         if let Some(from) = from {

@@ -163,6 +163,7 @@ impl Association {
                 max_ack_delay_us: self.cfg.ack.max_delay.as_micros() as u64,
             },
             cid: self.local_cid,
+            aeads: self.security.as_ref().map(|sec| sec.offer()),
         }
     }
 

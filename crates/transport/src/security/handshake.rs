@@ -9,7 +9,7 @@ use snow::resolvers::{CryptoResolver, DefaultResolver};
 use snow::types::{Cipher, Dh, Hash, Random};
 use snow::HandshakeState;
 
-use super::aead::PacketKey;
+use super::aead::{PacketKey, PacketProtection};
 use super::macs::{INIT_MACS, REPLY_MACS};
 use super::{LocalIdentity, KEY_LEN};
 use crate::codec::Reader;
@@ -35,8 +35,26 @@ pub(crate) enum Refusal {
 
 /// The two packet keys of a session, seen from one side.
 pub(crate) struct SessionKeys {
+    pub(crate) protection: PacketProtection,
     pub(crate) send: PacketKey,
     pub(crate) recv: PacketKey,
+}
+
+/// The two 32-byte secrets a completed handshake yields, seen from one side: keys for
+/// whichever AEAD the two HELLOs settle on, which is known only once the peer's is read.
+pub(crate) struct SplitKeys {
+    send: [u8; KEY_LEN],
+    recv: [u8; KEY_LEN],
+}
+
+impl SplitKeys {
+    pub(crate) fn protect(self, protection: PacketProtection) -> SessionKeys {
+        SessionKeys {
+            protection,
+            send: PacketKey::new(protection, &self.send),
+            recv: PacketKey::new(protection, &self.recv),
+        }
+    }
 }
 
 /// Our initiation in flight: the exact datagram (retransmitted as is, so any reply to any
@@ -204,7 +222,7 @@ impl Initiation {
 
     /// Reads the responder's reply: its HELLO and the session keys. A reply that fails
     /// leaves the initiation usable for the genuine one.
-    pub(crate) fn finish(&mut self, noise: &[u8]) -> Result<(Vec<u8>, SessionKeys), Refusal> {
+    pub(crate) fn finish(&mut self, noise: &[u8]) -> Result<(Vec<u8>, SplitKeys), Refusal> {
         let mut payload = [0u8; MAX_MESSAGE];
         let n = self
             .state
@@ -213,9 +231,9 @@ impl Initiation {
         let (to_responder, to_initiator) = self.state.dangerously_get_raw_split();
         Ok((
             payload[..n].to_vec(),
-            SessionKeys {
-                send: PacketKey::new(&to_responder),
-                recv: PacketKey::new(&to_initiator),
+            SplitKeys {
+                send: to_responder,
+                recv: to_initiator,
             },
         ))
     }
@@ -249,7 +267,7 @@ impl Responder {
         mut self,
         hello: &[u8],
         dcid: ConnectionId,
-    ) -> Result<(Vec<u8>, SessionKeys), Refusal> {
+    ) -> Result<(Vec<u8>, SplitKeys), Refusal> {
         let mut buf = [0u8; MAX_MESSAGE];
         let n = self
             .state
@@ -258,9 +276,9 @@ impl Responder {
         let (to_responder, to_initiator) = self.state.dangerously_get_raw_split();
         Ok((
             handshake_datagram(LONG_TYPE_HANDSHAKE_REPLY, dcid, &buf[..n]),
-            SessionKeys {
-                send: PacketKey::new(&to_initiator),
-                recv: PacketKey::new(&to_responder),
+            SplitKeys {
+                send: to_initiator,
+                recv: to_responder,
             },
         ))
     }
@@ -324,12 +342,23 @@ mod tests {
         assert_eq!(parse_reply(&reply, 2).unwrap().0, scid);
         let (hello, ikeys) = init.finish(noise(&reply))?;
         assert_eq!(hello, b"hello-b");
-        let mut p = vec![0u8, 1, 2, 3];
-        ikeys.send.seal(5, 1, &mut p);
-        assert_eq!(rkeys.recv.open(5, 1, &mut p), Ok(3));
-        let mut q = vec![0u8, 4];
-        rkeys.send.seal(6, 1, &mut q);
-        assert_eq!(ikeys.recv.open(6, 1, &mut q), Ok(1));
+        // Both sides hold the same secrets, and they key either AEAD.
+        assert_eq!((ikeys.send, ikeys.recv), (rkeys.recv, rkeys.send));
+        for protection in [
+            PacketProtection::Aes256Gcm,
+            PacketProtection::ChaCha20Poly1305,
+        ] {
+            let (ikeys, rkeys) = (
+                SplitKeys { ..ikeys }.protect(protection),
+                SplitKeys { ..rkeys }.protect(protection),
+            );
+            let mut p = vec![0u8, 1, 2, 3];
+            ikeys.send.seal(5, 1, &mut p);
+            assert_eq!(rkeys.recv.open(5, 1, &mut p), Ok(3));
+            let mut q = vec![0u8, 4];
+            rkeys.send.seal(6, 1, &mut q);
+            assert_eq!(ikeys.recv.open(6, 1, &mut q), Ok(1));
+        }
         Ok(())
     }
 
@@ -380,6 +409,32 @@ mod tests {
         let (resp, _, _) = Responder::read(&b.local, &mut src, noise(&init.datagram)).unwrap();
         let (reply, _) = resp.reply(b"y", ConnectionId::EMPTY).unwrap();
         assert!(init.finish(parse_reply(&reply, 0).unwrap().1).is_ok());
+    }
+
+    /// The responder's HELLO (its AEAD offer included) is authenticated by the reply's tag:
+    /// any bit changed in it on the path fails, and the genuine reply still completes.
+    #[test]
+    fn a_reply_changed_on_the_path_is_refused() {
+        let (a, b) = pair(None);
+        let mut src = EphemeralSource::new([9; 32]);
+        let mut init =
+            Initiation::start(&a.local, &a.peer, &mut src, b"x", ConnectionId::EMPTY).unwrap();
+        let (resp, _, _) = Responder::read(&b.local, &mut src, noise(&init.datagram)).unwrap();
+        let (reply, _) = resp
+            .reply(b"hello, offer last", ConnectionId::EMPTY)
+            .unwrap();
+        let genuine = parse_reply(&reply, 0).unwrap().1.to_vec();
+        for i in 0..genuine.len() {
+            let mut forged = genuine.clone();
+            forged[i] ^= 0x03;
+            assert_eq!(
+                init.finish(&forged).map(|_| ()),
+                Err(Refusal::Invalid),
+                "byte {i}"
+            );
+        }
+        let (hello, _) = init.finish(&genuine).unwrap();
+        assert_eq!(hello, b"hello, offer last");
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub struct SecurityConfig {
     pub rekey_interval: Duration,
     /// Packets sent or received under one key before it is replaced.
     pub rekey_after_packets: u64,
+    /// The AEADs we accept for packets, most preferred first (sent in our HELLO).
+    pub aeads: AeadOffer,
 }
 
 impl SecurityConfig {
@@ -56,6 +58,7 @@ impl std::fmt::Debug for SecurityConfig {
             .field("psk", &self.psk.map(|_| "<set>"))
             .field("rekey_interval", &self.rekey_interval)
             .field("rekey_after_packets", &self.rekey_after_packets)
+            .field("aeads", &self.aeads)
             .finish()
     }
 }
@@ -65,14 +68,16 @@ mod cookie;
 mod handshake;
 mod limiter;
 mod macs;
+mod negotiate;
 mod replay;
 
-pub use aead::TAG_LEN;
+pub use aead::{PacketProtection, TAG_LEN};
 pub use cookie::COOKIE_SECRET_LIFETIME;
 pub use limiter::{
     HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST, PER_SOURCE_PER_SECOND,
     RECENT_INITIATIONS,
 };
+pub use negotiate::{hardware_aes, negotiate, AeadOffer, MAX_OFFERED};
 pub use replay::REPLAY_WINDOW;
 
 use std::time::Instant;
@@ -83,6 +88,7 @@ use aead::PacketKey;
 pub(crate) use cookie::{cookie_dcid, CookieJar};
 pub(crate) use handshake::{
     initiation_ephemeral, parse_init, parse_reply, EphemeralSource, Responder, SessionKeys,
+    SplitKeys,
 };
 use handshake::{Initiation, Refusal};
 pub(crate) use limiter::{HandshakeGuard, SourceBudgets, TokenBucket};
@@ -115,6 +121,7 @@ pub(crate) enum DropReason {
     HandshakeReplayed,
     HandshakeBadMac,
     CookieInvalid,
+    AeadMismatch,
 }
 
 impl DropReason {
@@ -128,6 +135,7 @@ impl DropReason {
             DropReason::HandshakeReplayed => &mut c.handshake_replayed,
             DropReason::HandshakeBadMac => &mut c.handshake_bad_mac,
             DropReason::CookieInvalid => &mut c.cookie_invalid,
+            DropReason::AeadMismatch => &mut c.aead_mismatch,
         };
         *n += 1;
     }
@@ -301,6 +309,29 @@ impl Security {
         self.pending = None;
         self.outbox = None;
         self.replay = ReplayWindow::default();
+    }
+
+    /// The AEAD of the keys in use, once a handshake completed.
+    pub(crate) fn protection(&self) -> Option<PacketProtection> {
+        self.current.as_ref().map(|s| s.keys.protection)
+    }
+
+    /// The AEADs we accept, for our HELLO.
+    pub(crate) fn offer(&self) -> AeadOffer {
+        self.cfg.aeads
+    }
+
+    /// The packet keys of a handshake whose peer sent `peer_hello`: under the AEAD both
+    /// offers settle on, or none if they have none in common.
+    pub(crate) fn session_keys(
+        &self,
+        split: SplitKeys,
+        peer_hello: &Hello,
+    ) -> Result<SessionKeys, DropReason> {
+        let theirs = peer_hello.aeads.unwrap_or_else(AeadOffer::implied);
+        negotiate(&self.cfg.aeads, &theirs)
+            .map(|p| split.protect(p))
+            .ok_or(DropReason::AeadMismatch)
     }
 
     pub(crate) fn key_phase(&self) -> bool {
@@ -528,6 +559,8 @@ impl Security {
     }
 
     /// Answers an authenticated initiation; the keys wait for the initiator's confirmation.
+    /// Without an AEAD in common the reply still goes (it carries our offer, so the
+    /// initiator can tell why, authenticated) but no keys wait: `AeadMismatch`.
     pub(crate) fn answer(
         &mut self,
         now: Instant,
@@ -537,11 +570,12 @@ impl Security {
         peer_hello: crate::packet::Hello,
         fresh_numbers: bool,
     ) -> Result<(), DropReason> {
-        let (mut datagram, keys) = responder.reply(our_hello, peer_hello.cid)?;
+        let (mut datagram, split) = responder.reply(our_hello, peer_hello.cid)?;
         macs::stamp_reply(&mut datagram, &self.peer_macs);
         // The peer's initiation won: ours would only collide with it.
         self.initiation = None;
         self.outbox = Some(datagram.clone());
+        let keys = self.session_keys(split, &peer_hello)?;
         self.pending = Some(PendingReply {
             ephemeral,
             datagram,
@@ -559,7 +593,7 @@ impl Security {
         now: Instant,
         datagram: &[u8],
         local_cid_len: usize,
-    ) -> Result<(Vec<u8>, SessionKeys), DropReason> {
+    ) -> Result<(Vec<u8>, SplitKeys), DropReason> {
         let (_, noise) =
             handshake::parse_reply(datagram, local_cid_len).ok_or(DropReason::HandshakeInvalid)?;
         if self.initiation.is_none() {
@@ -635,12 +669,31 @@ impl Security {
         ];
         let has_candidate = same_numbers.iter().any(Option::is_some);
         let fresh = self.replay.is_fresh(pn);
-        if fresh {
-            let opened = same_numbers
-                .into_iter()
-                .flatten()
-                .find_map(|key| key.open(pn, header_len, packet).ok());
-            if let Some(payload_len) = opened {
+        // Then the keys of a reply awaiting confirmation: (packet number, key, confirms).
+        let confirming = self
+            .pending
+            .as_ref()
+            .filter(|p| p.fresh_numbers || fresh)
+            .map(|p| {
+                let pn = if p.fresh_numbers { expand(0) } else { pn };
+                (pn, &p.keys.recv, true)
+            });
+        let [current, previous] = same_numbers.map(|k| k.filter(|_| fresh).map(|k| (pn, k, false)));
+        let candidates = [current, previous, confirming];
+        // ring zeroes what fails to authenticate, so a key tried after another failed
+        // needs the packet as it arrived. Most packets have one candidate and no copy.
+        let arrived = (candidates.iter().flatten().count() > 1).then(|| packet.to_vec());
+        let opened = candidates.into_iter().flatten().enumerate().find_map(
+            |(attempt, (pn, key, confirms))| {
+                if let (true, Some(arrived)) = (attempt > 0, &arrived) {
+                    packet.copy_from_slice(arrived);
+                }
+                let payload_len = key.open(pn, header_len, packet).ok()?;
+                Some((pn, payload_len, confirms))
+            },
+        );
+        match opened {
+            Some((pn, payload_len, false)) => {
                 self.replay.record(pn);
                 return Ok(Opened {
                     pn,
@@ -648,18 +701,14 @@ impl Security {
                     confirmed: None,
                 });
             }
-        }
-        if let Some(p) = &self.pending {
-            let pn = if p.fresh_numbers { expand(0) } else { pn };
-            if p.fresh_numbers || fresh {
-                if let Ok(payload_len) = p.keys.recv.open(pn, header_len, packet) {
-                    return Ok(Opened {
-                        pn,
-                        payload_len,
-                        confirmed: self.pending.take(),
-                    });
-                }
+            Some((pn, payload_len, true)) => {
+                return Ok(Opened {
+                    pn,
+                    payload_len,
+                    confirmed: self.pending.take(),
+                })
             }
+            None => {}
         }
         Err(if has_candidate && !fresh {
             DropReason::Replayed

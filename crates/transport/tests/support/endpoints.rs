@@ -43,6 +43,7 @@ impl Node {
             psk: Some(PSK),
             rekey_interval: Duration::from_secs(120),
             rekey_after_packets: 1 << 30,
+            aeads: pep_transport::security::AeadOffer::auto(false),
         })
     }
 

@@ -159,6 +159,7 @@ pub fn security_pair(rekey_interval: Duration) -> [SecurityConfig; 2] {
         psk: Some([0x33; 32]),
         rekey_interval,
         rekey_after_packets: 1 << 30,
+        aeads: pep_transport::security::AeadOffer::auto(false),
     };
     [cfg(0), cfg(1)]
 }
