@@ -165,6 +165,7 @@ fn run_cells(cells: &[Cell], o: &Opts) -> anyhow::Result<Results> {
                 let spec = RunSpec {
                     profile: cell.profile,
                     link,
+                    link_kind: Default::default(),
                     mode,
                     workload: cell.workload.clone(),
                     max_duration: Duration::from_secs_f64(o.max_seconds),

@@ -212,6 +212,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                 let spec = RunSpec {
                     profile: args.profile,
                     link: case.link(&link),
+                    link_kind: Default::default(),
                     mode,
                     workload: case.workload.clone(),
                     max_duration: case.cap(mode),
@@ -316,6 +317,7 @@ mod tests {
     fn result(workload: Workload, outcome: Outcome) -> RunResult {
         RunResult {
             profile: Profile::Geo,
+            link: Default::default(),
             mode: Mode::Pepd,
             workload,
             ipv6: false,

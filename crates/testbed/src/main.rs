@@ -13,7 +13,7 @@ use nix::sys::signal::{SigSet, Signal};
 use pep_linkemu::cli::LinkArgs;
 use pep_testbed::pepd::{Gateways, Interception, PepdOptions};
 use pep_testbed::runner::{self, Mode, RunSpec};
-use pep_testbed::topology::{self, HostTuning, Topology};
+use pep_testbed::topology::{self, HostTuning, LinkKind, Topology};
 use pep_testbed::xfer::{client, server::Server, WorkloadArgs};
 use pep_testbed::Profile;
 
@@ -117,6 +117,10 @@ enum Cmd {
         profile: Profile,
         #[command(flatten)]
         link: LinkArgs,
+        /// What joins the gateways: the emulator, or a bare veth pair (no rate, delay or
+        /// impairments; the link options then only provision pepd).
+        #[arg(long = "link", value_enum, default_value_t = LinkKind::Emulated)]
+        link_kind: LinkKind,
         /// Congestion control of client and server.
         #[arg(long, default_value = "cubic")]
         cc: String,
@@ -142,6 +146,10 @@ enum Cmd {
         profile: Profile,
         #[command(flatten)]
         link: LinkArgs,
+        /// What joins the gateways: the emulator, or a bare veth pair (no rate, delay or
+        /// impairments; the link options then only provision pepd and set the reference).
+        #[arg(long = "link", value_enum, default_value_t = LinkKind::Emulated)]
+        link_kind: LinkKind,
         #[arg(long, value_enum)]
         mode: Mode,
         #[command(flatten)]
@@ -230,6 +238,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Up {
             profile,
             link,
+            link_kind,
             cc,
             with_pepd,
             pepd,
@@ -239,7 +248,8 @@ fn main() -> anyhow::Result<()> {
             signals.add(Signal::SIGINT);
             signals.add(Signal::SIGTERM);
             signals.thread_block()?;
-            let mut topo = Topology::up(
+            let mut topo = Topology::up_over(
+                link_kind,
                 &cfg,
                 &HostTuning {
                     congestion_control: cc,
@@ -299,6 +309,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run {
             profile,
             link,
+            link_kind,
             mode,
             workload,
             max_seconds,
@@ -314,6 +325,7 @@ fn main() -> anyhow::Result<()> {
             let spec = RunSpec {
                 profile,
                 link: link.apply(profile.link())?,
+                link_kind,
                 mode,
                 workload: workload.workload(),
                 max_duration: secs(max_seconds)?,

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::cross::{CrossOutcome, CrossSpec, CrossTraffic};
 use crate::pepd::{Gateways, PepdOptions};
-use crate::topology::{HostTuning, Topology};
+use crate::topology::{HostTuning, LinkKind, Topology};
 use crate::xfer::{client, server::Server, Outcome, Workload};
 use crate::{addr, in_netns, Error, Profile};
 
@@ -69,6 +69,9 @@ pub struct RunSpec {
     pub profile: Profile,
     /// The profile's link with any overrides applied.
     pub link: LinkConfig,
+    /// What joins the gateways: the emulator applying `link`, or a bare veth pair (then
+    /// `link` only sets pepd's provisioned rates and the reference goodput).
+    pub link_kind: LinkKind,
     pub mode: Mode,
     pub workload: Workload,
     /// Run-time cap: a transfer still going then is cut and reported as `capped`.
@@ -116,6 +119,7 @@ impl From<&DirectionConfig> for LinkSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct RunResult {
     pub profile: Profile,
+    pub link: LinkKind,
     pub mode: Mode,
     pub workload: Workload,
     pub ipv6: bool,
@@ -156,7 +160,7 @@ pub struct RunResult {
 
 pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     let hosts = spec.mode.host_tuning();
-    let mut topo = Topology::up(&spec.link, &hosts)?;
+    let mut topo = Topology::up_over(spec.link_kind, &spec.link, &hosts)?;
     let gateways = start_gateways(spec, &topo)?;
     let target = SocketAddr::new(addr::server(spec.ipv6), XFER_PORT);
     let cc = hosts.congestion_control.clone();
@@ -220,6 +224,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     };
     Ok(RunResult {
         profile: spec.profile,
+        link: spec.link_kind,
         mode: spec.mode,
         workload: spec.workload.clone(),
         ipv6: spec.ipv6,

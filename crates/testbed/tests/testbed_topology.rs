@@ -23,6 +23,7 @@ fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
     let spec = RunSpec {
         profile: Profile::Geo,
         link,
+        link_kind: Default::default(),
         mode,
         workload,
         max_duration: Duration::from_secs(30),
@@ -195,6 +196,7 @@ fn pepd_mode_without_the_daemon_says_where_it_looked() {
     let spec = RunSpec {
         profile: Profile::Lawson,
         link: Profile::Lawson.link(),
+        link_kind: Default::default(),
         mode: Mode::Pepd,
         workload: Workload::Page,
         max_duration: Duration::from_secs(1),

@@ -1,0 +1,84 @@
+//! The testbed's direct veth link between the gateways (no emulator) and the modes measured
+//! over it for issue 15: every transfer checked byte-exact against the pattern's digests.
+//! Kept short for CI. Root only.
+
+use std::time::Duration;
+
+use pep_testbed::runner::{self, Mode, RunResult, RunSpec};
+use pep_testbed::topology::LinkKind;
+use pep_testbed::xfer::pattern::expected_digest;
+use pep_testbed::xfer::{Amount, Workload};
+use pep_testbed::Profile;
+
+const SEED: u64 = 11;
+
+fn over_veth(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
+    let spec = RunSpec {
+        profile: Profile::Nasa,
+        link: Profile::Nasa.link(),
+        link_kind: LinkKind::Veth,
+        mode,
+        workload,
+        max_duration: Duration::from_secs(60),
+        seed: SEED,
+        ipv6,
+        pepd: Default::default(),
+        cross: Default::default(),
+        timeline: false,
+        settle: Duration::ZERO,
+    };
+    let r = runner::run(&spec).expect("run");
+    eprintln!("{}", serde_json::to_string(&r).expect("json"));
+    assert_eq!(r.outcome.error, None);
+    assert_eq!(r.outcome.intact, Some(true));
+    assert!(!r.outcome.capped);
+    assert_eq!(r.link, LinkKind::Veth);
+    assert!(r.emulator.is_none());
+    r
+}
+
+#[test]
+fn plain_tcp_crosses_the_veth_link_both_ways_over_ipv4_and_ipv6() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    for ipv6 in [false, true] {
+        let w = Workload::Bidir {
+            up: 3_000_000,
+            down: 5_000_000,
+        };
+        let r = over_veth(Mode::PlainCubic, w, ipv6);
+        assert_eq!(r.outcome.bytes, 8_000_000);
+        assert_eq!(
+            r.outcome.down_digest,
+            Some(expected_digest(SEED, 1, 5_000_000).hex())
+        );
+        assert_eq!(
+            r.outcome.up_digest,
+            Some(expected_digest(SEED, 0, 3_000_000).hex())
+        );
+    }
+}
+
+#[test]
+fn a_download_over_veth_is_not_held_to_the_profiles_rate() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let r = over_veth(
+        Mode::PlainCubic,
+        Workload::Download(Amount::Bytes(20_000_000)),
+        false,
+    );
+    assert_eq!(
+        r.outcome.down_digest,
+        Some(expected_digest(SEED, 1, 20_000_000).hex())
+    );
+    // The nasa profile's 100 Mb/s would apply on the emulated link; a veth pair has no
+    // serialisation rate (even a loaded two-core machine moves well over this).
+    assert!(
+        r.outcome.goodput_bps > 150e6,
+        "{} bit/s",
+        r.outcome.goodput_bps
+    );
+}
