@@ -172,6 +172,7 @@ fn run_cells(cells: &[Cell], o: &Opts) -> anyhow::Result<Results> {
                     seed: 1 + run as u64,
                     ipv6: false,
                     pepd: pepd_options(),
+                    split: Default::default(),
                     cross: Default::default(),
                     timeline: false,
                     settle: Duration::ZERO,

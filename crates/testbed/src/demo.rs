@@ -219,6 +219,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                     seed: u64::from(rep) + 1,
                     ipv6: false,
                     pepd: case.pepd_options(&link, pepd.clone()),
+                    split: Default::default(),
                     cross: Default::default(),
                     timeline: false,
                     settle: case.settle(),

@@ -21,6 +21,9 @@
 //! interception and policy routing installed in their namespaces; [`PepdTestbed`] keeps
 //! such a topology up for tests (kill and restart a gateway, take the hop down).
 //!
+//! In split-tcp mode ([`split`]) each gateway runs a kernel split-TCP relay instead (the
+//! baseline pepd is compared with), behind the same interception.
+//!
 //! [`hub`] builds the hub-and-spoke form (`pep-testbed hub --terminals N`): one hub gateway,
 //! N terminal gateways each with its own client network, one shared emulated forward
 //! carrier and a return link per terminal; [`hub::HubTestbed`] keeps it up for tests.
@@ -34,7 +37,9 @@ pub mod hub;
 pub mod pepd;
 pub mod ping;
 pub mod profile;
+pub mod relay_io;
 pub mod runner;
+pub mod split;
 pub mod stats;
 pub mod topology;
 pub mod udp;

@@ -13,6 +13,7 @@ use nix::sys::signal::{SigSet, Signal};
 use pep_linkemu::cli::LinkArgs;
 use pep_testbed::pepd::{Gateways, Interception, PepdOptions};
 use pep_testbed::runner::{self, Mode, RunSpec};
+use pep_testbed::split::SplitOptions;
 use pep_testbed::topology::{self, HostTuning, LinkKind, Topology};
 use pep_testbed::xfer::{client, server::Server, WorkloadArgs};
 use pep_testbed::Profile;
@@ -168,6 +169,9 @@ enum Cmd {
         json: bool,
         #[command(flatten)]
         pepd: PepdArgs,
+        /// In split-tcp mode: the congestion control of the relays' sockets (cubic, bbr, …).
+        #[arg(long, default_value = "cubic")]
+        split_cc: String,
         /// Beside the workload, an unresponsive UDP stream from the server to the client at
         /// this rate (bit/s of IP bytes), not through pepd.
         #[arg(long)]
@@ -198,12 +202,29 @@ enum Cmd {
     /// object (goodput, byte-exactness, request latency percentiles, Jain's index of
     /// goodput per weight, the busiest 5 s against each MIR).
     Hub(hub_cmd::HubArgs),
+    /// The kernel split-TCP relay `run --mode split-tcp` starts on each gateway (TPROXY
+    /// interception, one kernel TCP connection per flow across the link, splice(2)):
+    /// `split-relay run -c FILE`.
+    SplitRelay {
+        #[command(subcommand)]
+        cmd: SplitRelayCmd,
+    },
     /// A stand-in for pepd that relays intercepted TCP over the routed path (tests the
     /// testbed's interception plumbing): `fake-pepd run -c FILE`.
     #[command(hide = true)]
     FakePepd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SplitRelayCmd {
+    /// Serve until killed.
+    Run {
+        /// The relay's TOML config (written by the runner).
+        #[arg(short = 'c', long = "config")]
+        config: std::path::PathBuf,
     },
 }
 
@@ -317,6 +338,7 @@ fn main() -> anyhow::Result<()> {
             ipv6,
             json,
             pepd,
+            split_cc,
             cross_udp_bps,
             cross_tcp_seconds,
             timeline,
@@ -332,6 +354,10 @@ fn main() -> anyhow::Result<()> {
                 seed: traffic_seed,
                 ipv6,
                 pepd: pepd.options()?,
+                split: SplitOptions {
+                    binary: None,
+                    congestion_control: split_cc,
+                },
                 cross: pep_testbed::cross::CrossSpec {
                     udp_bps: cross_udp_bps,
                     tcp_seconds: cross_tcp_seconds,
@@ -349,6 +375,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Hub(args) => hub_cmd::run(&args)?,
+        Cmd::SplitRelay {
+            cmd: SplitRelayCmd::Run { config },
+        } => pep_testbed::split::relay::main(&config)?,
         Cmd::FakePepd { args } => pep_testbed::fakepepd::main(&args)?,
     }
     Ok(())

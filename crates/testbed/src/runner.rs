@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::cross::{CrossOutcome, CrossSpec, CrossTraffic};
 use crate::pepd::{Gateways, PepdOptions};
+use crate::split::{SplitGateways, SplitOptions};
 use crate::topology::{HostTuning, LinkKind, Topology};
 use crate::xfer::{client, server::Server, Outcome, Workload};
 use crate::{addr, in_netns, Error, Profile};
@@ -29,6 +30,10 @@ pub enum Mode {
     /// pepd on both gateways, intercepting with TPROXY; endpoints on the kernel default
     /// (CUBIC), talking to their local gateway only.
     Pepd,
+    /// The kernel split-TCP baseline ([`crate::split`]): a relay on each gateway,
+    /// intercepting with TPROXY like pepd and carrying each flow across the link on one
+    /// kernel TCP connection; endpoints on CUBIC.
+    SplitTcp,
 }
 
 impl Mode {
@@ -37,6 +42,7 @@ impl Mode {
             Mode::PlainCubic => "plain-cubic",
             Mode::PlainBbr => "plain-bbr",
             Mode::Pepd => "pepd",
+            Mode::SplitTcp => "split-tcp",
         }
     }
 
@@ -46,7 +52,7 @@ impl Mode {
             Mode::PlainCubic => "cubic",
             Mode::PlainBbr => "bbr",
             // Each host's TCP only spans its LAN to the gateway: the kernel default will do.
-            Mode::Pepd => "cubic",
+            Mode::Pepd | Mode::SplitTcp => "cubic",
         };
         HostTuning {
             congestion_control: cc.to_owned(),
@@ -54,14 +60,37 @@ impl Mode {
     }
 }
 
+/// What runs on the gateways in a mode.
+enum GatewayProcesses {
+    Pepd(Gateways),
+    Split(SplitGateways),
+}
+
+impl GatewayProcesses {
+    fn log_tails(&self, lines: usize) -> BTreeMap<String, String> {
+        match self {
+            GatewayProcesses::Pepd(g) => g.log_tails(lines),
+            GatewayProcesses::Split(g) => g.log_tails(lines),
+        }
+    }
+}
+
 /// Starts what a mode runs on the gateways: nothing in the plain modes (the gateways
 /// route), pepd on both in `Mode::Pepd` (see [`crate::pepd`]), up and associated when this
-/// returns. Dropping the result stops the daemons.
-fn start_gateways(spec: &RunSpec, topo: &Topology) -> Result<Option<Gateways>, Error> {
-    match spec.mode {
-        Mode::PlainCubic | Mode::PlainBbr => Ok(None),
-        Mode::Pepd => Gateways::start(&topo.names, &spec.link, &spec.pepd).map(Some),
-    }
+/// returns, the split relays in `Mode::SplitTcp`. Dropping the result stops them.
+fn start_gateways(spec: &RunSpec, topo: &Topology) -> Result<Option<GatewayProcesses>, Error> {
+    Ok(match spec.mode {
+        Mode::PlainCubic | Mode::PlainBbr => None,
+        Mode::Pepd => Some(GatewayProcesses::Pepd(Gateways::start(
+            &topo.names,
+            &spec.link,
+            &spec.pepd,
+        )?)),
+        Mode::SplitTcp => Some(GatewayProcesses::Split(SplitGateways::start(
+            &topo.names,
+            &spec.split,
+        )?)),
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -80,6 +109,8 @@ pub struct RunSpec {
     pub ipv6: bool,
     /// How pepd runs in `Mode::Pepd` (ignored otherwise).
     pub pepd: PepdOptions,
+    /// How the relays run in `Mode::SplitTcp` (ignored otherwise).
+    pub split: SplitOptions,
     /// Traffic beside the workload that does not pass through pepd.
     pub cross: CrossSpec,
     /// Include the forward link's timeline (100 ms buckets) in the result.
@@ -153,7 +184,8 @@ pub struct RunResult {
     /// The forward link over time, seconds from the emulator's start.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<Bucket>>,
-    /// In pepd mode, when the transfer failed: the tail of each gateway's pepd log.
+    /// In pepd and split-tcp mode, when the transfer failed: the tail of each gateway's
+    /// log (pepd's or the relay's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pepd_log_tail: Option<BTreeMap<String, String>>,
 }
@@ -187,7 +219,10 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         .as_ref()
         .filter(|_| failed)
         .map(|g| g.log_tails(30));
-    let pepd_capacity = gateways.as_ref().map(Gateways::capacity_reports);
+    let pepd_capacity = match &gateways {
+        Some(GatewayProcesses::Pepd(g)) => Some(g.capacity_reports()),
+        _ => None,
+    };
     drop(gateways);
     let forward_timeline = topo.emulator_timelines().map(|[f, _]| f);
     let emulator = topo.stop_emulator();

@@ -108,18 +108,22 @@ pub fn add_tun(ns: &str, dev: &str) -> Result<(), Error> {
     ip_in(ns, &["link", "set", dev, "txqueuelen", "10000", "up"]).map(drop)
 }
 
-/// The TCP settings of an end host (client or server) in namespace `host`.
-pub fn tune_host(host: &str, hosts: &HostTuning) -> Result<(), Error> {
-    // Autotuning stays on; only its ceiling is raised so a window can cover the
-    // bandwidth-delay product of a 100 Mb/s, 500 ms path (6.25 MB), as any LFN host
-    // would be configured.
+/// Raises the ceiling of TCP buffer autotuning in namespace `ns`. Autotuning stays on;
+/// only its ceiling is raised so a window can cover the bandwidth-delay product of a
+/// 100 Mb/s, 500 ms path (6.25 MB), as any LFN host would be configured.
+pub fn raise_tcp_buffers(ns: &str) -> Result<(), Error> {
     sysctl_in(
-        host,
+        ns,
         &[
             "net.ipv4.tcp_rmem=4096 131072 67108864",
             "net.ipv4.tcp_wmem=4096 16384 67108864",
         ],
-    )?;
+    )
+}
+
+/// The TCP settings of an end host (client or server) in namespace `host`.
+pub fn tune_host(host: &str, hosts: &HostTuning) -> Result<(), Error> {
+    raise_tcp_buffers(host)?;
     // A child namespace may only default to algorithms the host lists in
     // tcp_allowed_congestion_control, so when the host does not allow it the
     // traffic tool's per-socket TCP_CONGESTION (root may pick any) still applies.

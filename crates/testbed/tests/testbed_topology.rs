@@ -30,6 +30,7 @@ fn quick(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
         seed: 7,
         ipv6,
         pepd: Default::default(),
+        split: Default::default(),
         cross: Default::default(),
         timeline: false,
         settle: Duration::ZERO,
@@ -206,6 +207,7 @@ fn pepd_mode_without_the_daemon_says_where_it_looked() {
             binary: Some("/nonexistent/pepd".into()),
             ..Default::default()
         },
+        split: Default::default(),
         cross: Default::default(),
         timeline: false,
         settle: Duration::ZERO,

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use pep_testbed::runner::{self, Mode, RunResult, RunSpec};
+use pep_testbed::split::SplitOptions;
 use pep_testbed::topology::LinkKind;
 use pep_testbed::xfer::pattern::expected_digest;
 use pep_testbed::xfer::{Amount, Workload};
@@ -13,6 +14,10 @@ use pep_testbed::Profile;
 const SEED: u64 = 11;
 
 fn over_veth(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
+    over_veth_with(mode, workload, ipv6, "cubic")
+}
+
+fn over_veth_with(mode: Mode, workload: Workload, ipv6: bool, relay_cc: &str) -> RunResult {
     let spec = RunSpec {
         profile: Profile::Nasa,
         link: Profile::Nasa.link(),
@@ -23,6 +28,11 @@ fn over_veth(mode: Mode, workload: Workload, ipv6: bool) -> RunResult {
         seed: SEED,
         ipv6,
         pepd: Default::default(),
+        split: SplitOptions {
+            // The test executable has no `split-relay` command.
+            binary: Some(env!("CARGO_BIN_EXE_pep-testbed").into()),
+            congestion_control: relay_cc.into(),
+        },
         cross: Default::default(),
         timeline: false,
         settle: Duration::ZERO,
@@ -81,4 +91,55 @@ fn a_download_over_veth_is_not_held_to_the_profiles_rate() {
         "{} bit/s",
         r.outcome.goodput_bps
     );
+}
+
+#[test]
+fn split_tcp_relays_a_download_byte_exact_over_the_veth_link() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let r = over_veth(
+        Mode::SplitTcp,
+        Workload::Download(Amount::Bytes(20_000_000)),
+        false,
+    );
+    assert_eq!(r.outcome.bytes, 20_000_000);
+    assert_eq!(
+        r.outcome.down_digest,
+        Some(expected_digest(SEED, 1, 20_000_000).hex())
+    );
+}
+
+#[test]
+fn split_tcp_on_bbr_carries_both_directions_and_half_closes_over_ipv6() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let r = over_veth_with(
+        Mode::SplitTcp,
+        Workload::Bidir {
+            up: 2_000_000,
+            down: 3_000_000,
+        },
+        true,
+        "bbr",
+    );
+    assert_eq!(
+        r.outcome.down_digest,
+        Some(expected_digest(SEED, 1, 3_000_000).hex())
+    );
+    assert_eq!(
+        r.outcome.up_digest,
+        Some(expected_digest(SEED, 0, 2_000_000).hex())
+    );
+    let r = over_veth(
+        Mode::SplitTcp,
+        Workload::HalfClose {
+            up: 100_000,
+            down: 300_000,
+        },
+        true,
+    );
+    // The server replies only after the client's FIN came through both relays.
+    assert_eq!(r.outcome.bytes, 300_000);
 }
