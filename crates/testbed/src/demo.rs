@@ -334,6 +334,7 @@ mod tests {
             cross: None,
             timeline: None,
             pepd_capacity: None,
+            gateway_cpu: None,
             link_average_bps: 0.0,
             efficiency_of_capacity: 0.0,
             pepd_log_tail: None,

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use nix::sys::signal::{SigSet, Signal};
 use pep_linkemu::cli::LinkArgs;
-use pep_testbed::pepd::{Gateways, Interception, PepdOptions};
+use pep_testbed::pepd::{Gateways, Interception, PepdOptions, TunnelSecurity};
 use pep_testbed::runner::{self, Mode, RunSpec};
 use pep_testbed::split::SplitOptions;
 use pep_testbed::topology::{self, HostTuning, LinkKind, Topology};
@@ -49,6 +49,10 @@ struct PepdArgs {
     /// fade below what the gateways were set up for.
     #[arg(long, value_name = "RATE")]
     pepd_forward_rate: Option<String>,
+    /// The tunnel's security: "noise" (keys generated per run) or "none"
+    /// (`security.mode = "none"`). Default: noise, or what $PEPTB_SECURITY says.
+    #[arg(long, value_name = "MODE")]
+    pepd_security: Option<String>,
 }
 
 impl PepdArgs {
@@ -86,6 +90,10 @@ impl PepdArgs {
                 Interception::Pepd
             } else {
                 Interception::Testbed
+            },
+            security: match &self.pepd_security {
+                Some(s) => TunnelSecurity::parse(s)?,
+                None => TunnelSecurity::default(),
             },
             ..Default::default()
         })

@@ -10,8 +10,9 @@ use pep_sim::channel::reference_goodput_bps;
 use pep_sim::timeline::{step_responses, Bucket, StepResponse};
 use serde::Serialize;
 
+use crate::cpu::{CpuMeter, GatewayCpu};
 use crate::cross::{CrossOutcome, CrossSpec, CrossTraffic};
-use crate::pepd::{Gateways, PepdOptions};
+use crate::pepd::{Gateways, PepdOptions, Side};
 use crate::split::{SplitGateways, SplitOptions};
 use crate::topology::{HostTuning, LinkKind, Topology};
 use crate::xfer::{client, server::Server, Outcome, Workload};
@@ -67,6 +68,20 @@ enum GatewayProcesses {
 }
 
 impl GatewayProcesses {
+    /// Each gateway's process id, keyed by gateway name (those running).
+    fn pids(&self) -> Vec<(String, u32)> {
+        let all = match self {
+            GatewayProcesses::Pepd(g) => Side::BOTH
+                .into_iter()
+                .map(|s| (s.gateway().to_owned(), g.pid(s)))
+                .collect(),
+            GatewayProcesses::Split(g) => g.pids(),
+        };
+        all.into_iter()
+            .filter_map(|(name, pid)| Some((name, pid?)))
+            .collect()
+    }
+
     fn log_tails(&self, lines: usize) -> BTreeMap<String, String> {
         match self {
             GatewayProcesses::Pepd(g) => g.log_tails(lines),
@@ -184,6 +199,10 @@ pub struct RunResult {
     /// The forward link over time, seconds from the emulator's start.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<Bucket>>,
+    /// In pepd and split-tcp mode: CPU (user + system) of each gateway's process over the
+    /// workload, and of both per GB of verified payload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway_cpu: Option<GatewayCpu>,
     /// In pepd and split-tcp mode, when the transfer failed: the tail of each gateway's
     /// log (pepd's or the relay's).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -211,7 +230,12 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     };
     let w = spec.workload.clone();
     let workload_start_s = topo.emulator_elapsed().as_secs_f64();
+    let cpu_meter = gateways
+        .as_ref()
+        .map(|g| CpuMeter::start(&g.pids()))
+        .transpose()?;
     let outcome: Outcome = in_netns(&topo.names.client, move || client::run(&w, &opts))?;
+    let gateway_cpu = cpu_meter.map(|m| m.finish(outcome.bytes)).transpose()?;
     let cross = cross.map(CrossTraffic::finish).transpose()?;
     drop(server);
     let failed = outcome.error.is_some() || outcome.intact == Some(false);
@@ -279,6 +303,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         cross,
         timeline: spec.timeline.then_some(buckets),
         pepd_capacity,
+        gateway_cpu,
         link_average_bps,
         efficiency_of_capacity,
         pepd_log_tail,

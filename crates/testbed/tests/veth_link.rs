@@ -84,6 +84,8 @@ fn a_download_over_veth_is_not_held_to_the_profiles_rate() {
         r.outcome.down_digest,
         Some(expected_digest(SEED, 1, 20_000_000).hex())
     );
+    // The gateways only route: no process of theirs to account.
+    assert!(r.gateway_cpu.is_none());
     // The nasa profile's 100 Mb/s would apply on the emulated link; a veth pair has no
     // serialisation rate (even a loaded two-core machine moves well over this).
     assert!(
@@ -108,6 +110,13 @@ fn split_tcp_relays_a_download_byte_exact_over_the_veth_link() {
         r.outcome.down_digest,
         Some(expected_digest(SEED, 1, 20_000_000).hex())
     );
+    // Both relays' CPU over the transfer is reported, and per GB of what arrived.
+    let cpu = r.gateway_cpu.expect("split-tcp reports the relays' CPU");
+    let names: Vec<&str> = cpu.processes.keys().map(String::as_str).collect();
+    assert_eq!(names, ["gw-a", "gw-b"]);
+    let sum: f64 = cpu.processes.values().map(|p| p.total_s).sum();
+    assert_eq!(cpu.total_s, sum);
+    assert_eq!(cpu.cpu_s_per_gb, cpu.total_s / 0.02);
 }
 
 #[test]

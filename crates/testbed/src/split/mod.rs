@@ -140,7 +140,7 @@ impl SplitGateways {
         Ok(g)
     }
 
-    /// Each relay's process id, keyed by gateway name.
+    /// Each relay's process id (while it runs), keyed by gateway name.
     pub fn pids(&self) -> Vec<(String, Option<u32>)> {
         Side::BOTH
             .into_iter()
