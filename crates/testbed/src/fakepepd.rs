@@ -120,13 +120,8 @@ fn relay(down: TcpStream, mark: u32, transparent: bool) {
         }
     };
     let (from, to) = (down.peer_addr(), down.local_addr());
-    let j = join(&down, &up);
-    eprintln!(
-        "fake-pepd: {from:?} -> {to:?}: client→server {}; server→client {}; {}",
-        j.a_to_b,
-        j.b_to_a,
-        if j.reset { "reset" } else { "closed" }
-    );
+    let j = join(&down, &up).summary("client→server", "server→client");
+    eprintln!("fake-pepd: {from:?} -> {to:?}: {j}");
 }
 
 fn open_upstream(down: &TcpStream, mark: u32, transparent: bool) -> io::Result<TcpStream> {

@@ -79,6 +79,18 @@ pub struct Joined {
     pub reset: bool,
 }
 
+impl Joined {
+    /// One line for the log, the two directions named as the caller calls them.
+    pub fn summary(&self, a_to_b: &str, b_to_a: &str) -> String {
+        format!(
+            "{a_to_b} {}; {b_to_a} {}; {}",
+            self.a_to_b,
+            self.b_to_a,
+            if self.reset { "reset" } else { "closed" }
+        )
+    }
+}
+
 /// Moves bytes both ways between `a` and `b` until both directions end. EOF travels on as
 /// a half-close; an error on either side resets both once both directions stopped.
 pub fn join(a: &TcpStream, b: &TcpStream) -> Joined {

@@ -136,6 +136,28 @@ pub struct RunSpec {
     pub settle: Duration,
 }
 
+impl RunSpec {
+    /// `workload` under `mode` over `profile`'s `link`, emulated, with everything else at
+    /// its default: IPv4, seed 1, a 300 s cap, no cross traffic, no timeline, no settling.
+    pub fn new(profile: Profile, link: LinkConfig, mode: Mode, workload: Workload) -> RunSpec {
+        RunSpec {
+            profile,
+            link,
+            link_kind: LinkKind::Emulated,
+            mode,
+            workload,
+            max_duration: Duration::from_secs(300),
+            seed: 1,
+            ipv6: false,
+            pepd: PepdOptions::default(),
+            split: SplitOptions::default(),
+            cross: CrossSpec::default(),
+            timeline: false,
+            settle: Duration::ZERO,
+        }
+    }
+}
+
 /// A rate step counts as followed when the queue is back under this, and a step up when the
 /// link delivers this fraction of the new rate (issue 13's acceptance).
 const STEP_QUEUE_BOUND: Duration = Duration::from_millis(100);

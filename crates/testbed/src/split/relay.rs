@@ -98,13 +98,8 @@ impl Role {
         };
         // Named before the relay: a closed socket has no peer address left.
         let (from, to) = (accepted.peer_addr(), other.peer_addr());
-        let j = join(&accepted, &other);
-        eprintln!(
-            "split-relay: {label} {from:?} -> {to:?}: in {}; out {}; {}",
-            j.a_to_b,
-            j.b_to_a,
-            if j.reset { "reset" } else { "closed" }
-        );
+        let j = join(&accepted, &other).summary("in", "out");
+        eprintln!("split-relay: {label} {from:?} -> {to:?}: {j}");
     }
 }
 
