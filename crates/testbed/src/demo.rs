@@ -212,12 +212,14 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                 let spec = RunSpec {
                     profile: args.profile,
                     link: case.link(&link),
+                    link_kind: Default::default(),
                     mode,
                     workload: case.workload.clone(),
                     max_duration: case.cap(mode),
                     seed: u64::from(rep) + 1,
                     ipv6: false,
                     pepd: case.pepd_options(&link, pepd.clone()),
+                    split: Default::default(),
                     cross: Default::default(),
                     timeline: false,
                     settle: case.settle(),
@@ -316,6 +318,7 @@ mod tests {
     fn result(workload: Workload, outcome: Outcome) -> RunResult {
         RunResult {
             profile: Profile::Geo,
+            link: Default::default(),
             mode: Mode::Pepd,
             workload,
             ipv6: false,
@@ -331,6 +334,7 @@ mod tests {
             cross: None,
             timeline: None,
             pepd_capacity: None,
+            gateway_cpu: None,
             link_average_bps: 0.0,
             efficiency_of_capacity: 0.0,
             pepd_log_tail: None,

@@ -4,6 +4,7 @@
 //! ```text
 //! pep-testbed run --profile lawson --ber 1e-6 --mode plain-cubic --workload download --seconds 30 --json
 //! pep-testbed run --profile geo --mode pepd --workload bidir --bytes 10000000 # --pepd PATH
+//! pep-testbed run --profile nasa --link veth --mode plain-cubic --workload download --bytes 1000000000
 //! pep-testbed up --profile geo            # keeps the topology up until Ctrl-C; prints the names
 //! pep-testbed up --profile geo --with-pepd --pepd-toml '[upstream] transparent_source = true'
 //! ip netns exec NAME-sv pep-testbed xfer server
@@ -13,10 +14,15 @@
 //!
 //! Addresses: client 198.18.1.2 / fd00:198:18:1::2, server 198.18.3.2 / fd00:198:18:3::2
 //! (see [`addr`]). The link's forward direction is gw-b → gw-a, towards the client.
+//! `--link veth` ([`topology::LinkKind`]) joins the gateways with a bare veth pair instead
+//! of the emulator, for measuring the gateways' own CPU cost at gigabit rates.
 //!
 //! In pepd mode ([`pepd`]) gw-a runs pepd as the terminal and gw-b as the hub, with TPROXY
 //! interception and policy routing installed in their namespaces; [`PepdTestbed`] keeps
 //! such a topology up for tests (kill and restart a gateway, take the hop down).
+//!
+//! In split-tcp mode ([`split`]) each gateway runs a kernel split-TCP relay instead (the
+//! baseline pepd is compared with), behind the same interception.
 //!
 //! [`hub`] builds the hub-and-spoke form (`pep-testbed hub --terminals N`): one hub gateway,
 //! N terminal gateways each with its own client network, one shared emulated forward
@@ -24,6 +30,7 @@
 
 pub mod addr;
 pub mod cmd;
+pub mod cpu;
 pub mod cross;
 pub mod daemon;
 pub mod fakepepd;
@@ -31,7 +38,9 @@ pub mod hub;
 pub mod pepd;
 pub mod ping;
 pub mod profile;
+pub mod relay_io;
 pub mod runner;
+pub mod split;
 pub mod stats;
 pub mod topology;
 pub mod udp;

@@ -11,9 +11,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use nix::sys::signal::{SigSet, Signal};
 use pep_linkemu::cli::LinkArgs;
-use pep_testbed::pepd::{Gateways, Interception, PepdOptions};
+use pep_testbed::pepd::{Gateways, Interception, PepdOptions, TunnelSecurity};
 use pep_testbed::runner::{self, Mode, RunSpec};
-use pep_testbed::topology::{self, HostTuning, Topology};
+use pep_testbed::split::SplitOptions;
+use pep_testbed::topology::{self, HostTuning, LinkKind, Topology};
 use pep_testbed::xfer::{client, server::Server, WorkloadArgs};
 use pep_testbed::Profile;
 
@@ -48,6 +49,10 @@ struct PepdArgs {
     /// fade below what the gateways were set up for.
     #[arg(long, value_name = "RATE")]
     pepd_forward_rate: Option<String>,
+    /// The tunnel's security: "noise" (keys generated per run) or "none"
+    /// (`security.mode = "none"`). Default: noise, or what $PEPTB_SECURITY says.
+    #[arg(long, value_name = "MODE")]
+    pepd_security: Option<String>,
 }
 
 impl PepdArgs {
@@ -86,6 +91,10 @@ impl PepdArgs {
             } else {
                 Interception::Testbed
             },
+            security: match &self.pepd_security {
+                Some(s) => TunnelSecurity::parse(s)?,
+                None => TunnelSecurity::default(),
+            },
             ..Default::default()
         })
     }
@@ -117,6 +126,10 @@ enum Cmd {
         profile: Profile,
         #[command(flatten)]
         link: LinkArgs,
+        /// What joins the gateways: the emulator, or a bare veth pair (no rate, delay or
+        /// impairments; the link options then only provision pepd).
+        #[arg(long = "link", value_enum, default_value_t = LinkKind::Emulated)]
+        link_kind: LinkKind,
         /// Congestion control of client and server.
         #[arg(long, default_value = "cubic")]
         cc: String,
@@ -142,6 +155,10 @@ enum Cmd {
         profile: Profile,
         #[command(flatten)]
         link: LinkArgs,
+        /// What joins the gateways: the emulator, or a bare veth pair (no rate, delay or
+        /// impairments; the link options then only provision pepd and set the reference).
+        #[arg(long = "link", value_enum, default_value_t = LinkKind::Emulated)]
+        link_kind: LinkKind,
         #[arg(long, value_enum)]
         mode: Mode,
         #[command(flatten)]
@@ -160,6 +177,9 @@ enum Cmd {
         json: bool,
         #[command(flatten)]
         pepd: PepdArgs,
+        /// In split-tcp mode: the congestion control of the relays' sockets (cubic, bbr, …).
+        #[arg(long, default_value = "cubic")]
+        split_cc: String,
         /// Beside the workload, an unresponsive UDP stream from the server to the client at
         /// this rate (bit/s of IP bytes), not through pepd.
         #[arg(long)]
@@ -190,12 +210,29 @@ enum Cmd {
     /// object (goodput, byte-exactness, request latency percentiles, Jain's index of
     /// goodput per weight, the busiest 5 s against each MIR).
     Hub(hub_cmd::HubArgs),
+    /// The kernel split-TCP relay `run --mode split-tcp` starts on each gateway (TPROXY
+    /// interception, one kernel TCP connection per flow across the link, splice(2)):
+    /// `split-relay run -c FILE`.
+    SplitRelay {
+        #[command(subcommand)]
+        cmd: SplitRelayCmd,
+    },
     /// A stand-in for pepd that relays intercepted TCP over the routed path (tests the
     /// testbed's interception plumbing): `fake-pepd run -c FILE`.
     #[command(hide = true)]
     FakePepd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SplitRelayCmd {
+    /// Serve until killed.
+    Run {
+        /// The relay's TOML config (written by the runner).
+        #[arg(short = 'c', long = "config")]
+        config: std::path::PathBuf,
     },
 }
 
@@ -230,6 +267,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Up {
             profile,
             link,
+            link_kind,
             cc,
             with_pepd,
             pepd,
@@ -239,7 +277,8 @@ fn main() -> anyhow::Result<()> {
             signals.add(Signal::SIGINT);
             signals.add(Signal::SIGTERM);
             signals.thread_block()?;
-            let mut topo = Topology::up(
+            let mut topo = Topology::up_over(
+                link_kind,
                 &cfg,
                 &HostTuning {
                     congestion_control: cc,
@@ -299,6 +338,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run {
             profile,
             link,
+            link_kind,
             mode,
             workload,
             max_seconds,
@@ -306,6 +346,7 @@ fn main() -> anyhow::Result<()> {
             ipv6,
             json,
             pepd,
+            split_cc,
             cross_udp_bps,
             cross_tcp_seconds,
             timeline,
@@ -314,12 +355,17 @@ fn main() -> anyhow::Result<()> {
             let spec = RunSpec {
                 profile,
                 link: link.apply(profile.link())?,
+                link_kind,
                 mode,
                 workload: workload.workload(),
                 max_duration: secs(max_seconds)?,
                 seed: traffic_seed,
                 ipv6,
                 pepd: pepd.options()?,
+                split: SplitOptions {
+                    binary: None,
+                    congestion_control: split_cc,
+                },
                 cross: pep_testbed::cross::CrossSpec {
                     udp_bps: cross_udp_bps,
                     tcp_seconds: cross_tcp_seconds,
@@ -337,6 +383,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Hub(args) => hub_cmd::run(&args)?,
+        Cmd::SplitRelay {
+            cmd: SplitRelayCmd::Run { config },
+        } => pep_testbed::split::relay::main(&config)?,
         Cmd::FakePepd { args } => pep_testbed::fakepepd::main(&args)?,
     }
     Ok(())

@@ -10,9 +10,11 @@ use pep_sim::channel::reference_goodput_bps;
 use pep_sim::timeline::{step_responses, Bucket, StepResponse};
 use serde::Serialize;
 
+use crate::cpu::{CpuMeter, GatewayCpu};
 use crate::cross::{CrossOutcome, CrossSpec, CrossTraffic};
-use crate::pepd::{Gateways, PepdOptions};
-use crate::topology::{HostTuning, Topology};
+use crate::pepd::{Gateways, PepdOptions, Side};
+use crate::split::{SplitGateways, SplitOptions};
+use crate::topology::{HostTuning, LinkKind, Topology};
 use crate::xfer::{client, server::Server, Outcome, Workload};
 use crate::{addr, in_netns, Error, Profile};
 
@@ -29,6 +31,10 @@ pub enum Mode {
     /// pepd on both gateways, intercepting with TPROXY; endpoints on the kernel default
     /// (CUBIC), talking to their local gateway only.
     Pepd,
+    /// The kernel split-TCP baseline ([`crate::split`]): a relay on each gateway,
+    /// intercepting with TPROXY like pepd and carrying each flow across the link on one
+    /// kernel TCP connection; endpoints on CUBIC.
+    SplitTcp,
 }
 
 impl Mode {
@@ -37,6 +43,7 @@ impl Mode {
             Mode::PlainCubic => "plain-cubic",
             Mode::PlainBbr => "plain-bbr",
             Mode::Pepd => "pepd",
+            Mode::SplitTcp => "split-tcp",
         }
     }
 
@@ -46,7 +53,7 @@ impl Mode {
             Mode::PlainCubic => "cubic",
             Mode::PlainBbr => "bbr",
             // Each host's TCP only spans its LAN to the gateway: the kernel default will do.
-            Mode::Pepd => "cubic",
+            Mode::Pepd | Mode::SplitTcp => "cubic",
         };
         HostTuning {
             congestion_control: cc.to_owned(),
@@ -54,14 +61,51 @@ impl Mode {
     }
 }
 
+/// What runs on the gateways in a mode.
+enum GatewayProcesses {
+    Pepd(Gateways),
+    Split(SplitGateways),
+}
+
+impl GatewayProcesses {
+    /// Each gateway's process id, keyed by gateway name (those running).
+    fn pids(&self) -> Vec<(String, u32)> {
+        let all = match self {
+            GatewayProcesses::Pepd(g) => Side::BOTH
+                .into_iter()
+                .map(|s| (s.gateway().to_owned(), g.pid(s)))
+                .collect(),
+            GatewayProcesses::Split(g) => g.pids(),
+        };
+        all.into_iter()
+            .filter_map(|(name, pid)| Some((name, pid?)))
+            .collect()
+    }
+
+    fn log_tails(&self, lines: usize) -> BTreeMap<String, String> {
+        match self {
+            GatewayProcesses::Pepd(g) => g.log_tails(lines),
+            GatewayProcesses::Split(g) => g.log_tails(lines),
+        }
+    }
+}
+
 /// Starts what a mode runs on the gateways: nothing in the plain modes (the gateways
 /// route), pepd on both in `Mode::Pepd` (see [`crate::pepd`]), up and associated when this
-/// returns. Dropping the result stops the daemons.
-fn start_gateways(spec: &RunSpec, topo: &Topology) -> Result<Option<Gateways>, Error> {
-    match spec.mode {
-        Mode::PlainCubic | Mode::PlainBbr => Ok(None),
-        Mode::Pepd => Gateways::start(&topo.names, &spec.link, &spec.pepd).map(Some),
-    }
+/// returns, the split relays in `Mode::SplitTcp`. Dropping the result stops them.
+fn start_gateways(spec: &RunSpec, topo: &Topology) -> Result<Option<GatewayProcesses>, Error> {
+    Ok(match spec.mode {
+        Mode::PlainCubic | Mode::PlainBbr => None,
+        Mode::Pepd => Some(GatewayProcesses::Pepd(Gateways::start(
+            &topo.names,
+            &spec.link,
+            &spec.pepd,
+        )?)),
+        Mode::SplitTcp => Some(GatewayProcesses::Split(SplitGateways::start(
+            &topo.names,
+            &spec.split,
+        )?)),
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +113,9 @@ pub struct RunSpec {
     pub profile: Profile,
     /// The profile's link with any overrides applied.
     pub link: LinkConfig,
+    /// What joins the gateways: the emulator applying `link`, or a bare veth pair (then
+    /// `link` only sets pepd's provisioned rates and the reference goodput).
+    pub link_kind: LinkKind,
     pub mode: Mode,
     pub workload: Workload,
     /// Run-time cap: a transfer still going then is cut and reported as `capped`.
@@ -77,6 +124,8 @@ pub struct RunSpec {
     pub ipv6: bool,
     /// How pepd runs in `Mode::Pepd` (ignored otherwise).
     pub pepd: PepdOptions,
+    /// How the relays run in `Mode::SplitTcp` (ignored otherwise).
+    pub split: SplitOptions,
     /// Traffic beside the workload that does not pass through pepd.
     pub cross: CrossSpec,
     /// Include the forward link's timeline (100 ms buckets) in the result.
@@ -85,6 +134,28 @@ pub struct RunSpec {
     /// has been running a while when traffic comes (pepd measures the link in the first
     /// round trip after the association is established).
     pub settle: Duration,
+}
+
+impl RunSpec {
+    /// `workload` under `mode` over `profile`'s `link`, emulated, with everything else at
+    /// its default: IPv4, seed 1, a 300 s cap, no cross traffic, no timeline, no settling.
+    pub fn new(profile: Profile, link: LinkConfig, mode: Mode, workload: Workload) -> RunSpec {
+        RunSpec {
+            profile,
+            link,
+            link_kind: LinkKind::Emulated,
+            mode,
+            workload,
+            max_duration: Duration::from_secs(300),
+            seed: 1,
+            ipv6: false,
+            pepd: PepdOptions::default(),
+            split: SplitOptions::default(),
+            cross: CrossSpec::default(),
+            timeline: false,
+            settle: Duration::ZERO,
+        }
+    }
 }
 
 /// A rate step counts as followed when the queue is back under this, and a step up when the
@@ -116,6 +187,7 @@ impl From<&DirectionConfig> for LinkSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct RunResult {
     pub profile: Profile,
+    pub link: LinkKind,
     pub mode: Mode,
     pub workload: Workload,
     pub ipv6: bool,
@@ -149,14 +221,19 @@ pub struct RunResult {
     /// The forward link over time, seconds from the emulator's start.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<Bucket>>,
-    /// In pepd mode, when the transfer failed: the tail of each gateway's pepd log.
+    /// In pepd and split-tcp mode: CPU (user + system) of each gateway's process over the
+    /// workload, and of both per GB of verified payload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway_cpu: Option<GatewayCpu>,
+    /// In pepd and split-tcp mode, when the transfer failed: the tail of each gateway's
+    /// log (pepd's or the relay's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pepd_log_tail: Option<BTreeMap<String, String>>,
 }
 
 pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     let hosts = spec.mode.host_tuning();
-    let mut topo = Topology::up(&spec.link, &hosts)?;
+    let mut topo = Topology::up_over(spec.link_kind, &spec.link, &hosts)?;
     let gateways = start_gateways(spec, &topo)?;
     let target = SocketAddr::new(addr::server(spec.ipv6), XFER_PORT);
     let cc = hosts.congestion_control.clone();
@@ -175,7 +252,12 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     };
     let w = spec.workload.clone();
     let workload_start_s = topo.emulator_elapsed().as_secs_f64();
+    let cpu_meter = gateways
+        .as_ref()
+        .map(|g| CpuMeter::start(&g.pids()))
+        .transpose()?;
     let outcome: Outcome = in_netns(&topo.names.client, move || client::run(&w, &opts))?;
+    let gateway_cpu = cpu_meter.map(|m| m.finish(outcome.bytes)).transpose()?;
     let cross = cross.map(CrossTraffic::finish).transpose()?;
     drop(server);
     let failed = outcome.error.is_some() || outcome.intact == Some(false);
@@ -183,7 +265,10 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         .as_ref()
         .filter(|_| failed)
         .map(|g| g.log_tails(30));
-    let pepd_capacity = gateways.as_ref().map(Gateways::capacity_reports);
+    let pepd_capacity = match &gateways {
+        Some(GatewayProcesses::Pepd(g)) => Some(g.capacity_reports()),
+        _ => None,
+    };
     drop(gateways);
     let forward_timeline = topo.emulator_timelines().map(|[f, _]| f);
     let emulator = topo.stop_emulator();
@@ -220,6 +305,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     };
     Ok(RunResult {
         profile: spec.profile,
+        link: spec.link_kind,
         mode: spec.mode,
         workload: spec.workload.clone(),
         ipv6: spec.ipv6,
@@ -239,6 +325,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         cross,
         timeline: spec.timeline.then_some(buckets),
         pepd_capacity,
+        gateway_cpu,
         link_average_bps,
         efficiency_of_capacity,
         pepd_log_tail,

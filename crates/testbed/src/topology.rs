@@ -1,4 +1,5 @@
-//! The four-namespace topology `client — gw-a ═[linkemu]═ gw-b — server`. Everything lives in
+//! The four-namespace topology `client — gw-a ═[linkemu]═ gw-b — server`, or with
+//! [`LinkKind::Veth`] `client — gw-a ═[veth]═ gw-b — server`. Everything lives in
 //! namespaces created here (nothing touches the root namespace), named per process and
 //! instance so parallel runs never collide, and removed again on drop — also when a test
 //! panics — together with every process inside them.
@@ -71,6 +72,20 @@ pub const LAN_DEV: &str = "lan0";
 pub const HOST_DEV: &str = "eth0";
 pub const SAT_DEV: &str = "sat0";
 
+/// What joins the two gateways' `sat0` interfaces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkKind {
+    /// A TUN device on each gateway with pep-linkemu between them: rate, delay, queue and
+    /// impairments as the link config says.
+    #[default]
+    Emulated,
+    /// A veth pair straight from one gateway to the other: no emulator, whose own CPU
+    /// would otherwise hide the gateways' (rate, delay and impairments are not applied;
+    /// the link config still tells pepd what it is provisioned for).
+    Veth,
+}
+
 /// Endpoint settings for the plain (end-to-end TCP) modes.
 #[derive(Clone, Debug)]
 pub struct HostTuning {
@@ -93,18 +108,22 @@ pub fn add_tun(ns: &str, dev: &str) -> Result<(), Error> {
     ip_in(ns, &["link", "set", dev, "txqueuelen", "10000", "up"]).map(drop)
 }
 
-/// The TCP settings of an end host (client or server) in namespace `host`.
-pub fn tune_host(host: &str, hosts: &HostTuning) -> Result<(), Error> {
-    // Autotuning stays on; only its ceiling is raised so a window can cover the
-    // bandwidth-delay product of a 100 Mb/s, 500 ms path (6.25 MB), as any LFN host
-    // would be configured.
+/// Raises the ceiling of TCP buffer autotuning in namespace `ns`. Autotuning stays on;
+/// only its ceiling is raised so a window can cover the bandwidth-delay product of a
+/// 100 Mb/s, 500 ms path (6.25 MB), as any LFN host would be configured.
+pub fn raise_tcp_buffers(ns: &str) -> Result<(), Error> {
     sysctl_in(
-        host,
+        ns,
         &[
             "net.ipv4.tcp_rmem=4096 131072 67108864",
             "net.ipv4.tcp_wmem=4096 16384 67108864",
         ],
-    )?;
+    )
+}
+
+/// The TCP settings of an end host (client or server) in namespace `host`.
+pub fn tune_host(host: &str, hosts: &HostTuning) -> Result<(), Error> {
+    raise_tcp_buffers(host)?;
     // A child namespace may only default to algorithms the host lists in
     // tcp_allowed_congestion_control, so when the host does not allow it the
     // traffic tool's per-socket TCP_CONGESTION (root may pick any) still applies.
@@ -120,6 +139,16 @@ impl Topology {
     /// Builds the namespaces, links, addresses and routes and starts the emulator between the
     /// gateways. The link's forward direction is gw-b → gw-a (towards the client).
     pub fn up(link: &LinkConfig, hosts: &HostTuning) -> Result<Topology, Error> {
+        Topology::up_over(LinkKind::Emulated, link, hosts)
+    }
+
+    /// [`Topology::up`] with the gateways joined by `kind`: over a veth pair nothing of
+    /// `link` applies and no emulator runs.
+    pub fn up_over(
+        kind: LinkKind,
+        link: &LinkConfig,
+        hosts: &HostTuning,
+    ) -> Result<Topology, Error> {
         let mut t = Topology {
             names: Names::fresh(),
             created: Vec::new(),
@@ -127,7 +156,10 @@ impl Topology {
             children: Vec::new(),
         };
         // On error `t` drops here and removes whatever was already built.
-        t.build(hosts)?;
+        t.build(kind, hosts)?;
+        if kind == LinkKind::Veth {
+            return Ok(t);
+        }
         let ep = |ns: &str| Endpoint {
             netns: Some(ns.to_owned()),
             dev: SAT_DEV.to_owned(),
@@ -140,12 +172,21 @@ impl Topology {
         Ok(t)
     }
 
-    fn build(&mut self, hosts: &HostTuning) -> Result<(), Error> {
+    fn build(&mut self, kind: LinkKind, hosts: &HostTuning) -> Result<(), Error> {
         let n = self.names.clone();
         for ns in n.all() {
             run("ip", &["netns", "add", ns])?;
             self.created.push(ns.to_owned());
             ip_in(ns, &["link", "set", "lo", "up"])?;
+        }
+        if kind == LinkKind::Veth {
+            ip_in(
+                &n.gw_a,
+                &[
+                    "link", "add", SAT_DEV, "type", "veth", "peer", "name", SAT_DEV, "netns",
+                    &n.gw_b,
+                ],
+            )?;
         }
         for (host, gw) in [(&n.client, &n.gw_a), (&n.server, &n.gw_b)] {
             ip_in(
@@ -156,7 +197,10 @@ impl Topology {
             )?;
             ip_in(host, &["link", "set", HOST_DEV, "up"])?;
             ip_in(gw, &["link", "set", LAN_DEV, "up"])?;
-            add_tun(gw, SAT_DEV)?;
+            match kind {
+                LinkKind::Emulated => add_tun(gw, SAT_DEV)?,
+                LinkKind::Veth => ip_in(gw, &["link", "set", SAT_DEV, "up"]).map(drop)?,
+            }
             // As deploy/99-pepd.conf sets them on a gateway: the listeners' accept queue
             // must hold a burst of `limits.max_flows` connections, and upstream connects may
             // reuse ports in TIME_WAIT (tests/uptime.rs makes 32,000 to one server in 100 s).
@@ -217,16 +261,37 @@ impl Topology {
                 &GW_B_LAN_V6.to_string(),
             ],
         )?;
-        route(&n.gw_a, &["route", "add", "198.18.3.0/24", "dev", SAT_DEV])?;
-        route(
-            &n.gw_a,
-            &["-6", "route", "add", "fd00:198:18:3::/64", "dev", SAT_DEV],
-        )?;
-        route(&n.gw_b, &["route", "add", "198.18.1.0/24", "dev", SAT_DEV])?;
-        route(
-            &n.gw_b,
-            &["-6", "route", "add", "fd00:198:18:1::/64", "dev", SAT_DEV],
-        )?;
+        // TUN is point-to-point, so a route through it needs no next hop; a veth is
+        // Ethernet, where the far subnet is reached through the peer gateway's address.
+        let far_subnets = [
+            (
+                &n.gw_a,
+                "198.18.3.0/24",
+                "fd00:198:18:3::/64",
+                GW_B_SAT_V4,
+                GW_B_SAT_V6,
+            ),
+            (
+                &n.gw_b,
+                "198.18.1.0/24",
+                "fd00:198:18:1::/64",
+                GW_A_SAT_V4,
+                GW_A_SAT_V6,
+            ),
+        ];
+        for (gw, v4, v6, peer_v4, peer_v6) in far_subnets {
+            for (family, subnet, peer) in [
+                ("-4", v4, peer_v4.to_string()),
+                ("-6", v6, peer_v6.to_string()),
+            ] {
+                let mut args = vec![family, "route", "add", subnet];
+                if kind == LinkKind::Veth {
+                    args.extend(["via", &peer]);
+                }
+                args.extend(["dev", SAT_DEV]);
+                route(gw, &args)?;
+            }
+        }
         Ok(())
     }
 

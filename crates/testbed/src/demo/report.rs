@@ -63,7 +63,8 @@ impl Row {
     pub fn record(&mut self, mode: Mode, o: &Outcome) {
         let s = match mode {
             Mode::Pepd => &mut self.pepd,
-            Mode::PlainCubic | Mode::PlainBbr => &mut self.plain,
+            // The baseline column: whatever pepd is compared with.
+            Mode::PlainCubic | Mode::PlainBbr | Mode::SplitTcp => &mut self.plain,
         };
         let figure = match self.metric {
             Metric::Completion => o.completion_s,
