@@ -8,9 +8,10 @@
 //! - **Cruise** at the estimate (at first the ceiling, so short transfers lose nothing).
 //! - **Overload**: the queueing delay stood above `q_high` for a whole evidence span. The
 //!   bottleneck never idled during that span, so the rate at which ACKs reported deliveries
-//!   is what it carries for us: that becomes the estimate. Then **drain**: nothing new is
-//!   sent until what was sent after the latest ACK fits the pipe at the new estimate, which
-//!   empties the queue in about the time it holds. Congestion-attributed losses count as an
+//!   is what it carries for us: the median of such measurements while the queue stands
+//!   becomes the estimate (`busy_rates`). Then **drain**: nothing new is sent until what
+//!   was sent after the latest ACK fits the pipe at the new estimate, which empties the
+//!   queue in about the time it holds. Congestion-attributed losses count as an
 //!   overload too, and so do two signals that need no round trip: earlier packets showing a
 //!   queue grown beyond what was drained, and deliveries well below the estimate.
 //! - **Verify** after a drain: a delay that draining did not remove is not ours (a longer
@@ -24,6 +25,7 @@
 //! they crossed the bottleneck. With no feedback at all (an outage) nothing changes: the
 //! estimate is held.
 
+mod busy_rates;
 mod probe;
 mod sent_log;
 
@@ -35,6 +37,7 @@ use super::{AckSummary, AckedPacket, CapacityStats, CongestionController, SentIn
 use crate::config::Config;
 use crate::pacer::transmission_time;
 use crate::rtt::RttEstimator;
+use busy_rates::BusyRates;
 use probe::Probe;
 use sent_log::SentLog;
 
@@ -67,6 +70,10 @@ const PROBE_SUCCESS: f64 = 0.9;
 /// A probe delivered above this multiple of the estimate found some capacity; less is the
 /// estimate confirmed (and measurement noise).
 const PROBE_PARTIAL: f64 = 1.05;
+/// ... and above this multiple its reading is taken whole and the next probe goes at once:
+/// beyond what bunched ACKs make of a probe (6–12 %, see `judge_probe`), it is a path that
+/// gained capacity, and a step up (5 → 20 Mb/s) should not wait a round trip per probe.
+const PROBE_TRUSTED: f64 = 1.25;
 /// The establishment train: about 20 ms at the ceiling, at least 16 packets (a dozen ACKs
 /// even when the receiver batches them), at most 256 (384 KB) unless the ACK policy needs
 /// more for three ACKs. A host's scheduling stalls of a few milliseconds are what the train
@@ -152,6 +159,11 @@ pub struct Adaptive {
     ack_every: u32,
     state: State,
     meter: DeliveryMeter,
+    /// What this overload's busy spans measured.
+    busy_rates: BusyRates,
+    /// The fastest this overload's measurements may set the estimate to: the rate that
+    /// built the queue (a probe's, when one was out, else the estimate).
+    busy_cap: f64,
     evidence: QueueEvidence,
     /// The path's RTT without queue, as this controller sees it: the least sample since the
     /// last rebase.
@@ -196,6 +208,8 @@ impl Adaptive {
             ack_every: cfg.ack.every_packets.max(1),
             state: State::Cruise,
             meter: DeliveryMeter::default(),
+            busy_rates: BusyRates::default(),
+            busy_cap: ceiling,
             evidence: QueueEvidence::default(),
             base: None,
             last_queue: Duration::ZERO,
@@ -287,6 +301,15 @@ impl Adaptive {
             return;
         }
         let from = self.estimate;
+        self.busy_rates.clear();
+        // A queue stood, so the path carries less than what we sent: a measurement above
+        // that is its ACKs bunching (one read 5.44 Mb/s on a 5 Mb/s link and grew a queue
+        // for a round trip). What we sent is a probe's rate only once the ACKs have reached
+        // its packets: before that the queue is of packets sent at the estimate.
+        self.busy_cap = match self.probe {
+            Some(p) if self.largest_acked >= p.first_pn => p.rate.max(from),
+            _ => from,
+        };
         self.measure_busy_path(now, from, rtt);
         self.drained_queue = self.last_queue;
         self.stats.drains += 1;
@@ -309,12 +332,13 @@ impl Adaptive {
         self.next_probe_at = Some(now + self.probe_interval);
     }
 
-    /// Takes the delivery rate of the last span for the capacity: the bottleneck was busy
-    /// throughout it (a queue stood, or was draining), so that is what it carries for us,
-    /// lower or (after a partly failed probe) higher than we thought. When the path has
-    /// just slowed, the span's older ACKs still report the old rate: the newer half of the
-    /// span, where it holds enough ACKs, is the purer measure, and the lower counts (its
-    /// few ACKs bunch both ways). A newer half much faster than the whole span is a stall
+    /// Measures the delivery rate of the last span: the bottleneck was busy throughout it (a
+    /// queue stood, or was draining), so that is what it carries for us, lower or (after a
+    /// partly failed probe) higher than we thought. The estimate becomes the median of this
+    /// overload's measurements so far (`busy_rates`): a span holds as few as three ACKs.
+    /// When the path has just slowed, the span's older ACKs still report the old rate: the
+    /// newer half of the span, where it holds enough ACKs, is the purer measure, and the
+    /// lower counts (its few ACKs bunch both ways). A newer half much faster than the whole span is a stall
     /// of a host in the older half (a busy bottleneck does not speed up), and no ACKs at all
     /// in it at a pace that promised several are a stall now: then nothing is measured. One
     /// overload cuts to a quarter of `from` (the estimate before it) at most.
@@ -336,8 +360,11 @@ impl Adaptive {
             (w, r) => w.or(r),
         };
         if let Some(bps) = measured {
+            self.busy_rates.add(bps);
+        }
+        if let Some(bps) = self.busy_rates.median() {
             let lowest = (from / MAX_CUT).max(self.floor());
-            self.estimate = bps.max(lowest).min(self.ceiling);
+            self.estimate = bps.min(self.busy_cap).max(lowest).min(self.ceiling);
         }
     }
 
@@ -537,10 +564,22 @@ impl Adaptive {
             self.probe_interval = Duration::ZERO;
             self.next_probe_at = None;
         } else if rate > self.estimate * PROBE_PARTIAL {
-            // It took more than the estimate but not all of the probe: its capacity.
-            self.estimate = rate.min(self.ceiling);
-            self.probe_interval = self.probe_interval.max(self.base_or(rtt));
-            self.next_probe_at = Some(now + self.probe_interval);
+            // It took more than the estimate but not all of the probe: some capacity, but
+            // how much is what its few ACKs say, and they read high. With the estimate at
+            // the path's rate, probes on 10 and 5 Mb/s testbed links read 6–12 % above it,
+            // both measures alike, and each such raise grew a queue for a round trip. Half
+            // the way halves that error; a real gap closes over a few probes.
+            // A reading well above that noise is a path that gained capacity (a step up):
+            // it is taken whole and probed again at once, as after a success.
+            if rate > self.estimate * PROBE_TRUSTED {
+                self.estimate = rate.min(self.ceiling);
+                self.probe_interval = Duration::ZERO;
+                self.next_probe_at = None;
+            } else {
+                self.estimate = ((self.estimate + rate) / 2.0).min(self.ceiling);
+                self.probe_interval = self.probe_interval.max(self.base_or(rtt));
+                self.next_probe_at = Some(now + self.probe_interval);
+            }
         } else if p.app_limited {
             self.next_probe_at = Some(now + self.probe_interval.max(self.base_or(rtt)));
         } else {
@@ -849,6 +888,58 @@ mod tests {
         a.on_congestion(t0 + base * 2, &rtt);
         let c = a.capacity(&rtt);
         assert_eq!((c.drains, c.estimate_bps), (0, 20_000_000));
+    }
+
+    /// Sends `n` packets from `pn`, one per `gap`, each acknowledged alone after `rtt`.
+    fn exchange(
+        a: &mut Adaptive,
+        rtt: &mut RttEstimator,
+        start: Instant,
+        pn: u64,
+        n: u64,
+        gap: Duration,
+        sample: Duration,
+    ) {
+        for i in 0..n {
+            let sent_at = start + gap * i as u32;
+            a.on_sent(sent_at, sent(pn + i), rtt);
+            let at = sent_at + sample;
+            rtt.on_sample(at, sample);
+            a.on_ack(at, acked(pn + i, sent_at, sample), rtt);
+            let summary = AckSummary {
+                largest_acked: pn + i,
+                ack_delay: Duration::ZERO,
+            };
+            a.on_ack_done(at, summary, rtt);
+        }
+    }
+
+    #[test]
+    fn an_overload_never_raises_the_estimate_above_the_rate_that_built_the_queue() {
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let base = Duration::from_millis(600);
+        let mut rtt = RttEstimator::new(base);
+        let t0 = Instant::now();
+        // 1500-byte packets every 2.4 ms: 5 Mb/s, at the path's base RTT.
+        let pace = Duration::from_micros(2400);
+        a.estimate = 5e6;
+        exchange(&mut a, &mut rtt, t0, 0, 100, pace, base);
+        assert_eq!(a.capacity(&rtt).drains, 0);
+        // A queue of 30 ms stands, and the ACKs come bunched, every 1.7 ms: 7 Mb/s.
+        let t1 = t0 + pace * 100;
+        let bunched = Duration::from_micros(1714);
+        exchange(
+            &mut a,
+            &mut rtt,
+            t1,
+            100,
+            60,
+            bunched,
+            base + Duration::from_millis(30),
+        );
+        let c = a.capacity(&rtt);
+        assert!(c.drains >= 1, "{c:?}");
+        assert_eq!(c.estimate_bps, 5_000_000);
     }
 
     #[test]

@@ -29,8 +29,10 @@ pub struct Probe {
     start: Option<Dated>,
     end: Option<Dated>,
     before_end: Option<Dated>,
-    /// RTT samples of its earliest packet, its latest, and the one before the latest.
-    first_sample: Option<Sample>,
+    /// RTT samples of its packet with the least RTT (its earliest, unless that one's ACK
+    /// waited on the way back: the queue only grows while a probe sends above the path's
+    /// rate), its latest, and the one before the latest.
+    low_sample: Option<Sample>,
     last_sample: Option<Sample>,
     before_last_sample: Option<Sample>,
 }
@@ -44,7 +46,7 @@ pub struct Verdict {
     /// A queue that grew by `g` while the probe sent for `t` at rate R means the path
     /// carried R / (1 + g/t): a delayed ACK makes it read low.
     pub by_delay: Option<f64>,
-    /// How much longer the queue was for its latest packet than for its first.
+    /// How much longer the queue was for its latest packet than for its least.
     pub growth: Option<Duration>,
 }
 
@@ -60,7 +62,7 @@ impl Probe {
             start: None,
             end: None,
             before_end: None,
-            first_sample: None,
+            low_sample: None,
             last_sample: None,
             before_last_sample: None,
         }
@@ -84,7 +86,12 @@ impl Probe {
         if !self.covers(pn) {
             return;
         }
-        self.first_sample.get_or_insert(sample);
+        // An ACK held up on the return path (behind a request on a slow return link) raises
+        // the first sample: measured from it, the queue's growth reads short and the path
+        // fast, as the ACK rate does from the same late ACK.
+        if self.low_sample.is_none_or(|(_, rtt)| sample.1 < rtt) {
+            self.low_sample = Some(sample);
+        }
         self.before_last_sample = self.last_sample;
         self.last_sample = Some(sample);
     }
@@ -121,7 +128,7 @@ impl Probe {
         };
         let last = if trim {
             self.before_last_sample
-                .filter(|s| Some(*s) != self.first_sample)
+                .filter(|s| Some(*s) != self.low_sample)
                 .or(self.last_sample)
         } else {
             self.last_sample
@@ -132,7 +139,7 @@ impl Probe {
             return None;
         }
         let by_acks = bits_per_second(bytes, t1.saturating_duration_since(t0))?;
-        let samples = self.first_sample.zip(last);
+        let samples = self.low_sample.zip(last);
         let growth = samples.map(|((_, r0), (_, r1))| r1.saturating_sub(r0));
         let by_delay = samples.and_then(|((s0, _), (s1, _))| {
             let span = s1.saturating_duration_since(s0).as_secs_f64();
@@ -186,6 +193,29 @@ mod tests {
         assert!((t.by_acks - 10e6).abs() < 1.0, "{t:?}");
         assert_eq!(t.growth, Some(ms(8)));
         assert!(p.verdict(false, 1_000_000).is_none());
+    }
+
+    #[test]
+    fn a_first_ack_held_up_on_the_way_back_does_not_make_the_path_fast() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // As above, 20 Mb/s into 10, but the first sampled packet's ACK waited 3 ms behind
+        // something on the return link: its RTT reads 3 ms high.
+        let mut p = Probe::new(20e6, 100, false);
+        p.last_pn = Some(119);
+        for k in 0..10u64 {
+            let pn = 101 + 2 * k;
+            let sent = t0 + Duration::from_micros(500 * (pn - 100));
+            let late = if k == 0 { ms(3) } else { ms(0) };
+            let rtt = ms(600) + Duration::from_micros(500 * (pn - 100)) + late;
+            p.on_sample(pn, (sent, rtt));
+        }
+        p.start = Some((t0, 0));
+        p.end = Some((t0 + ms(18), 22_500));
+        let v = p.verdict(false, 0).expect("verdict");
+        // Measured from the second packet's sample: 8 ms of growth over 8 ms of sending.
+        assert_eq!(v.growth, Some(ms(8)));
+        assert!((v.by_delay.expect("delay") - 10e6).abs() < 1.0, "{v:?}");
     }
 
     #[test]
