@@ -71,6 +71,8 @@ fn sample() -> Snapshot {
             flows_open: 118,
             flows_waiting_for_share: 164,
             flows_opened_total: 119,
+            // Only in the per-peer series, where it names whose `max_flows` was full.
+            flows_over_limit: 0,
             flows_reset: 120,
             peer_restarts: 121,
             malformed_dropped: 122,
