@@ -226,6 +226,7 @@ fn peer_snapshot(link: &PeerLink) -> PeerSnapshot {
         bytes_to_peer_total: get(&c.bytes_to_peer),
         bytes_from_peer_total: get(&c.bytes_from_peer),
         flow_resets: c.flow_resets.snapshot(),
+        flows_over_budget: get(&c.flows_over_budget),
     }
 }
 
