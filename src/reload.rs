@@ -271,8 +271,8 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn entries_are_matched_by_name_and_another_identity_replaces_the_peer() {
+    /// config/hub-spoke.toml's config, without keys, and its gateway.
+    fn hub_spoke() -> (PepdConfig, LoadedSecurity, Arc<Gateway>) {
         let start =
             PepdConfig::parse(include_str!("../config/hub-spoke.toml")).expect("hub-spoke.toml");
         let security = LoadedSecurity {
@@ -282,6 +282,12 @@ mod tests {
         let gateway = crate::tunnel::build(&start, &security, 1, [7; 32])
             .expect("tunnel")
             .gateway;
+        (start, security, gateway)
+    }
+
+    #[test]
+    fn entries_are_matched_by_name_and_another_identity_replaces_the_peer() {
+        let (start, security, gateway) = hub_spoke();
         let at_start = named(&[("rig-3", 0), ("ship-7", 1), ("cell-12", 2)]);
         assert_eq!(names_and_ids(&gateway), at_start);
 
@@ -328,15 +334,7 @@ mod tests {
 
     #[test]
     fn a_peer_s_max_flows_applies_to_its_running_association() {
-        let start =
-            PepdConfig::parse(include_str!("../config/hub-spoke.toml")).expect("hub-spoke.toml");
-        let security = LoadedSecurity {
-            local: None,
-            warnings: Vec::new(),
-        };
-        let gateway = crate::tunnel::build(&start, &security, 1, [7; 32])
-            .expect("tunnel")
-            .gateway;
+        let (start, security, gateway) = hub_spoke();
         let max_flows = |name: &str| {
             let link = gateway.links().into_iter().find(|l| *l.name == *name);
             let link = link.expect("the peer");

@@ -301,22 +301,33 @@ impl HubNet {
             let ns = self.terminals[i - 1].clone();
             self.start_pepd(&ns, &format!("t{i}"), &terminal);
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.await_hub_metric(
+            ("pepd_association_state", Some(("state", "established"))),
+            known.len(),
+            Duration::from_secs(20),
+        );
+    }
+
+    /// Waits up to `within` for the hub's sample of `metric` (with the label, if given)
+    /// to be `want`.
+    fn await_hub_metric(
+        &self,
+        (name, label): (&str, Option<(&str, &str)>),
+        want: usize,
+        within: Duration,
+    ) {
+        let deadline = Instant::now() + within;
         loop {
-            let established = self.metric(
-                &self.hub,
-                "pepd_association_state",
-                Some(("state", "established")),
-            );
-            if established == Some(known.len() as f64) {
+            let got = self.metric(&self.hub, name, label);
+            if got == Some(want as f64) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "the hub has {established:?} associations established after 20 s\n{}",
+                "the hub's {name} {label:?} is {got:?}, not {want}, after {within:?}\n{}",
                 self.logs()
             );
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -1403,19 +1414,8 @@ impl HubNet {
 
     /// Waits up to 10 s for the hub's associations to hold `n` flows open together.
     fn await_hub_flows_open(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let open = self.metric(&self.hub, "pepd_association_flows_open", None);
-            if open == Some(n as f64) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the hub holds {open:?} flows open, not {n}\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let open = ("pepd_association_flows_open", None);
+        self.await_hub_metric(open, n, Duration::from_secs(10));
     }
 }
 
