@@ -490,6 +490,8 @@ impl PepdConfig {
     pub fn transport_for(&self, peer: &PeerSpec) -> pep_transport::Config {
         let mut c = self.transport_with(peer.tx_bps, peer.rx_bps);
         c.keepalive_interval = peer.keepalive;
+        // Within the gateway's, which start may have lowered to what the open-file limit serves.
+        c.max_flows = peer.max_flows.min(self.limits.max_flows);
         c
     }
 

@@ -553,6 +553,7 @@ impl Driver {
                 if !st.admits_peer_flow(link) {
                     // The peer's client gets the reset, as it would from a full `max_flows`.
                     debug!(flow, "memory budget reached; flow refused");
+                    LinkCounters::add(&c.flows_over_budget, 1);
                     let reset = st
                         .assoc
                         .as_mut()

@@ -226,6 +226,7 @@ fn peer_snapshot(link: &PeerLink) -> PeerSnapshot {
         bytes_to_peer_total: get(&c.bytes_to_peer),
         bytes_from_peer_total: get(&c.bytes_from_peer),
         flow_resets: c.flow_resets.snapshot(),
+        flows_over_budget: get(&c.flows_over_budget),
     }
 }
 
@@ -314,6 +315,7 @@ fn add_stats(t: &mut Stats, s: &Stats) {
     t.flows_open += s.flows_open;
     t.flows_waiting_for_share += s.flows_waiting_for_share;
     t.flows_opened_total += s.flows_opened_total;
+    t.flows_over_limit += s.flows_over_limit;
     t.flows_reset += s.flows_reset;
     t.peer_restarts += s.peer_restarts;
     t.malformed_dropped += s.malformed_dropped;

@@ -3,7 +3,7 @@
 //! share of the send buffers, and the gateway's memory account every link charges.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -102,6 +102,8 @@ pub struct PeerLink {
     reloaded_tx_bps: AtomicU64,
     /// The keepalive a reload set, likewise.
     reloaded_keepalive: Mutex<Option<Duration>>,
+    /// The `max_flows` a reload set, 0 if none, likewise.
+    reloaded_max_flows: AtomicUsize,
     /// The gateway's memory account, shared by every link: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
     pub counters: LinkCounters,
@@ -127,6 +129,8 @@ pub struct LinkCounters {
     pub connect_errors: ByReason,
     /// Flows reset, by reason (either side's).
     pub flow_resets: ByReason,
+    /// New flows either side opened that the memory budget had no room for.
+    pub flows_over_budget: AtomicU64,
     /// Relays running (their TCP connection still open).
     pub relays_active: AtomicU64,
     /// Handshakes completed; every one after the first is a re-establishment.
@@ -149,6 +153,7 @@ impl LinkCounters {
         add(&self.flows_from_peer, &from.flows_from_peer);
         add(&self.bytes_to_peer, &from.bytes_to_peer);
         add(&self.bytes_from_peer, &from.bytes_from_peer);
+        add(&self.flows_over_budget, &from.flows_over_budget);
         add(
             &self.associations_established,
             &from.associations_established,
@@ -234,6 +239,7 @@ impl PeerLink {
             pending_share: Mutex::new(None),
             reloaded_tx_bps: AtomicU64::new(0),
             reloaded_keepalive: Mutex::new(None),
+            reloaded_max_flows: AtomicUsize::new(0),
             memory,
             counters: LinkCounters::default(),
         }
@@ -280,8 +286,22 @@ impl PeerLink {
         self.wake();
     }
 
+    /// Sets how many flows this peer may have open, as [`set_tx_rate`](Self::set_tx_rate):
+    /// flows open above it stay, new ones are refused until fewer are open.
+    pub fn set_max_flows(&self, max_flows: usize) {
+        self.reloaded_max_flows.store(max_flows, Ordering::Relaxed);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_max_flows(max_flows);
+        }
+        self.wake();
+    }
+
     /// What a reload set, on an association made since.
     pub fn apply_reloaded(&self, assoc: &mut Association) {
+        match self.reloaded_max_flows.load(Ordering::Relaxed) {
+            0 => {}
+            max_flows => assoc.set_max_flows(max_flows),
+        }
         if let Some(bps) = self.reloaded_tx_rate() {
             assoc.set_rate(bps);
         }
@@ -351,6 +371,7 @@ impl PeerLink {
             return Err(OpenRefused::NotAssociated);
         }
         if !st.admits_flow(self, first.len() as u64) {
+            LinkCounters::add(&self.counters.flows_over_budget, 1);
             return Err(OpenRefused::MemoryBudget);
         }
         let Some(assoc) = st.assoc.as_mut() else {

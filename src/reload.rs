@@ -122,8 +122,11 @@ fn apply_live(
                     served, "the open-file limit serves fewer flows than `limits.max_flows`"
                 );
             }
+            // A peer's own `max_flows` stays below the gateway's; the others follow it.
+            let specs = new.peer_specs();
             for link in &gateway.links() {
-                with_assoc(link, |a| a.set_max_flows(served));
+                let spec = specs.iter().find(|p| *p.name == *link.name);
+                link.set_max_flows(spec.map_or(served, |p| p.max_flows.min(served)));
             }
             running.limits.max_flows = served;
         }
@@ -148,14 +151,17 @@ fn apply_live(
         LiveSetting::Shutdown => running.shutdown = new.shutdown.clone(),
         // One change of the set of peers, whichever keys changed; the second finds the
         // running entries equal to the new ones.
-        LiveSetting::PeerRates | LiveSetting::Peers => apply_peers(new, running, security, gateway),
+        LiveSetting::PeerRates | LiveSetting::PeerMaxFlows | LiveSetting::Peers => {
+            apply_peers(new, running, security, gateway)
+        }
     }
     true
 }
 
 /// The new `[[peer]]` entries on the running gateway, matched by name: an entry that stays
 /// the same peer (same key, address, subnets and `rx_rate`) keeps its association and flows
-/// and takes its new MIR, CIR, weight and keepalive; an entry that is new, or names another
+/// and takes its new MIR, CIR, weight, keepalive and `max_flows` (flows open above a lower
+/// one stay; new ones are refused until fewer are open); an entry that is new, or names another
 /// peer now, is added (after the one it replaces is removed); a running peer whose entry
 /// went is removed, its flows reset. The route table changes at once, the endpoint and the
 /// carrier scheduler at the driver's next pass.
@@ -185,6 +191,9 @@ fn apply_peers(
                         min_bps: spec.min_bps,
                         weight: spec.weight,
                     });
+                }
+                if o.max_flows != entry.max_flows {
+                    link.set_max_flows(spec.max_flows.min(running.limits.max_flows));
                 }
                 kept.insert(link.peer);
                 links.push(link.clone());
@@ -262,8 +271,8 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn entries_are_matched_by_name_and_another_identity_replaces_the_peer() {
+    /// config/hub-spoke.toml's config, without keys, and its gateway.
+    fn hub_spoke() -> (PepdConfig, LoadedSecurity, Arc<Gateway>) {
         let start =
             PepdConfig::parse(include_str!("../config/hub-spoke.toml")).expect("hub-spoke.toml");
         let security = LoadedSecurity {
@@ -273,6 +282,12 @@ mod tests {
         let gateway = crate::tunnel::build(&start, &security, 1, [7; 32])
             .expect("tunnel")
             .gateway;
+        (start, security, gateway)
+    }
+
+    #[test]
+    fn entries_are_matched_by_name_and_another_identity_replaces_the_peer() {
+        let (start, security, gateway) = hub_spoke();
         let at_start = named(&[("rig-3", 0), ("ship-7", 1), ("cell-12", 2)]);
         assert_eq!(names_and_ids(&gateway), at_start);
 
@@ -315,5 +330,34 @@ mod tests {
         apply_peers(&start, &mut running, &security, &gateway);
         let back = named(&[("rig-3", 0), ("ship-7", 5), ("cell-12", 6)]);
         assert_eq!(names_and_ids(&gateway), back);
+    }
+
+    #[test]
+    fn a_peer_s_max_flows_applies_to_its_running_association() {
+        let (start, security, gateway) = hub_spoke();
+        let max_flows = |name: &str| {
+            let link = gateway.links().into_iter().find(|l| *l.name == *name);
+            let link = link.expect("the peer");
+            let st = link.lock();
+            st.assoc.as_ref().map(|a| a.config().max_flows)
+        };
+        // rig-3 sets its own; cell-12 takes `limits.max_flows`; ship-7 has no association
+        // until it initiates.
+        assert_eq!(max_flows("rig-3"), Some(2000));
+        assert_eq!(max_flows("cell-12"), Some(10_000));
+        let mut new = start.clone();
+        let Peers::List(entries) = &mut new.peer else {
+            panic!("the list form");
+        };
+        entries[0].max_flows = Some(3);
+        entries[2].max_flows = Some(5);
+        let mut running = start.clone();
+        apply_peers(&new, &mut running, &security, &gateway);
+        assert_eq!(
+            (max_flows("rig-3"), max_flows("cell-12")),
+            (Some(3), Some(5))
+        );
+        assert!(gateway.peers.take_changes().is_none(), "the same peers");
+        assert_eq!(running.peer, new.peer);
     }
 }

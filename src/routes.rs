@@ -78,6 +78,7 @@ mod tests {
             min_bps: 0,
             weight: 1,
             keepalive: Duration::from_secs(5),
+            max_flows: 10_000,
         }
     }
 

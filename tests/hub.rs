@@ -301,22 +301,33 @@ impl HubNet {
             let ns = self.terminals[i - 1].clone();
             self.start_pepd(&ns, &format!("t{i}"), &terminal);
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.await_hub_metric(
+            ("pepd_association_state", Some(("state", "established"))),
+            known.len(),
+            Duration::from_secs(20),
+        );
+    }
+
+    /// Waits up to `within` for the hub's sample of `metric` (with the label, if given)
+    /// to be `want`.
+    fn await_hub_metric(
+        &self,
+        (name, label): (&str, Option<(&str, &str)>),
+        want: usize,
+        within: Duration,
+    ) {
+        let deadline = Instant::now() + within;
         loop {
-            let established = self.metric(
-                &self.hub,
-                "pepd_association_state",
-                Some(("state", "established")),
-            );
-            if established == Some(known.len() as f64) {
+            let got = self.metric(&self.hub, name, label);
+            if got == Some(want as f64) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "the hub has {established:?} associations established after 20 s\n{}",
+                "the hub's {name} {label:?} is {got:?}, not {want}, after {within:?}\n{}",
                 self.logs()
             );
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -497,19 +508,30 @@ fn three_terminals_upload_and_download_5mb_through_one_hub_byte_exact() {
 #[test]
 fn terminal_cannot_open_into_another_terminals_subnet() {
     across_terminals(|net, mut s| {
-        let written = s.write_all(REQUEST);
-        let (end, n) = read_until_end(&mut s, Instant::now() + Duration::from_secs(10));
-        // Linux reports a reset once, to the first call on the socket after it arrived:
-        // when the refusal (a tunnel round trip after the open, well under a millisecond
-        // here) comes before the request is written, the write fails with it and the read
-        // after it finds the socket closed.
-        let reset = match &written {
-            Ok(()) => matches!(end, End::Reset { .. }),
-            Err(e) => e.kind() == ErrorKind::ConnectionReset && matches!(end, End::Eof { .. }),
-        };
-        assert!(reset, "write: {written:?}, read: {end:?}\n{}", net.logs());
-        assert_eq!(n, 0);
+        if let Err(e) = refused_after_request(&mut s) {
+            panic!("{e}\n{}", net.logs());
+        }
     });
+}
+
+/// Writes a request on `s` and reads to the end: Ok if the connection was reset without a
+/// byte of answer, else what happened.
+fn refused_after_request(s: &mut TcpStream) -> Result<(), String> {
+    let written = s.write_all(REQUEST);
+    let (end, n) = read_until_end(s, Instant::now() + Duration::from_secs(10));
+    // Linux reports a reset once, to the first call on the socket after it arrived:
+    // when the refusal (a tunnel round trip after the open, well under a millisecond
+    // here) comes before the request is written, the write fails with it and the read
+    // after it finds the socket closed.
+    let reset = match &written {
+        Ok(()) => matches!(end, End::Reset { .. }),
+        Err(e) => e.kind() == ErrorKind::ConnectionReset && matches!(end, End::Eof { .. }),
+    };
+    if reset && n == 0 {
+        Ok(())
+    } else {
+        Err(format!("write: {written:?}, read: {end:?}, {n} bytes"))
+    }
 }
 
 /// The refusal reaches the client before its request (as when the client is slow to
@@ -1309,4 +1331,165 @@ fn sighup_adds_and_removes_peers_and_the_others_flows_carry_on() {
         Some(0.0),
         "{logs}"
     );
+}
+
+/// Echoes every connection to `port` on the server, each on a thread of its own, until
+/// the client closes; the channel counts the connections accepted.
+fn serve_echo(
+    net: &HubNet,
+    port: u16,
+) -> (SocketAddr, mpsc::Receiver<std::io::Result<SocketAddr>>) {
+    let at = SocketAddr::from((SERVER, port));
+    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
+        .expect("server namespace")
+        .expect("listen");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { return };
+            if tx.send(c.peer_addr()).is_err() {
+                return;
+            }
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = c.read(&mut buf) {
+                    if c.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                let _ = c.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    (at, rx)
+}
+
+/// A connection from client `i` to `at` whose echo of `tag` came back, so its flow is open
+/// end to end.
+fn echoed(net: &HubNet, i: usize, at: SocketAddr, tag: &str) -> TcpStream {
+    let mut s = connect_from(net, i, at).unwrap_or_else(|e| panic!("client {i}: {e}"));
+    s.write_all(tag.as_bytes()).expect("write");
+    let mut got = vec![0u8; tag.len()];
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    if let Err(e) = s.read_exact(&mut got) {
+        panic!("client {i}, {tag}: no echo: {e}\n{}", net.logs());
+    }
+    assert_eq!(got, tag.as_bytes(), "client {i}");
+    s
+}
+
+fn connect_from(net: &HubNet, i: usize, at: SocketAddr) -> std::io::Result<TcpStream> {
+    pep_testbed::in_netns(&net.clients[i - 1], move || {
+        TcpStream::connect_timeout(&at, Duration::from_secs(10))
+    })
+    .expect("client namespace")
+}
+
+/// Client `i`'s connection to `at` is reset without an answer: its terminal accepts it
+/// (TPROXY), and the reset may come before the connect has returned.
+fn assert_refused(net: &HubNet, i: usize, at: SocketAddr, what: &str) {
+    let refused = match connect_from(net, i, at) {
+        Ok(mut s) => refused_after_request(&mut s),
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => Ok(()),
+        Err(e) => Err(format!("connect: {e}")),
+    };
+    if let Err(e) = refused {
+        panic!("{what}: {e}\n{}", net.logs());
+    }
+}
+
+impl HubNet {
+    /// The hub's sample of `metric` for `peer` with `label`.
+    fn peer_value(&self, metric: &str, peer: &str, (k, v): (&str, &str)) -> Option<f64> {
+        let samples = self.peer_samples(metric, peer);
+        let sample = samples.iter().find(|m| m.labels.get(k) == Some(v))?;
+        match sample.value {
+            prometheus_parse::Value::Counter(x)
+            | prometheus_parse::Value::Gauge(x)
+            | prometheus_parse::Value::Untyped(x) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// Waits up to 10 s for the hub's associations to hold `n` flows open together.
+    fn await_hub_flows_open(&self, n: usize) {
+        let open = ("pepd_association_flows_open", None);
+        self.await_hub_metric(open, n, Duration::from_secs(10));
+    }
+}
+
+/// Terminal 1 may have 3 flows open at the hub (`max_flows = 3` in its entry): its 4th is
+/// reset with `resource_limit` and counted as over its own limit, while terminal 2 still
+/// opens flows; once one of terminal 1's flows ends the next fits. Lowered to 2 by SIGHUP,
+/// the limit leaves the 3 open flows alone and refuses new ones until fewer than 2 are open.
+#[test]
+fn a_terminal_s_max_flows_caps_its_flows_at_the_hub_and_changes_on_sighup() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_shaped_gateways("", "50Mbit", &["max_flows = 3"]);
+    let (at, accepted) = serve_echo(&net, 5010);
+    let over = |net: &HubNet, peer: &str| {
+        net.peer_value(
+            "pepd_peer_flows_over_limit_total",
+            peer,
+            ("reason", "peer_max_flows"),
+        )
+    };
+    let resource_resets = |net: &HubNet| {
+        net.peer_value(
+            "pepd_peer_flow_resets_total",
+            "t1",
+            ("reason", "resource_limit"),
+        )
+    };
+    let mut open: Vec<TcpStream> = (1..=3)
+        .map(|k| echoed(&net, 1, at, &format!("t1 flow {k}")))
+        .collect();
+    assert_eq!(over(&net, "t1"), Some(0.0));
+    assert_refused(&net, 1, at, "terminal 1's 4th flow");
+    assert_eq!(over(&net, "t1"), Some(1.0), "{}", net.logs());
+    assert_eq!(resource_resets(&net), Some(1.0));
+    assert_eq!(
+        accepted.try_iter().count(),
+        3,
+        "the server got only the 3 flows' connections"
+    );
+
+    let other = echoed(&net, 2, at, "t2 flow");
+    assert_eq!(over(&net, "t2"), Some(0.0));
+    drop(other);
+    drop(open.remove(0));
+    net.await_hub_flows_open(2);
+    open.push(echoed(&net, 1, at, "t1 flow 4"));
+    assert_eq!(over(&net, "t1"), Some(1.0));
+
+    net.reload_hub("max_flows = 3", "max_flows = 2");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !net.logs().contains("peer[].max_flows") {
+        assert!(Instant::now() < deadline, "no reload\n{}", net.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The 3 open flows carry on; a 4th is refused, and so is a 3rd while 2 stay open.
+    for (k, s) in open.iter_mut().enumerate() {
+        let tag = format!("still {k}");
+        s.write_all(tag.as_bytes()).expect("write");
+        let mut got = vec![0u8; tag.len()];
+        s.read_exact(&mut got).expect("echo after the reload");
+        assert_eq!(got, tag.as_bytes());
+    }
+    assert_refused(&net, 1, at, "over the lowered limit");
+    drop(open.remove(0));
+    net.await_hub_flows_open(2);
+    assert_refused(&net, 1, at, "at the lowered limit");
+    assert_eq!(over(&net, "t1"), Some(3.0));
+    assert_eq!(resource_resets(&net), Some(3.0));
+    drop(open.remove(0));
+    net.await_hub_flows_open(1);
+    open.push(echoed(&net, 1, at, "t1 under the lowered limit"));
+    assert_eq!(over(&net, "t1"), Some(3.0));
+    assert_eq!(over(&net, "t2"), Some(0.0));
 }

@@ -221,7 +221,7 @@ fn check_config_accepts_the_hub_spoke_example() {
         "side:       hub (responder)",
         "peers:      3 `[[peer]]` entries over UDP, tunnel bound to 198.18.0.1:7400",
         "  ship-7: address learned from its packets; subnets 10.7.0.0/24; tx 10 Mbit/s \
-         (weight 1), rx 2 Mbit/s; keepalive 25s",
+         (weight 1), rx 2 Mbit/s; keepalive 25s; max 10000 flows",
         &format!("public key: {hub_public} (this gateway's, for the peer's config)"),
     ] {
         assert!(lines.contains(&want), "missing {want:?} in\n{out}");

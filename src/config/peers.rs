@@ -58,6 +58,9 @@ pub struct PeerEntry {
     /// Overrides `transport.keepalive` for this peer (a NAT mapping to keep open).
     #[serde(default, with = "humantime_serde")]
     pub keepalive: Option<Duration>,
+    /// Most flows with this peer open at once, both directions together; default
+    /// `limits.max_flows`, so that one terminal cannot take the whole flow table.
+    pub max_flows: Option<usize>,
 }
 
 fn default_weight() -> u32 {
@@ -88,6 +91,8 @@ pub struct PeerSpec {
     pub min_bps: u64,
     pub weight: u32,
     pub keepalive: Duration,
+    /// Its flows open at once, either side's.
+    pub max_flows: usize,
 }
 
 impl<'de> Deserialize<'de> for Peers {
@@ -159,6 +164,7 @@ impl PepdConfig {
                 min_bps: 0,
                 weight: default_weight(),
                 keepalive: self.transport.keepalive,
+                max_flows: self.limits.max_flows,
             }],
             Peers::List(entries) => entries
                 .iter()
@@ -172,6 +178,7 @@ impl PepdConfig {
                     min_bps: e.min_rate.map_or(0, BitRate::bps),
                     weight: e.weight,
                     keepalive: e.keepalive.unwrap_or(self.transport.keepalive),
+                    max_flows: e.max_flows.unwrap_or(self.limits.max_flows),
                 })
                 .collect(),
         }

@@ -440,13 +440,14 @@ fn peer_line(p: &PeerSpec) -> String {
         bps => format!("min {}, ", BitRate(bps)),
     };
     format!(
-        "{}: {at}; subnets {}; tx {} ({min}weight {}), rx {}; keepalive {}",
+        "{}: {at}; subnets {}; tx {} ({min}weight {}), rx {}; keepalive {}; max {} flows",
         p.name,
         subnets.join(", "),
         BitRate(p.tx_bps),
         p.weight,
         BitRate(p.rx_bps),
-        dur(p.keepalive)
+        dur(p.keepalive),
+        p.max_flows
     )
 }
 

@@ -997,6 +997,7 @@ fn every_key_in_the_example_is_documented() {
         [
             "peer.address",
             "peer.keepalive",
+            "peer.max_flows",
             "peer.min_rate",
             "peer.name",
             "peer.public_key",

@@ -374,6 +374,17 @@ impl PepdConfig {
         if let Some(keepalive) = e.keepalive {
             check_keepalive(c, &key("keepalive"), keepalive, self.transport.outage_limit);
         }
+        if let Some(max_flows) = e.max_flows {
+            let gateway = self.limits.max_flows;
+            c.check(
+                (1..=gateway).contains(&max_flows),
+                &key("max_flows"),
+                format!(
+                    "must be 1 to `limits.max_flows` ({gateway}, {}), not {max_flows}",
+                    c.map.describe("limits.max_flows")
+                ),
+            );
+        }
     }
 
     fn check_entry_rates(&self, i: usize, e: &PeerEntry, c: &mut Checker<'_>) {

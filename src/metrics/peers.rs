@@ -30,6 +30,8 @@ pub struct PeerSnapshot {
     pub bytes_from_peer_total: u64,
     /// Flows reset, by reason (either side's).
     pub flow_resets: Vec<(&'static str, u64)>,
+    /// New flows, either side's, the memory budget had no room for.
+    pub flows_over_budget: u64,
 }
 
 /// Every per-peer family; nothing for a gateway without peers.
@@ -153,6 +155,25 @@ pub(super) fn encode(e: &mut DescriptorEncoder, peers: &[PeerSnapshot]) -> fmt::
         Some("reason"),
         peers,
         |p| owned(&merged(&p.flow_resets)),
+        encode_counter,
+    )?;
+    family(
+        e,
+        (
+            "peer_flows_over_limit",
+            "New flows with this peer, either side's, over a limit: its own `max_flows` \
+             open already, or the gateway's memory budget full",
+            None,
+            counter,
+        ),
+        Some("reason"),
+        peers,
+        |p| {
+            owned(&[
+                ("peer_max_flows", p.stats.flows_over_limit),
+                ("memory_budget", p.flows_over_budget),
+            ])
+        },
         encode_counter,
     )?;
     family(

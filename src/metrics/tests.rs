@@ -71,6 +71,8 @@ fn sample() -> Snapshot {
             flows_open: 118,
             flows_waiting_for_share: 164,
             flows_opened_total: 119,
+            // Only in the per-peer series, where it names whose `max_flows` was full.
+            flows_over_limit: 0,
             flows_reset: 120,
             peer_restarts: 121,
             malformed_dropped: 122,
@@ -128,6 +130,7 @@ fn sample() -> Snapshot {
                     wire_bytes_sent: 201,
                     wire_bytes_received: 202,
                     flows_opened_total: 203,
+                    flows_over_limit: 215,
                     lost: LossCounts {
                         congestion: 204,
                         corruption: 205,
@@ -146,6 +149,7 @@ fn sample() -> Snapshot {
                 bytes_to_peer_total: 211,
                 bytes_from_peer_total: 212,
                 flow_resets: vec![("aborted", 213), ("refused", 214), ("aborted", 1)],
+                flows_over_budget: 216,
             },
             // Not associated yet: no endpoint series, zeros elsewhere.
             PeerSnapshot {
@@ -524,6 +528,21 @@ fn per_peer_series_have_exact_labels() {
             "pepd_peer_flow_resets_total",
             &[ship, ("reason", "refused")],
             214,
+        ),
+        (
+            "pepd_peer_flows_over_limit_total",
+            &[ship, ("reason", "peer_max_flows")],
+            215,
+        ),
+        (
+            "pepd_peer_flows_over_limit_total",
+            &[ship, ("reason", "memory_budget")],
+            216,
+        ),
+        (
+            "pepd_peer_flows_over_limit_total",
+            &[rig, ("reason", "peer_max_flows")],
+            0,
         ),
         (
             "pepd_peer_packets_lost_total",

@@ -32,6 +32,9 @@ pub enum LiveSetting {
     /// `peer[].tx_rate`, `min_rate`, `weight` and `keepalive` of an entry that stays: its
     /// MIR, CIR, share of the carrier and keepalive follow without touching its flows.
     PeerRates,
+    /// `peer[].max_flows` of an entry that stays: new flows count against it at once; the
+    /// flows open above a lower one stay.
+    PeerMaxFlows,
     /// `[[peer]]` entries added, removed or replaced (another key, address, subnets or
     /// `rx_rate`): the peers that stay keep their flows.
     Peers,
@@ -82,6 +85,7 @@ impl LiveSetting {
             LiveSetting::Upstream => "upstream",
             LiveSetting::Shutdown => "shutdown",
             LiveSetting::PeerRates => "peer[].tx_rate/min_rate/weight/keepalive",
+            LiveSetting::PeerMaxFlows => "peer[].max_flows",
             LiveSetting::Peers => "peer[] entries added/removed/replaced",
         }
     }
@@ -451,13 +455,14 @@ fn entry_setting(name: &str) -> Setting {
         "peer[].tx_rate" | "peer[].min_rate" | "peer[].weight" | "peer[].keepalive" => {
             Setting::Live(LiveSetting::PeerRates)
         }
+        "peer[].max_flows" => Setting::Live(LiveSetting::PeerMaxFlows),
         _ => Setting::Live(LiveSetting::Peers),
     }
 }
 
 /// Each field of a `[[peer]]` entry and whether it differs from the running entry at the
 /// same place (every field, for an entry that is new there).
-fn entry_changes(new: &PeerEntry, old: Option<&PeerEntry>) -> [(&'static str, bool); 9] {
+fn entry_changes(new: &PeerEntry, old: Option<&PeerEntry>) -> [(&'static str, bool); 10] {
     let PeerEntry {
         name,
         public_key,
@@ -468,6 +473,7 @@ fn entry_changes(new: &PeerEntry, old: Option<&PeerEntry>) -> [(&'static str, bo
         min_rate,
         weight,
         keepalive,
+        max_flows,
     } = new;
     [
         ("peer[].name", old.is_none_or(|o| *name != o.name)),
@@ -487,6 +493,10 @@ fn entry_changes(new: &PeerEntry, old: Option<&PeerEntry>) -> [(&'static str, bo
         (
             "peer[].keepalive",
             old.is_none_or(|o| *keepalive != o.keepalive),
+        ),
+        (
+            "peer[].max_flows",
+            old.is_none_or(|o| *max_flows != o.max_flows),
         ),
     ]
 }
@@ -681,6 +691,7 @@ mod tests {
                 "peer[].min_rate",
                 "peer[].weight",
                 "peer[].keepalive",
+                "peer[].max_flows",
                 "tunnel.side",
                 "tunnel.bind",
             ]
@@ -691,6 +702,7 @@ mod tests {
             settings.into_iter().collect::<Vec<_>>(),
             [
                 Setting::Live(LiveSetting::PeerRates),
+                Setting::Live(LiveSetting::PeerMaxFlows),
                 Setting::Live(LiveSetting::Peers),
                 Setting::Restart(RestartSetting::Tunnel),
             ]
@@ -726,6 +738,11 @@ mod tests {
             ),
             ("peer[].rx_rate", |c| entry(c).rx_rate = None, replaced),
             ("peer[].keepalive", |c| entry(c).keepalive = None, live),
+            (
+                "peer[].max_flows",
+                |c| entry(c).max_flows = None,
+                Setting::Live(LiveSetting::PeerMaxFlows),
+            ),
         ];
         let base = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
         for (name, mutate, setting) in mutations {
@@ -761,6 +778,7 @@ mod tests {
             ("peer[].min_rate", |c| entry(c).min_rate = None),
             ("peer[].weight", |c| entry(c).weight += 1),
             ("peer[].keepalive", |c| entry(c).keepalive = None),
+            ("peer[].max_flows", |c| entry(c).max_flows = None),
             ("tunnel.side", |c| {
                 if let Some(t) = &mut c.tunnel {
                     t.side = Side::Terminal;
@@ -803,7 +821,8 @@ mod tests {
                 "peer[].rx_rate",
                 "peer[].min_rate",
                 "peer[].weight",
-                "peer[].keepalive"
+                "peer[].keepalive",
+                "peer[].max_flows"
             ]
         );
         let pair = every_key();

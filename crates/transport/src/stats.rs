@@ -52,6 +52,10 @@ pub struct Stats {
     /// ([`Association::wait_for_share`](crate::Association::wait_for_share)).
     pub flows_waiting_for_share: u64,
     pub flows_opened_total: u64,
+    /// Flows refused because `max_flows` were open: opens by the application (refused with
+    /// [`OpenError::TooManyFlows`](crate::OpenError::TooManyFlows)) and by the peer (reset
+    /// with `ResourceLimit`).
+    pub flows_over_limit: u64,
     pub flows_reset: u64,
     pub peer_restarts: u64,
     /// Datagrams dropped because they did not parse.

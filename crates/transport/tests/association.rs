@@ -466,3 +466,73 @@ fn a_flow_waiting_for_its_share_is_told_when_its_data_is_acknowledged() {
         .get(&g)
         .is_some_and(|x| x.received.len() == 50_000)));
 }
+
+/// Side 1 serves at most 3 flows, both directions together: the peer's 4th open is reset
+/// with `ResourceLimit` and its own 4th refused, each counted; lowering the limit leaves
+/// the open flows alone; a flow that ends makes room for the next.
+#[test]
+fn flows_over_max_flows_are_refused_in_both_directions_and_counted() {
+    let mut limited = test_config(20_000_000);
+    limited.max_flows = 3;
+    let mut n = Net::new(
+        test_config(20_000_000),
+        limited,
+        MS * 100,
+        Faults::default(),
+        10,
+    );
+    assert!(n.run_until(Duration::from_secs(10), |n| n.established()));
+    let opened: Vec<FlowId> = (0..3)
+        .map(|i| n.open(0, 1100 + i, pattern(u64::from(i), 1000), false))
+        .collect();
+    assert!(
+        n.run_until(Duration::from_secs(5), |n| opened.iter().all(|f| n.apps[1]
+            .flows
+            .get(f)
+            .is_some_and(|x| x.received.len() == 1000)))
+    );
+    let fourth = n.open(0, 1103, pattern(3, 1000), false);
+    assert!(
+        n.run_until(Duration::from_secs(5), |n| n.apps[0].flows[&fourth]
+            .reset
+            .is_some())
+    );
+    assert_eq!(
+        n.apps[0].flows[&fourth].reset,
+        Some(ResetReason::ResourceLimit)
+    );
+    let opened_at_1 = |n: &Net, flow: FlowId| {
+        n.apps[1]
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::FlowOpened { flow: f, .. } if *f == flow))
+    };
+    assert!(opened_at_1(&n, opened[2]));
+    assert!(!opened_at_1(&n, fourth), "a refused flow is not opened");
+    assert_eq!(
+        n.ends[1].open_flow(support::meta(2000)).err(),
+        Some(pep_transport::OpenError::TooManyFlows)
+    );
+    assert_eq!(n.ends[1].stats().flows_over_limit, 2);
+    assert_eq!(n.ends[0].stats().flows_over_limit, 0);
+    // Below the open flows now: none of them is reset.
+    n.ends[1].set_max_flows(2);
+    n.run_until(Duration::from_millis(500), |_| false);
+    assert_eq!(n.ends[1].stats().flows_open, 3);
+    assert!(opened.iter().all(|f| n.apps[0].flows[f].reset.is_none()));
+    // Two of them end; with one open, the next fits under the limit of 2.
+    for &f in &opened[..2] {
+        n.ends[0].reset(f, ResetReason::Aborted).unwrap();
+    }
+    assert!(
+        n.run_until(Duration::from_secs(5), |n| n.ends[1].stats().flows_open
+            == 1)
+    );
+    let next = n.open(0, 1104, pattern(4, 1000), false);
+    assert!(n.run_until(Duration::from_secs(5), |n| n.apps[1]
+        .flows
+        .get(&next)
+        .is_some_and(|x| x.received.len() == 1000)));
+    assert_eq!(n.apps[0].flows[&next].reset, None);
+    assert_eq!(n.ends[1].stats().flows_over_limit, 2);
+}

@@ -106,6 +106,7 @@ fn pair_form_normalises_to_one_peer_spec() {
             min_bps: 0,
             weight: 1,
             keepalive: Duration::from_secs(5),
+            max_flows: 10_000,
         }]
     );
     let h = PepdConfig::parse(HUB).expect("hub.toml");
@@ -121,6 +122,7 @@ fn pair_form_normalises_to_one_peer_spec() {
             min_bps: 0,
             weight: 1,
             keepalive: Duration::from_secs(5),
+            max_flows: 10_000,
         }]
     );
     assert_eq!((t.side(), h.side()), (Side::Terminal, Side::Hub));
@@ -154,6 +156,7 @@ fn peer_list_parses_every_field() {
                 min_bps: 5_000_000,
                 weight: 2,
                 keepalive: Duration::from_secs(10),
+                max_flows: 2000,
             },
             PeerSpec {
                 name: "ship-7".into(),
@@ -165,6 +168,7 @@ fn peer_list_parses_every_field() {
                 min_bps: 0,
                 weight: 1,
                 keepalive: Duration::from_secs(25),
+                max_flows: 10_000,
             },
             PeerSpec {
                 name: "cell-12".into(),
@@ -176,6 +180,7 @@ fn peer_list_parses_every_field() {
                 min_bps: 10_000_000,
                 weight: 1,
                 keepalive: Duration::from_secs(5),
+                max_flows: 10_000,
             },
         ]
     );
@@ -184,6 +189,7 @@ fn peer_list_parses_every_field() {
     let rig = c.transport_for(&c.peer_specs()[0]);
     assert_eq!(rig.rate_bps, 20_000_000);
     assert_eq!(rig.keepalive_interval, Duration::from_secs(10));
+    assert_eq!(rig.max_flows, 2000);
     assert_eq!(
         rig.flow_window,
         c.transport_with(20_000_000, 4_000_000).flow_window
@@ -257,7 +263,7 @@ fn unknown_key_line_in_both_forms() {
         d.to_string(),
         "test.toml line 13: unknown key `peer[1].colour` (expected one of `name`, \
          `public_key`, `address`, `subnets`, `tx_rate`, `rx_rate`, `min_rate`, `weight`, \
-         `keepalive`)"
+         `keepalive`, `max_flows`)"
     );
     // The `[peer]` table through the same visitor: the key's own line, not the header's.
     let d = parse_err(
@@ -279,7 +285,8 @@ fn side_in_an_entry_points_to_tunnel_side() {
     assert_eq!(
         d.to_string(),
         "test.toml line 8: unknown key `peer[0].side` (expected one of `name`, `public_key`, \
-         `address`, `subnets`, `tx_rate`, `rx_rate`, `min_rate`, `weight`, `keepalive`); with \
+         `address`, `subnets`, `tx_rate`, `rx_rate`, `min_rate`, `weight`, `keepalive`, \
+         `max_flows`); with \
          `[[peer]]` entries it goes in `[tunnel]`, as `tunnel.side`"
     );
     let d = parse_err(&two_peers().replace("name = \"b\"\n", "name = \"b\"\nbind = \"x\"\n"));
@@ -453,7 +460,8 @@ fn entry_values_in_range() {
         .replace(
             "subnets = [\"10.2.0.0/24\"]",
             "subnets = [\"10.2.0.1/24\", \"10.9.0.0/24\", \"10.9.0.0/24\"]\ntx_rate = \"200M\"\n\
-             rx_rate = 1\nmin_rate = \"300M\"\nweight = 0\nkeepalive = \"2m\"",
+             rx_rate = 1\nmin_rate = \"300M\"\nweight = 0\nkeepalive = \"2m\"\n\
+             max_flows = 0",
         )
         .replace(
             "address = \"198.19.0.1:7400\"",
@@ -479,12 +487,14 @@ fn entry_values_in_range() {
             "test.toml line 18: `peer[1].weight` must be 1 to 1000, not 0",
             "test.toml line 19: `peer[1].keepalive` (2m) must be shorter than \
              `transport.outage_limit` (2m, default), or idle outages go unnoticed",
+            "test.toml line 20: `peer[1].max_flows` must be 1 to `limits.max_flows` (10000, \
+             default), not 0",
         ]
     );
     let text = two_peers()
         .replace(
             "subnets = [\"10.2.0.0/24\"]",
-            "subnets = []\nkeepalive = \"0s\"",
+            "subnets = []\nkeepalive = \"0s\"\nmax_flows = 10001",
         )
         .replace(
             "name = \"a\"",
@@ -496,6 +506,7 @@ fn entry_values_in_range() {
             ("peer[0].name".to_owned(), Some(7)),
             ("peer[1].subnets".to_owned(), Some(14)),
             ("peer[1].keepalive".to_owned(), Some(15)),
+            ("peer[1].max_flows".to_owned(), Some(16)),
         ]
     );
     // Exactly 32 characters of every allowed kind is a name.
@@ -575,11 +586,11 @@ fn check_config_reports_every_peer() {
         "side:       hub (responder)",
         "peers:      3 `[[peer]]` entries over UDP, tunnel bound to 198.18.0.1:7400",
         "  rig-3: 198.19.0.3:7400; subnets 10.3.0.0/24, fd00:198:19:3::/64; tx 20 Mbit/s (min \
-         5 Mbit/s, weight 2), rx 4 Mbit/s; keepalive 10s",
+         5 Mbit/s, weight 2), rx 4 Mbit/s; keepalive 10s; max 2000 flows",
         "  ship-7: address learned from its packets; subnets 10.7.0.0/24; tx 10 Mbit/s \
-         (weight 1), rx 2 Mbit/s; keepalive 25s",
+         (weight 1), rx 2 Mbit/s; keepalive 25s; max 10000 flows",
         "  cell-12: 198.19.0.12:7400; subnets 10.12.0.0/22; tx 100 Mbit/s (min 10 Mbit/s, \
-         weight 1), rx 5 Mbit/s; keepalive 5s",
+         weight 1), rx 5 Mbit/s; keepalive 5s; max 10000 flows",
         "security:   noise IK (3 peer keys, one per `[[peer]]` entry), no psk; rekey every 2m \
          or 1073741824 packets; AEAD chosen with the peer",
     ] {

@@ -489,6 +489,7 @@ impl Association {
     /// rides in the FLOW_OPEN.
     pub fn open_flow(&mut self, meta: FlowMeta) -> Result<FlowId, OpenError> {
         if self.flows.len() >= self.cfg.max_flows {
+            self.stats.flows_over_limit += 1;
             return Err(OpenError::TooManyFlows);
         }
         let id = self.next_local_flow;

@@ -471,7 +471,11 @@ impl Association {
                         .expect("peer_flow returned a live id");
                     if f.meta.is_none() {
                         f.meta = Some(meta);
-                        self.events.push_back(Event::FlowOpened { flow: id, meta });
+                        // One over `max_flows` is reset already: the application has its
+                        // FlowReset and must not open a connection for it.
+                        if f.reset.is_none() {
+                            self.events.push_back(Event::FlowOpened { flow: id, meta });
+                        }
                     }
                     if !data.is_empty() || fin {
                         self.on_stream_data(id, 0, data, fin);
@@ -573,6 +577,7 @@ impl Association {
         self.flows.insert(flow, f);
         self.stats.flows_opened_total += 1;
         if self.flows.len() > self.cfg.max_flows {
+            self.stats.flows_over_limit += 1;
             self.abort_flow(flow, ResetReason::ResourceLimit);
         }
         Some(flow)
