@@ -1493,3 +1493,63 @@ fn a_terminal_s_max_flows_caps_its_flows_at_the_hub_and_changes_on_sighup() {
     assert_eq!(over(&net, "t1"), Some(3.0));
     assert_eq!(over(&net, "t2"), Some(0.0));
 }
+
+/// The hub holds at most `limits.max_flows = 4` flows across its terminals, each of which
+/// may have 4 of its own (the default): with 3 of terminal 1's open and 1 of terminal 2's,
+/// terminal 2's next is reset with `resource_limit` and counted as over the gateway's limit,
+/// not its own; once one flow ends the next fits.
+#[test]
+fn the_hub_s_max_flows_bounds_its_flows_across_terminals() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_gateways_with("[limits]\nmax_flows = 4\n");
+    let (at, accepted) = serve_echo(&net, 5011);
+    let over = |net: &HubNet, peer: &str, reason: &str| {
+        net.peer_value("pepd_peer_flows_over_limit_total", peer, ("reason", reason))
+    };
+    let hub_flows_open = |n: usize| {
+        net.await_hub_metric(("pepd_flows_open", None), n, Duration::from_secs(10));
+    };
+    let mut open: Vec<TcpStream> = (1..=3)
+        .map(|k| echoed(&net, 1, at, &format!("t1 flow {k}")))
+        .collect();
+    open.push(echoed(&net, 2, at, "t2 flow 1"));
+    hub_flows_open(4);
+    assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(0.0));
+
+    assert_refused(&net, 2, at, "terminal 2's 2nd flow, the hub's 5th");
+    assert_eq!(
+        over(&net, "t2", "gateway_max_flows"),
+        Some(1.0),
+        "{}",
+        net.logs()
+    );
+    assert_eq!(over(&net, "t2", "peer_max_flows"), Some(0.0));
+    assert_eq!(over(&net, "t2", "memory_budget"), Some(0.0));
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(0.0));
+    assert_eq!(
+        net.peer_value(
+            "pepd_peer_flow_resets_total",
+            "t2",
+            ("reason", "resource_limit")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        accepted.try_iter().count(),
+        4,
+        "the server got only the 4 flows' connections"
+    );
+    hub_flows_open(4);
+
+    drop(open.remove(0));
+    hub_flows_open(3);
+    open.push(echoed(&net, 2, at, "t2 flow 2"));
+    hub_flows_open(4);
+    assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(1.0));
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(0.0));
+    assert_eq!(accepted.try_iter().count(), 1);
+}
