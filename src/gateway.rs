@@ -352,6 +352,8 @@ fn add_stats(t: &mut Stats, s: &Stats) {
 mod tests {
     use std::time::Duration;
 
+    use crate::memory::FlowCharge;
+
     use super::*;
 
     fn link(id: u32, name: &str, memory: &Arc<MemoryAccount>, wake: &Arc<Notify>) -> Arc<PeerLink> {
@@ -416,6 +418,51 @@ mod tests {
         assert_eq!(after.stats.flows_open, 0);
         let names: Vec<&str> = after.peers.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["a"]);
+    }
+
+    #[test]
+    fn max_flows_bounds_every_peer_s_flows_together_and_one_peer_s_own_bound_it_alone() {
+        let memory = Arc::new(MemoryAccount::new(1 << 30, 0, 0));
+        let wake = Arc::new(Notify::new());
+        let (a, b) = (link(0, "a", &memory, &wake), link(1, "b", &memory, &wake));
+        let gateway = Gateway::new(
+            PeerTable::new(vec![a.clone(), b.clone()], Vec::new()),
+            0,
+            wake,
+            memory.clone(),
+            3,
+        );
+        // As the driver and the interception take them: a flow each side opened, each
+        // slot riding with the flow's memory charge.
+        let charge = |l: &PeerLink| Some(l.charge_flow().with_slot(gateway.take_flow_slot()?));
+        let mut open: Vec<FlowCharge> =
+            [&a, &b, &a].into_iter().filter_map(|l| charge(l)).collect();
+        assert_eq!(open.len(), 3);
+        assert!(charge(&b).is_none(), "the 4th across both peers");
+        assert_eq!((gateway.open_flows.open(), memory.flows()), (3, 3));
+        assert_eq!(gateway.snapshot().relay.flows_open, 3);
+        open.pop();
+        assert_eq!(gateway.snapshot().relay.flows_open, 2);
+        open.push(charge(&b).expect("room the ended flow left"));
+        gateway.open_flows.set_max(1);
+        assert!(
+            charge(&a).is_none(),
+            "a lower max refuses, the open flows stay"
+        );
+        assert_eq!(gateway.open_flows.open(), 3);
+        // With one peer left, its own limit bounds the total: the count goes on, unbounded.
+        gateway.peers.replace(
+            PeerTable::new(vec![a.clone()], Vec::new()),
+            crate::peers::PeerChange {
+                removed: vec![b],
+                added: Vec::new(),
+            },
+        );
+        open.push(charge(&a).expect("one peer"));
+        assert_eq!(gateway.open_flows.open(), 4);
+        open.clear();
+        assert_eq!((gateway.open_flows.open(), memory.flows()), (0, 0));
+        assert_eq!(gateway.snapshot().relay.flows_open, 0);
     }
 
     #[test]

@@ -1497,7 +1497,8 @@ fn a_terminal_s_max_flows_caps_its_flows_at_the_hub_and_changes_on_sighup() {
 /// The hub holds at most `limits.max_flows = 4` flows across its terminals, each of which
 /// may have 4 of its own (the default): with 3 of terminal 1's open and 1 of terminal 2's,
 /// terminal 2's next is reset with `resource_limit` and counted as over the gateway's limit,
-/// not its own; once one flow ends the next fits.
+/// not its own; once one flow ends the next fits. Lowered to 3 by SIGHUP, the total leaves
+/// the open flows alone and refuses new ones until fewer than 3 are open.
 #[test]
 fn the_hub_s_max_flows_bounds_its_flows_across_terminals() {
     if !pep_testbed::require_root() {
@@ -1551,5 +1552,34 @@ fn the_hub_s_max_flows_bounds_its_flows_across_terminals() {
     hub_flows_open(4);
     assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(1.0));
     assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(0.0));
+    assert_eq!(accepted.try_iter().count(), 1);
+
+    // Lowered to 3 by SIGHUP, the total leaves the 4 open flows alone; terminal 1, with 2
+    // of its own 3 open, is refused until fewer than 3 are open across the terminals.
+    net.reload_hub("max_flows = 4", "max_flows = 3");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !net.logs().contains("limits.max_flows") {
+        assert!(Instant::now() < deadline, "no reload\n{}", net.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (k, s) in open.iter_mut().enumerate() {
+        let tag = format!("still {k}");
+        s.write_all(tag.as_bytes()).expect("write");
+        let mut got = vec![0u8; tag.len()];
+        s.read_exact(&mut got).expect("echo after the reload");
+        assert_eq!(got, tag.as_bytes());
+    }
+    assert_refused(&net, 1, at, "over the lowered total");
+    drop(open.pop());
+    hub_flows_open(3);
+    assert_refused(&net, 1, at, "at the lowered total");
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(2.0));
+    assert_eq!(over(&net, "t1", "peer_max_flows"), Some(0.0));
+    drop(open.pop());
+    hub_flows_open(2);
+    open.push(echoed(&net, 1, at, "t1 under the lowered total"));
+    hub_flows_open(3);
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(2.0));
+    assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(1.0));
     assert_eq!(accepted.try_iter().count(), 1);
 }
