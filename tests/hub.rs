@@ -1417,6 +1417,26 @@ impl HubNet {
         let open = ("pepd_association_flows_open", None);
         self.await_hub_metric(open, n, Duration::from_secs(10));
     }
+
+    /// Waits up to 10 s for the hub to log a reload that changed `setting`.
+    fn await_reloaded(&self, setting: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.logs().contains(setting) {
+            assert!(Instant::now() < deadline, "no reload\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Each of `open` still echoes: a reload left its flow alone.
+fn assert_still_echoed(open: &mut [TcpStream]) {
+    for (k, s) in open.iter_mut().enumerate() {
+        let tag = format!("still {k}");
+        s.write_all(tag.as_bytes()).expect("write");
+        let mut got = vec![0u8; tag.len()];
+        s.read_exact(&mut got).expect("echo after the reload");
+        assert_eq!(got, tag.as_bytes());
+    }
 }
 
 /// Terminal 1 may have 3 flows open at the hub (`max_flows = 3` in its entry): its 4th is
@@ -1468,19 +1488,9 @@ fn a_terminal_s_max_flows_caps_its_flows_at_the_hub_and_changes_on_sighup() {
     assert_eq!(over(&net, "t1"), Some(1.0));
 
     net.reload_hub("max_flows = 3", "max_flows = 2");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !net.logs().contains("peer[].max_flows") {
-        assert!(Instant::now() < deadline, "no reload\n{}", net.logs());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    net.await_reloaded("peer[].max_flows");
     // The 3 open flows carry on; a 4th is refused, and so is a 3rd while 2 stay open.
-    for (k, s) in open.iter_mut().enumerate() {
-        let tag = format!("still {k}");
-        s.write_all(tag.as_bytes()).expect("write");
-        let mut got = vec![0u8; tag.len()];
-        s.read_exact(&mut got).expect("echo after the reload");
-        assert_eq!(got, tag.as_bytes());
-    }
+    assert_still_echoed(&mut open);
     assert_refused(&net, 1, at, "over the lowered limit");
     drop(open.remove(0));
     net.await_hub_flows_open(2);
@@ -1557,18 +1567,8 @@ fn the_hub_s_max_flows_bounds_its_flows_across_terminals() {
     // Lowered to 3 by SIGHUP, the total leaves the 4 open flows alone; terminal 1, with 2
     // of its own 3 open, is refused until fewer than 3 are open across the terminals.
     net.reload_hub("max_flows = 4", "max_flows = 3");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !net.logs().contains("limits.max_flows") {
-        assert!(Instant::now() < deadline, "no reload\n{}", net.logs());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for (k, s) in open.iter_mut().enumerate() {
-        let tag = format!("still {k}");
-        s.write_all(tag.as_bytes()).expect("write");
-        let mut got = vec![0u8; tag.len()];
-        s.read_exact(&mut got).expect("echo after the reload");
-        assert_eq!(got, tag.as_bytes());
-    }
+    net.await_reloaded("limits.max_flows");
+    assert_still_echoed(&mut open);
     assert_refused(&net, 1, at, "over the lowered total");
     drop(open.pop());
     hub_flows_open(3);
