@@ -407,9 +407,15 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         };
         let first = &buf[..first_len];
         let opened = match link {
-            Some(link) => match link.open(meta, first) {
-                Ok((flow, charge)) => Ok((link, flow, charge)),
-                Err(why) => Err((Some(why), first.to_vec())),
+            Some(link) => match ctx.gateway.take_flow_slot() {
+                Some(slot) => match link.open(meta, first) {
+                    Ok((flow, charge)) => Ok((link, flow, charge.with_slot(slot))),
+                    Err(why) => Err((Some(why), first.to_vec())),
+                },
+                None => {
+                    LinkCounters::add(&link.counters.flows_over_gateway, 1);
+                    Err((Some(OpenRefused::GatewayFlowLimit), first.to_vec()))
+                }
             },
             None => Err((None, first.to_vec())),
         };
@@ -618,6 +624,7 @@ pub(crate) fn flow_tasks(
         0,
         Arc::new(tokio::sync::Notify::new()),
         link.memory.clone(),
+        1,
     );
     let ctx = Arc::new(InterceptCtx {
         gateway: Arc::new(gateway),

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use pep_transport::security::AcceptedInitiation;
 use pep_transport::{
-    AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowMeta,
-    PeerId, ResetReason, Role,
+    AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowId,
+    FlowMeta, PeerId, ResetReason, Role,
 };
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
@@ -554,16 +554,20 @@ impl Driver {
                     // The peer's client gets the reset, as it would from a full `max_flows`.
                     debug!(flow, "memory budget reached; flow refused");
                     LinkCounters::add(&c.flows_over_budget, 1);
-                    let reset = st
-                        .assoc
-                        .as_mut()
-                        .is_some_and(|a| a.reset(flow, ResetReason::ResourceLimit).is_ok());
-                    if reset {
-                        c.flow_resets.add(ResetReason::ResourceLimit);
-                    }
+                    Self::refuse_peer_flow(link, st, flow);
                     return;
                 }
-                accepts.push((st.insert_slot(flow), meta, link.charge_flow()));
+                let Some(slot) = self.gateway.take_flow_slot() else {
+                    debug!(flow, "limits.max_flows open across the peers; flow refused");
+                    LinkCounters::add(&c.flows_over_gateway, 1);
+                    Self::refuse_peer_flow(link, st, flow);
+                    return;
+                };
+                accepts.push((
+                    st.insert_slot(flow),
+                    meta,
+                    link.charge_flow().with_slot(slot),
+                ));
             }
             Event::FlowReadable { flow } | Event::FlowWritable { flow } => st.signal_flow(flow),
             Event::FlowReset { flow, reason } => {
@@ -596,6 +600,18 @@ impl Driver {
                 self.notifier
                     .status(&format!("association down ({reason:?}), re-establishing"));
             }
+        }
+    }
+
+    /// Resets a flow the peer opened that a limit has no room for: its client gets the reset
+    /// it would from the peer's own full `max_flows`.
+    fn refuse_peer_flow(link: &PeerLink, st: &mut LinkState, flow: FlowId) {
+        let reset = st
+            .assoc
+            .as_mut()
+            .is_some_and(|a| a.reset(flow, ResetReason::ResourceLimit).is_ok());
+        if reset {
+            link.counters.flow_resets.add(ResetReason::ResourceLimit);
         }
     }
 
@@ -735,6 +751,7 @@ mod tests {
                 0,
                 wake,
                 memory,
+                10_000,
             );
             let acceptor = Arc::new(ResettingAcceptor {
                 accepted: Mutex::new(accepted_tx),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use pep_transport::{EndpointStats, Stats};
 use tokio::sync::Notify;
 
+use crate::flowcount::{OpenFlow, OpenFlows};
 use crate::link::{LinkCounters, PeerLink};
 use crate::memory::MemoryAccount;
 use crate::metrics::{PeerSnapshot, RelaySnapshot, Snapshot};
@@ -25,6 +26,8 @@ pub struct Gateway {
     /// The memory budget and what counts against it: one for the gateway, every link holds
     /// it, as `limits.memory_budget` is the process's.
     pub memory: Arc<MemoryAccount>,
+    /// The flows open with every peer, which `limits.max_flows` bounds.
+    pub open_flows: Arc<OpenFlows>,
     /// What the peers a reload removed had counted, so that the gateway's totals (counters
     /// to Prometheus) never go back when a peer's series go.
     retired: Retired,
@@ -73,12 +76,14 @@ impl GatewayCounters {
 }
 
 impl Gateway {
-    /// The gateway of `peers`, with the carrier at `carrier_bps`.
+    /// The gateway of `peers`, with the carrier at `carrier_bps` and at most `max_flows`
+    /// flows open across the peers.
     pub fn new(
         peers: PeerTable,
         carrier_bps: u64,
         wake: Arc<Notify>,
         memory: Arc<MemoryAccount>,
+        max_flows: usize,
     ) -> Gateway {
         Gateway {
             peers: PeerSet::new(peers),
@@ -86,6 +91,7 @@ impl Gateway {
             carrier_bps: AtomicU64::new(carrier_bps),
             wake,
             memory,
+            open_flows: Arc::new(OpenFlows::new(max_flows)),
             retired: Retired::default(),
         }
     }
@@ -104,6 +110,18 @@ impl Gateway {
             let mut r = self.retired.stats.lock().unwrap_or_else(|p| p.into_inner());
             add_stats(&mut r, &counters_only(s));
         }
+    }
+
+    /// A place for one more flow, either side's, or `None` while `limits.max_flows` are open
+    /// across the peers.
+    pub fn take_flow_slot(&self) -> Option<OpenFlow> {
+        if self.peers.table().links.len() > 1 {
+            return self.open_flows.try_take();
+        }
+        // One peer's own limit, never above the gateway's, bounds the total already. Its
+        // association counts a flow until the transport ends it, this count until the relay
+        // does: checked here too, a pair could refuse a flow it takes today in between.
+        Some(self.open_flows.take())
     }
 
     /// The peers now.
@@ -187,6 +205,7 @@ impl Gateway {
                 + get(&self.retired.restarts),
             relay: RelaySnapshot {
                 flows_active: sum(|c| &c.relays_active),
+                flows_open: self.open_flows.open() as u64,
                 flows_intercepted_total: get(&c.flows_intercepted),
                 flows_from_peer_total: sum(|c| &c.flows_from_peer),
                 flows_refused_total: get(&c.flows_refused),
@@ -227,6 +246,7 @@ fn peer_snapshot(link: &PeerLink) -> PeerSnapshot {
         bytes_from_peer_total: get(&c.bytes_from_peer),
         flow_resets: c.flow_resets.snapshot(),
         flows_over_budget: get(&c.flows_over_budget),
+        flows_over_gateway: get(&c.flows_over_gateway),
     }
 }
 
@@ -332,6 +352,8 @@ fn add_stats(t: &mut Stats, s: &Stats) {
 mod tests {
     use std::time::Duration;
 
+    use crate::memory::FlowCharge;
+
     use super::*;
 
     fn link(id: u32, name: &str, memory: &Arc<MemoryAccount>, wake: &Arc<Notify>) -> Arc<PeerLink> {
@@ -364,6 +386,7 @@ mod tests {
             0,
             wake,
             memory,
+            10_000,
         );
         let before = gateway.snapshot();
         assert_eq!(before.relay.bytes_to_peer_total, 8000);
@@ -395,6 +418,51 @@ mod tests {
         assert_eq!(after.stats.flows_open, 0);
         let names: Vec<&str> = after.peers.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["a"]);
+    }
+
+    #[test]
+    fn max_flows_bounds_every_peer_s_flows_together_and_one_peer_s_own_bound_it_alone() {
+        let memory = Arc::new(MemoryAccount::new(1 << 30, 0, 0));
+        let wake = Arc::new(Notify::new());
+        let (a, b) = (link(0, "a", &memory, &wake), link(1, "b", &memory, &wake));
+        let gateway = Gateway::new(
+            PeerTable::new(vec![a.clone(), b.clone()], Vec::new()),
+            0,
+            wake,
+            memory.clone(),
+            3,
+        );
+        // As the driver and the interception take them: a flow each side opened, each
+        // slot riding with the flow's memory charge.
+        let charge = |l: &PeerLink| Some(l.charge_flow().with_slot(gateway.take_flow_slot()?));
+        let mut open: Vec<FlowCharge> =
+            [&a, &b, &a].into_iter().filter_map(|l| charge(l)).collect();
+        assert_eq!(open.len(), 3);
+        assert!(charge(&b).is_none(), "the 4th across both peers");
+        assert_eq!((gateway.open_flows.open(), memory.flows()), (3, 3));
+        assert_eq!(gateway.snapshot().relay.flows_open, 3);
+        open.pop();
+        assert_eq!(gateway.snapshot().relay.flows_open, 2);
+        open.push(charge(&b).expect("room the ended flow left"));
+        gateway.open_flows.set_max(1);
+        assert!(
+            charge(&a).is_none(),
+            "a lower max refuses, the open flows stay"
+        );
+        assert_eq!(gateway.open_flows.open(), 3);
+        // With one peer left, its own limit bounds the total: the count goes on, unbounded.
+        gateway.peers.replace(
+            PeerTable::new(vec![a.clone()], Vec::new()),
+            crate::peers::PeerChange {
+                removed: vec![b],
+                added: Vec::new(),
+            },
+        );
+        open.push(charge(&a).expect("one peer"));
+        assert_eq!(gateway.open_flows.open(), 4);
+        open.clear();
+        assert_eq!((gateway.open_flows.open(), memory.flows()), (0, 0));
+        assert_eq!(gateway.snapshot().relay.flows_open, 0);
     }
 
     #[test]

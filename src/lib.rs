@@ -8,6 +8,7 @@ pub mod daemon;
 mod driver;
 mod droplog;
 pub mod fdlimit;
+mod flowcount;
 mod gateway;
 pub mod keys;
 mod link;

@@ -58,6 +58,8 @@ pub enum FlowGone {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenRefused {
     FlowLimit,
+    /// `limits.max_flows` are open across the peers.
+    GatewayFlowLimit,
     MemoryBudget,
     /// The peer has not associated yet (its address is learned from its initiation).
     NotAssociated,
@@ -131,6 +133,8 @@ pub struct LinkCounters {
     pub flow_resets: ByReason,
     /// New flows either side opened that the memory budget had no room for.
     pub flows_over_budget: AtomicU64,
+    /// New flows either side opened while `limits.max_flows` were open across the peers.
+    pub flows_over_gateway: AtomicU64,
     /// Relays running (their TCP connection still open).
     pub relays_active: AtomicU64,
     /// Handshakes completed; every one after the first is a re-establishment.
@@ -154,6 +158,7 @@ impl LinkCounters {
         add(&self.bytes_to_peer, &from.bytes_to_peer);
         add(&self.bytes_from_peer, &from.bytes_from_peer);
         add(&self.flows_over_budget, &from.flows_over_budget);
+        add(&self.flows_over_gateway, &from.flows_over_gateway);
         add(
             &self.associations_established,
             &from.associations_established,

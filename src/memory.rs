@@ -11,6 +11,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::flowcount::OpenFlow;
+
 /// A flow's structures while it lives, both gateways' kinds (intercepted or opened by the
 /// peer): the relay task and its future, the transport's flow state, the hub's slot and
 /// signal, tokio's registration of the TCP socket. Measured by `per_flow_cost_is_covered`
@@ -179,7 +181,10 @@ impl MemoryAccount {
     /// Counts a flow until the charge is dropped.
     pub fn charge_flow(self: &Arc<Self>) -> FlowCharge {
         self.flows.fetch_add(1, Ordering::Relaxed);
-        FlowCharge(self.clone())
+        FlowCharge {
+            memory: self.clone(),
+            slot: None,
+        }
     }
 
     pub fn hold(&self, bytes: u64) {
@@ -191,13 +196,25 @@ impl MemoryAccount {
     }
 }
 
-/// One flow's share of [`PER_FLOW`], returned when the flow's task ends.
+/// One flow's share of [`PER_FLOW`], returned when the flow's task ends, and with it the
+/// flow's place among the gateway's open flows.
 #[derive(Debug)]
-pub struct FlowCharge(Arc<MemoryAccount>);
+pub struct FlowCharge {
+    memory: Arc<MemoryAccount>,
+    slot: Option<OpenFlow>,
+}
+
+impl FlowCharge {
+    /// Keeps `slot` for as long as the charge: the flow's task holds one thing to its end.
+    pub fn with_slot(mut self, slot: OpenFlow) -> FlowCharge {
+        self.slot = Some(slot);
+        self
+    }
+}
 
 impl Drop for FlowCharge {
     fn drop(&mut self) {
-        self.0.flows.fetch_sub(1, Ordering::Relaxed);
+        self.memory.flows.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

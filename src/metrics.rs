@@ -69,6 +69,9 @@ impl AssociationState {
 pub struct RelaySnapshot {
     /// Flows with a live local TCP connection.
     pub flows_active: u64,
+    /// Flows counted against `limits.max_flows`: with every peer, from their open to their
+    /// relay's end.
+    pub flows_open: u64,
     /// TCP connections intercepted locally and opened as flows towards the peer.
     pub flows_intercepted_total: u64,
     /// Flows the peer opened, connected out from here.
@@ -461,6 +464,13 @@ impl Collector for SnapshotCollector {
             "Flows with a live local TCP connection",
             None,
             r.flows_active,
+        )?;
+        gauge(
+            e,
+            "flows_open",
+            "Flows open with every peer, either side's, which limits.max_flows bounds",
+            None,
+            r.flows_open,
         )?;
         counter_family(
             e,

@@ -128,6 +128,7 @@ fn apply_live(
                 let spec = specs.iter().find(|p| *p.name == *link.name);
                 link.set_max_flows(spec.map_or(served, |p| p.max_flows.min(served)));
             }
+            gateway.open_flows.set_max(served);
             running.limits.max_flows = served;
         }
         LiveSetting::MemoryBudget => {

@@ -133,6 +133,7 @@ pub fn build(
         cfg.link.tx_rate.bps(),
         wake,
         memory,
+        cfg.limits.max_flows,
     );
     Ok(Tunnel {
         gateway: Arc::new(gateway),

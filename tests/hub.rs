@@ -1417,6 +1417,26 @@ impl HubNet {
         let open = ("pepd_association_flows_open", None);
         self.await_hub_metric(open, n, Duration::from_secs(10));
     }
+
+    /// Waits up to 10 s for the hub to log a reload that changed `setting`.
+    fn await_reloaded(&self, setting: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.logs().contains(setting) {
+            assert!(Instant::now() < deadline, "no reload\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Each of `open` still echoes: a reload left its flow alone.
+fn assert_still_echoed(open: &mut [TcpStream]) {
+    for (k, s) in open.iter_mut().enumerate() {
+        let tag = format!("still {k}");
+        s.write_all(tag.as_bytes()).expect("write");
+        let mut got = vec![0u8; tag.len()];
+        s.read_exact(&mut got).expect("echo after the reload");
+        assert_eq!(got, tag.as_bytes());
+    }
 }
 
 /// Terminal 1 may have 3 flows open at the hub (`max_flows = 3` in its entry): its 4th is
@@ -1468,19 +1488,9 @@ fn a_terminal_s_max_flows_caps_its_flows_at_the_hub_and_changes_on_sighup() {
     assert_eq!(over(&net, "t1"), Some(1.0));
 
     net.reload_hub("max_flows = 3", "max_flows = 2");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !net.logs().contains("peer[].max_flows") {
-        assert!(Instant::now() < deadline, "no reload\n{}", net.logs());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    net.await_reloaded("peer[].max_flows");
     // The 3 open flows carry on; a 4th is refused, and so is a 3rd while 2 stay open.
-    for (k, s) in open.iter_mut().enumerate() {
-        let tag = format!("still {k}");
-        s.write_all(tag.as_bytes()).expect("write");
-        let mut got = vec![0u8; tag.len()];
-        s.read_exact(&mut got).expect("echo after the reload");
-        assert_eq!(got, tag.as_bytes());
-    }
+    assert_still_echoed(&mut open);
     assert_refused(&net, 1, at, "over the lowered limit");
     drop(open.remove(0));
     net.await_hub_flows_open(2);
@@ -1492,4 +1502,84 @@ fn a_terminal_s_max_flows_caps_its_flows_at_the_hub_and_changes_on_sighup() {
     open.push(echoed(&net, 1, at, "t1 under the lowered limit"));
     assert_eq!(over(&net, "t1"), Some(3.0));
     assert_eq!(over(&net, "t2"), Some(0.0));
+}
+
+/// The hub holds at most `limits.max_flows = 4` flows across its terminals, each of which
+/// may have 4 of its own (the default): with 3 of terminal 1's open and 1 of terminal 2's,
+/// terminal 2's next is reset with `resource_limit` and counted as over the gateway's limit,
+/// not its own; once one flow ends the next fits. Lowered to 3 by SIGHUP, the total leaves
+/// the open flows alone and refuses new ones until fewer than 3 are open.
+#[test]
+fn the_hub_s_max_flows_bounds_its_flows_across_terminals() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_gateways_with("[limits]\nmax_flows = 4\n");
+    let (at, accepted) = serve_echo(&net, 5011);
+    let over = |net: &HubNet, peer: &str, reason: &str| {
+        net.peer_value("pepd_peer_flows_over_limit_total", peer, ("reason", reason))
+    };
+    let hub_flows_open = |n: usize| {
+        net.await_hub_metric(("pepd_flows_open", None), n, Duration::from_secs(10));
+    };
+    let mut open: Vec<TcpStream> = (1..=3)
+        .map(|k| echoed(&net, 1, at, &format!("t1 flow {k}")))
+        .collect();
+    open.push(echoed(&net, 2, at, "t2 flow 1"));
+    hub_flows_open(4);
+    assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(0.0));
+
+    assert_refused(&net, 2, at, "terminal 2's 2nd flow, the hub's 5th");
+    assert_eq!(
+        over(&net, "t2", "gateway_max_flows"),
+        Some(1.0),
+        "{}",
+        net.logs()
+    );
+    assert_eq!(over(&net, "t2", "peer_max_flows"), Some(0.0));
+    assert_eq!(over(&net, "t2", "memory_budget"), Some(0.0));
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(0.0));
+    assert_eq!(
+        net.peer_value(
+            "pepd_peer_flow_resets_total",
+            "t2",
+            ("reason", "resource_limit")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        accepted.try_iter().count(),
+        4,
+        "the server got only the 4 flows' connections"
+    );
+    hub_flows_open(4);
+
+    drop(open.remove(0));
+    hub_flows_open(3);
+    open.push(echoed(&net, 2, at, "t2 flow 2"));
+    hub_flows_open(4);
+    assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(1.0));
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(0.0));
+    assert_eq!(accepted.try_iter().count(), 1);
+
+    // Lowered to 3 by SIGHUP, the total leaves the 4 open flows alone; terminal 1, with 2
+    // of its own 3 open, is refused until fewer than 3 are open across the terminals.
+    net.reload_hub("max_flows = 4", "max_flows = 3");
+    net.await_reloaded("limits.max_flows");
+    assert_still_echoed(&mut open);
+    assert_refused(&net, 1, at, "over the lowered total");
+    drop(open.pop());
+    hub_flows_open(3);
+    assert_refused(&net, 1, at, "at the lowered total");
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(2.0));
+    assert_eq!(over(&net, "t1", "peer_max_flows"), Some(0.0));
+    drop(open.pop());
+    hub_flows_open(2);
+    open.push(echoed(&net, 1, at, "t1 under the lowered total"));
+    hub_flows_open(3);
+    assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(2.0));
+    assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(1.0));
+    assert_eq!(accepted.try_iter().count(), 1);
 }

@@ -32,6 +32,8 @@ pub struct PeerSnapshot {
     pub flow_resets: Vec<(&'static str, u64)>,
     /// New flows, either side's, the memory budget had no room for.
     pub flows_over_budget: u64,
+    /// New flows, either side's, refused while `limits.max_flows` were open across the peers.
+    pub flows_over_gateway: u64,
 }
 
 /// Every per-peer family; nothing for a gateway without peers.
@@ -162,7 +164,8 @@ pub(super) fn encode(e: &mut DescriptorEncoder, peers: &[PeerSnapshot]) -> fmt::
         (
             "peer_flows_over_limit",
             "New flows with this peer, either side's, over a limit: its own `max_flows` \
-             open already, or the gateway's memory budget full",
+             open already, the gateway's memory budget full, or the gateway's \
+             `limits.max_flows` open across the peers",
             None,
             counter,
         ),
@@ -172,6 +175,7 @@ pub(super) fn encode(e: &mut DescriptorEncoder, peers: &[PeerSnapshot]) -> fmt::
             owned(&[
                 ("peer_max_flows", p.stats.flows_over_limit),
                 ("memory_budget", p.flows_over_budget),
+                ("gateway_max_flows", p.flows_over_gateway),
             ])
         },
         encode_counter,

@@ -103,6 +103,7 @@ fn sample() -> Snapshot {
         association_restarts: 126,
         relay: RelaySnapshot {
             flows_active: 127,
+            flows_open: 190,
             flows_intercepted_total: 128,
             flows_from_peer_total: 129,
             flows_refused_total: 130,
@@ -150,6 +151,7 @@ fn sample() -> Snapshot {
                 bytes_from_peer_total: 212,
                 flow_resets: vec![("aborted", 213), ("refused", 214), ("aborted", 1)],
                 flows_over_budget: 216,
+                flows_over_gateway: 217,
             },
             // Not associated yet: no endpoint series, zeros elsewhere.
             PeerSnapshot {
@@ -365,6 +367,7 @@ fn encode_reports_every_value_exactly() {
     assert_eq!(v("pepd_cwnd_bytes", &[]), 1_500_000.0);
     assert_eq!(v("pepd_in_flight_bytes", &[]), 750_001.0);
     assert_eq!(v("pepd_flows_active", &[]), 127.0);
+    assert_eq!(v("pepd_flows_open", &[]), 190.0);
     assert_eq!(v("pepd_association_flows_open", &[]), 118.0);
     assert_eq!(v("pepd_memory_in_use_bytes", &[]), 140.0);
     assert_eq!(v("pepd_memory_accounted_bytes", &[]), 160.0);
@@ -538,6 +541,11 @@ fn per_peer_series_have_exact_labels() {
             "pepd_peer_flows_over_limit_total",
             &[ship, ("reason", "memory_budget")],
             216,
+        ),
+        (
+            "pepd_peer_flows_over_limit_total",
+            &[ship, ("reason", "gateway_max_flows")],
+            217,
         ),
         (
             "pepd_peer_flows_over_limit_total",
