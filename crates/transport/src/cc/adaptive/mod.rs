@@ -161,9 +161,6 @@ pub struct Adaptive {
     meter: DeliveryMeter,
     /// What this overload's busy spans measured.
     busy_rates: BusyRates,
-    /// The fastest this overload's measurements may set the estimate to: the rate that
-    /// built the queue (a probe's, when one was out, else the estimate).
-    busy_cap: f64,
     evidence: QueueEvidence,
     /// The path's RTT without queue, as this controller sees it: the least sample since the
     /// last rebase.
@@ -209,7 +206,6 @@ impl Adaptive {
             state: State::Cruise,
             meter: DeliveryMeter::default(),
             busy_rates: BusyRates::default(),
-            busy_cap: ceiling,
             evidence: QueueEvidence::default(),
             base: None,
             last_queue: Duration::ZERO,
@@ -302,14 +298,6 @@ impl Adaptive {
         }
         let from = self.estimate;
         self.busy_rates.clear();
-        // A queue stood, so the path carries less than what we sent: a measurement above
-        // that is its ACKs bunching (one read 5.44 Mb/s on a 5 Mb/s link and grew a queue
-        // for a round trip). What we sent is a probe's rate only once the ACKs have reached
-        // its packets: before that the queue is of packets sent at the estimate.
-        self.busy_cap = match self.probe {
-            Some(p) if self.largest_acked >= p.first_pn => p.rate.max(from),
-            _ => from,
-        };
         self.measure_busy_path(now, from, rtt);
         self.drained_queue = self.last_queue;
         self.stats.drains += 1;
@@ -364,7 +352,7 @@ impl Adaptive {
         }
         if let Some(bps) = self.busy_rates.median() {
             let lowest = (from / MAX_CUT).max(self.floor());
-            self.estimate = bps.min(self.busy_cap).max(lowest).min(self.ceiling);
+            self.estimate = bps.max(lowest).min(self.ceiling);
         }
     }
 
@@ -888,58 +876,6 @@ mod tests {
         a.on_congestion(t0 + base * 2, &rtt);
         let c = a.capacity(&rtt);
         assert_eq!((c.drains, c.estimate_bps), (0, 20_000_000));
-    }
-
-    /// Sends `n` packets from `pn`, one per `gap`, each acknowledged alone after `rtt`.
-    fn exchange(
-        a: &mut Adaptive,
-        rtt: &mut RttEstimator,
-        start: Instant,
-        pn: u64,
-        n: u64,
-        gap: Duration,
-        sample: Duration,
-    ) {
-        for i in 0..n {
-            let sent_at = start + gap * i as u32;
-            a.on_sent(sent_at, sent(pn + i), rtt);
-            let at = sent_at + sample;
-            rtt.on_sample(at, sample);
-            a.on_ack(at, acked(pn + i, sent_at, sample), rtt);
-            let summary = AckSummary {
-                largest_acked: pn + i,
-                ack_delay: Duration::ZERO,
-            };
-            a.on_ack_done(at, summary, rtt);
-        }
-    }
-
-    #[test]
-    fn an_overload_never_raises_the_estimate_above_the_rate_that_built_the_queue() {
-        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
-        let base = Duration::from_millis(600);
-        let mut rtt = RttEstimator::new(base);
-        let t0 = Instant::now();
-        // 1500-byte packets every 2.4 ms: 5 Mb/s, at the path's base RTT.
-        let pace = Duration::from_micros(2400);
-        a.estimate = 5e6;
-        exchange(&mut a, &mut rtt, t0, 0, 100, pace, base);
-        assert_eq!(a.capacity(&rtt).drains, 0);
-        // A queue of 30 ms stands, and the ACKs come bunched, every 1.7 ms: 7 Mb/s.
-        let t1 = t0 + pace * 100;
-        let bunched = Duration::from_micros(1714);
-        exchange(
-            &mut a,
-            &mut rtt,
-            t1,
-            100,
-            60,
-            bunched,
-            base + Duration::from_millis(30),
-        );
-        let c = a.capacity(&rtt);
-        assert!(c.drains >= 1, "{c:?}");
-        assert_eq!(c.estimate_bps, 5_000_000);
     }
 
     #[test]
