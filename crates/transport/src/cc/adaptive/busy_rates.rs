@@ -9,23 +9,36 @@
 /// second.
 const KEEP: usize = 31;
 
-#[derive(Debug, Default)]
+/// Held inline: a drain measures on every ACK, and the median must not allocate there.
+#[derive(Debug)]
 pub struct BusyRates {
-    rates: Vec<f64>,
+    rates: [f64; KEEP],
+    len: usize,
     /// Where the next measurement goes once `rates` is full.
     next: usize,
+}
+
+impl Default for BusyRates {
+    fn default() -> Self {
+        BusyRates {
+            rates: [0.0; KEEP],
+            len: 0,
+            next: 0,
+        }
+    }
 }
 
 impl BusyRates {
     /// Starts a new overload: earlier measurements were of another busy period.
     pub fn clear(&mut self) {
-        self.rates.clear();
+        self.len = 0;
         self.next = 0;
     }
 
     pub fn add(&mut self, bps: f64) {
-        if self.rates.len() < KEEP {
-            self.rates.push(bps);
+        if self.len < KEEP {
+            self.rates[self.len] = bps;
+            self.len += 1;
         } else {
             self.rates[self.next] = bps;
             self.next = (self.next + 1) % KEEP;
@@ -35,9 +48,10 @@ impl BusyRates {
     /// The median of the kept measurements (the lower middle of an even count: erring low
     /// leaves a gap that the probes find, erring high a queue); `None` before the first.
     pub fn median(&self) -> Option<f64> {
-        let mut sorted = self.rates.clone();
-        let mid = sorted.len().checked_sub(1)? / 2;
-        let (_, m, _) = sorted.select_nth_unstable_by(mid, f64::total_cmp);
+        let mut sorted = self.rates;
+        let kept = &mut sorted[..self.len];
+        let mid = kept.len().checked_sub(1)? / 2;
+        let (_, m, _) = kept.select_nth_unstable_by(mid, f64::total_cmp);
         Some(*m)
     }
 }
@@ -62,7 +76,7 @@ mod tests {
             b.add(3.0e6);
         }
         // The first measurement was replaced by the newest.
-        assert_eq!(b.rates.len(), KEEP);
+        assert_eq!(b.len, KEEP);
         assert_eq!(b.median(), Some(3.0e6));
         assert!(!b.rates.contains(&9.0e6));
     }
