@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::config::{FailMode, LoadedSecurity, OverLimit, PeerSpec, PepdConfig, Side};
-use crate::driver::{Driver, FlowAcceptor};
+use crate::driver::{Driver, FlowAcceptor, TunnelSocket};
 use crate::gateway::{Gateway, GatewayCounters};
 use crate::link::{FlowRef, LinkCounters, OpenRefused, PeerLink};
 use crate::memory::FlowCharge;
@@ -324,7 +324,7 @@ fn fresh_epoch() -> u64 {
         .max(1)
 }
 
-fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
+fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<TunnelSocket> {
     let sock = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
     if bind.is_ipv6() {
         sock.set_only_v6(true)?;
@@ -341,7 +341,7 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<UdpSocket> {
     }
     sock.set_nonblocking(true)?;
     sock.bind(&bind.into())?;
-    Ok(UdpSocket::from_std(sock.into())?)
+    Ok(TunnelSocket::new(UdpSocket::from_std(sock.into())?)?)
 }
 
 struct InterceptCtx {

@@ -3,11 +3,14 @@
 //! link), runs the timers, sends what the associations produce in turn, and hands their
 //! events to the relays.
 
+mod outbox;
 mod peers;
+mod udp;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,7 +20,7 @@ use pep_transport::{
     AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowId,
     FlowMeta, PeerId, ResetReason, Role,
 };
-use tokio::net::UdpSocket;
+use quinn_udp::RecvMeta;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -29,10 +32,15 @@ use crate::notify::Notifier;
 use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
 
+use outbox::Outbox;
+pub use udp::TunnelSocket;
+
 /// Datagrams taken from the socket, or produced, per pass.
 pub const BATCH: usize = 64;
 
 /// Largest datagram read; longer ones are truncated by the kernel and then fail to parse.
+/// With GRO the receive buffers are fewer and larger, in the same memory
+/// ([`udp::receive_buffers`]).
 pub const RECV_BUF: usize = 65_536;
 
 /// Opens the local end of a flow the peer started (connect upstream and relay). Called with
@@ -88,7 +96,8 @@ impl AssocFactory {
 enum Input {
     Datagram {
         buf: usize,
-        len: usize,
+        /// Where in the buffer (one buffer may hold several coalesced datagrams).
+        at: Range<usize>,
         from: SocketAddr,
     },
     Initiation {
@@ -102,7 +111,7 @@ pub struct Driver {
     /// The peers as the driver serves them: the gateway's table as of the last change it
     /// applied. The vectors below go by place in it.
     table: Arc<PeerTable>,
-    socket: UdpSocket,
+    socket: TunnelSocket,
     endpoint: Endpoint,
     factory: AssocFactory,
     /// Addresses datagrams may come from; `None`: any, connection IDs and authentication
@@ -125,7 +134,7 @@ impl Driver {
     /// The links' associations made so far must come from `endpoint`.
     pub fn new(
         gateway: Arc<Gateway>,
-        socket: UdpSocket,
+        socket: TunnelSocket,
         endpoint: Endpoint,
         factory: AssocFactory,
         allowed: Option<HashSet<SocketAddr>>,
@@ -168,12 +177,20 @@ impl Driver {
     /// Runs until `stop` turns true, then closes every association with one CLOSE.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
         let mut links = self.table.links.len();
-        let mut rx: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; RECV_BUF]).collect();
-        let mut received: Vec<(usize, SocketAddr)> = Vec::with_capacity(BATCH);
+        let (buffers, size) = udp::receive_buffers(
+            BATCH,
+            RECV_BUF,
+            self.socket.gro_segments(),
+            self.endpoint.config().max_datagram,
+        );
+        let mut rx: Vec<Vec<u8>> = (0..buffers).map(|_| vec![0u8; size]).collect();
+        let mut meta = vec![RecvMeta::default(); quinn_udp::BATCH_SIZE];
+        // The filled buffers (by place in `rx`) with what the kernel said of them.
+        let mut received: Vec<(usize, RecvMeta)> = Vec::with_capacity(buffers);
         let mut inputs: Vec<Vec<Input>> = (0..links).map(|_| Vec::new()).collect();
         let mut more: Vec<bool> = vec![false; links];
         let mut serviced: Vec<usize> = Vec::with_capacity(links);
-        let mut tx: Vec<(SocketAddr, Vec<u8>)> = Vec::with_capacity(BATCH);
+        let mut tx = Outbox::default();
         let mut spare: Vec<Vec<u8>> = Vec::new();
         let mut drop_log = crate::droplog::DropLog::default();
         let mut accepts: Accepts = Vec::new();
@@ -204,26 +221,33 @@ impl Driver {
                 more = vec![true; links];
             }
             received.clear();
-            while received.len() < BATCH {
-                let buf = &mut rx[received.len()];
-                match self.socket.try_recv_from(buf) {
-                    Ok((n, from)) if self.allowed.as_ref().is_none_or(|a| a.contains(&from)) => {
-                        received.push((n, from))
-                    }
-                    Ok((_, from)) => {
-                        LinkCounters::add(&self.gateway.counters.foreign_datagrams, 1);
-                        debug!(%from, "datagram from an address that is not a peer's dropped");
-                    }
+            let (mut filled, mut datagrams) = (0, 0);
+            while datagrams < BATCH && filled < rx.len() {
+                let n = match self.socket.try_recv(&mut rx[filled..], &mut meta) {
+                    Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // ICMP errors (peer port unreachable) surface here; the transport's
                     // own timers deal with an unreachable peer.
                     Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                     Err(e) => return Err(e),
+                };
+                for m in &meta[..n] {
+                    let count = udp::datagrams(m).count();
+                    if self.allowed.as_ref().is_none_or(|a| a.contains(&m.addr)) {
+                        received.push((filled, *m));
+                        datagrams += count;
+                    } else {
+                        LinkCounters::add(&self.gateway.counters.foreign_datagrams, count as u64);
+                        debug!(from = %m.addr, "datagram from an address that is not a peer's dropped");
+                    }
+                    filled += 1;
                 }
             }
             let now = Instant::now();
-            for (i, &(len, from)) in received.iter().enumerate() {
-                self.route(now, from, i, &rx[i][..len], &mut inputs, &mut tx);
+            for &(i, m) in &received {
+                for at in udp::datagrams(&m) {
+                    self.route(now, m.addr, i, at.clone(), &rx[i][at], &mut inputs, &mut tx);
+                }
             }
             if !received.is_empty() {
                 self.gateway.counters.set_endpoint(self.endpoint.stats());
@@ -251,7 +275,7 @@ impl Driver {
             // Sending takes turns: each link gets its share of a pass, and one with more
             // to send is serviced again on the next.
             let quota = (BATCH / serviced.len().max(1)).max(1);
-            let mut again = received.len() == BATCH;
+            let mut again = datagrams >= BATCH || filled == rx.len();
             let send_buffered = self.gateway.memory.send_buffered();
             for &i in &serviced {
                 let r = Received {
@@ -272,7 +296,8 @@ impl Driver {
                     l.wake();
                 }
             }
-            Self::send_all(&self.socket, &mut tx, &mut spare).await?;
+            self.socket.send(&tx).await?;
+            tx.clear();
             if again {
                 wake.notify_one();
             }
@@ -297,15 +322,17 @@ impl Driver {
 
     /// Where a datagram goes: to the link the endpoint routes it to, or, for an
     /// initiation from a peer that has no association yet, to the one made for it now; a
-    /// cookie the endpoint answers with joins `tx`.
+    /// cookie the endpoint answers with joins `tx`. The datagram is `at` in buffer `buf`.
+    #[allow(clippy::too_many_arguments)]
     fn route(
         &mut self,
         now: Instant,
         from: SocketAddr,
         buf: usize,
+        at: Range<usize>,
         datagram: &[u8],
         inputs: &mut [Vec<Input>],
-        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
+        tx: &mut Outbox,
     ) {
         let (link, input) = match self.endpoint.handle(now, from, datagram) {
             None => return,
@@ -314,8 +341,7 @@ impl Driver {
                 else {
                     return;
                 };
-                let len = datagram.len();
-                (link, Input::Datagram { buf, len, from })
+                (link, Input::Datagram { buf, at, from })
             }
             Some(DatagramEvent::Initiation {
                 peer,
@@ -334,7 +360,7 @@ impl Driver {
                 destination,
                 datagram,
             }) => {
-                tx.push((destination, datagram));
+                tx.push(destination, &datagram, now);
                 return;
             }
         };
@@ -374,7 +400,7 @@ impl Driver {
         now: Instant,
         received: Received<'_>,
         quota: usize,
-        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
+        tx: &mut Outbox,
         spare: &mut Vec<Vec<u8>>,
         accepts: &mut Accepts,
     ) -> bool {
@@ -386,8 +412,8 @@ impl Driver {
         };
         for input in received.inputs.drain(..) {
             match input {
-                Input::Datagram { buf, len, from } => {
-                    if let Some(d) = received.rx.get(buf).and_then(|b| b.get(..len)) {
+                Input::Datagram { buf, at, from } => {
+                    if let Some(d) = received.rx.get(buf).and_then(|b| b.get(at)) {
                         assoc.handle_datagram_from(now, from, d);
                     }
                 }
@@ -409,18 +435,22 @@ impl Driver {
                 }
             }
         } else {
+            // All at one `now`: what the pacer lets go at once, which may leave as one
+            // segmented send (see `outbox`).
+            let mut buf = spare.pop().unwrap_or_default();
             let mut sent = 0;
             loop {
                 if sent == quota {
                     more = true;
                     break;
                 }
-                let Some(datagram) = next_datagram(assoc, now, spare) else {
+                let Some(to) = assoc.poll_transmit_to(now, &mut buf) else {
                     break;
                 };
-                tx.push(datagram);
+                tx.push(to, &buf, now);
                 sent += 1;
             }
+            spare.push(buf);
         }
         st.lift_shares(&l);
         while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
@@ -437,7 +467,7 @@ impl Driver {
     fn send_shared(
         &mut self,
         rx: &[Vec<u8>],
-        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
+        tx: &mut Outbox,
         spare: &mut Vec<Vec<u8>>,
         accepts: &mut Accepts,
     ) -> bool {
@@ -451,7 +481,9 @@ impl Driver {
             let Some((peer, to, buf)) = self.share.as_mut().and_then(|s| s.next(now)) else {
                 return false;
             };
-            tx.push((to, buf));
+            // Released at its own instant: it joins no other datagram in one send.
+            tx.push(to, &buf, now);
+            spare.push(buf);
             let Some(link) = self.table.position(peer) else {
                 continue;
             };
@@ -485,41 +517,6 @@ impl Driver {
             self.deadlines[i] = assoc.poll_timeout();
         }
         share.refreshed(now);
-    }
-
-    /// Takes the socket rather than the driver: the carrier scheduler in the driver is not
-    /// `Sync`, and the future must be `Send`.
-    async fn send_all(
-        socket: &UdpSocket,
-        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
-        spare: &mut Vec<Vec<u8>>,
-    ) -> io::Result<()> {
-        for (to, buf) in tx.drain(..) {
-            loop {
-                match socket.try_send_to(&buf, to) {
-                    Ok(_) => break,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        socket.writable().await?;
-                    }
-                    // A full device queue or an ICMP error from an earlier datagram: the
-                    // datagram is lost like on the link, and recovery repairs it.
-                    Err(e)
-                        if matches!(
-                            e.raw_os_error(),
-                            Some(nix::libc::ENOBUFS)
-                                | Some(nix::libc::ECONNREFUSED)
-                                | Some(nix::libc::EHOSTUNREACH)
-                                | Some(nix::libc::ENETUNREACH)
-                        ) =>
-                    {
-                        break
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            spare.push(buf);
-        }
-        Ok(())
     }
 
     fn accept_all(&self, link: usize, accepts: &mut Accepts) {
@@ -616,7 +613,7 @@ impl Driver {
     }
 
     /// Tells every peer we are going (one best-effort CLOSE each).
-    async fn close(&mut self, tx: &mut Vec<(SocketAddr, Vec<u8>)>) {
+    async fn close(&mut self, tx: &mut Outbox) {
         let now = Instant::now();
         let mut accepts = Accepts::new();
         for (i, l) in self.table.clone().links.iter().enumerate() {
@@ -630,7 +627,7 @@ impl Driver {
                 // not reach the peer from a gateway that is going away.
                 let mut buf = Vec::new();
                 if let Some(to) = assoc.poll_transmit_to(now, &mut buf) {
-                    tx.push((to, buf));
+                    tx.push(to, &buf, now);
                 }
                 while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
                     self.dispatch(l, &mut st, ev, &mut accepts);
@@ -638,8 +635,7 @@ impl Driver {
             }
             self.accept_all(i, &mut accepts);
         }
-        let mut spare = Vec::new();
-        let _ = Self::send_all(&self.socket, tx, &mut spare).await;
+        let _ = self.socket.send(tx).await;
     }
 }
 
@@ -716,7 +712,7 @@ mod tests {
         let (stop, stop_rx) = watch::channel(false);
         let cfg = Config::for_rate(10_000_000);
         let ours = rt.block_on(async {
-            let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
             let ours = socket.local_addr().unwrap();
             let mut endpoint = Endpoint::new(EndpointConfig::new(0), None, [7; 32]).unwrap();
             let identity = PeerIdentity {
@@ -758,7 +754,7 @@ mod tests {
             });
             let driver = Driver::new(
                 Arc::new(gateway),
-                socket,
+                TunnelSocket::new(socket).unwrap(),
                 endpoint,
                 factory,
                 None,

@@ -26,7 +26,8 @@ pub const SHARE_FLOOR: u64 = 4 * 1024;
 /// Read buffer each runtime worker thread lends to the relays it runs (relay::CHUNK).
 pub const SCRATCH_PER_WORKER: u64 = crate::relay::CHUNK as u64;
 
-/// The driver's receive batch (64 datagrams of up to 64 KiB each).
+/// The driver's receive batch (64 datagrams of up to 64 KiB each; with GRO fewer, larger
+/// buffers in no more memory, each holding a coalesced batch).
 pub const DRIVER_RECEIVE: u64 = (crate::driver::BATCH * crate::driver::RECV_BUF) as u64;
 
 /// The association and hub themselves, the driver's other state, the metrics endpoint.

@@ -1,7 +1,8 @@
 //! One proxied TCP connection ↔ one flow: bytes both ways with backpressure, half-close
 //! in each direction on its own, resets both ways, and the idle timeout.
 
-use std::io;
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,11 @@ use crate::scratch;
 
 /// Largest piece moved per read, either way.
 pub const CHUNK: usize = 64 * 1024;
+
+/// Most pieces of a flow written to TCP in one vectored write: the flow hands its bytes
+/// over as they arrived, one datagram's worth each, and a system call for each was the
+/// receiving gateway's largest cost.
+const WRITE_PIECES: usize = 64;
 
 /// Why a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +62,8 @@ impl Relay {
             flow: &flow,
             tcp: &tcp,
             reading_tcp: !tcp_read_done,
-            pending: None,
+            pending: VecDeque::new(),
+            deferred: None,
             fin_to_tcp: false,
             last_activity: Instant::now(),
         };
@@ -102,8 +109,11 @@ struct Pump<'a> {
     tcp: &'a TcpStream,
     /// The TCP side has not sent FIN yet.
     reading_tcp: bool,
-    /// Bytes taken from the flow and not yet written to TCP.
-    pending: Option<Bytes>,
+    /// Bytes taken from the flow and not yet written to TCP, in the pieces the flow gave.
+    pending: VecDeque<Bytes>,
+    /// What the flow said after the bytes in `pending` (its end, or that it is gone), acted
+    /// on once they are written: the flow says it only once, or no longer knows the flow.
+    deferred: Option<Result<ReadOutcome, FlowGone>>,
     /// The flow's FIN was passed on to TCP (shutdown of our write side).
     fin_to_tcp: bool,
     last_activity: Instant,
@@ -111,9 +121,8 @@ struct Pump<'a> {
 
 impl Drop for Pump<'_> {
     fn drop(&mut self) {
-        if let Some(data) = &self.pending {
-            self.link.memory.release(data.len() as u64);
-        }
+        let held: usize = self.pending.iter().map(Bytes::len).sum();
+        self.link.memory.release(held as u64);
     }
 }
 
@@ -127,7 +136,7 @@ impl Pump<'_> {
                 Ok(room) => room,
                 Err(end) => return end,
             };
-            if !self.reading_tcp && self.fin_to_tcp && self.pending.is_none() {
+            if !self.reading_tcp && self.fin_to_tcp && self.pending.is_empty() {
                 return RelayEnd::Closed;
             }
             let idle_deadline = idle_timeout.map(|t| self.last_activity + t);
@@ -143,7 +152,7 @@ impl Pump<'_> {
                         return self.local_reset(ResetReason::Aborted);
                     }
                 }
-                r = self.tcp.writable(), if self.pending.is_some() => {
+                r = self.tcp.writable(), if !self.pending.is_empty() => {
                     if r.is_err() {
                         return self.local_reset(ResetReason::Aborted);
                     }
@@ -162,18 +171,9 @@ impl Pump<'_> {
     /// Moves what the flow has to the TCP connection until either side blocks.
     fn flow_to_tcp(&mut self) -> Result<(), RelayEnd> {
         loop {
-            if let Some(data) = self.pending.as_mut() {
-                match self.tcp.try_write(data) {
-                    Ok(n) => {
-                        self.last_activity = Instant::now();
-                        LinkCounters::add(&self.link.counters.bytes_from_peer, n as u64);
-                        self.link.memory.release(n as u64);
-                        let _ = data.split_to(n);
-                        if data.is_empty() {
-                            self.pending = None;
-                        }
-                        continue;
-                    }
+            if !self.pending.is_empty() {
+                match self.write_pending() {
+                    Ok(()) => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                     Err(_) => return Err(self.local_reset(ResetReason::Aborted)),
                 }
@@ -181,10 +181,17 @@ impl Pump<'_> {
             if self.fin_to_tcp {
                 return Ok(());
             }
-            match self.link.read(self.flow, CHUNK) {
+            let outcome = match self.deferred.take() {
+                Some(o) => o,
+                None => match self.take_from_flow() {
+                    Some(o) => o,
+                    None => continue,
+                },
+            };
+            match outcome {
                 Ok(ReadOutcome::Data(b)) => {
                     self.link.memory.hold(b.len() as u64);
-                    self.pending = Some(b);
+                    self.pending.push_back(b);
                 }
                 Ok(ReadOutcome::Blocked) => return Ok(()),
                 Ok(ReadOutcome::Finished) | Err(FlowGone::Closed) => {
@@ -200,6 +207,59 @@ impl Pump<'_> {
                 Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
             }
         }
+    }
+
+    /// Takes up to [`CHUNK`] bytes (in at most [`WRITE_PIECES`] pieces) from the flow into
+    /// `pending`. `None` once some were taken (what ended the taking, other than nothing
+    /// more for now, waits in `deferred`); else what the flow said.
+    fn take_from_flow(&mut self) -> Option<Result<ReadOutcome, FlowGone>> {
+        let mut taken = 0;
+        while taken < CHUNK && self.pending.len() < WRITE_PIECES {
+            match self.link.read(self.flow, CHUNK - taken) {
+                Ok(ReadOutcome::Data(b)) => {
+                    if self.pending.is_empty() {
+                        self.pending.reserve(WRITE_PIECES);
+                    }
+                    taken += b.len();
+                    self.link.memory.hold(b.len() as u64);
+                    self.pending.push_back(b);
+                }
+                Ok(ReadOutcome::Blocked) if taken > 0 => break,
+                other if taken > 0 => {
+                    self.deferred = Some(other);
+                    break;
+                }
+                other => return Some(other),
+            }
+        }
+        None
+    }
+
+    /// One vectored write of what `pending` holds; what was written leaves it.
+    fn write_pending(&mut self) -> io::Result<()> {
+        let mut slices = [IoSlice::new(&[]); WRITE_PIECES];
+        for (slice, piece) in slices.iter_mut().zip(&self.pending) {
+            *slice = IoSlice::new(piece);
+        }
+        let count = self.pending.len().min(WRITE_PIECES);
+        let n = self.tcp.try_write_vectored(&slices[..count])?;
+        self.last_activity = Instant::now();
+        LinkCounters::add(&self.link.counters.bytes_from_peer, n as u64);
+        self.link.memory.release(n as u64);
+        let mut left = n;
+        while let Some(front) = self.pending.front_mut() {
+            if front.len() > left {
+                let _ = front.split_to(left);
+                break;
+            }
+            left -= front.len();
+            self.pending.pop_front();
+        }
+        if self.pending.is_empty() {
+            // An idle relay holds no queue.
+            self.pending = VecDeque::new();
+        }
+        Ok(())
     }
 
     /// Moves bytes from the TCP connection into the flow while it has room; returns the

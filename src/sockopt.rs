@@ -30,6 +30,62 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int)
     }
 }
 
+fn get_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is a live socket owned by the caller; value and len describe a writable
+    // c_int.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Options quinn-udp's socket setup changes that pepd keeps as the kernel had them: path-MTU
+/// discovery as before (quinn-udp forbids fragmentation for QUIC's own MTU probing; pepd
+/// sends at the configured `link.mtu` and lets the kernel fragment past a smaller path MTU,
+/// as it always did) and no receive timestamps (nothing reads them, and they turn the
+/// host's packet timestamping on).
+const KEPT_AS_THEY_WERE: [(libc::c_int, libc::c_int); 4] = [
+    (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),
+    (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER),
+    (libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG),
+    (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS),
+];
+
+/// The values of [`KEPT_AS_THEY_WERE`] a socket had (those of its family).
+pub struct SavedOptions(Vec<(libc::c_int, libc::c_int, libc::c_int)>);
+
+/// Reads the options that [`restore`] puts back.
+pub fn save(sock: &impl AsRawFd) -> SavedOptions {
+    let fd = sock.as_raw_fd();
+    SavedOptions(
+        KEPT_AS_THEY_WERE
+            .iter()
+            // An option of the other family does not read (ENOPROTOOPT): nothing to keep.
+            .filter_map(|&(level, name)| Some((level, name, get_int(fd, level, name).ok()?)))
+            .collect(),
+    )
+}
+
+/// Puts the saved options back.
+pub fn restore(sock: &impl AsRawFd, saved: &SavedOptions) -> io::Result<()> {
+    for &(level, name, value) in &saved.0 {
+        set_int(sock.as_raw_fd(), level, name, value)?;
+    }
+    Ok(())
+}
+
 /// Lets the socket accept TPROXY-redirected connections or bind a foreign address.
 pub fn set_transparent(sock: &Socket, family_v6: bool) -> io::Result<()> {
     if family_v6 {

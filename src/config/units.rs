@@ -241,7 +241,10 @@ impl fmt::Display for ByteSize {
             (1_000_000, "MB"),
             (1_000, "kB"),
         ];
-        match units.iter().find(|(unit, _)| v != 0 && v % unit == 0) {
+        match units
+            .iter()
+            .find(|(unit, _)| v != 0 && v.is_multiple_of(*unit))
+        {
             Some((unit, name)) => write!(f, "{} {name}", v / unit),
             None => write!(f, "{v} B"),
         }

@@ -3,13 +3,13 @@
 //! budget follow the gateway's new table, and nothing of the peers that stay is touched.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use pep_transport::{Association, Event, PeerId, ResetReason};
 use tracing::{info, warn};
 
+use super::outbox::Outbox;
 use super::Driver;
 use crate::link::PeerLink;
 use crate::metrics::AssociationState;
@@ -21,11 +21,7 @@ const REMOVED: ResetReason = ResetReason::Aborted;
 impl Driver {
     /// Applies the peer changes queued since the last pass; true if the peers changed. A
     /// removed peer's CLOSE joins `tx`.
-    pub(super) fn apply_peer_changes(
-        &mut self,
-        now: Instant,
-        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
-    ) -> bool {
+    pub(super) fn apply_peer_changes(&mut self, now: Instant, tx: &mut Outbox) -> bool {
         let Some((changes, table)) = self.gateway.peers.take_changes() else {
             return false;
         };
@@ -73,12 +69,7 @@ impl Driver {
 
     /// Takes the peer out of the endpoint and the carrier, closes its association (one
     /// CLOSE tells the peer) and resets its flows.
-    fn remove_peer(
-        &mut self,
-        now: Instant,
-        link: &Arc<PeerLink>,
-        tx: &mut Vec<(SocketAddr, Vec<u8>)>,
-    ) {
+    fn remove_peer(&mut self, now: Instant, link: &Arc<PeerLink>, tx: &mut Outbox) {
         let id = link.peer;
         if let Some(handle) = self.endpoint.remove_peer(id).and_then(|r| r.association) {
             self.by_handle.remove(&handle);
@@ -93,7 +84,7 @@ impl Driver {
             assoc.close(0, "peer removed from the configuration");
             let mut buf = Vec::new();
             if let Some(to) = assoc.poll_transmit_to(now, &mut buf) {
-                tx.push((to, buf));
+                tx.push(to, &buf, now);
             }
             while let Some(ev) = assoc.poll_event() {
                 if let Event::FlowReset { flow, reason } = ev {
