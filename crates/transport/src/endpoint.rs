@@ -626,27 +626,33 @@ impl Endpoint {
             self.count(DropReason::HandshakeRateLimited);
             return None;
         }
-        self.guard.recent.insert(ephemeral);
         let local = self.local.as_ref()?;
         let (responder, remote_static, payload) =
             match Responder::read(local, &mut self.source, noise) {
                 Ok(r) => r,
                 Err(r) => {
+                    // Not remembered: anyone may copy a genuine initiation's ephemeral
+                    // key into a forgery, and the genuine one must still be answered.
                     self.count(r.into());
                     return None;
                 }
             };
         let Some(&peer) = self.keys.get(&remote_static) else {
+            // Authentic, from a key we do not know: its copies cost no more work.
+            self.guard.recent.insert(ephemeral);
             self.count(DropReason::HandshakeUnknownPeer);
             return None;
         };
         let hello = match initiation_hello(&payload, scid) {
             Ok(h) => h,
             Err(d) => {
+                // The clear source connection ID is outside the Noise message: a copy
+                // with another one is a forgery, not remembered either.
                 self.count(d);
                 return None;
             }
         };
+        self.guard.recent.insert(ephemeral);
         if let Some(old) = self.answered_by_peer.insert(peer, ephemeral) {
             self.answered.remove(&old);
         }

@@ -137,8 +137,7 @@ fn an_aead_offer_changed_on_the_path_is_refused() {
         },
     ];
     for forge in forgeries {
-        // A fresh pair each time: the first copy of an ephemeral key that reaches the
-        // responder is the only one that gets a Diffie-Hellman (later ones are replays).
+        // A fresh pair each time, so that each forgery is the first the responder sees.
         let mut n = pair();
         let mut d = init.clone();
         forge(&mut d, offer);
@@ -149,8 +148,12 @@ fn an_aead_offer_changed_on_the_path_is_refused() {
         assert_eq!(s.security.handshake_invalid, 1, "{:?}", s.security);
         assert_eq!((s.handshakes_completed, s.aead), (0, None));
         assert!(!n.record_b.as_ref().unwrap().iter().any(|d| d[0] == REPLY));
-        // The initiator's next initiation (a fresh ephemeral key once the refused one
-        // has been sent three times) gets through, with the choice the offers make.
+        // The genuine initiation arriving after its forgery is still answered: an
+        // ephemeral key is remembered only once its initiation authenticated.
+        n.inject(1, &init);
+        assert!(n.record_b.as_ref().unwrap().iter().any(|d| d[0] == REPLY));
+        assert_eq!(n.ends[1].stats().security.handshake_replayed, 0);
+        // With the choice the offers make.
         n.drop_filter = None;
         established(&mut n);
         for side in 0..2 {

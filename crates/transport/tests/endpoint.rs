@@ -155,6 +155,47 @@ fn init_scid_must_match_hello_cid() {
     assert_eq!(hub.association_of(PeerId(1)), None);
 }
 
+/// A forgery that copies a genuine INIT's ephemeral key and reaches the hub first (any
+/// sender who knows the hub's public key can fit mac1) must not shut the genuine INIT out:
+/// the ephemeral key is remembered only once an INIT authenticates.
+#[test]
+fn a_forged_copy_arriving_first_does_not_shut_the_genuine_initiation_out() {
+    let mut n = Hubnet::new(&Layout::default());
+    assert!(n.step());
+    let genuine = first_init(&n, 1);
+    assert_eq!(
+        genuine[5], 0,
+        "no source connection ID: the Noise message starts at 6"
+    );
+    // Byte 6 + 32 is the first of the encrypted static key, right after the ephemeral.
+    let mut tampered = genuine.clone();
+    tampered[6 + 32] ^= 0x01;
+    stamp_initiation_macs(&mut tampered, &hub_public_key(&n), None);
+    // The clear source connection ID is outside the Noise message: this one reads, but
+    // its HELLO names another connection ID.
+    let mut other_scid = genuine.clone();
+    other_scid[5] = 2;
+    other_scid.splice(6..6, [0xab, 0xcd]);
+    stamp_initiation_macs(&mut other_scid, &hub_public_key(&n), None);
+    let now = n.now;
+    let hub = &mut n.nodes[HUB].endpoint;
+    for forged in [&tampered, &other_scid, &tampered] {
+        assert!(hub.handle(now, terminal_addr(1), forged).is_none());
+    }
+    let mut want = EndpointStats::default();
+    want.security.handshake_invalid = 3;
+    assert_eq!(hub.stats(), want);
+    let Some(DatagramEvent::Initiation { peer, .. }) = hub.handle(now, terminal_addr(1), &genuine)
+    else {
+        panic!("the genuine initiation is answered");
+    };
+    assert_eq!(peer, PeerId(1));
+    // Once it authenticated, its copies are what the replay memory refuses.
+    assert!(hub.handle(now, terminal_addr(1), &tampered).is_none());
+    want.security.handshake_replayed = 1;
+    assert_eq!(hub.stats(), want);
+}
+
 #[test]
 fn version_1_initiation_is_refused_and_counted() {
     let mut n = Hubnet::new(&Layout::default());

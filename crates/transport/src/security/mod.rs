@@ -523,22 +523,29 @@ impl Security {
         if !guard.bucket.try_take(now) {
             return InitiationRead::Dropped(DropReason::HandshakeRateLimited);
         }
-        guard.recent.insert(ephemeral);
         let (responder, remote, payload) =
             match Responder::read(&self.cfg.local_identity(), &mut self.source, noise) {
                 Ok(r) => r,
+                // Not remembered: anyone may copy a genuine initiation's ephemeral key
+                // into a forgery, and the genuine one must still be answered.
                 Err(r) => return InitiationRead::Dropped(r.into()),
             };
         // IK authenticates the initiator's static key; it must be the one configured.
         if remote != self.cfg.peer_public_key {
+            guard.recent.insert(ephemeral);
             return InitiationRead::Dropped(DropReason::HandshakeUnknownPeer);
         }
         match initiation_hello(&payload, scid) {
-            Ok(hello) => InitiationRead::Answer {
-                responder: Box::new(responder),
-                ephemeral,
-                hello,
-            },
+            Ok(hello) => {
+                guard.recent.insert(ephemeral);
+                InitiationRead::Answer {
+                    responder: Box::new(responder),
+                    ephemeral,
+                    hello,
+                }
+            }
+            // The source connection ID in clear is outside the Noise message: a copy
+            // with another one is a forgery, and is not remembered either.
             Err(d) => InitiationRead::Dropped(d),
         }
     }
