@@ -162,6 +162,46 @@ fn slow_consumer_blocks_only_its_own_flow_and_memory_stays_bounded() {
     assert_eq!(n.apps[1].flows[&slow].received, pattern(4, 5_000_000));
 }
 
+/// What consumers that stopped reading hold shows as the association receive window in use;
+/// past half the window it is contended, and a reset gives the flow's part back at once.
+#[test]
+fn stalled_consumers_fill_the_receive_window_in_use() {
+    const FLOW: u64 = 256 * 1024;
+    let mut cfg = test_config(20_000_000);
+    cfg.flow_window = FLOW;
+    cfg.send_buffer = FLOW;
+    cfg.assoc_window = 1 << 20;
+    let mut n = Net::new(cfg.clone(), cfg, MS * 50, Faults::default(), 41);
+    assert!(n.run_until(Duration::from_secs(5), |n| n.established()));
+    // Each flow opened from side 0 gets a download it never reads.
+    n.apps[1].on_open = Some((pattern(41, 1 << 20), true, None));
+    let stalled: Vec<FlowId> = (0..3)
+        .map(|i| {
+            let f = n.open(0, 1100 + i, Vec::new(), false);
+            n.apps[0].flows.get_mut(&f).unwrap().paused = true;
+            f
+        })
+        .collect();
+    assert_eq!(n.ends[0].recv_window_used(), 0);
+    assert!(!n.ends[0].recv_window_contended());
+    n.run_until(Duration::from_secs(3), |_| false);
+    assert_eq!(n.ends[0].recv_window_used(), 3 * FLOW);
+    assert_eq!(n.ends[0].recv_buffered(), 3 * FLOW);
+    assert!(n.ends[0].recv_window_contended());
+    n.ends[0]
+        .reset(stalled[0], ResetReason::ResourceLimit)
+        .unwrap();
+    // Half the window is not more than half.
+    assert_eq!(n.ends[0].recv_window_used(), 2 * FLOW);
+    assert!(!n.ends[0].recv_window_contended());
+    n.run_until(Duration::from_secs(3), |_| false);
+    assert_eq!(
+        n.apps[1].flows[&stalled[0]].reset,
+        Some(ResetReason::ResourceLimit)
+    );
+    assert_eq!(n.ends[0].recv_window_used(), 2 * FLOW);
+}
+
 #[test]
 fn peer_restart_resets_old_flows_and_new_flows_work_at_once() {
     let mut n = net(Faults::default(), 5);

@@ -479,6 +479,20 @@ impl Association {
             .sum()
     }
 
+    /// Bytes of the association-wide receive window in use: charged by what the peer sent
+    /// (holes included) and not yet read or discarded. The peer may send at most
+    /// `config().assoc_window` beyond what was read, so this is what stalled consumers take
+    /// from every other flow of the association.
+    pub fn recv_window_used(&self) -> u64 {
+        self.assoc_charged.saturating_sub(self.assoc_consumed)
+    }
+
+    /// Whether more than half of the association-wide receive window is in use: past that,
+    /// flows whose consumers do not read take room the others need.
+    pub fn recv_window_contended(&self) -> bool {
+        self.recv_window_used() > self.cfg.assoc_window / 2
+    }
+
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
