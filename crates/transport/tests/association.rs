@@ -202,6 +202,54 @@ fn stalled_consumers_fill_the_receive_window_in_use() {
     assert_eq!(n.ends[0].recv_window_used(), 2 * FLOW);
 }
 
+/// While the association receive window is contended, a flow whose consumer reads is granted
+/// new credit only up to its share (a quarter of the window over the open flows); once the
+/// contention ends, its whole flow window again. Its bytes arrive intact either way.
+#[test]
+fn credit_is_shared_while_the_receive_window_is_contended() {
+    const FLOW: u64 = 256 * 1024;
+    const DOWNLOAD: usize = 4 << 20;
+    let mut cfg = test_config(20_000_000);
+    cfg.flow_window = FLOW;
+    cfg.send_buffer = FLOW;
+    cfg.assoc_window = 1 << 20;
+    let mut n = Net::new(cfg.clone(), cfg, MS * 50, Faults::default(), 42);
+    assert!(n.run_until(Duration::from_secs(5), |n| n.established()));
+    n.apps[1].on_open = Some((pattern(42, DOWNLOAD), true, None));
+    let stalled: Vec<FlowId> = (0..3)
+        .map(|i| {
+            let f = n.open(0, 1200 + i, Vec::new(), false);
+            n.apps[0].flows.get_mut(&f).unwrap().paused = true;
+            f
+        })
+        .collect();
+    n.run_until(Duration::from_secs(3), |_| false);
+    assert!(n.ends[0].recv_window_contended());
+    let reader = n.open(0, 1210, Vec::new(), false);
+    assert_eq!(n.ends[0].flow_recv_credit(reader), FLOW);
+    assert!(
+        n.run_until(Duration::from_secs(30), |n| n.apps[0].flows[&reader]
+            .received
+            .len()
+            >= 1 << 20)
+    );
+    // 1 MiB / 4 / 4 flows.
+    assert!(n.ends[0].recv_window_contended());
+    assert!(n.ends[0].flow_recv_credit(reader) <= 64 * 1024);
+    for &f in &stalled[..2] {
+        n.ends[0].reset(f, ResetReason::ResourceLimit).unwrap();
+    }
+    assert!(!n.ends[0].recv_window_contended());
+    assert!(n.run_until(Duration::from_secs(2), |n| n.ends[0]
+        .flow_recv_credit(reader)
+        > 64 * 1024));
+    assert!(
+        n.run_until(Duration::from_secs(30), |n| n.apps[0].flows[&reader]
+            .fin_received)
+    );
+    assert_eq!(n.apps[0].flows[&reader].received, pattern(42, DOWNLOAD));
+}
+
 #[test]
 fn peer_restart_resets_old_flows_and_new_flows_work_at_once() {
     let mut n = net(Faults::default(), 5);
