@@ -400,6 +400,28 @@ fn wait_quiet(tb: &PepdTestbed, fds_before: [usize; 2], within: Duration) {
     }
 }
 
+/// Looks at `value` every `every` until it has not changed for `still`, within `within`;
+/// returns the value it settled at.
+fn until_still<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    still: Duration,
+    within: Duration,
+    every: Duration,
+    mut value: impl FnMut() -> T,
+) -> T {
+    let deadline = Instant::now() + within;
+    let (mut last, mut still_since) = (value(), Instant::now());
+    while still_since.elapsed() < still {
+        assert!(Instant::now() < deadline, "{what}: {last:?}");
+        std::thread::sleep(every);
+        let now = value();
+        if now != last {
+            (last, still_since) = (now, Instant::now());
+        }
+    }
+    last
+}
+
 /// What the formula of docs/CONFIG.md allows `side` at most with its configured limits:
 /// the budget, or less when fixed + receive reserve + send share + per-flow × max_flows is.
 fn formula_bound(tb: &PepdTestbed, side: Side) -> u64 {
@@ -578,19 +600,13 @@ fn slow_readers_stay_within_the_memory_budget() {
         )
     };
     // Until nothing moves for 3 s: the clients' and the gateways' buffers are full.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let (mut last, mut still_since) = (relayed(), Instant::now());
-    while still_since.elapsed() < Duration::from_secs(3) {
-        assert!(
-            Instant::now() < deadline,
-            "the downloads never stalled: {last:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-        let now = relayed();
-        if now != last {
-            (last, still_since) = (now, Instant::now());
-        }
-    }
+    let last = until_still(
+        "the downloads never stalled",
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        relayed,
+    );
     let stalled_s = t0.elapsed().as_secs_f64();
     assert_all_open(&tb, READERS as u64);
     let at_stall = sides.map(|s| rss_and_peak(&tb, s));
@@ -729,20 +745,13 @@ fn stalled_readers_started_together_leave_room_for_a_new_download() {
     let fresh_s = t.elapsed().as_secs_f64();
 
     // The resets end once the readers left hold no more than half the window.
-    let settle = 2 * STALL_TIMEOUT + Duration::from_secs(1);
-    let give_up = Instant::now() + Duration::from_secs(30);
-    let (mut resets, mut since) = (stalled_resets(), Instant::now());
-    while since.elapsed() < settle {
-        assert!(
-            Instant::now() < give_up,
-            "stalled flows still reset: {resets}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-        let now = stalled_resets();
-        if now != resets {
-            (resets, since) = (now, Instant::now());
-        }
-    }
+    let resets = until_still(
+        "stalled flows still reset",
+        2 * STALL_TIMEOUT + Duration::from_secs(1),
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        stalled_resets,
+    );
     let readers_reset = readers
         .iter()
         .filter(|r| {
