@@ -290,6 +290,11 @@ pub struct LimitsConfig {
     pub flow_buffer: Option<ByteSize>,
     /// All flow buffers together, both directions.
     pub memory_budget: ByteSize,
+    /// A flow whose relay has had bytes for its local TCP side and could write none of them
+    /// for this long is reset, while its peer's receive window or the budget is contended
+    /// (a client that stopped reading holds what others need). 0 disables.
+    #[serde(with = "humantime_serde")]
+    pub stalled_flow_timeout: Duration,
 }
 
 impl Default for LimitsConfig {
@@ -299,6 +304,7 @@ impl Default for LimitsConfig {
             over_limit: OverLimit::Refuse,
             flow_buffer: None,
             memory_budget: ByteSize(512 << 20),
+            stalled_flow_timeout: Duration::from_secs(60),
         }
     }
 }

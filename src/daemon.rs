@@ -47,6 +47,8 @@ pub struct Live {
     pub fail: FailMode,
     pub upstream: UpstreamOptions,
     pub idle: Option<Duration>,
+    /// `limits.stalled_flow_timeout`, `None` when disabled.
+    pub stalled_flow_timeout: Option<Duration>,
     /// SIGTERM received: new connections are refused while open ones finish.
     pub draining: bool,
 }
@@ -62,6 +64,7 @@ impl Live {
                 connect_timeout: cfg.timeouts.connect,
             },
             idle: (!cfg.timeouts.idle.is_zero()).then_some(cfg.timeouts.idle),
+            stalled_flow_timeout: Some(cfg.limits.stalled_flow_timeout).filter(|t| !t.is_zero()),
             draining: false,
         }
     }
@@ -450,6 +453,7 @@ async fn intercepted(ctx: Arc<InterceptCtx>, conn: Intercepted) {
         flow,
         tcp,
         idle_timeout: live.idle,
+        stalled_timeout: live.stalled_flow_timeout,
         tcp_read_done: client_done,
         charge,
     };
@@ -568,6 +572,7 @@ async fn from_peer(
                 flow,
                 tcp,
                 idle_timeout: live.idle,
+                stalled_timeout: live.stalled_flow_timeout,
                 tcp_read_done: false,
                 charge,
             };
@@ -612,6 +617,7 @@ pub(crate) fn flow_tasks(
             connect_timeout: Duration::from_secs(1),
         },
         idle: None,
+        stalled_flow_timeout: None,
         draining: false,
     };
     let meta = FlowMeta {

@@ -457,6 +457,7 @@ impl Driver {
             self.dispatch(&l, &mut st, ev, accepts);
         }
         st.wake_budget_waiters(&l, crate::relay::CHUNK as u64);
+        st.wake_stalled(&l);
         self.deadlines[link] = st.assoc.as_ref().and_then(Association::poll_timeout);
         more
     }

@@ -220,6 +220,7 @@ impl Gateway {
                     ("inspect", get(&c.inspect_errors)),
                 ],
                 flow_resets: by_reason(|c| c.flow_resets.snapshot()),
+                flows_reset_stalled_total: sum(|c| &c.flows_reset_stalled),
             },
             memory_in_use_bytes: send + recv,
             memory_accounted_bytes: self.memory.accounted(send, recv),
@@ -247,6 +248,7 @@ fn peer_snapshot(link: &PeerLink) -> PeerSnapshot {
         flow_resets: c.flow_resets.snapshot(),
         flows_over_budget: get(&c.flows_over_budget),
         flows_over_gateway: get(&c.flows_over_gateway),
+        flows_reset_stalled: get(&c.flows_reset_stalled),
     }
 }
 

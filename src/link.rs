@@ -78,6 +78,9 @@ pub struct LinkState {
     share_waiting: bool,
     /// The association's send buffers as last reported to the memory account.
     send_reported: u64,
+    /// Relays whose client has taken nothing for `limits.stalled_flow_timeout`, waiting
+    /// for contention to reset their flow (see [`PeerLink::reset_if_stalled`]).
+    stalled: HashMap<FlowId, Arc<FlowSignal>>,
 }
 
 /// One peer of the gateway: its association behind a lock of its own, so relays of
@@ -135,6 +138,9 @@ pub struct LinkCounters {
     pub flows_over_budget: AtomicU64,
     /// New flows either side opened while `limits.max_flows` were open across the peers.
     pub flows_over_gateway: AtomicU64,
+    /// Flows reset because their local TCP side took nothing for
+    /// `limits.stalled_flow_timeout` under contention (also in `flow_resets`).
+    pub flows_reset_stalled: AtomicU64,
     /// Relays running (their TCP connection still open).
     pub relays_active: AtomicU64,
     /// Handshakes completed; every one after the first is a re-establishment.
@@ -159,6 +165,7 @@ impl LinkCounters {
         add(&self.bytes_from_peer, &from.bytes_from_peer);
         add(&self.flows_over_budget, &from.flows_over_budget);
         add(&self.flows_over_gateway, &from.flows_over_gateway);
+        add(&self.flows_reset_stalled, &from.flows_reset_stalled);
         add(
             &self.associations_established,
             &from.associations_established,
@@ -236,6 +243,7 @@ impl PeerLink {
                 budget_waiters: Vec::new(),
                 share_waiting: false,
                 send_reported: 0,
+                stalled: HashMap::new(),
             }),
             wake,
             queued: AtomicBool::new(false),
@@ -461,9 +469,36 @@ impl PeerLink {
         Ok(r)
     }
 
+    /// Resets `flow`, whose TCP side has taken none of the bytes waiting for it for
+    /// `limits.stalled_flow_timeout`, with `resource_limit` if it holds what other flows
+    /// need now (see [`LinkState::contended`]), and says whether it did (the local TCP side
+    /// is the caller's to reset). If not, the relay is woken when that changes, and asks
+    /// again.
+    pub fn reset_if_stalled(&self, flow: &FlowRef) -> Result<bool, FlowGone> {
+        let mut st = self.lock();
+        st.check(flow)?;
+        if !st.contended(self) {
+            st.stalled.insert(flow.id, flow.signal.clone());
+            return Ok(false);
+        }
+        st.stalled.remove(&flow.id);
+        // Under the lock that saw the flow live: the peer's own reset cannot come between.
+        self.reset_locked(&mut st, flow, ResetReason::ResourceLimit);
+        LinkCounters::add(&self.counters.flows_reset_stalled, 1);
+        drop(st);
+        self.wake();
+        Ok(true)
+    }
+
     /// Aborts the flow towards the peer (the local TCP side is the caller's to reset).
     pub fn reset(&self, flow: &FlowRef, reason: ResetReason) {
         let mut st = self.lock();
+        self.reset_locked(&mut st, flow, reason);
+        drop(st);
+        self.wake();
+    }
+
+    fn reset_locked(&self, st: &mut LinkState, flow: &FlowRef, reason: ResetReason) {
         if st
             .flow_assoc(flow)
             .is_ok_and(|a| a.reset(flow.id, reason).is_ok())
@@ -471,8 +506,6 @@ impl PeerLink {
             self.counters.flow_resets.add(reason);
         }
         flow.signal.set_reset(reason);
-        drop(st);
-        self.wake();
     }
 }
 
@@ -537,14 +570,40 @@ impl LinkState {
             slot.signal.set_reset(reason);
             slot.signal.notify.notify_one();
         }
+        self.stalled.clear();
         for s in self.budget_waiters.drain(..) {
             s.notify.notify_one();
         }
     }
 
     pub fn flow_closed(&mut self, id: FlowId) {
+        self.stalled.remove(&id);
         if let Some(slot) = self.flows.remove(&id) {
             slot.signal.notify.notify_one();
+        }
+    }
+
+    /// Whether flows whose client stopped reading hold what others need: more than half of
+    /// this peer's receive window is in use (every flow from the peer shares it), or the
+    /// gateway's budget has no room left for a new flow.
+    pub fn contended(&mut self, link: &PeerLink) -> bool {
+        let window = self
+            .assoc
+            .as_ref()
+            .is_some_and(Association::recv_window_contended);
+        self.report_send(&link.memory);
+        window || !link.memory.admits_flow(link.memory.send_buffered(), 0)
+    }
+
+    /// Wakes the relays waiting in [`PeerLink::reset_if_stalled`] once there is
+    /// contention (acknowledgements on another link change the budget too; this link's next
+    /// service, at the latest its keepalive, sees it).
+    pub fn wake_stalled(&mut self, link: &PeerLink) {
+        if self.stalled.is_empty() || !self.contended(link) {
+            return;
+        }
+        for (_, s) in self.stalled.drain() {
+            s.notify.notify_one();
         }
     }
 

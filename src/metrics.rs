@@ -98,6 +98,9 @@ pub struct RelaySnapshot {
     /// Flows reset, by reason (`aborted`, `refused`, `unreachable`, `timeout`,
     /// `peer_restart`, `outage_limit`, `resource_limit`, `protocol`, `closed`, ...).
     pub flow_resets: Vec<(&'static str, u64)>,
+    /// Flows reset because their local TCP side took nothing for
+    /// `limits.stalled_flow_timeout` under contention (also `resource_limit` above).
+    pub flows_reset_stalled_total: u64,
 }
 
 /// Everything the daemon reports at one instant; the daemon fills it at scrape time.
@@ -545,6 +548,15 @@ impl Collector for SnapshotCollector {
             None,
             "reason",
             &merged(&r.flow_resets),
+        )?;
+        counter(
+            e,
+            "flows_reset_stalled",
+            "Flows reset because their local TCP side took none of the bytes waiting for it for \
+             limits.stalled_flow_timeout while the peer's receive window or the budget was \
+             contended (also in flow_resets as resource_limit)",
+            None,
+            r.flows_reset_stalled_total,
         )?;
         gauge(
             e,

@@ -1,5 +1,6 @@
 //! One proxied TCP connection ↔ one flow: bytes both ways with backpressure, half-close
-//! in each direction on its own, resets both ways, and the idle timeout.
+//! in each direction on its own, resets both ways, the idle timeout, and the reset of a
+//! flow whose TCP side stopped taking bytes while others need what it holds.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -40,6 +41,9 @@ pub struct Relay {
     pub flow: FlowRef,
     pub tcp: TcpStream,
     pub idle_timeout: Option<Duration>,
+    /// `limits.stalled_flow_timeout`: how long the TCP side may take none of the bytes
+    /// waiting for it before the flow is reset under contention.
+    pub stalled_timeout: Option<Duration>,
     /// The TCP side already sent FIN (and the flow was finished).
     pub tcp_read_done: bool,
     /// The flow's share of the memory budget, returned when the relay ends.
@@ -53,6 +57,7 @@ impl Relay {
             flow,
             tcp,
             idle_timeout,
+            stalled_timeout,
             tcp_read_done,
             charge,
         } = self;
@@ -66,8 +71,9 @@ impl Relay {
             deferred: None,
             fin_to_tcp: false,
             last_activity: Instant::now(),
+            stalled_since: None,
         };
-        let end = st.run(idle_timeout).await;
+        let end = st.run(idle_timeout, stalled_timeout).await;
         drop(st);
         drop(charge);
         match end {
@@ -117,6 +123,8 @@ struct Pump<'a> {
     /// The flow's FIN was passed on to TCP (shutdown of our write side).
     fin_to_tcp: bool,
     last_activity: Instant,
+    /// Since when `pending` waits for a TCP side that takes none of it.
+    stalled_since: Option<Instant>,
 }
 
 impl Drop for Pump<'_> {
@@ -127,10 +135,26 @@ impl Drop for Pump<'_> {
 }
 
 impl Pump<'_> {
-    async fn run(&mut self, idle_timeout: Option<Duration>) -> RelayEnd {
+    async fn run(
+        &mut self,
+        idle_timeout: Option<Duration>,
+        stalled_timeout: Option<Duration>,
+    ) -> RelayEnd {
         loop {
             if let Err(end) = self.flow_to_tcp() {
                 return end;
+            }
+            let stall_end = self.stalled_since.zip(stalled_timeout).map(|(s, t)| s + t);
+            if stall_end.is_some_and(|d| Instant::now() >= d) {
+                match self.link.reset_if_stalled(self.flow) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        debug!(flow = self.flow.id, "TCP side stalled under contention");
+                        return RelayEnd::ResetLocally(ResetReason::ResourceLimit);
+                    }
+                    Err(FlowGone::Reset(r)) => return RelayEnd::ResetByPeer(r),
+                    Err(FlowGone::Closed) => return self.local_reset(ResetReason::Closed),
+                }
             }
             let room = match self.tcp_to_flow() {
                 Ok(room) => room,
@@ -140,8 +164,11 @@ impl Pump<'_> {
                 return RelayEnd::Closed;
             }
             let idle_deadline = idle_timeout.map(|t| self.last_activity + t);
-            let idle = async {
-                match idle_deadline {
+            // Past its end, a stall waits for the link to say contention came.
+            let stall_end = stall_end.filter(|&d| Instant::now() < d);
+            let timer = idle_deadline.into_iter().chain(stall_end).min();
+            let timer_due = async {
+                match timer {
                     Some(d) => tokio::time::sleep_until(d).await,
                     None => std::future::pending().await,
                 }
@@ -158,7 +185,7 @@ impl Pump<'_> {
                     }
                 }
                 _ = self.flow.signal.notify.notified() => {}
-                _ = idle => {
+                _ = timer_due => {
                     if idle_deadline.is_some_and(|d| Instant::now() >= d) {
                         debug!(flow = self.flow.id, "idle timeout");
                         return self.local_reset(ResetReason::Timeout);
@@ -173,8 +200,14 @@ impl Pump<'_> {
         loop {
             if !self.pending.is_empty() {
                 match self.write_pending() {
-                    Ok(()) => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Ok(()) => {
+                        self.stalled_since = None;
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.stalled_since.get_or_insert_with(Instant::now);
+                        return Ok(());
+                    }
                     Err(_) => return Err(self.local_reset(ResetReason::Aborted)),
                 }
             }

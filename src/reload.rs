@@ -146,6 +146,9 @@ fn apply_live(
         }
         // Read from `Live` by connections opened from now on.
         LiveSetting::OverLimit => running.limits.over_limit = new.limits.over_limit,
+        LiveSetting::StalledFlowTimeout => {
+            running.limits.stalled_flow_timeout = new.limits.stalled_flow_timeout
+        }
         LiveSetting::Timeouts => running.timeouts = new.timeouts.clone(),
         LiveSetting::Upstream => running.upstream = new.upstream.clone(),
         // Read when SIGTERM comes.

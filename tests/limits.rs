@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use pep_testbed::addr;
 use pep_testbed::pepd::{PepdTestbed, Side};
-use pep_testbed::xfer::pattern::Pattern;
 use support::*;
 
 fn server_at(port: u16) -> SocketAddr {
@@ -262,30 +261,6 @@ fn hub_metric(tb: &PepdTestbed, name: &str, label: Option<(&str, &str)>) -> f64 
     metric_value(&s, name, label).unwrap_or_else(|| panic!("no {name}"))
 }
 
-/// Serves every connection the pattern of the seed it sends first (8 bytes), on and on,
-/// until the connection fails.
-fn serve_patterns(listener: std::net::TcpListener) {
-    std::thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                let mut seed = [0u8; 8];
-                if s.read_exact(&mut seed).is_err() {
-                    return;
-                }
-                let mut pattern = Pattern::new(u64::from_be_bytes(seed), 0);
-                let mut buf = vec![0u8; 16 * 1024];
-                loop {
-                    pattern.fill(&mut buf);
-                    if s.write_all(&buf).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-}
-
 /// Downloads started together whose clients never read fill the hub's send budget; a
 /// download started after them still gets its share and completes byte-exact, and the
 /// budget holds.
@@ -342,27 +317,10 @@ fn a_new_download_gets_its_share_beside_stalled_readers() {
     let at_share = hub_metric(&tb, "pepd_flows_at_share", None);
 
     let t = Instant::now();
+    let deadline = t + FRESH_WITHIN;
     // The bytes read and checked, and what ended the download short.
     let (fresh, failed) = tb
-        .in_client(move || {
-            let mut got = 0;
-            let read = (|| -> std::io::Result<()> {
-                let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(10))?;
-                c.set_read_timeout(Some(FRESH_WITHIN))?;
-                c.write_all(&STALLED.to_be_bytes())?;
-                let mut pattern = Pattern::new(STALLED, 0);
-                let mut buf = vec![0u8; 64 * 1024];
-                while got < FRESH_BYTES && t.elapsed() < FRESH_WITHIN {
-                    let n = c.read(&mut buf[..(FRESH_BYTES - got).min(64 * 1024)])?;
-                    if n == 0 || !pattern.verify(&buf[..n]) {
-                        return Err(std::io::Error::other("ended or corrupted"));
-                    }
-                    got += n;
-                }
-                Ok(())
-            })();
-            (got, read.err().map(|e| e.to_string()))
-        })
+        .in_client(move || download_pattern(to, STALLED, FRESH_BYTES, deadline))
         .expect("client namespace");
     let fresh_s = t.elapsed().as_secs_f64();
     let after = hub_metric(&tb, "pepd_memory_accounted_bytes", None);

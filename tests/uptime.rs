@@ -1,7 +1,8 @@
 //! Days of uptime, compressed for CI (root only, issue 16): 10,000 concurrent connections
 //! through the pair on the geo profile with the default config, connection churn after
-//! which descriptors and resident size come back, and 2,000 slow readers that a small
-//! memory budget holds.
+//! which descriptors and resident size come back, 2,000 slow readers that a small
+//! memory budget holds, and clients that stop reading, started together, beside which a
+//! new download still completes.
 //!
 //! The traffic is asynchronous (one thread per side would need 10,000 threads): each
 //! connection sends `REQUEST` bytes (its seed, then its pattern) and the server answers
@@ -399,6 +400,28 @@ fn wait_quiet(tb: &PepdTestbed, fds_before: [usize; 2], within: Duration) {
     }
 }
 
+/// Looks at `value` every `every` until it has not changed for `still`, within `within`;
+/// returns the value it settled at.
+fn until_still<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    still: Duration,
+    within: Duration,
+    every: Duration,
+    mut value: impl FnMut() -> T,
+) -> T {
+    let deadline = Instant::now() + within;
+    let (mut last, mut still_since) = (value(), Instant::now());
+    while still_since.elapsed() < still {
+        assert!(Instant::now() < deadline, "{what}: {last:?}");
+        std::thread::sleep(every);
+        let now = value();
+        if now != last {
+            (last, still_since) = (now, Instant::now());
+        }
+    }
+    last
+}
+
 /// What the formula of docs/CONFIG.md allows `side` at most with its configured limits:
 /// the budget, or less when fixed + receive reserve + send share + per-flow × max_flows is.
 fn formula_bound(tb: &PepdTestbed, side: Side) -> u64 {
@@ -577,19 +600,13 @@ fn slow_readers_stay_within_the_memory_budget() {
         )
     };
     // Until nothing moves for 3 s: the clients' and the gateways' buffers are full.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let (mut last, mut still_since) = (relayed(), Instant::now());
-    while still_since.elapsed() < Duration::from_secs(3) {
-        assert!(
-            Instant::now() < deadline,
-            "the downloads never stalled: {last:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-        let now = relayed();
-        if now != last {
-            (last, still_since) = (now, Instant::now());
-        }
-    }
+    let last = until_still(
+        "the downloads never stalled",
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        relayed,
+    );
     let stalled_s = t0.elapsed().as_secs_f64();
     assert_all_open(&tb, READERS as u64);
     let at_stall = sides.map(|s| rss_and_peak(&tb, s));
@@ -628,4 +645,162 @@ fn slow_readers_stay_within_the_memory_budget() {
         assert!(Instant::now() < deadline, "slow readers' flows never ended");
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// How long the terminal lets a client take nothing before it may reset its flow, in
+/// [`stalled_readers_started_together_leave_room_for_a_new_download`].
+const STALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A client with a 4 kB receive buffer that asks [`serve_patterns`] for `seed`'s pattern
+/// and never reads it.
+fn stalled_reader(to: SocketAddr, seed: u64) -> std::net::TcpStream {
+    use std::io::Write;
+    let s =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    s.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    s.connect_timeout(&to.into(), Duration::from_secs(10))
+        .expect("connect");
+    let mut s = std::net::TcpStream::from(s);
+    s.write_all(&seed.to_be_bytes()).expect("seed");
+    s
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Clients that stop reading, started together, fill the terminal's receive window, which
+/// every flow from the hub shares. The terminal resets the flows whose clients took nothing
+/// for `limits.stalled_flow_timeout` while the window is more than half full, so a download
+/// started beside them completes byte-exact; one such client alone, with the window mostly
+/// free, is left alone however long it waits.
+#[test]
+fn stalled_readers_started_together_leave_room_for_a_new_download() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    const STALLED: u64 = 32;
+    const FLOW_WINDOW: u64 = 2 << 20;
+    const WINDOW: u64 = 16 << 20;
+    const FRESH_BYTES: usize = 4 << 20;
+    const FRESH_WITHIN: Duration = Duration::from_secs(20);
+    let mut o = options();
+    // The terminal's receive window is half its budget, 16 MiB, and each flow may fill
+    // 2 MiB of it: 8 stalled downloads fill it, the 33 here four times over. The hub's
+    // budget leaves its send side room for every one of them.
+    o.terminal_toml = format!(
+        "[limits]\nmemory_budget = \"32MiB\"\nflow_buffer = \"2MiB\"\n\
+         stalled_flow_timeout = \"{}s\"\n",
+        STALL_TIMEOUT.as_secs()
+    );
+    o.hub_toml = "[limits]\nmemory_budget = \"64MiB\"\n".into();
+    let tb = up(&link(100e6, 20), &o);
+    let to = server_at(5203);
+    serve_patterns(listen_in_server(&tb, to));
+    let terminal =
+        |name: &str, label: Option<(&str, &str)>| gateway_metric(&tb, Side::Terminal, name, label);
+    let in_use = || terminal("pepd_memory_in_use_bytes", None) as u64;
+    let stalled_resets = || terminal("pepd_flows_reset_stalled_total", None) as u64;
+
+    // Alone, a client that stopped reading holds an eighth of the window: its flow stays.
+    let first = tb
+        .in_client(move || stalled_reader(to, 0))
+        .expect("client namespace");
+    wait_for("the first download never arrived", FRESH_WITHIN, || {
+        in_use() >= FLOW_WINDOW / 2
+    });
+    std::thread::sleep(3 * STALL_TIMEOUT);
+    assert_eq!(stalled_resets(), 0, "a lone stalled reader was reset");
+    assert_eq!(terminal("pepd_flows_active", None), 1.0);
+    assert!(first.take_error().expect("SO_ERROR").is_none());
+
+    let mut readers = vec![first];
+    readers.extend(
+        tb.in_client(move || {
+            (1..=STALLED)
+                .map(|seed| stalled_reader(to, seed))
+                .collect::<Vec<_>>()
+        })
+        .expect("client namespace"),
+    );
+    // Resets may bring it back under half before a look sees it over.
+    wait_for(
+        "the stalled downloads never filled half the window",
+        FRESH_WITHIN,
+        || in_use() > WINDOW / 2 || stalled_resets() > 0,
+    );
+    let at_contention = in_use();
+
+    let t = Instant::now();
+    let deadline = t + FRESH_WITHIN;
+    let fresh_seed = STALLED + 1;
+    let (fresh, failed) = tb
+        .in_client(move || download_pattern(to, fresh_seed, FRESH_BYTES, deadline))
+        .expect("client namespace");
+    let fresh_s = t.elapsed().as_secs_f64();
+
+    // The resets end once the readers left hold no more than half the window.
+    let resets = until_still(
+        "stalled flows still reset",
+        2 * STALL_TIMEOUT + Duration::from_secs(1),
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        stalled_resets,
+    );
+    let readers_reset = readers
+        .iter()
+        .filter(|r| {
+            r.take_error()
+                .expect("SO_ERROR")
+                .is_some_and(|e| e.kind() == io::ErrorKind::ConnectionReset)
+        })
+        .count() as u64;
+    let left = STALLED + 1 - readers_reset;
+    wait_for("the new download's flow never ended", FRESH_WITHIN, || {
+        terminal("pepd_flows_active", None) == left as f64
+    });
+    let settled = in_use();
+    let accounted = terminal("pepd_memory_accounted_bytes", None);
+    let budget = terminal("pepd_memory_budget_bytes", None);
+    eprintln!(
+        "{} stalled readers started together: the terminal held {:.1} MiB of its {:.0} MiB \
+         window when a new download started, which read {fresh} B of {FRESH_BYTES} in \
+         {fresh_s:.1} s ({failed:?}); {resets} stalled flows reset ({readers_reset} clients \
+         saw it), {left} left holding {:.1} MiB; accounted {:.1} of {:.0} MiB",
+        STALLED + 1,
+        mib(at_contention),
+        mib(WINDOW),
+        mib(settled),
+        accounted / 1_048_576.0,
+        budget / 1_048_576.0
+    );
+    assert_eq!((fresh, failed), (FRESH_BYTES, None), "the new download");
+    assert!(fresh_s < FRESH_WITHIN.as_secs_f64());
+    assert_eq!(
+        resets, readers_reset,
+        "the resets counted are the clients reset"
+    );
+    for side in Side::BOTH {
+        assert_eq!(
+            gateway_metric(
+                &tb,
+                side,
+                "pepd_flow_resets_total",
+                Some(("reason", "resource_limit"))
+            ),
+            resets as f64,
+            "{side:?}: resets with resource_limit"
+        );
+    }
+    // What stays holds no more than half the window, and a flow left holds most of its
+    // 2 MiB: at most 8 of them.
+    assert!(settled <= WINDOW / 2, "{settled} B held after the resets");
+    assert!(left <= WINDOW / FLOW_WINDOW, "{left} stalled flows left");
+    assert!(accounted <= budget, "terminal over its budget");
+    drop(readers);
 }

@@ -152,14 +152,17 @@ impl PepdConfig {
             approx(m.worst_case),
             self.limits.max_flows
         );
-        let idle = match self.timeouts.idle {
+        let never_or = |d: Duration| match d {
             Duration::ZERO => "never".to_owned(),
             d => dur(d),
         };
         let _ = writeln!(
             s,
-            "timeouts:   connect {}, idle {idle}, outage {}, keepalive {}",
+            "timeouts:   connect {}, idle {}, stalled under contention {}, outage {}, \
+             keepalive {}",
             dur(self.timeouts.connect),
+            never_or(self.timeouts.idle),
+            never_or(self.limits.stalled_flow_timeout),
             dur(tr.outage_limit),
             dur(tr.keepalive)
         );

@@ -144,6 +144,7 @@ fn defaults() {
     assert_eq!(c.limits.over_limit, OverLimit::Refuse);
     assert_eq!(c.limits.flow_buffer, None);
     assert_eq!(c.limits.memory_budget, ByteSize(512 << 20));
+    assert_eq!(c.limits.stalled_flow_timeout, Duration::from_secs(60));
     assert_eq!(c.timeouts.connect, Duration::from_secs(10));
     assert_eq!(c.timeouts.idle, Duration::from_secs(7200));
     assert!(!c.upstream.transparent_source);
@@ -264,7 +265,7 @@ fn unknown_section_and_nested_keys() {
         &min_with("[limits]\nmax_flows = 3\n[limits.per_ip]\nx = 1\n"),
         Some("limits.per_ip"),
         "test.toml line 9: unknown key `limits.per_ip` (expected one of `max_flows`, \
-         `over_limit`, `flow_buffer`, `memory_budget`)",
+         `over_limit`, `flow_buffer`, `memory_budget`, `stalled_flow_timeout`)",
     );
     // Dotted keys and inline tables are found too.
     assert_parse_error(
@@ -815,7 +816,7 @@ fn summary_shows_effective_settings() {
         "acks:       every 8 packets or 50ms",
         "windows:    flow 5.7 MiB, association 64 MiB, send buffer 4 MiB, sized from the link rates",
         "limits:     10000 flows (then refuse), memory budget 512 MiB",
-        "timeouts:   connect 10s, idle 2h, outage 2m, keepalive 5s",
+        "timeouts:   connect 10s, idle 2h, stalled under contention 1m, outage 2m, keepalive 5s",
         "log:        info",
         "metrics:    127.0.0.1:9464",
         "security:   noise IK (peer key REPLACE+with+output+of+pepd+pubkey+on+peer0=), no psk; \
@@ -960,7 +961,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 45, "every key of the schema");
+    assert_eq!(count, 46, "every key of the schema");
     // The `[[peer]]` form's keys, in config/hub-spoke.toml, which sets every one.
     let root = toml::de::DeTable::parse(HUB_SPOKE).expect("toml");
     let mut list_keys = std::collections::BTreeSet::new();

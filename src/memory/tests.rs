@@ -352,3 +352,52 @@ fn a_flow_over_its_share_waits_until_the_contention_ends() {
     assert!(hub.write_room(&a).expect("room") > 0);
     assert!(hub.write_room(&b).expect("room") > 0);
 }
+
+/// Whether `flow`'s relay has a wake-up waiting.
+fn woken(flow: &crate::link::FlowRef) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    // Polled once: a permit left by `notify_one` completes it at once.
+    let notified = flow.signal.notify.notified();
+    rt.block_on(async { tokio::time::timeout(std::time::Duration::ZERO, notified).await })
+        .is_ok()
+}
+
+#[test]
+fn a_stalled_flow_is_reset_only_while_the_budget_is_contended() {
+    use crate::link::{FlowGone, LinkCounters};
+    use pep_transport::ResetReason;
+    let fixed = 64 * 1024;
+    let hub = hub(MIB + fixed + 4 * PER_FLOW, MIB, fixed);
+    let (a, _ca) = hub.open(meta(1), &[]).expect("fits");
+    let (b, _cb) = hub.open(meta(2), &[]).expect("fits");
+    let stalled_resets = || LinkCounters::get(&hub.counters.flows_reset_stalled);
+    // With room for another flow, a flow whose client stopped reading stays, and its relay
+    // waits for contention.
+    assert_eq!(hub.reset_if_stalled(&a), Ok(false));
+    hub.lock().wake_stalled(&hub);
+    assert!(!woken(&a));
+    assert_eq!(stalled_resets(), 0);
+    // No room for another flow: the relay is woken, and its flow reset with
+    // `resource_limit`, once.
+    hub.memory.set_budget(MIB + fixed + 2 * PER_FLOW);
+    hub.lock().wake_stalled(&hub);
+    assert!(woken(&a));
+    assert!(!woken(&b));
+    assert_eq!(hub.reset_if_stalled(&a), Ok(true));
+    assert_eq!(stalled_resets(), 1);
+    let resource_limit = hub
+        .counters
+        .flow_resets
+        .snapshot()
+        .into_iter()
+        .find(|&(label, _)| label == "resource_limit");
+    assert_eq!(resource_limit, Some(("resource_limit", 1)));
+    assert_eq!(
+        hub.reset_if_stalled(&a),
+        Err(FlowGone::Reset(ResetReason::ResourceLimit))
+    );
+    assert_eq!(stalled_resets(), 1);
+}

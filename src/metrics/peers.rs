@@ -34,6 +34,8 @@ pub struct PeerSnapshot {
     pub flows_over_budget: u64,
     /// New flows, either side's, refused while `limits.max_flows` were open across the peers.
     pub flows_over_gateway: u64,
+    /// Flows with this peer reset because their local TCP side stalled under contention.
+    pub flows_reset_stalled: u64,
 }
 
 /// Every per-peer family; nothing for a gateway without peers.
@@ -157,6 +159,20 @@ pub(super) fn encode(e: &mut DescriptorEncoder, peers: &[PeerSnapshot]) -> fmt::
         Some("reason"),
         peers,
         |p| owned(&merged(&p.flow_resets)),
+        encode_counter,
+    )?;
+    family(
+        e,
+        (
+            "peer_flows_reset_stalled",
+            "Flows with this peer reset because their local TCP side took none of the bytes \
+             waiting for it for limits.stalled_flow_timeout under contention",
+            None,
+            counter,
+        ),
+        None,
+        peers,
+        |p| vec![(String::new(), p.flows_reset_stalled)],
         encode_counter,
     )?;
     family(

@@ -115,6 +115,7 @@ fn sample() -> Snapshot {
             connect_errors: vec![("refused", 134), ("unreachable", 135), ("timeout", 0)],
             intercept_errors: vec![("accept", 136), ("inspect", 137)],
             flow_resets: vec![("aborted", 138), ("peer_restart", 139)],
+            flows_reset_stalled_total: 191,
         },
         memory_in_use_bytes: 140,
         memory_accounted_bytes: 160,
@@ -152,6 +153,7 @@ fn sample() -> Snapshot {
                 flow_resets: vec![("aborted", 213), ("refused", 214), ("aborted", 1)],
                 flows_over_budget: 216,
                 flows_over_gateway: 217,
+                flows_reset_stalled: 218,
             },
             // Not associated yet: no endpoint series, zeros elsewhere.
             PeerSnapshot {
@@ -321,6 +323,7 @@ fn encode_reports_every_value_exactly() {
         ("pepd_intercept_errors_total", &[("reason", "inspect")], 137),
         ("pepd_flow_resets_total", &[("reason", "aborted")], 138),
         ("pepd_flow_resets_total", &[("reason", "peer_restart")], 139),
+        ("pepd_flows_reset_stalled_total", &[], 191),
         ("pepd_association_flows_opened_total", &[], 119),
         ("pepd_association_flows_reset_total", &[], 120),
     ];
@@ -522,6 +525,8 @@ fn per_peer_series_have_exact_labels() {
         ("pepd_peer_flows_active", &[ship], 210),
         ("pepd_peer_flows_active", &[rig], 0),
         ("pepd_peer_flows_opened_total", &[ship], 203),
+        ("pepd_peer_flows_reset_stalled_total", &[ship], 218),
+        ("pepd_peer_flows_reset_stalled_total", &[rig], 0),
         (
             "pepd_peer_flow_resets_total",
             &[ship, ("reason", "aborted")],

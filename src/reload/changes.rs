@@ -26,6 +26,7 @@ pub enum LiveSetting {
     /// The send side at once; the receive window was advertised at the handshake.
     MemoryBudget,
     OverLimit,
+    StalledFlowTimeout,
     Timeouts,
     Upstream,
     Shutdown,
@@ -81,6 +82,7 @@ impl LiveSetting {
                 "limits.memory_budget (send side; receive side after a restart)"
             }
             LiveSetting::OverLimit => "limits.over_limit",
+            LiveSetting::StalledFlowTimeout => "limits.stalled_flow_timeout",
             LiveSetting::Timeouts => "timeouts",
             LiveSetting::Upstream => "upstream",
             LiveSetting::Shutdown => "shutdown",
@@ -177,6 +179,7 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 over_limit,
                 flow_buffer,
                 memory_budget,
+                stalled_flow_timeout,
             },
         timeouts: TimeoutsConfig { connect, idle },
         upstream: UpstreamConfig { transparent_source },
@@ -324,6 +327,11 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             "limits.memory_budget",
             Live(L::MemoryBudget),
             *memory_budget != r.limits.memory_budget,
+        ),
+        key(
+            "limits.stalled_flow_timeout",
+            Live(L::StalledFlowTimeout),
+            *stalled_flow_timeout != r.limits.stalled_flow_timeout,
         ),
         key(
             "timeouts.connect",
@@ -607,6 +615,7 @@ mod tests {
                 "limits.max_flows",
                 "limits.over_limit",
                 "limits.memory_budget",
+                "limits.stalled_flow_timeout",
                 "timeouts.connect",
                 "timeouts.idle",
                 "upstream.transparent_source",
@@ -903,6 +912,9 @@ mod tests {
             ("limits.memory_budget", |c| {
                 c.limits.memory_budget = ByteSize(c.limits.memory_budget.0 + 1)
             }),
+            ("limits.stalled_flow_timeout", |c| {
+                c.limits.stalled_flow_timeout += Duration::from_secs(1)
+            }),
             ("timeouts.connect", |c| {
                 c.timeouts.connect += Duration::from_secs(1)
             }),
@@ -995,6 +1007,7 @@ mod tests {
                 "limits.max_flows",
                 "limits.memory_budget (send side; receive side after a restart)",
                 "limits.over_limit",
+                "limits.stalled_flow_timeout",
                 "timeouts",
                 "upstream",
                 "shutdown",

@@ -115,6 +115,58 @@ pub fn connect_from_client(tb: &PepdTestbed, to: SocketAddr) -> io::Result<TcpSt
         .expect("client namespace")
 }
 
+/// Serves every connection the pattern of the seed it sends first (8 bytes), on and on,
+/// until the connection fails.
+pub fn serve_patterns(listener: TcpListener) {
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut seed = [0u8; 8];
+                if s.read_exact(&mut seed).is_err() {
+                    return;
+                }
+                let mut pattern = Pattern::new(u64::from_be_bytes(seed), 0);
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    pattern.fill(&mut buf);
+                    if s.write_all(&buf).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Asks the server of [`serve_patterns`] for `seed`'s pattern and reads `bytes` of it, every
+/// byte checked, until `deadline`: the bytes read and checked, and what ended it short.
+pub fn download_pattern(
+    to: SocketAddr,
+    seed: u64,
+    bytes: usize,
+    deadline: Instant,
+) -> (usize, Option<String>) {
+    let mut got = 0;
+    let read = (|| -> io::Result<()> {
+        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(10))?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        c.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        c.write_all(&seed.to_be_bytes())?;
+        let mut pattern = Pattern::new(seed, 0);
+        let mut buf = vec![0u8; 64 * 1024];
+        while got < bytes && Instant::now() < deadline {
+            let n = c.read(&mut buf[..(bytes - got).min(64 * 1024)])?;
+            if n == 0 || !pattern.verify(&buf[..n]) {
+                return Err(io::Error::other("ended or corrupted"));
+            }
+            got += n;
+        }
+        Ok(())
+    })();
+    (got, read.err().map(|e| e.to_string()))
+}
+
 /// How a connection ended for the side watching it.
 #[derive(Debug)]
 pub enum End {

@@ -286,7 +286,6 @@ pub struct RecvStream {
     fin_offset: Option<u64>,
     fin_delivered: bool,
     limit_advertised: u64,
-    window: u64,
 }
 
 impl RecvStream {
@@ -302,7 +301,6 @@ impl RecvStream {
             fin_offset: None,
             fin_delivered: false,
             limit_advertised: window,
-            window,
         }
     }
 
@@ -453,13 +451,14 @@ impl RecvStream {
         false
     }
 
-    /// A new limit worth announcing, once a quarter window has been consumed since the last.
-    pub fn credit_update(&self) -> Option<u64> {
+    /// A new limit worth announcing with `window` bytes open beyond what was read, once it
+    /// moves the advertised one by a quarter of that.
+    pub fn credit_update(&self, window: u64) -> Option<u64> {
         if self.fin_offset.is_some() {
             return None;
         }
-        let target = self.read + self.window;
-        (target >= self.limit_advertised + self.window / 4).then_some(target)
+        let target = self.read + window;
+        (target >= self.limit_advertised + window / 4).then_some(target)
     }
 
     pub fn current_limit(&self) -> u64 {

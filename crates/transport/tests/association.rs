@@ -162,6 +162,91 @@ fn slow_consumer_blocks_only_its_own_flow_and_memory_stays_bounded() {
     assert_eq!(n.apps[1].flows[&slow].received, pattern(4, 5_000_000));
 }
 
+/// What consumers that stopped reading hold shows as the association receive window in use;
+/// past half the window it is contended, and a reset gives the flow's part back at once.
+/// Flow windows of this size in a 1 MiB association window, in the receive window tests.
+const STALL_FLOW: u64 = 256 * 1024;
+
+/// A pair where every flow side 0 opens gets a download of `download` bytes (pattern
+/// `seed`), and three opened at once whose consumers never read, in flows of
+/// [`STALL_FLOW`] sharing a 1 MiB association window.
+fn three_stalled_downloads(seed: u64, download: usize) -> (Net, Vec<FlowId>) {
+    let mut cfg = test_config(20_000_000);
+    cfg.flow_window = STALL_FLOW;
+    cfg.send_buffer = STALL_FLOW;
+    cfg.assoc_window = 1 << 20;
+    let mut n = Net::new(cfg.clone(), cfg, MS * 50, Faults::default(), seed);
+    assert!(n.run_until(Duration::from_secs(5), |n| n.established()));
+    n.apps[1].on_open = Some((pattern(seed, download), true, None));
+    let stalled = (0..3)
+        .map(|i| {
+            let f = n.open(0, 1100 + i, Vec::new(), false);
+            n.apps[0].flows.get_mut(&f).unwrap().paused = true;
+            f
+        })
+        .collect();
+    (n, stalled)
+}
+
+#[test]
+fn stalled_consumers_fill_the_receive_window_in_use() {
+    const FLOW: u64 = STALL_FLOW;
+    let (mut n, stalled) = three_stalled_downloads(41, 1 << 20);
+    assert_eq!(n.ends[0].recv_window_used(), 0);
+    assert!(!n.ends[0].recv_window_contended());
+    n.run_until(Duration::from_secs(3), |_| false);
+    assert_eq!(n.ends[0].recv_window_used(), 3 * FLOW);
+    assert_eq!(n.ends[0].recv_buffered(), 3 * FLOW);
+    assert!(n.ends[0].recv_window_contended());
+    n.ends[0]
+        .reset(stalled[0], ResetReason::ResourceLimit)
+        .unwrap();
+    // Half the window is not more than half.
+    assert_eq!(n.ends[0].recv_window_used(), 2 * FLOW);
+    assert!(!n.ends[0].recv_window_contended());
+    n.run_until(Duration::from_secs(3), |_| false);
+    assert_eq!(
+        n.apps[1].flows[&stalled[0]].reset,
+        Some(ResetReason::ResourceLimit)
+    );
+    assert_eq!(n.ends[0].recv_window_used(), 2 * FLOW);
+}
+
+/// While the association receive window is contended, a flow whose consumer reads is granted
+/// new credit only up to its share (a quarter of the window over the open flows); once the
+/// contention ends, its whole flow window again. Its bytes arrive intact either way.
+#[test]
+fn credit_is_shared_while_the_receive_window_is_contended() {
+    const FLOW: u64 = STALL_FLOW;
+    const DOWNLOAD: usize = 4 << 20;
+    let (mut n, stalled) = three_stalled_downloads(42, DOWNLOAD);
+    n.run_until(Duration::from_secs(3), |_| false);
+    assert!(n.ends[0].recv_window_contended());
+    let reader = n.open(0, 1210, Vec::new(), false);
+    assert_eq!(n.ends[0].flow_recv_credit(reader), FLOW);
+    assert!(
+        n.run_until(Duration::from_secs(30), |n| n.apps[0].flows[&reader]
+            .received
+            .len()
+            >= 1 << 20)
+    );
+    // 1 MiB / 4 / 4 flows.
+    assert!(n.ends[0].recv_window_contended());
+    assert!(n.ends[0].flow_recv_credit(reader) <= 64 * 1024);
+    for &f in &stalled[..2] {
+        n.ends[0].reset(f, ResetReason::ResourceLimit).unwrap();
+    }
+    assert!(!n.ends[0].recv_window_contended());
+    assert!(n.run_until(Duration::from_secs(2), |n| n.ends[0]
+        .flow_recv_credit(reader)
+        > 64 * 1024));
+    assert!(
+        n.run_until(Duration::from_secs(30), |n| n.apps[0].flows[&reader]
+            .fin_received)
+    );
+    assert_eq!(n.apps[0].flows[&reader].received, pattern(42, DOWNLOAD));
+}
+
 #[test]
 fn peer_restart_resets_old_flows_and_new_flows_work_at_once() {
     let mut n = net(Faults::default(), 5);

@@ -130,6 +130,11 @@ pub enum OpenError {
 /// Largest flow window honoured (4-byte truncated offsets cover half of 2^32).
 const MAX_WINDOW: u64 = 1 << 30;
 
+/// The least credit a flow is granted beyond what its consumer read while the association
+/// receive window is contended: a few datagrams, so a flow that moves is not carried in
+/// slivers however many flows are open.
+const RECV_SHARE_FLOOR: u64 = 4 * 1024;
+
 /// Earlier peer epochs remembered to ignore their late HELLOs.
 const RETIRED_EPOCHS_KEPT: usize = 4;
 
@@ -479,6 +484,45 @@ impl Association {
             .sum()
     }
 
+    /// Bytes of the association-wide receive window in use: charged by what the peer sent
+    /// (holes included) and not yet read or discarded. The peer may send at most
+    /// `config().assoc_window` beyond what was read, so this is what stalled consumers take
+    /// from every other flow of the association.
+    pub fn recv_window_used(&self) -> u64 {
+        self.assoc_charged.saturating_sub(self.assoc_consumed)
+    }
+
+    /// Whether more than half of the association-wide receive window is in use: past that,
+    /// flows whose consumers do not read take room the others need.
+    pub fn recv_window_contended(&self) -> bool {
+        self.recv_window_used() > self.cfg.assoc_window / 2
+    }
+
+    /// Bytes the peer may still send on `flow` beyond what its consumer read: the credit
+    /// advertised so far.
+    pub fn flow_recv_credit(&self, flow: FlowId) -> u64 {
+        self.flows.get(&flow).map_or(0, |f| {
+            f.recv
+                .limit_advertised()
+                .saturating_sub(f.recv.read_offset())
+        })
+    }
+
+    /// How far beyond what its consumer read a flow is granted credit now: its window; but
+    /// while the association receive window is contended, at most a quarter of that window
+    /// divided by the open flows (at least [`RECV_SHARE_FLOOR`]), so that consumers that read
+    /// slowly do not keep taking a whole flow window each from the flows that move. Credit
+    /// already granted stands.
+    pub(super) fn credit_window(&self) -> u64 {
+        if !self.recv_window_contended() {
+            return self.cfg.flow_window;
+        }
+        let open = self.flows.len().max(1) as u64;
+        (self.cfg.assoc_window / 4 / open)
+            .max(RECV_SHARE_FLOOR)
+            .min(self.cfg.flow_window)
+    }
+
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -597,6 +641,7 @@ impl Association {
 
     /// Reads up to `max` in-order bytes.
     pub fn read(&mut self, flow: FlowId, max: usize) -> Result<ReadOutcome, FlowError> {
+        let window = self.credit_window();
         let f = self.flows.get_mut(&flow).ok_or(FlowError::UnknownFlow)?;
         if let Some(r) = f.reset {
             return Err(FlowError::Reset(r.reason));
@@ -604,7 +649,7 @@ impl Association {
         if let Some(chunk) = f.recv.read(max) {
             let n = chunk.len() as u64;
             self.assoc_consumed += n;
-            if f.recv.credit_update().is_some() && !f.credit_dirty {
+            if f.recv.credit_update(window).is_some() && !f.credit_dirty {
                 f.credit_dirty = true;
                 self.queue_control(flow);
             }

@@ -401,6 +401,7 @@ impl Association {
         budget: usize,
         frames: &mut Vec<SentFrame>,
     ) {
+        let credit_window = self.credit_window();
         if self.assoc_credit_pending && budget - payload.len() > 12 {
             let limit = self.assoc_consumed + self.cfg.assoc_window;
             frame::encode_assoc_credit(payload, limit);
@@ -486,7 +487,7 @@ impl Association {
                 let limit = f
                     .recv
                     .current_limit()
-                    .max(f.recv.read_offset() + self.cfg.flow_window);
+                    .max(f.recv.read_offset() + credit_window);
                 frame::encode_flow_credit(payload, id, limit);
                 f.recv.set_advertised(limit);
                 f.credit_dirty = false;
