@@ -171,6 +171,34 @@ fn rss_and_fds(tb: &PepdTestbed, side: Side) -> (u64, usize) {
     (kib * 1024, fds)
 }
 
+/// Like [`rss_and_fds`], with the fewest descriptors seen over a second: a connection the
+/// testbed's readiness checks made may still be closing.
+fn rss_and_least_fds(tb: &PepdTestbed, side: Side) -> (u64, usize) {
+    let mut least = rss_and_fds(tb, side);
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = rss_and_fds(tb, side);
+        if now.1 < least.1 {
+            least = now;
+        }
+    }
+    least
+}
+
+/// Like [`rss_and_fds`], once the descriptors are `want` (for at most 5 s): the scrape
+/// that saw the flows open may leave its connection to the metrics server open a moment
+/// longer.
+fn rss_and_settled_fds(tb: &PepdTestbed, side: Side, want: usize) -> (u64, usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = rss_and_fds(tb, side);
+        if now.1 == want || Instant::now() >= deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Idle flows hold one descriptor each on both gateways and about the per-flow cost of
 /// memory; when they close, both come back and the accounted memory is the fixed part.
 #[test]
@@ -199,7 +227,7 @@ fn idle_flows_cost_a_descriptor_and_their_share_each() {
             .collect::<Vec<TcpStream>>()
     });
     let sides = [Side::Terminal, Side::Hub];
-    let before = sides.map(|s| rss_and_fds(&tb, s));
+    let before = sides.map(|s| rss_and_least_fds(&tb, s));
     let to = server_at(5103);
     let clients: Vec<TcpStream> = tb
         .in_client(move || {
@@ -210,7 +238,11 @@ fn idle_flows_cost_a_descriptor_and_their_share_each() {
         .expect("client namespace");
     let accepted = server.join().expect("server thread");
     wait_active(&tb, FLOWS as f64);
-    let during = sides.map(|s| rss_and_fds(&tb, s));
+    let during: Vec<_> = sides
+        .iter()
+        .zip(&before)
+        .map(|(&s, b)| rss_and_settled_fds(&tb, s, b.1 + FLOWS))
+        .collect();
     for (i, side) in sides.iter().enumerate() {
         let rss = during[i].0.saturating_sub(before[i].0) / FLOWS as u64;
         eprintln!(
