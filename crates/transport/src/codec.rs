@@ -54,6 +54,14 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    /// Moves past every byte equal to `byte` from here on.
+    pub fn skip_run(&mut self, byte: u8) {
+        self.pos += self.buf[self.pos..]
+            .iter()
+            .take_while(|&&b| b == byte)
+            .count();
+    }
+
     pub fn rest(&mut self) -> &'a [u8] {
         let out = &self.buf[self.pos..];
         self.pos = self.buf.len();

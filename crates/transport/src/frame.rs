@@ -131,6 +131,7 @@ impl AckFrame {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame<'a> {
+    /// One or more PADDING bytes in a row.
     Padding,
     Ping,
     Ack(AckFrame),
@@ -184,7 +185,12 @@ impl Frame<'_> {
     pub fn decode<'a>(r: &mut Reader<'a>) -> Result<Frame<'a>, DecodeError> {
         let ty = r.u8()?;
         Ok(match ty {
-            TYPE_PADDING => Frame::Padding,
+            TYPE_PADDING => {
+                // A run of PADDING is one frame: a full-size padded packet would otherwise
+                // be a thousand of them for the receive path to collect and walk.
+                r.skip_run(TYPE_PADDING);
+                Frame::Padding
+            }
             TYPE_PING => Frame::Ping,
             TYPE_ACK => Frame::Ack(decode_ack(r)?),
             TYPE_FLOW_OPEN => decode_open(r)?,
@@ -595,6 +601,19 @@ mod tests {
                 dscp: 10,
             }
         }
+    }
+
+    #[test]
+    fn a_run_of_padding_is_one_frame() {
+        let mut out = Vec::new();
+        encode_ping(&mut out);
+        out.resize(1200, TYPE_PADDING);
+        encode_ping(&mut out);
+        out.push(TYPE_PADDING);
+        assert_eq!(
+            decode_all(&out).unwrap(),
+            vec![Frame::Ping, Frame::Padding, Frame::Ping, Frame::Padding]
+        );
     }
 
     #[test]

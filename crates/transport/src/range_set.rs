@@ -2,7 +2,7 @@
 //! stream bytes.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
+use std::ops::{Bound, Range};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RangeSet {
@@ -43,12 +43,16 @@ impl RangeSet {
                 return false;
             }
             if e >= start {
+                // Extended where it is: the usual case (the next packet number, the next
+                // bytes) then rewrites one value instead of removing and reinserting a key.
                 start = s;
-                end = end.max(e);
-                self.map.remove(&s);
             }
         }
-        while let Some((&s, &e)) = self.map.range(start..=end).next() {
+        while let Some((&s, &e)) = self
+            .map
+            .range((Bound::Excluded(start), Bound::Included(end)))
+            .next()
+        {
             end = end.max(e);
             self.map.remove(&s);
         }

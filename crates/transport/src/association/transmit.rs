@@ -296,13 +296,30 @@ impl Association {
 
         // A FIN always travels with an explicit length, so a truncated datagram can never
         // pass for a shorter stream.
-        let implicit = payload.is_empty()
-            && planned.len() == 1
-            && planned
-                .first()
-                .is_some_and(|p| matches!(p, Planned::Data { fin: false, .. }));
+        let implicit_data = match planned.as_slice() {
+            [Planned::Data {
+                fin: false,
+                offset_len,
+                ..
+            }] if payload.is_empty() => Some(ImplicitData {
+                fin: false,
+                offset_len: *offset_len,
+            }),
+            _ => None,
+        };
+        let header = ShortHeader {
+            dcid: self.peer_cid,
+            pn_truncated: pn & mask(pn_len),
+            pn_len,
+            key_phase: self.key_phase(),
+            implicit_data,
+        };
+        header.encode(out);
+        out.extend_from_slice(&payload);
+        self.payload = payload;
+        // Stream bytes go from the send buffer straight into the datagram, the one copy
+        // they need before the AEAD seals them in place.
         let count = planned.len();
-        let mut implicit_data = None;
         for (i, p) in planned.into_iter().enumerate() {
             let Planned::Data {
                 flow,
@@ -314,15 +331,14 @@ impl Association {
             let Some(f) = self.flows.get(&flow) else {
                 continue;
             };
-            if implicit {
-                implicit_data = Some(ImplicitData { fin, offset_len });
-                frame::encode_implicit_data_header(&mut payload, flow, offset, offset_len);
+            if implicit_data.is_some() {
+                frame::encode_implicit_data_header(out, flow, offset, offset_len);
             } else {
                 // FIN always travels with an explicit length; so does every frame but the last.
                 let len_field = (i + 1 < count || fin).then_some(len);
-                frame::encode_data_header(&mut payload, flow, offset, offset_len, fin, len_field);
+                frame::encode_data_header(out, flow, offset, offset_len, fin, len_field);
             }
-            f.send.copy_to(offset, len, &mut payload);
+            f.send.copy_to(offset, len, out);
             frames.push(SentFrame::Data {
                 flow,
                 offset,
@@ -331,20 +347,10 @@ impl Association {
             });
         }
 
-        if payload.is_empty() {
-            self.payload = payload;
+        if out.len() == header.encoded_len() {
+            out.clear();
             return false;
         }
-        let header = ShortHeader {
-            dcid: self.peer_cid,
-            pn_truncated: pn & mask(pn_len),
-            pn_len,
-            key_phase: self.key_phase(),
-            implicit_data,
-        };
-        header.encode(out);
-        out.extend_from_slice(&payload);
-        self.payload = payload;
         self.seal(pn, header.encoded_len(), out);
         self.next_pn += 1;
 

@@ -55,7 +55,15 @@ impl SlidingMin {
     fn standing(&self, now: Instant, span: Duration) -> Option<Duration> {
         let since = self.since?;
         let from = now.checked_sub(span)?;
-        let recent = self.times.iter().filter(|&&t| t >= from).count();
+        // Asked for every packet sent: counting only as far as the threshold keeps that
+        // from walking the whole span of samples each time.
+        let recent = self
+            .times
+            .iter()
+            .rev()
+            .filter(|&&t| t >= from)
+            .take(MIN_SAMPLES)
+            .count();
         if now.saturating_duration_since(since) < span || recent < MIN_SAMPLES {
             return None;
         }
