@@ -92,14 +92,19 @@ impl AssocFactory {
     }
 }
 
+/// A received datagram: `at` in buffer `buf`.
+struct ReceivedDatagram {
+    buf: usize,
+    /// Where in the buffer (one buffer may hold several coalesced datagrams).
+    at: Range<usize>,
+    from: SocketAddr,
+    /// When the kernel received it (see [`udp::ReceiveClock`]).
+    arrived: Instant,
+}
+
 /// A received datagram on its way to a link.
 enum Input {
-    Datagram {
-        buf: usize,
-        /// Where in the buffer (one buffer may hold several coalesced datagrams).
-        at: Range<usize>,
-        from: SocketAddr,
-    },
+    Datagram(ReceivedDatagram),
     Initiation {
         from: SocketAddr,
         accepted: AcceptedInitiation,
@@ -243,10 +248,18 @@ impl Driver {
                     filled += 1;
                 }
             }
-            let now = Instant::now();
+            let clock = udp::ReceiveClock::now();
+            let now = clock.now_instant();
             for &(i, m) in &received {
+                let arrived = clock.arrival(&m);
                 for at in udp::datagrams(&m) {
-                    self.route(now, m.addr, i, at.clone(), &rx[i][at], &mut inputs, &mut tx);
+                    let d = ReceivedDatagram {
+                        from: m.addr,
+                        buf: i,
+                        at: at.clone(),
+                        arrived,
+                    };
+                    self.route(now, d, &rx[i][at], &mut inputs, &mut tx);
                 }
             }
             if !received.is_empty() {
@@ -322,18 +335,16 @@ impl Driver {
 
     /// Where a datagram goes: to the link the endpoint routes it to, or, for an
     /// initiation from a peer that has no association yet, to the one made for it now; a
-    /// cookie the endpoint answers with joins `tx`. The datagram is `at` in buffer `buf`.
-    #[allow(clippy::too_many_arguments)]
+    /// cookie the endpoint answers with joins `tx`. `datagram` is the contents of `d`.
     fn route(
         &mut self,
         now: Instant,
-        from: SocketAddr,
-        buf: usize,
-        at: Range<usize>,
+        d: ReceivedDatagram,
         datagram: &[u8],
         inputs: &mut [Vec<Input>],
         tx: &mut Outbox,
     ) {
+        let from = d.from;
         let (link, input) = match self.endpoint.handle(now, from, datagram) {
             None => return,
             Some(DatagramEvent::Routed(h)) => {
@@ -341,7 +352,7 @@ impl Driver {
                 else {
                     return;
                 };
-                (link, Input::Datagram { buf, at, from })
+                (link, Input::Datagram(d))
             }
             Some(DatagramEvent::Initiation {
                 peer,
@@ -412,9 +423,9 @@ impl Driver {
         };
         for input in received.inputs.drain(..) {
             match input {
-                Input::Datagram { buf, at, from } => {
-                    if let Some(d) = received.rx.get(buf).and_then(|b| b.get(at)) {
-                        assoc.handle_datagram_from(now, from, d);
+                Input::Datagram(d) => {
+                    if let Some(bytes) = received.rx.get(d.buf).and_then(|b| b.get(d.at)) {
+                        assoc.handle_datagram_from(d.arrived, d.from, bytes);
                     }
                 }
                 Input::Initiation { from, accepted } => {

@@ -54,13 +54,12 @@ fn get_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc:
 /// Options quinn-udp's socket setup changes that pepd keeps as the kernel had them: path-MTU
 /// discovery as before (quinn-udp forbids fragmentation for QUIC's own MTU probing; pepd
 /// sends at the configured `link.mtu` and lets the kernel fragment past a smaller path MTU,
-/// as it always did) and no receive timestamps (nothing reads them, and they turn the
-/// host's packet timestamping on).
-const KEPT_AS_THEY_WERE: [(libc::c_int, libc::c_int); 4] = [
+/// as it always did). The receive timestamps it turns on stay on: the driver places each
+/// datagram at its kernel receive time.
+const KEPT_AS_THEY_WERE: [(libc::c_int, libc::c_int); 3] = [
     (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),
     (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER),
     (libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG),
-    (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS),
 ];
 
 /// The values of [`KEPT_AS_THEY_WERE`] a socket had (those of its family).

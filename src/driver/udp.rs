@@ -8,6 +8,7 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
 use tokio::io::Interest;
@@ -138,6 +139,40 @@ impl TunnelSocket {
     }
 }
 
+/// The clocks as one pass read them, to place each datagram of the pass at the time the
+/// kernel received it: a gateway whose loop was held up (a busy host) then hands its
+/// association acknowledgements that arrived over the stall at their own times, not all at
+/// the end of it, and the capacity estimate does not read the stall as a slow path.
+pub struct ReceiveClock {
+    now: Instant,
+    /// The same moment as time since the Unix epoch, the kernel's timestamps' clock.
+    unix_now: Duration,
+}
+
+impl ReceiveClock {
+    pub fn now() -> ReceiveClock {
+        let now = Instant::now();
+        let unix_now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        ReceiveClock { now, unix_now }
+    }
+
+    /// The pass's `now`.
+    pub fn now_instant(&self) -> Instant {
+        self.now
+    }
+
+    /// When the kernel received the buffer `meta` describes; the pass's `now` where the
+    /// socket gave no timestamp. Never later than the pass's `now` (a timestamp ahead of it
+    /// is the wall clock being stepped).
+    pub fn arrival(&self, meta: &RecvMeta) -> Instant {
+        meta.timestamp
+            .and_then(|ts| self.now.checked_sub(self.unix_now.saturating_sub(ts)))
+            .unwrap_or(self.now)
+    }
+}
+
 /// Where each datagram of a received buffer lies: GRO coalesces datagrams of `stride` bytes,
 /// the last possibly shorter. An empty datagram is one (empty) datagram.
 pub fn datagrams(meta: &RecvMeta) -> impl Iterator<Item = Range<usize>> {
@@ -169,8 +204,6 @@ pub fn receive_buffers(
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
     use super::*;
 
     fn meta(len: usize, stride: usize) -> RecvMeta {
@@ -201,6 +234,26 @@ mod tests {
         assert_eq!(receive_buffers(64, 65_536, 64, 1456), (45, 93_184));
         assert_eq!(receive_buffers(64, 65_536, 64, 400), (64, 65_536));
         assert_eq!(receive_buffers(64, 65_536, 64, 8_972), (7, 574_208));
+    }
+
+    #[test]
+    fn arrival_is_the_kernel_timestamp_on_the_monotonic_clock() {
+        let now = Instant::now();
+        let clock = ReceiveClock {
+            now,
+            unix_now: Duration::from_secs(1_800_000_000),
+        };
+        let stamped = |ts: Option<Duration>| {
+            let mut m = meta(100, 100);
+            m.timestamp = ts;
+            clock.arrival(&m)
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(stamped(Some(clock.unix_now - ms(30))), now - ms(30));
+        assert_eq!(stamped(Some(clock.unix_now)), now);
+        // The wall clock stepped back since the datagram arrived: not after the pass.
+        assert_eq!(stamped(Some(clock.unix_now + ms(5))), now);
+        assert_eq!(stamped(None), now);
     }
 
     /// Two loopback sockets, each behind a [`TunnelSocket`]: everything one sends reaches
@@ -252,6 +305,7 @@ mod tests {
             tx.send(&outbox).await.expect("send");
             let mut got: Vec<Vec<u8>> = Vec::new();
             let mut coalesced = 0;
+            let mut last_stamp = Duration::ZERO;
             let deadline = Instant::now() + Duration::from_secs(5);
             while got.len() < sent.len() && Instant::now() < deadline {
                 let _ = tokio::time::timeout(Duration::from_millis(100), rx.readable()).await;
@@ -260,8 +314,17 @@ mod tests {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(e) => panic!("recv: {e}"),
                 };
+                let clock = ReceiveClock::now();
+                let mut last_arrival = t;
                 for (buf, m) in bufs.iter().zip(&metas[..n]) {
                     assert_eq!(m.addr, from);
+                    let stamp = m.timestamp.expect("a kernel receive timestamp");
+                    assert!(stamp >= last_stamp, "timestamps in order");
+                    last_stamp = stamp;
+                    let arrival = clock.arrival(m);
+                    assert!(arrival >= last_arrival, "arrivals in order, after the send");
+                    assert!(arrival <= clock.now_instant());
+                    last_arrival = arrival;
                     coalesced += usize::from(m.stride < m.len);
                     got.extend(datagrams(m).map(|r| buf[r].to_vec()));
                 }
@@ -290,7 +353,7 @@ mod tests {
         burst_arrives_exactly(true);
     }
 
-    /// The path-MTU behaviour and the receive timestamps stay as the kernel had them.
+    /// The path-MTU behaviour stays as the kernel had it; receive timestamps are on.
     #[test]
     fn the_sockets_own_options_stay() {
         use std::os::fd::AsRawFd;
@@ -315,6 +378,6 @@ mod tests {
             v
         };
         assert_eq!(pmtu(&a.io), pmtu(&plain));
-        assert!(!getsockopt(&a.io, ReceiveTimestampns).expect("timestamps"));
+        assert!(getsockopt(&a.io, ReceiveTimestampns).expect("timestamps"));
     }
 }

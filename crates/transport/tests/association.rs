@@ -621,3 +621,31 @@ fn flows_over_max_flows_are_refused_in_both_directions_and_counted() {
     assert_eq!(n.apps[0].flows[&next].reset, None);
     assert_eq!(n.ends[1].stats().flows_over_limit, 2);
 }
+
+/// Side 0's smoothed RTT once it is handed, at `arrived(net)`, the acknowledgements side 1
+/// sent for a flow's first data, held back until 300 ms after the flow opened.
+fn rtt_after_acks_received_at(arrived: impl Fn(&Net) -> std::time::Instant) -> Duration {
+    let mut n = net(Faults::default(), 7);
+    n.run_until(Duration::from_secs(1), |_| false);
+    n.record_b = Some(Vec::new());
+    n.drop_filter = Some(Box::new(|from, _| from == 1));
+    n.open(0, 1000, pattern(3, 20_000), false);
+    n.run_until(MS * 300, |_| false);
+    let at = arrived(&n);
+    for d in n.record_b.take().unwrap_or_default() {
+        n.ends[0].handle_datagram(at, &d);
+    }
+    n.ends[0].stats().rtt_smoothed
+}
+
+#[test]
+fn a_receipt_time_before_the_latest_input_counts_as_the_latest_input() {
+    // Acknowledgements that arrived while the caller was busy with an earlier pass: they
+    // are placed at that pass, not before it, so no sample sees time go back.
+    let at_latest = rtt_after_acks_received_at(|n| n.now);
+    let before = rtt_after_acks_received_at(|n| n.now - MS * 150);
+    assert_eq!(before, at_latest);
+    // A later receipt time is used as given: the samples grow with it.
+    let later = rtt_after_acks_received_at(|n| n.now + MS * 50);
+    assert!(later > at_latest, "{later:?} vs {at_latest:?}");
+}

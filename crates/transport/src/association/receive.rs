@@ -19,7 +19,7 @@ impl Association {
     /// An initiation the endpoint read and authenticated for this association, from `from`:
     /// answered unless our own initiation takes precedence. The reply goes to `from`.
     pub fn accept_initiation(&mut self, now: Instant, from: SocketAddr, a: AcceptedInitiation) {
-        self.last_input = self.last_input.max(now);
+        let now = self.received_at(now);
         let Some(sec) = self.security.as_mut() else {
             self.stats.security.wrong_mode += 1;
             return;
@@ -28,8 +28,17 @@ impl Association {
         self.on_initiation_read(now, Some(from), read);
     }
 
+    /// When a datagram counts as received: the time it arrived, which the caller may know
+    /// from the socket and which can precede what the association was last given (it
+    /// arrived while the previous pass was processed), but never earlier than that, so RTT
+    /// and delivery samples, timers and the pacer never see time go back.
+    fn received_at(&mut self, arrived: Instant) -> Instant {
+        self.last_input = self.last_input.max(arrived);
+        self.last_input
+    }
+
     fn receive(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
-        self.last_input = self.last_input.max(now);
+        let now = self.received_at(now);
         let mut r = Reader::new(datagram);
         let header = match decode_header_with_cid(&mut r, self.local_cid.len()) {
             Ok(h) => h,
