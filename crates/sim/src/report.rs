@@ -28,6 +28,7 @@ pub struct CapacityReport {
     pub drains: u64,
     pub probes: u64,
     pub rebases: u64,
+    pub competes: u64,
     pub limited_by_estimate_s: f64,
     pub limited_by_ceiling_s: f64,
 }
@@ -302,6 +303,7 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             drains: cap.drains,
             probes: cap.probes,
             rebases: cap.rebases,
+            competes: cap.competes,
             limited_by_estimate_s: cap.limited_by_estimate.as_secs_f64(),
             limited_by_ceiling_s: cap.limited_by_ceiling.as_secs_f64(),
         },

@@ -128,6 +128,37 @@ const DRAIN_SLACK: Duration = Duration::from_secs(2);
 /// Outside a drain, at most this many pipes may be in flight: a bound on the queue if every
 /// delay signal failed.
 const SAFETY_PIPES: f64 = 2.0;
+/// Drains in a row that left a queue standing while we were not delivered what we sent,
+/// over at least `COMPETE_TIME` (or that many base RTTs): then the queue is another sender's
+/// that refills the buffer whatever we do (a loss-based flow such as CUBIC), and only
+/// congestion losses lower the estimate until the queue is gone. One such drain follows a
+/// misjudged cut now and then; on a loaded testbed at 100 Mb/s three came within 0.4 s on a
+/// LEO path, where a CUBIC flow's queue stood for tens of seconds.
+const COMPETE_AFTER: u32 = 3;
+const COMPETE_TIME: Duration = Duration::from_secs(2);
+const COMPETE_RTTS: u32 = 4;
+/// Competing is checked again after this long (or that many base RTTs): a queue that never
+/// empties may also be a longer path whose minimum RTT has not aged yet, and the delay
+/// rules, not losses alone, should keep the queue small there.
+const COMPETE_HOLD: Duration = Duration::from_secs(10);
+const COMPETE_HOLD_RTTS: u32 = 16;
+/// While competing, a congestion loss cuts the estimate at least to this share of what it
+/// was, as CUBIC does (RFC 9438 §4.6): our delivery rate in a buffer the other flow keeps
+/// full is our share of it, a cut of only 5–15 %, and taking just that won the link from a
+/// CUBIC flow over a minute on the testbed.
+const COMPETE_BACKOFF: f64 = 0.7;
+/// While competing, probes go at this multiple of the estimate and a partial one moves it
+/// halfway only. In a buffer another flow keeps full a probe's reading is the share a sender
+/// at the probe's rate would get: at twice the estimate it rises until it takes most of the
+/// link (a CUBIC flow kept 4.9 Mb/s of 20 on the testbed), at 1.25 × about as far as a fair
+/// share.
+const COMPETE_PROBE_GAIN: f64 = 1.25;
+/// While competing, the estimate stays within this share of the ceiling: against one
+/// loss-based flow on a link at its provisioned rate that is a fair share, and against more
+/// of them the gateway's aggregate takes no more. Without it the share depended on the
+/// estimate when competing began: 35–70 % of the link over three testbed runs, leaving the
+/// CUBIC flow 5.7 Mb/s of 20 in one.
+const COMPETE_SHARE: f64 = 0.5;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
@@ -192,6 +223,13 @@ pub struct Adaptive {
     sent_log: SentLog,
     /// The largest packet number the peer acknowledged.
     largest_acked: u64,
+    /// Drains in a row that did not empty the queue (`COMPETE_AFTER`).
+    undrained: u32,
+    /// Since when the drains have left a queue standing.
+    undrained_since: Option<Instant>,
+    /// Another sender keeps the buffer full: delay no longer lowers the estimate (until
+    /// then, or until the queue is seen gone).
+    competing_until: Option<Instant>,
     stats: CapacityStats,
 }
 
@@ -224,6 +262,9 @@ impl Adaptive {
             last_app_limited: None,
             sent_log: SentLog::default(),
             largest_acked: 0,
+            undrained: 0,
+            undrained_since: None,
+            competing_until: None,
             stats: CapacityStats::default(),
         }
     }
@@ -299,6 +340,9 @@ impl Adaptive {
         let from = self.estimate;
         self.busy_rates.clear();
         self.measure_busy_path(now, from, rtt);
+        if self.competing(now) {
+            self.estimate = self.estimate.min(from * COMPETE_BACKOFF).max(self.floor());
+        }
         self.drained_queue = self.last_queue;
         self.stats.drains += 1;
         // An overload while the train is being measured is the train's finding, and as
@@ -393,8 +437,14 @@ impl Adaptive {
     /// down. This is known as soon as the ACKs of the first packets it served slower come
     /// back, before any packet sent at the current rate can show its queue (which takes a
     /// round trip plus that queue).
+    ///
+    /// Not while a drain is being judged: the ACKs then come back with the gap the drain
+    /// left in what we sent, which reads as a slow path wherever another sender's queue
+    /// stood through it (beside a CUBIC flow each such reading cut the estimate by a third);
+    /// a path that slowed again shows in the packets sent before the drain (`grown`).
     fn deficit(&self, now: Instant, span: Duration) -> bool {
         self.state == State::Cruise
+            && !self.judging_drain
             && self
                 .evidence
                 .standing_any(now, span)
@@ -412,6 +462,50 @@ impl Adaptive {
             .is_none_or(|r| r.app_limited || r.bps < self.current_rate() * OWN_QUEUE_DELIVERY)
     }
 
+    /// A queue that drains could not empty for a while is another sender's (`COMPETE_AFTER`):
+    /// from here only congestion losses lower the estimate (one cut and drain per loss
+    /// epoch, as a loss-based flow backs off), probes go on whatever the queue, and a queue
+    /// seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least RTT: a
+    /// rebase before this took the other sender's queue for a longer path.
+    fn compete(&mut self, now: Instant, rtt: &RttEstimator) {
+        let base = self.base_or(rtt);
+        let hold = COMPETE_HOLD.max(base * COMPETE_HOLD_RTTS);
+        self.competing_until = Some(now + hold);
+        self.stop_counting_drains();
+        self.stats.competes += 1;
+        self.base = Some(rtt.min().min(base));
+        self.estimate = self.estimate.min(self.top(now));
+        self.evidence.reset(self.next_pn, Duration::MAX);
+        self.maybe_probe(now, rtt, false);
+    }
+
+    fn competing(&self, now: Instant) -> bool {
+        self.competing_until.is_some_and(|t| now < t)
+    }
+
+    /// The most the estimate may be now.
+    fn top(&self, now: Instant) -> f64 {
+        if self.competing(now) {
+            self.ceiling * COMPETE_SHARE
+        } else {
+            self.ceiling
+        }
+    }
+
+    fn stop_counting_drains(&mut self) {
+        self.undrained = 0;
+        self.undrained_since = None;
+    }
+
+    /// A drain left the queue standing and we were not delivered what we sent: whether
+    /// enough of them, over long enough, say the queue is another sender's.
+    fn drain_left_a_queue(&mut self, now: Instant, rtt: &RttEstimator) -> bool {
+        self.undrained += 1;
+        let since = *self.undrained_since.get_or_insert(now);
+        let time = COMPETE_TIME.max(self.base_or(rtt) * COMPETE_RTTS);
+        self.undrained >= COMPETE_AFTER && now.saturating_duration_since(since) >= time
+    }
+
     fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
         self.base = Some(self.base_or(rtt) + standing);
         self.stats.rebases += 1;
@@ -420,8 +514,12 @@ impl Adaptive {
 
     /// What the evidence of the last span calls for, outside a drain.
     fn judge_evidence(&mut self, now: Instant, rtt: &RttEstimator) {
+        if self.competing_until.is_some_and(|t| now >= t) {
+            self.competing_until = None;
+        }
+        let competing = self.competing(now);
         let span = self.span(rtt);
-        if self.evidence.grown(now, span).is_some() || self.deficit(now, span) {
+        if !competing && (self.evidence.grown(now, span).is_some() || self.deficit(now, span)) {
             self.overload(now, rtt);
             return;
         }
@@ -429,12 +527,19 @@ impl Adaptive {
             return;
         };
         self.stats.queue_delay = q;
+        let judging = std::mem::take(&mut self.judging_drain);
         if q <= self.q_high() {
-            self.judging_drain = false;
+            if judging || competing {
+                self.stop_counting_drains();
+                self.competing_until = None;
+            }
             self.maybe_probe(now, rtt, false);
-        } else if self.judging_drain && !self.queue_is_ours(now, span, rtt) {
-            self.judging_drain = false;
+        } else if competing {
+            self.maybe_probe(now, rtt, false);
+        } else if judging && !self.queue_is_ours(now, span, rtt) {
             self.rebase(q, rtt);
+        } else if judging && self.drain_left_a_queue(now, rtt) {
+            self.compete(now, rtt);
         } else {
             self.overload(now, rtt);
         }
@@ -461,7 +566,7 @@ impl Adaptive {
                 || self
                     .last_app_limited
                     .is_some_and(|t| now.saturating_duration_since(t) < self.span(rtt)));
-        if self.estimate >= self.ceiling
+        if self.estimate >= self.top(now)
             || self.probe.is_some()
             || self.state != State::Cruise
             || waiting
@@ -480,6 +585,8 @@ impl Adaptive {
         self.verify_now = false;
         let rate = if self.verify_train {
             self.ceiling
+        } else if self.competing(now) {
+            (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
         } else {
             (self.estimate * PROBE_GAIN).min(self.ceiling)
         };
@@ -548,7 +655,7 @@ impl Adaptive {
         }
         if rate >= p.rate * PROBE_SUCCESS {
             // The path carried all of it: probe again at once.
-            self.estimate = self.estimate.max(p.rate.min(rate)).min(self.ceiling);
+            self.estimate = self.estimate.max(p.rate.min(rate)).min(self.top(now));
             self.probe_interval = Duration::ZERO;
             self.next_probe_at = None;
         } else if rate > self.estimate * PROBE_PARTIAL {
@@ -559,12 +666,12 @@ impl Adaptive {
             // the way halves that error; a real gap closes over a few probes.
             // A reading well above that noise is a path that gained capacity (a step up):
             // it is taken whole and probed again at once, as after a success.
-            if rate > self.estimate * PROBE_TRUSTED {
-                self.estimate = rate.min(self.ceiling);
+            if rate > self.estimate * PROBE_TRUSTED && !self.competing(now) {
+                self.estimate = rate.min(self.top(now));
                 self.probe_interval = Duration::ZERO;
                 self.next_probe_at = None;
             } else {
-                self.estimate = ((self.estimate + rate) / 2.0).min(self.ceiling);
+                self.estimate = ((self.estimate + rate) / 2.0).min(self.top(now));
                 self.probe_interval = self.probe_interval.max(self.base_or(rtt));
                 self.next_probe_at = Some(now + self.probe_interval);
             }
@@ -654,6 +761,8 @@ impl CongestionController for Adaptive {
         self.last_app_limited = None;
         self.sent_log = SentLog::default();
         self.largest_acked = 0;
+        self.stop_counting_drains();
+        self.competing_until = None;
     }
 
     fn wants_padding(&self) -> bool {
@@ -766,6 +875,8 @@ impl CongestionController for Adaptive {
         self.probe = None;
         self.pause = None;
         self.judging_drain = false;
+        self.stop_counting_drains();
+        self.competing_until = None;
         self.evidence.reset(self.next_pn, Duration::MAX);
     }
 
