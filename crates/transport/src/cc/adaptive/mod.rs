@@ -137,15 +137,17 @@ const SAFETY_PIPES: f64 = 2.0;
 const COMPETE_AFTER: u32 = 3;
 const COMPETE_TIME: Duration = Duration::from_secs(2);
 const COMPETE_RTTS: u32 = 4;
-/// Competing is checked again after this long (or that many base RTTs): a queue that never
-/// empties may also be a longer path whose minimum RTT has not aged yet, and the delay
-/// rules, not losses alone, should keep the queue small there.
+/// Competing is checked again after this long (or that many base RTTs): it goes on if the
+/// queue still stands and the buffer overflowed meanwhile (a congestion loss). A queue that
+/// never empties may also be a longer path whose minimum RTT has not aged yet, where we are
+/// the only sender, capped at half the ceiling, and nothing overflows: there the delay
+/// rules, not losses alone, should keep the queue small.
 const COMPETE_HOLD: Duration = Duration::from_secs(10);
 const COMPETE_HOLD_RTTS: u32 = 16;
-/// While competing, a congestion loss cuts the estimate at least to this share of what it
-/// was, as CUBIC does (RFC 9438 §4.6): our delivery rate in a buffer the other flow keeps
-/// full is our share of it, a cut of only 5–15 %, and taking just that won the link from a
-/// CUBIC flow over a minute on the testbed.
+/// While competing, a congestion loss cuts the estimate to this share of what it was, as
+/// CUBIC cuts its window (RFC 9438 §4.6). Our delivery rate in a buffer the other flow
+/// keeps full is only our share of it, 5–15 % under the estimate: as the measure of an
+/// overload it let pepd win the link from a CUBIC flow over a minute on the testbed.
 const COMPETE_BACKOFF: f64 = 0.7;
 /// While competing, probes go at this multiple of the estimate and a partial one moves it
 /// halfway only. In a buffer another flow keeps full a probe's reading is the share a sender
@@ -230,6 +232,8 @@ pub struct Adaptive {
     /// Another sender keeps the buffer full: delay no longer lowers the estimate (until
     /// then, or until the queue is seen gone).
     competing_until: Option<Instant>,
+    /// Congestion losses since competing began or was renewed.
+    competing_losses: u32,
     stats: CapacityStats,
 }
 
@@ -265,6 +269,7 @@ impl Adaptive {
             undrained: 0,
             undrained_since: None,
             competing_until: None,
+            competing_losses: 0,
             stats: CapacityStats::default(),
         }
     }
@@ -340,9 +345,6 @@ impl Adaptive {
         let from = self.estimate;
         self.busy_rates.clear();
         self.measure_busy_path(now, from, rtt);
-        if self.competing(now) {
-            self.estimate = self.estimate.min(from * COMPETE_BACKOFF).max(self.floor());
-        }
         self.drained_queue = self.last_queue;
         self.stats.drains += 1;
         // An overload while the train is being measured is the train's finding, and as
@@ -469,14 +471,41 @@ impl Adaptive {
     /// rebase before this took the other sender's queue for a longer path.
     fn compete(&mut self, now: Instant, rtt: &RttEstimator) {
         let base = self.base_or(rtt);
-        let hold = COMPETE_HOLD.max(base * COMPETE_HOLD_RTTS);
-        self.competing_until = Some(now + hold);
+        self.competing_until = Some(now + self.compete_hold(rtt));
+        self.competing_losses = 0;
         self.stop_counting_drains();
         self.stats.competes += 1;
         self.base = Some(rtt.min().min(base));
         self.estimate = self.estimate.min(self.top(now));
         self.evidence.reset(self.next_pn, Duration::MAX);
         self.maybe_probe(now, rtt, false);
+    }
+
+    /// A congestion loss while competing: the estimate comes down as a CUBIC flow's window
+    /// does, and nothing drains. A drain to the pipe would wait out the other sender's whole
+    /// queue as well (600 ms on a geo link) and hand its share to it.
+    fn yield_share(&mut self) {
+        self.estimate = (self.estimate * COMPETE_BACKOFF).max(self.floor());
+        self.competing_losses += 1;
+        if let State::Probe { .. } = self.state {
+            self.state = State::Cruise;
+        }
+        self.probe = None;
+        self.pause = None;
+    }
+
+    fn compete_hold(&self, rtt: &RttEstimator) -> Duration {
+        COMPETE_HOLD.max(self.base_or(rtt) * COMPETE_HOLD_RTTS)
+    }
+
+    /// At the end of the hold: on while the queue stands and the buffer overflowed.
+    fn renew_or_end_competing(&mut self, now: Instant, rtt: &RttEstimator) {
+        if self.competing_until.is_none_or(|t| now < t) {
+            return;
+        }
+        let overflowing = std::mem::take(&mut self.competing_losses) > 0;
+        self.competing_until =
+            (overflowing && self.last_queue > self.q_high()).then(|| now + self.compete_hold(rtt));
     }
 
     fn competing(&self, now: Instant) -> bool {
@@ -514,9 +543,7 @@ impl Adaptive {
 
     /// What the evidence of the last span calls for, outside a drain.
     fn judge_evidence(&mut self, now: Instant, rtt: &RttEstimator) {
-        if self.competing_until.is_some_and(|t| now >= t) {
-            self.competing_until = None;
-        }
+        self.renew_or_end_competing(now, rtt);
         let competing = self.competing(now);
         let span = self.span(rtt);
         if !competing && (self.evidence.grown(now, span).is_some() || self.deficit(now, span)) {
@@ -862,7 +889,9 @@ impl CongestionController for Adaptive {
         // A loss taken for congestion by delay evidence the classifier measures against a
         // minimum RTT that takes a minute to age: after a LEO handover lengthened the path,
         // corruption reads as congestion there. Only a queue this controller sees counts.
-        if self.last_queue > self.q_high() {
+        if self.competing(now) {
+            self.yield_share();
+        } else if self.last_queue > self.q_high() {
             self.overload(now, rtt);
         }
     }
