@@ -128,14 +128,18 @@ const DRAIN_SLACK: Duration = Duration::from_secs(2);
 /// Outside a drain, at most this many pipes may be in flight: a bound on the queue if every
 /// delay signal failed.
 const SAFETY_PIPES: f64 = 2.0;
-/// Drains in a row that left a queue standing while we were not delivered what we sent,
-/// over at least `COMPETE_TIME` (or that many base RTTs): then the queue is another sender's
-/// that refills the buffer whatever we do (a loss-based flow such as CUBIC), and only
-/// congestion losses lower the estimate until the queue is gone. One such drain follows a
-/// misjudged cut now and then; on a loaded testbed at 100 Mb/s three came within 0.4 s on a
-/// LEO path, where a CUBIC flow's queue stood for tens of seconds.
+/// More than this many overloads while no RTT sample came within `q_high` of the path's
+/// least RTT (the RTT estimator's, which ages over 30–60 s) and no rebase took the delay
+/// for the path, spread over at least `COMPETE_TIME` (or that many base RTTs): the queue is
+/// another sender's that refills the buffer whatever we do (a loss-based flow such as
+/// CUBIC), and only congestion losses lower the estimate until it is gone. Our own queue
+/// empties when we drain; a CUBIC flow's does not, though it shrinks after each of its
+/// losses, and a base that follows it down (a rebase, then ageing) read its growth as ours:
+/// counted against that base the simulator's CUBIC flow was recognised after 25 s, with the
+/// estimate down to 2.9 Mb/s of 20. A LEO delay step is an overload or several within about
+/// a second, and then a rebase.
 const COMPETE_AFTER: u32 = 3;
-const COMPETE_TIME: Duration = Duration::from_secs(2);
+const COMPETE_TIME: Duration = Duration::from_secs(3);
 const COMPETE_RTTS: u32 = 4;
 /// Competing is checked again after this long (or that many base RTTs): it goes on if the
 /// queue still stands and the buffer overflowed meanwhile (a congestion loss). A queue that
@@ -225,10 +229,14 @@ pub struct Adaptive {
     sent_log: SentLog,
     /// The largest packet number the peer acknowledged.
     largest_acked: u64,
-    /// Drains in a row that did not empty the queue (`COMPETE_AFTER`).
-    undrained: u32,
-    /// Since when the drains have left a queue standing.
-    undrained_since: Option<Instant>,
+    /// The first packet sent after the last drain, and when an ACK first acknowledged it
+    /// or a later one: what the judgement of the drain may measure.
+    resumed_pn: u64,
+    resumed_acked_at: Option<Instant>,
+    /// Overloads since an RTT sample came near the path's least RTT or a rebase, and when
+    /// the first of them was (`COMPETE_AFTER`).
+    overloads_off_min: u32,
+    first_off_min: Option<Instant>,
     /// Another sender keeps the buffer full: delay no longer lowers the estimate (until
     /// then, or until the queue is seen gone).
     competing_until: Option<Instant>,
@@ -266,8 +274,10 @@ impl Adaptive {
             last_app_limited: None,
             sent_log: SentLog::default(),
             largest_acked: 0,
-            undrained: 0,
-            undrained_since: None,
+            resumed_pn: 0,
+            resumed_acked_at: None,
+            overloads_off_min: 0,
+            first_off_min: None,
             competing_until: None,
             competing_losses: 0,
             stats: CapacityStats::default(),
@@ -340,6 +350,10 @@ impl Adaptive {
     /// The queue stood: take the delivery rate the span saw and drain.
     fn overload(&mut self, now: Instant, rtt: &RttEstimator) {
         if matches!(self.state, State::Drain { .. }) {
+            return;
+        }
+        if self.another_senders_queue(now, rtt) {
+            self.compete(now, rtt);
             return;
         }
         let from = self.estimate;
@@ -433,6 +447,8 @@ impl Adaptive {
         self.evidence.reset(self.next_pn, floor);
         self.judging_drain = true;
         self.resuming = true;
+        self.resumed_pn = self.next_pn;
+        self.resumed_acked_at = None;
     }
 
     /// The path delivers clearly less than the estimate while a queue stands: it slowed
@@ -457,23 +473,31 @@ impl Adaptive {
                 .is_some_and(|r| !r.app_limited && r.bps < self.estimate * DEFICIT)
     }
 
-    /// After a drain, a queue that stays is ours unless we are delivered what we send.
+    /// After a drain, a queue that stays is ours unless we are delivered what we send,
+    /// measured on the ACKs of packets sent after the drain: earlier ones come back with
+    /// the drain's own gap, which read as a slow delivery on a LEO path whose delay had
+    /// stepped up (15 drains in a row at 0.4–0.97 of the rate, where the packets sent after
+    /// them were delivered at it).
     fn queue_is_ours(&self, now: Instant, span: Duration, rtt: &RttEstimator) -> bool {
+        let window = span.max(rtt.smoothed() / 2);
+        let since_resumed = self
+            .resumed_acked_at
+            .map_or(window, |t| now.saturating_duration_since(t));
         self.meter
-            .rate(now, span.max(rtt.smoothed() / 2))
+            .rate(now, window.min(since_resumed))
             .is_none_or(|r| r.app_limited || r.bps < self.current_rate() * OWN_QUEUE_DELIVERY)
     }
 
-    /// A queue that drains could not empty for a while is another sender's (`COMPETE_AFTER`):
-    /// from here only congestion losses lower the estimate (one cut and drain per loss
-    /// epoch, as a loss-based flow backs off), probes go on whatever the queue, and a queue
-    /// seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least RTT: a
+    /// A queue that overloads could not empty for a while is another sender's
+    /// (`COMPETE_AFTER`): from here only congestion losses lower the estimate (one cut per
+    /// loss epoch, as a loss-based flow backs off), probes go on whatever the queue, and a
+    /// queue seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least RTT: a
     /// rebase before this took the other sender's queue for a longer path.
     fn compete(&mut self, now: Instant, rtt: &RttEstimator) {
         let base = self.base_or(rtt);
         self.competing_until = Some(now + self.compete_hold(rtt));
         self.competing_losses = 0;
-        self.stop_counting_drains();
+        self.stop_counting_overloads();
         self.stats.competes += 1;
         self.base = Some(rtt.min().min(base));
         self.estimate = self.estimate.min(self.top(now));
@@ -521,21 +545,23 @@ impl Adaptive {
         }
     }
 
-    fn stop_counting_drains(&mut self) {
-        self.undrained = 0;
-        self.undrained_since = None;
+    /// The queue seen gone, or taken for the path: a new count of overloads begins.
+    fn stop_counting_overloads(&mut self) {
+        self.overloads_off_min = 0;
+        self.first_off_min = None;
     }
 
-    /// A drain left the queue standing and we were not delivered what we sent: whether
-    /// enough of them, over long enough, say the queue is another sender's.
-    fn drain_left_a_queue(&mut self, now: Instant, rtt: &RttEstimator) -> bool {
-        self.undrained += 1;
-        let since = *self.undrained_since.get_or_insert(now);
+    /// Whether this overload makes enough of them, over long enough, to take the queue for
+    /// another sender's.
+    fn another_senders_queue(&mut self, now: Instant, rtt: &RttEstimator) -> bool {
+        self.overloads_off_min += 1;
+        let first = *self.first_off_min.get_or_insert(now);
         let time = COMPETE_TIME.max(self.base_or(rtt) * COMPETE_RTTS);
-        self.undrained >= COMPETE_AFTER && now.saturating_duration_since(since) >= time
+        self.overloads_off_min > COMPETE_AFTER && now.saturating_duration_since(first) >= time
     }
 
     fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
+        self.stop_counting_overloads();
         self.base = Some(self.base_or(rtt) + standing);
         self.stats.rebases += 1;
         self.evidence.reset(self.next_pn, standing + self.q_high());
@@ -556,8 +582,7 @@ impl Adaptive {
         self.stats.queue_delay = q;
         let judging = std::mem::take(&mut self.judging_drain);
         if q <= self.q_high() {
-            if judging || competing {
-                self.stop_counting_drains();
+            if competing {
                 self.competing_until = None;
             }
             self.maybe_probe(now, rtt, false);
@@ -565,8 +590,6 @@ impl Adaptive {
             self.maybe_probe(now, rtt, false);
         } else if judging && !self.queue_is_ours(now, span, rtt) {
             self.rebase(q, rtt);
-        } else if judging && self.drain_left_a_queue(now, rtt) {
-            self.compete(now, rtt);
         } else {
             self.overload(now, rtt);
         }
@@ -788,7 +811,7 @@ impl CongestionController for Adaptive {
         self.last_app_limited = None;
         self.sent_log = SentLog::default();
         self.largest_acked = 0;
-        self.stop_counting_drains();
+        self.stop_counting_overloads();
         self.competing_until = None;
     }
 
@@ -860,6 +883,9 @@ impl CongestionController for Adaptive {
         };
         self.base = Some(base);
         self.last_queue = sample.saturating_sub(base);
+        if sample <= rtt.min() + self.q_high() {
+            self.stop_counting_overloads();
+        }
         if matches!(self.state, State::Drain { .. }) {
             self.drained_queue = self.drained_queue.max(self.last_queue);
         }
@@ -874,6 +900,9 @@ impl CongestionController for Adaptive {
     fn on_ack_done(&mut self, now: Instant, summary: AckSummary, rtt: &RttEstimator) {
         self.sent_log.forget_before(summary.largest_acked);
         self.largest_acked = summary.largest_acked;
+        if self.judging_drain && summary.largest_acked >= self.resumed_pn {
+            self.resumed_acked_at.get_or_insert(now);
+        }
         self.meter
             .mark(now, std::mem::take(&mut self.event_app_limited));
         self.follow_probe(now, &summary, rtt);
@@ -904,7 +933,7 @@ impl CongestionController for Adaptive {
         self.probe = None;
         self.pause = None;
         self.judging_drain = false;
-        self.stop_counting_drains();
+        self.stop_counting_overloads();
         self.competing_until = None;
         self.evidence.reset(self.next_pn, Duration::MAX);
     }
