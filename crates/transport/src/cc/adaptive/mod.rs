@@ -159,13 +159,11 @@ const COMPETE_BACKOFF: f64 = 0.7;
 /// link (a CUBIC flow kept 4.9 Mb/s of 20 on the testbed), at 1.25 × about as far as a fair
 /// share.
 const COMPETE_PROBE_GAIN: f64 = 1.25;
-/// While competing, probes raise the estimate no further than this share of the ceiling:
-/// against one loss-based flow on a link at its provisioned rate that is a fair share, and
-/// against more of them the gateway's aggregate takes no more. Without it the share depended
-/// on the estimate when competing began: 35–70 % of the link over three testbed runs,
-/// leaving the CUBIC flow 5.7 Mb/s of 20 in one. An estimate above it when competing begins
-/// is not cut to it: losses bring it down, and a LEO path taken for a competitor now and then
-/// (one testbed run in three) keeps its rate.
+/// While competing, the estimate stays within this share of the ceiling: against one
+/// loss-based flow on a link at its provisioned rate that is a fair share, and against more
+/// of them the gateway's aggregate takes no more. Without it the share depended on the
+/// estimate when competing began: 35–70 % of the link over three testbed runs, leaving the
+/// CUBIC flow 5.7 Mb/s of 20 in one.
 const COMPETE_SHARE: f64 = 0.5;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -493,8 +491,8 @@ impl Adaptive {
     /// A queue that overloads could not empty for a while is another sender's
     /// (`COMPETE_AFTER`): from here only congestion losses lower the estimate (one cut per
     /// loss epoch, as a loss-based flow backs off), probes go on whatever the queue, and a
-    /// queue seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least
-    /// RTT: a rebase before this took the other sender's queue for a longer path.
+    /// queue seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least RTT: a
+    /// rebase before this took the other sender's queue for a longer path.
     fn compete(&mut self, now: Instant, rtt: &RttEstimator) {
         let base = self.base_or(rtt);
         self.competing_until = Some(now + self.compete_hold(rtt));
@@ -502,6 +500,7 @@ impl Adaptive {
         self.stop_counting_overloads();
         self.stats.competes += 1;
         self.base = Some(rtt.min().min(base));
+        self.estimate = self.estimate.min(self.top(now));
         self.evidence.reset(self.next_pn, Duration::MAX);
         self.maybe_probe(now, rtt, false);
     }
