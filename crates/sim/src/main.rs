@@ -11,10 +11,10 @@ use pep_sim::link::LinkConfig;
 use pep_sim::report;
 use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule, Schedule};
 use pep_sim::sim::{CrossTraffic, Interactive, Scenario, Simulation, Workload};
+use pep_transport::{CcMode, Config, LossCause, SizeMode, VegasParams};
 
 /// Packets of the `--cross-cubic` flow on the wire: a full-size TCP segment.
 const CUBIC_PACKET_BYTES: u64 = 1500;
-use pep_transport::{CcMode, Config, LossCause, SizeMode, VegasParams};
 
 #[derive(Parser)]
 #[command(

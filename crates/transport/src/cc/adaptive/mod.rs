@@ -491,8 +491,8 @@ impl Adaptive {
     /// A queue that overloads could not empty for a while is another sender's
     /// (`COMPETE_AFTER`): from here only congestion losses lower the estimate (one cut per
     /// loss epoch, as a loss-based flow backs off), probes go on whatever the queue, and a
-    /// queue seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least RTT: a
-    /// rebase before this took the other sender's queue for a longer path.
+    /// queue seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least
+    /// RTT: a rebase before this took the other sender's queue for a longer path.
     fn compete(&mut self, now: Instant, rtt: &RttEstimator) {
         let base = self.base_or(rtt);
         self.competing_until = Some(now + self.compete_hold(rtt));
