@@ -26,6 +26,7 @@
 //! estimate is held.
 
 mod busy_rates;
+mod other_sender;
 mod probe;
 mod sent_log;
 
@@ -38,6 +39,7 @@ use crate::config::Config;
 use crate::pacer::transmission_time;
 use crate::rtt::RttEstimator;
 use busy_rates::BusyRates;
+use other_sender::OtherSender;
 use probe::Probe;
 use sent_log::SentLog;
 
@@ -128,19 +130,6 @@ const DRAIN_SLACK: Duration = Duration::from_secs(2);
 /// Outside a drain, at most this many pipes may be in flight: a bound on the queue if every
 /// delay signal failed.
 const SAFETY_PIPES: f64 = 2.0;
-/// More than this many overloads while no RTT sample came within `q_high` of the path's
-/// least RTT (the RTT estimator's, which ages over 30–60 s) and no rebase took the delay
-/// for the path, spread over at least `COMPETE_TIME` (or that many base RTTs): the queue is
-/// another sender's that refills the buffer whatever we do (a loss-based flow such as
-/// CUBIC), and only congestion losses lower the estimate until it is gone. Our own queue
-/// empties when we drain; a CUBIC flow's does not, though it shrinks after each of its
-/// losses, and a base that follows it down (a rebase, then ageing) read its growth as ours:
-/// counted against that base the simulator's CUBIC flow was recognised after 25 s, with the
-/// estimate down to 2.9 Mb/s of 20. A LEO delay step is an overload or several within about
-/// a second, and then a rebase.
-const COMPETE_AFTER: u32 = 3;
-const COMPETE_TIME: Duration = Duration::from_secs(3);
-const COMPETE_RTTS: u32 = 4;
 /// Competing is checked again after this long (or that many base RTTs): it goes on if the
 /// queue still stands and the buffer overflowed meanwhile (a congestion loss). A queue that
 /// never empties may also be a longer path whose minimum RTT has not aged yet, where we are
@@ -233,10 +222,9 @@ pub struct Adaptive {
     /// or a later one: what the judgement of the drain may measure.
     resumed_pn: u64,
     resumed_acked_at: Option<Instant>,
-    /// Overloads since an RTT sample came near the path's least RTT or a rebase, and when
-    /// the first of them was (`COMPETE_AFTER`).
-    overloads_off_min: u32,
-    first_off_min: Option<Instant>,
+    /// Overloads since an RTT sample came near the path's least RTT or a rebase: whether
+    /// the queue is another sender's.
+    other_sender: OtherSender,
     /// Another sender keeps the buffer full: delay no longer lowers the estimate (until
     /// then, or until the queue is seen gone).
     competing_until: Option<Instant>,
@@ -276,8 +264,7 @@ impl Adaptive {
             largest_acked: 0,
             resumed_pn: 0,
             resumed_acked_at: None,
-            overloads_off_min: 0,
-            first_off_min: None,
+            other_sender: OtherSender::default(),
             competing_until: None,
             competing_losses: 0,
             stats: CapacityStats::default(),
@@ -489,7 +476,7 @@ impl Adaptive {
     }
 
     /// A queue that overloads could not empty for a while is another sender's
-    /// (`COMPETE_AFTER`): from here only congestion losses lower the estimate (one cut per
+    /// (`OtherSender`): from here only congestion losses lower the estimate (one cut per
     /// loss epoch, as a loss-based flow backs off), probes go on whatever the queue, and a
     /// queue seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least
     /// RTT: a rebase before this took the other sender's queue for a longer path.
@@ -547,17 +534,17 @@ impl Adaptive {
 
     /// The queue seen gone, or taken for the path: a new count of overloads begins.
     fn stop_counting_overloads(&mut self) {
-        self.overloads_off_min = 0;
-        self.first_off_min = None;
+        self.other_sender.reset();
     }
 
-    /// Whether this overload makes enough of them, over long enough, to take the queue for
-    /// another sender's.
+    /// Whether this overload makes the queue another sender's (`OtherSender`), counted
+    /// against the path's least RTT: a base that a rebase moved up, and that then follows
+    /// the other flow's queue down as it shrinks, reads its growth as ours after each of
+    /// its losses (the simulator's CUBIC flow was recognised after 25 s, with the estimate
+    /// down to 2.9 Mb/s of 20).
     fn another_senders_queue(&mut self, now: Instant, rtt: &RttEstimator) -> bool {
-        self.overloads_off_min += 1;
-        let first = *self.first_off_min.get_or_insert(now);
-        let time = COMPETE_TIME.max(self.base_or(rtt) * COMPETE_RTTS);
-        self.overloads_off_min > COMPETE_AFTER && now.saturating_duration_since(first) >= time
+        let base = self.base_or(rtt);
+        self.other_sender.on_overload(now, base)
     }
 
     fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
@@ -921,6 +908,8 @@ impl CongestionController for Adaptive {
         if self.competing(now) {
             self.yield_share();
         } else if self.last_queue > self.q_high() {
+            let base = self.base_or(rtt);
+            self.other_sender.on_overflow(now, base);
             self.overload(now, rtt);
         }
     }
