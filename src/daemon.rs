@@ -118,13 +118,17 @@ impl Daemon {
         } = self;
         let notifier = Notifier;
         check_servable(&cfg)?;
-        let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
-        let tunnel = crate::tunnel::build(&cfg, &security, fresh_epoch(), seed)?;
+        let workers = cfg.workers();
+        let seeds = (0..workers)
+            .map(|_| crate::keys::random_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .context("seeding ephemeral keys")?;
+        let tunnel = crate::tunnel::build(&cfg, &security, fresh_epoch(), &seeds)?;
         let gateway = tunnel.gateway.clone();
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
-        let socket = tunnel_socket(bind, cfg.intercept.own_mark)
+        let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers)
             .with_context(|| format!("tunnel socket on {bind}"))?;
         let mut listeners = Vec::new();
         for addr in &cfg.intercept.listen {
@@ -144,20 +148,33 @@ impl Daemon {
 
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
-        let driver = Driver::new(
-            gateway.clone(),
-            socket,
-            tunnel.endpoint,
-            tunnel.factory,
-            tunnel.allowed,
-            Arc::new(UpstreamAcceptor {
-                live: live.clone(),
+        let acceptor: Arc<dyn FlowAcceptor> = Arc::new(UpstreamAcceptor {
+            live: live.clone(),
+            gateway: gateway.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let mut driver_tasks = Vec::with_capacity(workers);
+        for (worker, (socket, shard)) in sockets.into_iter().zip(tunnel.shards).enumerate() {
+            let parts = DriverParts {
                 gateway: gateway.clone(),
-            }),
-            notifier,
-        )
-        .with_share(tunnel.share);
-        let driver_task = tokio::spawn(driver.run(driver_stop_rx.clone()));
+                worker,
+                shard,
+                factory: tunnel.factory.clone(),
+                allowed: tunnel.allowed.clone(),
+                acceptor: acceptor.clone(),
+                notifier,
+            };
+            let stop = driver_stop_rx.clone();
+            let task = if workers == 1 {
+                // The pair (and a single worker) runs on the daemon's runtime as always.
+                let socket = TunnelSocket::new(UdpSocket::from_std(socket)?)?;
+                tokio::spawn(parts.driver(socket).run(stop))
+            } else {
+                spawn_worker(parts, socket, stop)
+                    .with_context(|| format!("starting tunnel worker {worker}"))?
+            };
+            driver_tasks.push(task);
+        }
         let ctx = Arc::new(InterceptCtx {
             gateway: gateway.clone(),
             live: live.clone(),
@@ -183,6 +200,7 @@ impl Daemon {
             side = ?cfg.side(),
             peer = %peers,
             tunnel = %bind,
+            workers,
             listen = ?cfg.intercept.listen,
             metrics = %cfg.metrics.listen,
             tx_rate_bps = cfg.link.tx_rate.bps(),
@@ -204,11 +222,17 @@ impl Daemon {
         live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
         drain(&gateway, cfg.shutdown.grace, &notifier).await;
         let _ = stop_driver.send(true);
-        let result = match driver_task.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e).context("tunnel socket failed"),
-            Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
-        };
+        let mut result = Ok(());
+        for task in driver_tasks {
+            let r = match task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e).context("tunnel socket failed"),
+                Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
+            };
+            if result.is_ok() {
+                result = r;
+            }
+        }
         // Closing the associations reset what was left; let those relays send their RSTs.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         while gateway.relays_active() > 0 && tokio::time::Instant::now() < deadline {
@@ -327,7 +351,84 @@ fn fresh_epoch() -> u64 {
         .max(1)
 }
 
-fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<TunnelSocket> {
+/// What one worker's driver is made of, but its socket.
+pub(crate) struct DriverParts {
+    pub(crate) gateway: Arc<Gateway>,
+    pub(crate) worker: usize,
+    pub(crate) shard: crate::tunnel::Shard,
+    pub(crate) factory: crate::driver::AssocFactory,
+    pub(crate) allowed: Option<std::collections::HashSet<SocketAddr>>,
+    pub(crate) acceptor: Arc<dyn FlowAcceptor>,
+    pub(crate) notifier: Notifier,
+}
+
+impl DriverParts {
+    pub(crate) fn driver(self, socket: TunnelSocket) -> Driver {
+        Driver::new(
+            self.gateway,
+            self.worker,
+            socket,
+            self.shard.endpoint,
+            self.factory,
+            self.allowed,
+            self.acceptor,
+            self.notifier,
+        )
+        .with_share(self.shard.share)
+    }
+}
+
+/// Runs a worker's driver on a thread of its own, on a current-thread runtime: its socket,
+/// endpoint and associations are that thread's alone, and it shares nothing with the
+/// relays' runtime but the links' locks and wake-ups. The task returned ends with it.
+pub(crate) fn spawn_worker(
+    parts: DriverParts,
+    socket: std::net::UdpSocket,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let worker = parts.worker;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let driver = {
+        // The socket registers with the reactor of the runtime it is made in.
+        let _in_worker = rt.enter();
+        parts.driver(TunnelSocket::new(UdpSocket::from_std(socket)?)?)
+    };
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("pepd-worker-{worker}"))
+        .spawn(move || {
+            let _ = done.send(rt.block_on(driver.run(stop)));
+        })?;
+    Ok(tokio::spawn(async move {
+        result.await.unwrap_or_else(|_| {
+            Err(std::io::Error::other(format!(
+                "tunnel worker {worker} panicked"
+            )))
+        })
+    }))
+}
+
+/// The tunnel sockets, one per worker on the same address (see `workers::steering`).
+pub(crate) fn tunnel_sockets(
+    bind: SocketAddr,
+    mark: u32,
+    workers: usize,
+) -> anyhow::Result<Vec<std::net::UdpSocket>> {
+    let shard_bits = crate::workers::shard_bits(workers);
+    let (sockets, steered) =
+        crate::workers::steering::bind_group(bind, workers, shard_bits, || {
+            tunnel_socket(bind, mark).map_err(std::io::Error::other)
+        })?;
+    if let Err(e) = steered {
+        warn!(error = %e, workers, "the kernel did not take the tunnel sockets' steering program: datagrams reach the workers by the kernel's hash and are handed on to their association's worker");
+    }
+    Ok(sockets.into_iter().map(Into::into).collect())
+}
+
+/// One tunnel socket, not bound yet.
+fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<Socket> {
     let sock = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
     if bind.is_ipv6() {
         sock.set_only_v6(true)?;
@@ -343,8 +444,7 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<TunnelSocket> {
         let _ = sock.set_send_buffer_size(TUNNEL_SOCKET_BUFFER);
     }
     sock.set_nonblocking(true)?;
-    sock.bind(&bind.into())?;
-    Ok(TunnelSocket::new(UdpSocket::from_std(sock.into())?)?)
+    Ok(sock)
 }
 
 struct InterceptCtx {
@@ -513,9 +613,12 @@ fn log_end(flow: pep_transport::FlowId, client: SocketAddr, server: SocketAddr, 
 }
 
 /// Connects flows the peer opened to their destination.
-struct UpstreamAcceptor {
-    live: LiveRef,
-    gateway: Arc<Gateway>,
+pub(crate) struct UpstreamAcceptor {
+    pub(crate) live: LiveRef,
+    pub(crate) gateway: Arc<Gateway>,
+    /// The daemon's runtime: the relays run there whichever worker thread accepts their
+    /// flow.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl UpstreamAcceptor {
@@ -548,7 +651,8 @@ impl FlowAcceptor for UpstreamAcceptor {
             link.reset(&flow, ResetReason::Refused);
             return;
         }
-        tokio::spawn(from_peer(link, flow, meta, live, charge));
+        self.runtime
+            .spawn(from_peer(link, flow, meta, live, charge));
     }
 }
 

@@ -1,0 +1,218 @@
+//! Where a hub's peers and datagrams are served when its associations spread over worker
+//! threads (docs/OPERATIONS.md, "Capacity: cores"): which worker owns a peer, which one a
+//! datagram belongs to, and the inboxes through which a worker hands another what it read
+//! for it.
+
+#[cfg(test)]
+mod bench;
+pub mod steering;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use pep_transport::packet::{LONG_HEADER_BIT, LONG_TYPE_HELLO};
+use pep_transport::security::AcceptedInitiation;
+use pep_transport::PeerId;
+use tokio::sync::Notify;
+
+/// Bits of the connection ID that name the shard of `workers` workers: the fewest that
+/// count them (0 for one, which leaves a single worker's IDs as they always were).
+pub fn shard_bits(workers: usize) -> u8 {
+    let mut bits = 0;
+    while (1usize << bits) < workers {
+        bits += 1;
+    }
+    bits
+}
+
+/// The worker that serves `peer`: by its id, which it keeps across reloads, so a peer's
+/// association never moves.
+pub fn owner(peer: PeerId, workers: usize) -> usize {
+    peer.0 as usize % workers.max(1)
+}
+
+/// The shard a datagram's connection ID names: only a short packet carries one where the
+/// receiver reads it at once (byte 1 on); handshake messages are placed by their contents.
+pub fn shard_of(datagram: &[u8], cid_len: u8, shard_bits: u8) -> Option<usize> {
+    if cid_len != 2 || shard_bits == 0 {
+        return None;
+    }
+    let (&first, rest) = datagram.split_first()?;
+    if first & LONG_HEADER_BIT != 0 {
+        return None;
+    }
+    let cid = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]);
+    Some(usize::from(cid >> (16 - shard_bits)))
+}
+
+/// Whether `datagram` is a HELLO, which (security off) is routed by its source address.
+pub fn is_hello(datagram: &[u8]) -> bool {
+    datagram
+        .first()
+        .is_some_and(|&b| b & LONG_HEADER_BIT != 0 && b & !LONG_HEADER_BIT == LONG_TYPE_HELLO)
+}
+
+/// What one worker hands another.
+pub enum Handoff {
+    /// A datagram read by a worker that does not own its association.
+    Datagram {
+        from: SocketAddr,
+        bytes: Vec<u8>,
+        arrived: Instant,
+    },
+    /// An initiation the reader authenticated, for the worker that owns its peer.
+    Initiation {
+        from: SocketAddr,
+        peer: PeerId,
+        accepted: AcceptedInitiation,
+    },
+}
+
+/// One worker's inbox and the counters the metrics read of it.
+#[derive(Default)]
+pub struct Worker {
+    inbox: Mutex<Vec<Handoff>>,
+    /// Wakes the worker's loop; its links hold it too.
+    pub wake: Arc<Notify>,
+    /// Datagrams its socket read.
+    pub datagrams: AtomicU64,
+    /// Of them, handed to another worker.
+    pub handed_off: AtomicU64,
+}
+
+/// Every worker of the gateway, by number.
+pub struct Workers {
+    workers: Vec<Worker>,
+}
+
+impl Workers {
+    /// `count` workers, the first waking through `first_wake` (the gateway's own wake-up,
+    /// which a single worker keeps).
+    pub fn new(count: usize, first_wake: Arc<Notify>) -> Workers {
+        let workers = (0..count.max(1))
+            .map(|i| Worker {
+                wake: if i == 0 {
+                    first_wake.clone()
+                } else {
+                    Arc::default()
+                },
+                ..Worker::default()
+            })
+            .collect();
+        Workers { workers }
+    }
+
+    pub fn count(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&Worker> {
+        self.workers.get(i)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Worker> {
+        self.workers.iter()
+    }
+
+    /// The wake-up of the worker that owns `peer`.
+    pub fn wake_of(&self, peer: PeerId) -> Arc<Notify> {
+        self.workers[owner(peer, self.count())].wake.clone()
+    }
+
+    /// Wakes every worker (a reload queued changes for each).
+    pub fn wake_all(&self) {
+        for w in &self.workers {
+            w.wake.notify_one();
+        }
+    }
+
+    /// Puts `h` in worker `to`'s inbox and wakes it; `from` counts it.
+    pub fn hand_off(&self, from: usize, to: usize, h: Handoff) {
+        let Some(w) = self.workers.get(to) else {
+            return;
+        };
+        if let Some(f) = self.workers.get(from) {
+            f.handed_off.fetch_add(1, Ordering::Relaxed);
+        }
+        w.inbox.lock().unwrap_or_else(|p| p.into_inner()).push(h);
+        w.wake.notify_one();
+    }
+
+    /// What was handed to worker `i` since it last looked, into `out`.
+    pub fn take_inbox(&self, i: usize, out: &mut Vec<Handoff>) {
+        if let Some(w) = self.workers.get(i) {
+            out.append(&mut w.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_bits_count_the_workers() {
+        let bits: Vec<u8> = (1..=8).map(shard_bits).collect();
+        assert_eq!(bits, [0, 1, 2, 2, 3, 3, 3, 3]);
+    }
+
+    #[test]
+    fn peers_go_round_the_workers_by_id() {
+        let owners: Vec<usize> = (0..6).map(|i| owner(PeerId(i), 4)).collect();
+        assert_eq!(owners, [0, 1, 2, 3, 0, 1]);
+        assert_eq!(owner(PeerId(7), 1), 0);
+    }
+
+    #[test]
+    fn a_short_packet_goes_to_the_shard_its_connection_id_names() {
+        // Short header, CID 0xA0_01: top bit of 1 shard bit = 1, top 3 of 3 = 0b101.
+        let short = [0x40, 0xA0, 0x01, 0xFF, 0xFF];
+        assert_eq!(shard_of(&short, 2, 1), Some(1));
+        assert_eq!(shard_of(&short, 2, 3), Some(5));
+        let low = [0x40, 0x1F, 0xFF, 0x00];
+        assert_eq!(shard_of(&low, 2, 1), Some(0));
+        assert_eq!(shard_of(&low, 2, 3), Some(0));
+        // One worker, no connection IDs, or too short to hold one: the reader keeps it.
+        assert_eq!(shard_of(&short, 2, 0), None);
+        assert_eq!(shard_of(&short, 0, 0), None);
+        assert_eq!(shard_of(&[0x40, 0xA0], 2, 1), None);
+        assert_eq!(shard_of(&[], 2, 1), None);
+        // Long headers (handshakes, HELLO) are not placed by a connection ID here.
+        let init = [LONG_HEADER_BIT | 0x02, 0xFF, 0xFF, 0x00];
+        assert_eq!(shard_of(&init, 2, 1), None);
+        assert!(is_hello(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0]));
+        assert!(!is_hello(&init));
+        assert!(!is_hello(&short));
+    }
+
+    #[test]
+    fn a_hand_off_reaches_the_inbox_and_is_counted_by_the_giver() {
+        let workers = Workers::new(2, Arc::default());
+        let from: SocketAddr = "198.18.0.2:7400".parse().expect("addr");
+        let now = Instant::now();
+        workers.hand_off(
+            0,
+            1,
+            Handoff::Datagram {
+                from,
+                bytes: vec![1, 2, 3],
+                arrived: now,
+            },
+        );
+        let mut got = Vec::new();
+        workers.take_inbox(0, &mut got);
+        assert!(got.is_empty());
+        workers.take_inbox(1, &mut got);
+        assert_eq!(got.len(), 1);
+        assert!(matches!(&got[0], Handoff::Datagram { bytes, .. } if bytes == &[1, 2, 3]));
+        let count = |i: usize| {
+            let w = workers.get(i).expect("worker");
+            w.handed_off.load(Ordering::Relaxed)
+        };
+        assert_eq!((count(0), count(1)), (1, 0));
+        workers.take_inbox(1, &mut got);
+        assert_eq!(got.len(), 1, "taken once");
+    }
+}
