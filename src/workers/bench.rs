@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Barrier, RwLock};
 use std::time::{Duration, Instant};
 
 use pep_transport::security::{hardware_aes, public_key, AeadOffer, SecurityConfig};
@@ -20,7 +20,9 @@ use crate::daemon::{spawn_worker, tunnel_sockets, DriverParts, Live, UpstreamAcc
 use crate::driver::TunnelSocket;
 use crate::notify::Notifier;
 
-const RATE: &str = "20Gbit";
+/// The carrier and every association's rate unless `PEPD_BENCH_RATE` (bit/s) says
+/// otherwise: far above what a core moves, so the CPU is the limit.
+const RATE_BPS: u64 = 20_000_000_000;
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -98,6 +100,7 @@ fn terminals(
     server: SocketAddr,
     run: Duration,
     measuring: &AtomicBool,
+    read: &Barrier,
 ) -> u64 {
     let mut buf = vec![0u8; 65_536];
     let mut out = Vec::new();
@@ -144,6 +147,8 @@ fn terminals(
             None if now > give_up => panic!("not every terminal received within 30 s"),
             Some((t0, b0)) if now.duration_since(t0) >= run => {
                 measuring.store(false, Ordering::Release);
+                // This thread's CPU time is read before it ends.
+                read.wait();
                 return total - b0;
             }
             _ => {}
@@ -154,15 +159,20 @@ fn terminals(
     }
 }
 
-fn hub_config(workers: usize, n: usize, key_file: &std::path::Path, keys: &[[u8; 32]]) -> String {
+fn hub_config(
+    workers: usize,
+    rate_bps: u64,
+    key_file: &std::path::Path,
+    keys: &[[u8; 32]],
+) -> String {
     let mut c = format!(
         "[tunnel]\nside = \"hub\"\nbind = \"127.0.0.1:0\"\nworkers = {workers}\n\n\
-         [link]\ntx_rate = \"{RATE}\"\nrx_rate = \"{RATE}\"\n\n\
+         [link]\ntx_rate = {rate_bps}\nrx_rate = {rate_bps}\n\n\
          [intercept]\nlisten = [\"127.0.0.1:1\"]\n\n[limits]\nmemory_budget = \"2GiB\"\n\n\
          [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
          [security]\nprivate_key_file = {key_file:?}\n"
     );
-    for (i, k) in keys.iter().enumerate().take(n) {
+    for (i, k) in keys.iter().enumerate() {
         c.push_str(&format!(
             "\n[[peer]]\nname = \"t{i}\"\npublic_key = \"{}\"\nsubnets = [\"127.0.1.{}/32\"]\n",
             crate::keys::encode_key(&public_key(k)),
@@ -173,14 +183,14 @@ fn hub_config(workers: usize, n: usize, key_file: &std::path::Path, keys: &[[u8;
 }
 
 /// One run: `workers` workers, `n` terminals for `run`.
-fn bulk(workers: usize, n: usize, run: Duration) -> String {
+fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let hub_key = [0x11; 32];
     let key_file = dir.path().join("hub.key");
     crate::keys::write_key_file(&key_file, &hub_key).expect("key file");
     let keys: Vec<[u8; 32]> = (0..n).map(|i| [0x20 + i as u8; 32]).collect();
-    let cfg =
-        crate::config::PepdConfig::parse(&hub_config(workers, n, &key_file, &keys)).expect("cfg");
+    let cfg = crate::config::PepdConfig::parse(&hub_config(workers, rate_bps, &key_file, &keys))
+        .expect("cfg");
     assert_eq!(cfg.workers(), workers);
     let security = cfg.load_security().expect("security");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -239,7 +249,7 @@ fn bulk(workers: usize, n: usize, run: Duration) -> String {
             let mut seed = [0x80; 32];
             seed[0] = i as u8;
             let assoc = Association::new_secure(
-                Config::for_rate(20_000_000_000),
+                Config::for_rate(rate_bps),
                 Role::Initiator,
                 2 + i as u64,
                 now,
@@ -257,19 +267,24 @@ fn bulk(workers: usize, n: usize, run: Duration) -> String {
         .collect();
     let measuring = Arc::new(AtomicBool::new(false));
     let prefixes = ["pepd-worker", "tokio-runtime", "bench-far", "bench-srv"];
-    let m = measuring.clone();
+    let read = Arc::new(Barrier::new(2));
+    let (m, r) = (measuring.clone(), read.clone());
     let far = std::thread::Builder::new()
         .name("bench-far".into())
-        .spawn(move || terminals(ts, server, run, &m))
+        .spawn(move || terminals(ts, server, run, &m, &r))
         .expect("far side");
     while !measuring.load(Ordering::Acquire) && !far.is_finished() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let before = cpu_by_thread(&prefixes);
     let t0 = Instant::now();
-    let bytes = far.join().expect("far side");
-    let elapsed = t0.elapsed().as_secs_f64();
+    while measuring.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let after = cpu_by_thread(&prefixes);
+    let elapsed = t0.elapsed().as_secs_f64();
+    read.wait();
+    let bytes = far.join().expect("far side");
     let cpu: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     let _ = stop.send(true);
     for t in tasks {
@@ -298,8 +313,9 @@ fn bulk(workers: usize, n: usize, run: Duration) -> String {
 fn workers_in_bulk() {
     let n = env_or("PEPD_BENCH_TERMINALS", 8) as usize;
     let run = Duration::from_secs(env_or("PEPD_BENCH_SECONDS", 5));
+    let rate = env_or("PEPD_BENCH_RATE", RATE_BPS);
     let counts = std::env::var("PEPD_BENCH_WORKERS").unwrap_or_else(|_| "1,2".into());
     for w in counts.split(',').filter_map(|w| w.trim().parse().ok()) {
-        println!("{}", bulk(w, n, run));
+        println!("{}", bulk(w, n, run, rate));
     }
 }
