@@ -153,28 +153,8 @@ impl Daemon {
             gateway: gateway.clone(),
             runtime: tokio::runtime::Handle::current(),
         });
-        let mut driver_tasks = Vec::with_capacity(workers);
-        for (worker, (socket, shard)) in sockets.into_iter().zip(tunnel.shards).enumerate() {
-            let parts = DriverParts {
-                gateway: gateway.clone(),
-                worker,
-                shard,
-                factory: tunnel.factory.clone(),
-                allowed: tunnel.allowed.clone(),
-                acceptor: acceptor.clone(),
-                notifier,
-            };
-            let stop = driver_stop_rx.clone();
-            let task = if workers == 1 {
-                // The pair (and a single worker) runs on the daemon's runtime as always.
-                let socket = TunnelSocket::new(UdpSocket::from_std(socket)?)?;
-                tokio::spawn(parts.driver(socket).run(stop))
-            } else {
-                spawn_worker(parts, socket, stop)
-                    .with_context(|| format!("starting tunnel worker {worker}"))?
-            };
-            driver_tasks.push(task);
-        }
+        let driver_tasks =
+            start_drivers(tunnel, sockets, acceptor, notifier, driver_stop_rx.clone())?;
         let ctx = Arc::new(InterceptCtx {
             gateway: gateway.clone(),
             live: live.clone(),
@@ -351,19 +331,53 @@ fn fresh_epoch() -> u64 {
         .max(1)
 }
 
+/// Starts a driver per worker, each on its socket (one per worker, see `tunnel_sockets`),
+/// from the daemon's runtime: tasks that end with them.
+pub(crate) fn start_drivers(
+    tunnel: crate::tunnel::Tunnel,
+    sockets: Vec<std::net::UdpSocket>,
+    acceptor: Arc<dyn FlowAcceptor>,
+    notifier: Notifier,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>> {
+    let workers = sockets.len();
+    let mut tasks = Vec::with_capacity(workers);
+    for (worker, (socket, shard)) in sockets.into_iter().zip(tunnel.shards).enumerate() {
+        let parts = DriverParts {
+            gateway: tunnel.gateway.clone(),
+            worker,
+            shard,
+            factory: tunnel.factory.clone(),
+            allowed: tunnel.allowed.clone(),
+            acceptor: acceptor.clone(),
+            notifier,
+        };
+        let task = if workers == 1 {
+            // The pair (and a single worker) runs on the daemon's runtime as always.
+            let socket = TunnelSocket::new(UdpSocket::from_std(socket)?)?;
+            tokio::spawn(parts.driver(socket).run(stop.clone()))
+        } else {
+            spawn_worker(parts, socket, stop.clone())
+                .with_context(|| format!("starting tunnel worker {worker}"))?
+        };
+        tasks.push(task);
+    }
+    Ok(tasks)
+}
+
 /// What one worker's driver is made of, but its socket.
-pub(crate) struct DriverParts {
-    pub(crate) gateway: Arc<Gateway>,
-    pub(crate) worker: usize,
-    pub(crate) shard: crate::tunnel::Shard,
-    pub(crate) factory: crate::driver::AssocFactory,
-    pub(crate) allowed: Option<std::collections::HashSet<SocketAddr>>,
-    pub(crate) acceptor: Arc<dyn FlowAcceptor>,
-    pub(crate) notifier: Notifier,
+struct DriverParts {
+    gateway: Arc<Gateway>,
+    worker: usize,
+    shard: crate::tunnel::Shard,
+    factory: crate::driver::AssocFactory,
+    allowed: Option<std::collections::HashSet<SocketAddr>>,
+    acceptor: Arc<dyn FlowAcceptor>,
+    notifier: Notifier,
 }
 
 impl DriverParts {
-    pub(crate) fn driver(self, socket: TunnelSocket) -> Driver {
+    fn driver(self, socket: TunnelSocket) -> Driver {
         Driver::new(
             self.gateway,
             self.worker,
@@ -381,7 +395,7 @@ impl DriverParts {
 /// Runs a worker's driver on a thread of its own, on a current-thread runtime: its socket,
 /// endpoint and associations are that thread's alone, and it shares nothing with the
 /// relays' runtime but the links' locks and wake-ups. The task returned ends with it.
-pub(crate) fn spawn_worker(
+fn spawn_worker(
     parts: DriverParts,
     socket: std::net::UdpSocket,
     stop: watch::Receiver<bool>,

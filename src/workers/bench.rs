@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use pep_transport::security::{hardware_aes, public_key, AeadOffer, SecurityConfig};
 use pep_transport::{Association, Config, Event, FlowMeta, ReadOutcome, Role};
 
-use crate::daemon::{spawn_worker, tunnel_sockets, DriverParts, Live, UpstreamAcceptor};
-use crate::driver::TunnelSocket;
+use crate::daemon::{start_drivers, tunnel_sockets, Live, UpstreamAcceptor};
 use crate::notify::Notifier;
 
 /// The carrier and every association's rate unless `PEPD_BENCH_RATE` (bit/s) says
@@ -206,28 +205,10 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
         gateway: gateway.clone(),
         runtime: rt.handle().clone(),
     });
-    let mut tasks = Vec::new();
-    for (worker, (socket, shard)) in sockets.into_iter().zip(tunnel.shards).enumerate() {
-        let parts = DriverParts {
-            gateway: gateway.clone(),
-            worker,
-            shard,
-            factory: tunnel.factory.clone(),
-            allowed: tunnel.allowed.clone(),
-            acceptor: acceptor.clone(),
-            notifier: Notifier,
-        };
-        let stop = stop_rx.clone();
+    let tasks = {
         let _in_rt = rt.enter();
-        tasks.push(if workers == 1 {
-            let socket =
-                TunnelSocket::new(tokio::net::UdpSocket::from_std(socket).expect("socket"))
-                    .expect("socket");
-            rt.spawn(parts.driver(socket).run(stop))
-        } else {
-            spawn_worker(parts, socket, stop).expect("worker")
-        });
-    }
+        start_drivers(tunnel, sockets, acceptor, Notifier, stop_rx).expect("drivers")
+    };
     let server = source();
     let now = Instant::now();
     let ts: Vec<Terminal> = keys
@@ -266,7 +247,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
         })
         .collect();
     let measuring = Arc::new(AtomicBool::new(false));
-    let prefixes = ["pepd-worker", "tokio-runtime", "bench-far", "bench-srv"];
+    let prefixes = ["pepd-worker", "tokio-rt", "bench-far", "bench-srv"];
     let read = Arc::new(Barrier::new(2));
     let (m, r) = (measuring.clone(), read.clone());
     let far = std::thread::Builder::new()

@@ -88,22 +88,13 @@ fn attach(socket: &Socket, program: &[libc::sock_filter]) -> io::Result<()> {
         len: program.len() as u16,
         filter: program.as_ptr().cast_mut(),
     };
-    // SAFETY: a live socket; `prog` points at `program`, which outlives the call (the
-    // kernel copies it).
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_ATTACH_REUSEPORT_CBPF,
-            (&prog as *const libc::sock_fprog).cast(),
-            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    // `prog` points at `program`, which outlives the call; the kernel copies it.
+    crate::sockopt::set_raw(
+        socket.as_raw_fd(),
+        libc::SOL_SOCKET,
+        SO_ATTACH_REUSEPORT_CBPF,
+        &prog,
+    )
 }
 
 #[cfg(test)]
