@@ -1,9 +1,11 @@
 //! The hub's workers in bulk, in one process: a hub built as `pepd run` builds it (the same
-//! tunnel, sockets, workers and upstream relays) on loopback, a TCP server behind it sending
-//! as fast as it can, and `PEPD_BENCH_TERMINALS` terminals (default 8), each one encrypted
-//! association downloading over one flow, all driven by one thread that only opens,
-//! acknowledges and discards. Prints one JSON line per worker count (1, then 2): the
-//! terminals' goodput and the CPU time of each kind of thread. Run with
+//! tunnel, sockets and workers) on loopback, and `PEPD_BENCH_TERMINALS` terminals (default
+//! 8), each one encrypted association downloading over one flow, all driven by one thread
+//! that only opens, acknowledges and discards. Behind the hub, each flow's bytes come from
+//! a task that writes into the flow from memory (`PEPD_BENCH_UPSTREAM=memory`, the
+//! default: the hub's cost is its workers') or, as in `pepd run`, from a TCP server on
+//! loopback through the upstream relays (`tcp`). Prints one JSON line per worker count
+//! (1, then 2): the terminals' goodput and the CPU time of each kind of thread. Run with
 //!
 //!     cargo test --release -p pepd --lib workers_in_bulk -- --ignored --nocapture
 
@@ -83,6 +85,38 @@ fn source() -> SocketAddr {
         })
         .expect("server thread");
     at
+}
+
+/// Sends every flow the terminals open as fast as the flow takes it, from memory.
+struct MemorySource {
+    runtime: tokio::runtime::Handle,
+}
+
+impl crate::driver::FlowAcceptor for MemorySource {
+    fn accept(
+        &self,
+        link: Arc<crate::link::PeerLink>,
+        flow: crate::link::FlowRef,
+        _: FlowMeta,
+        charge: crate::memory::FlowCharge,
+    ) {
+        self.runtime.spawn(async move {
+            let _charge = charge;
+            let buf = vec![0x5a; 64 * 1024];
+            loop {
+                match link.write_room(&flow) {
+                    Err(_) => return,
+                    // The driver's notify_one leaves a permit if it comes first.
+                    Ok(0) => flow.signal.notify.notified().await,
+                    Ok(room) => {
+                        if link.write(&flow, &buf[..room.min(buf.len())]).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
 }
 
 struct Terminal {
@@ -200,16 +234,28 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
     let hub = sockets[0].local_addr().expect("addr");
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let live = Arc::new(RwLock::new(Live::from_config(&cfg)));
-    let acceptor: Arc<dyn crate::driver::FlowAcceptor> = Arc::new(UpstreamAcceptor {
-        live,
-        gateway: gateway.clone(),
-        runtime: rt.handle().clone(),
-    });
+    let tcp = std::env::var("PEPD_BENCH_UPSTREAM").is_ok_and(|u| u == "tcp");
+    let acceptor: Arc<dyn crate::driver::FlowAcceptor> = if tcp {
+        Arc::new(UpstreamAcceptor {
+            live,
+            gateway: gateway.clone(),
+            runtime: rt.handle().clone(),
+        })
+    } else {
+        Arc::new(MemorySource {
+            runtime: rt.handle().clone(),
+        })
+    };
     let tasks = {
         let _in_rt = rt.enter();
         start_drivers(tunnel, sockets, acceptor, Notifier, stop_rx).expect("drivers")
     };
-    let server = source();
+    // The flows' destination: the TCP server, or an address only the memory source sees.
+    let server = if tcp {
+        source()
+    } else {
+        SocketAddr::from(([127, 0, 0, 1], 9))
+    };
     let now = Instant::now();
     let ts: Vec<Terminal> = keys
         .iter()
@@ -275,10 +321,11 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
     // The hub: its workers (or, with one, the driver on the runtime) and the relays.
     let hub_cpu = cpu[0] + cpu[1];
     format!(
-        "{{\"workers\":{workers},\"terminals\":{n},\"seconds\":{elapsed:.3},\"bytes\":{bytes},\
+        "{{\"upstream\":\"{}\",\"workers\":{workers},\"terminals\":{n},\"seconds\":{elapsed:.3},\"bytes\":{bytes},\
          \"gbit_per_s\":{:.3},\"hub_cpu_s\":{hub_cpu:.3},\"hub_cpu_s_per_gb\":{:.3},\
          \"worker_threads_cpu_s\":{:.3},\"runtime_threads_cpu_s\":{:.3},\
          \"terminals_cpu_s\":{:.3},\"server_cpu_s\":{:.3},\"other_cpu_s\":{:.3}}}",
+        if tcp { "tcp" } else { "memory" },
         gb * 8.0 / elapsed,
         hub_cpu / gb.max(1e-9),
         cpu[0],
