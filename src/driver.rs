@@ -31,7 +31,7 @@ use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
-use crate::workers::{is_hello, owner, shard_of, Handoff};
+use crate::workers::{owner, Handoff, Place};
 
 use outbox::Outbox;
 pub use udp::TunnelSocket;
@@ -394,20 +394,15 @@ impl Driver {
         self.place(now, d.from, event, Input::Datagram(d), inputs, tx);
     }
 
-    /// The other worker a datagram belongs to, if any: the one its connection ID's shard
-    /// names, or for a HELLO (routed by address) the owner of the peer at its source.
+    /// The other worker a datagram belongs to, if any (see [`crate::workers::elsewhere`]).
     fn elsewhere(&self, datagram: &[u8], from: SocketAddr) -> Option<usize> {
-        let workers = self.gateway.workers.count();
-        if workers == 1 {
-            return None;
-        }
-        let cfg = self.endpoint.config();
-        let to = match shard_of(datagram, cfg.cid_len, cfg.shard_bits) {
-            Some(shard) => shard,
-            None if is_hello(datagram) => owner(*self.addresses.get(&from)?, workers),
-            None => return None,
+        let here = Place {
+            worker: self.worker,
+            workers: self.gateway.workers.count(),
+            cid_len: self.endpoint.config().cid_len,
+            shard_bits: self.endpoint.config().shard_bits,
         };
-        (to != self.worker && to < workers).then_some(to)
+        here.elsewhere(datagram, from, |a| self.addresses.get(a).copied())
     }
 
     /// What the endpoint made of a datagram from `from`: `routed` goes to the link it names;

@@ -54,6 +54,39 @@ pub fn is_hello(datagram: &[u8]) -> bool {
         .is_some_and(|&b| b & LONG_HEADER_BIT != 0 && b & !LONG_HEADER_BIT == LONG_TYPE_HELLO)
 }
 
+/// Where a worker stands: its number among the workers, and the connection IDs its
+/// endpoint reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Place {
+    pub worker: usize,
+    pub workers: usize,
+    pub cid_len: u8,
+    pub shard_bits: u8,
+}
+
+impl Place {
+    /// The other worker a datagram from `from` belongs to, if any: the one its connection
+    /// ID's shard names, or for a HELLO (security off: routed by address) the owner of the
+    /// peer `peer_at` configures at that address. `None`: this worker's endpoint decides
+    /// (its own, a handshake message, or a shard no worker has, which it counts).
+    pub fn elsewhere(
+        &self,
+        datagram: &[u8],
+        from: SocketAddr,
+        peer_at: impl FnOnce(&SocketAddr) -> Option<PeerId>,
+    ) -> Option<usize> {
+        if self.workers == 1 {
+            return None;
+        }
+        let to = match shard_of(datagram, self.cid_len, self.shard_bits) {
+            Some(shard) => shard,
+            None if is_hello(datagram) => owner(peer_at(&from)?, self.workers),
+            None => return None,
+        };
+        (to != self.worker && to < self.workers).then_some(to)
+    }
+}
+
 /// What one worker hands another.
 pub enum Handoff {
     /// A datagram read by a worker that does not own its association.
@@ -185,6 +218,45 @@ mod tests {
         assert!(is_hello(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0]));
         assert!(!is_hello(&init));
         assert!(!is_hello(&short));
+    }
+
+    #[test]
+    fn a_datagram_goes_to_its_shard_s_worker_or_stays() {
+        let from: SocketAddr = "198.18.0.2:7400".parse().expect("addr");
+        let other: SocketAddr = "198.18.0.3:7400".parse().expect("addr");
+        // Peer 3 is at `from`: worker 1 of 2 (and of 3: 3 mod 3 = 0).
+        let peer_at = |a: &SocketAddr| (*a == from).then_some(PeerId(3));
+        let at = |worker, workers| Place {
+            worker,
+            workers,
+            cid_len: 2,
+            shard_bits: shard_bits(workers),
+        };
+        let shard_1 = [0x40, 0x80, 0x00, 0xAA];
+        assert_eq!(at(0, 2).elsewhere(&shard_1, from, peer_at), Some(1));
+        assert_eq!(at(1, 2).elsewhere(&shard_1, from, peer_at), None);
+        // Three workers: 2 shard bits; 0b10 names worker 2, 0b11 no worker (the reader's
+        // endpoint counts it as an unknown connection ID).
+        assert_eq!(at(0, 3).elsewhere(&shard_1, from, peer_at), Some(2));
+        assert_eq!(at(0, 3).elsewhere(&[0x40, 0xC0, 0, 0], from, peer_at), None);
+        // A HELLO goes to the owner of the peer configured at its source, if any.
+        let hello = [LONG_HEADER_BIT | LONG_TYPE_HELLO, 0, 0, 0];
+        assert_eq!(at(0, 2).elsewhere(&hello, from, peer_at), Some(1));
+        assert_eq!(at(1, 2).elsewhere(&hello, from, peer_at), None);
+        assert_eq!(at(1, 3).elsewhere(&hello, from, peer_at), Some(0));
+        assert_eq!(at(0, 2).elsewhere(&hello, other, peer_at), None);
+        // Initiations are screened where they land.
+        let init = [LONG_HEADER_BIT | 0x02, 0x80, 0, 0];
+        assert_eq!(at(0, 2).elsewhere(&init, from, peer_at), None);
+        // One worker keeps everything.
+        let single = Place {
+            worker: 0,
+            workers: 1,
+            cid_len: 2,
+            shard_bits: 0,
+        };
+        assert_eq!(single.elsewhere(&shard_1, from, peer_at), None);
+        assert_eq!(single.elsewhere(&hello, from, peer_at), None);
     }
 
     #[test]
