@@ -310,6 +310,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
     }
     let after = cpu_by_thread(&prefixes);
     let elapsed = t0.elapsed().as_secs_f64();
+    let stats = gateway.stats().0;
     read.wait();
     let bytes = far.join().expect("far side");
     let cpu: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
@@ -324,7 +325,8 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
         "{{\"upstream\":\"{}\",\"workers\":{workers},\"terminals\":{n},\"seconds\":{elapsed:.3},\"bytes\":{bytes},\
          \"gbit_per_s\":{:.3},\"hub_cpu_s\":{hub_cpu:.3},\"hub_cpu_s_per_gb\":{:.3},\
          \"worker_threads_cpu_s\":{:.3},\"runtime_threads_cpu_s\":{:.3},\
-         \"terminals_cpu_s\":{:.3},\"server_cpu_s\":{:.3},\"other_cpu_s\":{:.3}}}",
+         \"terminals_cpu_s\":{:.3},\"server_cpu_s\":{:.3},\"other_cpu_s\":{:.3},\
+         \"hub_wire_bytes_sent\":{},\"hub_retransmitted_bytes\":{},\"hub_lost\":{}}}",
         if tcp { "tcp" } else { "memory" },
         gb * 8.0 / elapsed,
         hub_cpu / gb.max(1e-9),
@@ -333,6 +335,9 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
         cpu[2],
         cpu[3],
         cpu[4],
+        stats.wire_bytes_sent,
+        stats.stream_bytes_retransmitted,
+        stats.lost.congestion + stats.lost.corruption + stats.lost.outage,
     )
 }
 
