@@ -7,6 +7,7 @@
 # Needs root (namespaces). Usage:
 #   cargo build --release -p pepd -p pep-testbed && ./scripts/bench-capacity.sh
 #   CELLS="fade acm" RUNS=1 ./scripts/bench-capacity.sh
+#   PEPD_ONLY=1 ./scripts/bench-capacity.sh    # pepd's variants only (no plain CUBIC / BBR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${CARGO_TARGET_DIR:-target}/release"
@@ -21,6 +22,9 @@ CELLS=${CELLS:-"fade acm udp tcp leo nodelay lawson noisy"}
 run() {
     local cell=$1 variant=$2
     shift 2
+    if [[ ${PEPD_ONLY:-0} == 1 && $variant != pepd* && $variant != adaptive* && $variant != rate-* ]]; then
+        return
+    fi
     for i in $(seq 1 "$RUNS"); do
         local line
         line=$("$TB" run "$@" --traffic-seed "$i" --json)

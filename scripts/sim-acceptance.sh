@@ -113,6 +113,10 @@ cross='"goodput=%.2fMb/s queue_p50=%.1fms queue_p99=%.1fms intact=%s" % (r["good
 check "cross traffic: 5 Mb/s unresponsive UDP on 20 Mb/s: goodput>=13.5Mb/s, queue p99<=100ms" \
     'r["goodput_bps"]>=13.5e6 and r["queue_delay"]["p99_ms"]<=100 and r["intact"]' "$cross" -- \
     --rate-bps 20000000 "${geo[@]}" --seconds 120 --cross-bps 5000000
+cubic='"pepd=%.2fMb/s cubic=%.2fMb/s competes=%d intact=%s" % (r["goodput_bps"]/1e6, r["cross_delivered_bps"]/1e6, r["capacity"]["competes"], r["intact"])'
+check "cross traffic: one CUBIC flow on 20 Mb/s: neither starves (each >=5Mb/s)" \
+    'r["goodput_bps"]>=5e6 and r["cross_delivered_bps"]>=5e6 and r["intact"]' "$cubic" -- \
+    --rate-bps 20000000 "${geo[@]}" --seconds 60 --cross-cubic
 leo='"goodput=%.2fMb/s link_average=%.2fMb/s eff_of_capacity=%.3f rebases=%d intact=%s" % (r["goodput_bps"]/1e6, r["link_average_bps"]/1e6, r["efficiency_of_capacity"], r["capacity"]["rebases"], r["intact"])'
 check "LEO 100/20M, delay steps every 15 s with 100-200 ms outages: >=0.9 of the link's average capacity" \
     'r["efficiency_of_capacity"]>=0.9 and r["intact"]' "$leo" -- \

@@ -364,6 +364,7 @@ fn add_stats(t: &mut Stats, s: &Stats) {
     tc.drains += sc.drains;
     tc.probes += sc.probes;
     tc.rebases += sc.rebases;
+    tc.competes += sc.competes;
     t.datagram_size = t.datagram_size.max(s.datagram_size);
     t.datagram_size_changes += s.datagram_size_changes;
     t.corruption_by_size

@@ -285,13 +285,14 @@ impl Collector for SnapshotCollector {
         counter_family(
             e,
             "capacity_events",
-            "Congestion control events: drains of a standing queue, probes for more capacity, base-RTT moves after a path change",
+            "Congestion control events: drains of a standing queue, probes for more capacity, base-RTT moves after a path change, queues taken for another sender's that only losses answer",
             None,
             "kind",
             &[
                 ("drain", cap.drains),
                 ("probe", cap.probes),
                 ("rebase", cap.rebases),
+                ("compete", cap.competes),
             ],
         )?;
         gauge(

@@ -28,6 +28,7 @@ fn sample() -> Snapshot {
                 drains: 155,
                 probes: 156,
                 rebases: 157,
+                competes: 160,
             },
             datagram_size: 158,
             datagram_size_changes: 159,
@@ -346,7 +347,12 @@ fn encode_reports_every_value_exactly() {
     for &(name, labels, want) in counters {
         assert_eq!(v(name, labels), want as f64, "{name}{labels:?}");
     }
-    for (kind, want) in [("drain", 155.0), ("probe", 156.0), ("rebase", 157.0)] {
+    for (kind, want) in [
+        ("drain", 155.0),
+        ("probe", 156.0),
+        ("rebase", 157.0),
+        ("compete", 160.0),
+    ] {
         assert_eq!(v("pepd_capacity_events_total", &[("kind", kind)]), want);
     }
     assert_eq!(

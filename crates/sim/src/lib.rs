@@ -2,6 +2,7 @@
 //! endpoints. The impairment models in [`channel`] are shared with pep-linkemu.
 
 pub mod channel;
+pub mod competitor;
 pub mod link;
 pub mod report;
 pub mod schedule;

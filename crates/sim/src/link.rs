@@ -134,11 +134,13 @@ impl Link {
 
     /// Offers a packet of cross traffic: it takes its place in the queue and on the wire
     /// but belongs to no simulated sender.
-    pub fn offer_cross(&mut self, now: Duration, wire_bytes: u64) {
+    pub fn offer_cross(&mut self, now: Duration, wire_bytes: u64) -> Offer {
         self.stats.cross_bytes_offered += wire_bytes;
-        if let Offer::Delivered { .. } = self.offer_as(now, wire_bytes, true) {
+        let offer = self.offer_as(now, wire_bytes, true);
+        if let Offer::Delivered { .. } = offer {
             self.stats.cross_bytes_delivered += wire_bytes;
         }
+        offer
     }
 
     fn offer_as(&mut self, now: Duration, ip_bytes: u64, cross: bool) -> Offer {

@@ -13,6 +13,9 @@ use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule, Schedule};
 use pep_sim::sim::{CrossTraffic, Interactive, Scenario, Simulation, Workload};
 use pep_transport::{CcMode, Config, LossCause, SizeMode, VegasParams};
 
+/// Packets of the `--cross-cubic` flow on the wire: a full-size TCP segment.
+const CUBIC_PACKET_BYTES: u64 = 1500;
+
 #[derive(Parser)]
 #[command(
     name = "pep-sim",
@@ -144,6 +147,10 @@ struct BulkArgs {
     /// Packet size of the cross traffic (bytes on the wire).
     #[arg(long, default_value_t = 1250)]
     cross_packet_bytes: u64,
+    /// A loss-based TCP flow (CUBIC, 1500-byte packets) on the forward link from the start,
+    /// filling the bottleneck's buffer beside the simulated senders.
+    #[arg(long)]
+    cross_cubic: bool,
     /// Beside the bulk flows, write a message of --interactive-bytes every this many ms on
     /// its own flow and report its latency.
     #[arg(long)]
@@ -294,6 +301,7 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
             rate_bps,
             packet_bytes: a.cross_packet_bytes,
         }),
+        competing_flow: a.cross_cubic.then_some(CUBIC_PACKET_BYTES),
         interactive: a.interactive_ms.map(|ms| Interactive {
             every: Duration::from_millis(ms),
             bytes: a.interactive_bytes.max(1),

@@ -28,6 +28,7 @@ pub struct CapacityReport {
     pub drains: u64,
     pub probes: u64,
     pub rebases: u64,
+    pub competes: u64,
     pub limited_by_estimate_s: f64,
     pub limited_by_ceiling_s: f64,
 }
@@ -94,6 +95,9 @@ pub struct Report {
     pub jain_fairness: Option<f64>,
     pub per_flow_goodput_bps: Vec<f64>,
     pub link_utilisation: f64,
+    /// Cross traffic's bytes on the wire delivered at the forward link over the transfer's
+    /// time, as a rate (the competing flow's share beside the measured one).
+    pub cross_delivered_bps: f64,
     pub mean_queue_delay_ms: f64,
     pub queue_peak_bytes: u64,
     pub rtt_min_ms: f64,
@@ -284,6 +288,13 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             Vec::new()
         },
         link_utilisation: fwd.busy.as_secs_f64() / active,
+        cross_delivered_bps: buckets
+            .iter()
+            .filter(|b| b.t >= start.as_secs_f64())
+            .map(|b| b.cross_bytes)
+            .sum::<u64>() as f64
+            * 8.0
+            / active,
         mean_queue_delay_ms: fwd.queue_wait_total.as_secs_f64() * 1e3
             / fwd.packets_offered.saturating_sub(fwd.queue_drops).max(1) as f64,
         queue_peak_bytes: fwd.queue_peak_bytes,
@@ -302,6 +313,7 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             drains: cap.drains,
             probes: cap.probes,
             rebases: cap.rebases,
+            competes: cap.competes,
             limited_by_estimate_s: cap.limited_by_estimate.as_secs_f64(),
             limited_by_ceiling_s: cap.limited_by_ceiling.as_secs_f64(),
         },

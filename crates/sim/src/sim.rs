@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, Role, Stats};
 
+use crate::competitor::CubicFlow;
 use crate::link::{Link, LinkConfig, LinkStats, Offer};
 use crate::timeline::{Timeline, BUCKET};
 
@@ -30,6 +31,9 @@ pub struct Scenario {
     pub time_limit: Duration,
     /// Unresponsive traffic on the forward link from other senders.
     pub cross_traffic: Option<CrossTraffic>,
+    /// A loss-based TCP flow (CUBIC) on the forward link from the start, with packets of
+    /// this many bytes on the wire.
+    pub competing_flow: Option<u64>,
     /// An interactive flow beside the bulk ones on the first association.
     pub interactive: Option<Interactive>,
     /// Flows open this long after the association is established (a gateway that has been
@@ -110,6 +114,11 @@ enum EvKind {
     },
     /// The next packet of cross traffic.
     Cross,
+    /// The competing flow learns the fate of its packet sent at `sent_at`.
+    CompetitorFeedback {
+        sent_at: Duration,
+        lost: bool,
+    },
     /// Interactive message number `k` is written.
     Message {
         k: usize,
@@ -189,6 +198,7 @@ pub struct Simulation {
     nodes: Vec<Node>,
     forward: Link,
     ret: Link,
+    competitor: Option<CubicFlow>,
     store: Vec<Option<Vec<u8>>>,
     free_slots: Vec<usize>,
     flows: Vec<FlowResult>,
@@ -240,6 +250,9 @@ impl Simulation {
         let flow_count = sc.associations * sc.flows_per_association;
         let forward = Link::new(sc.forward.clone(), splitmix(sc.seed ^ 0xf0f0));
         let ret = Link::new(sc.ret.clone(), splitmix(sc.seed ^ 0x0f0f));
+        let competitor = sc
+            .competing_flow
+            .map(|bytes| CubicFlow::new(bytes, sc.forward.delay + sc.ret.delay));
         Ok(Simulation {
             sc,
             base,
@@ -249,6 +262,7 @@ impl Simulation {
             nodes,
             forward,
             ret,
+            competitor,
             store: Vec::new(),
             free_slots: Vec::new(),
             flows: vec![
@@ -298,6 +312,7 @@ impl Simulation {
         if self.sc.cross_traffic.is_some() {
             self.push(Duration::ZERO, EvKind::Cross);
         }
+        self.competitor_sends();
         self.push(Duration::ZERO, EvKind::Sample);
         while let Some(Reverse((at, _, kind))) = self.queue.pop() {
             if let Some(start) = self.transfer_start {
@@ -327,6 +342,17 @@ impl Simulation {
                 }
                 EvKind::Cross => {
                     self.cross_packet();
+                    continue;
+                }
+                EvKind::CompetitorFeedback { sent_at, lost } => {
+                    if let Some(c) = self.competitor.as_mut() {
+                        if lost {
+                            c.on_loss(self.now, sent_at);
+                        } else {
+                            c.on_ack(self.now, sent_at);
+                        }
+                    }
+                    self.competitor_sends();
                     continue;
                 }
                 EvKind::Sample => {
@@ -402,9 +428,23 @@ impl Simulation {
         let Some(c) = self.sc.cross_traffic else {
             return;
         };
-        self.forward.offer_cross(self.now, c.packet_bytes);
+        let _ = self.forward.offer_cross(self.now, c.packet_bytes);
         let gap = Duration::from_nanos(c.packet_bytes * 8 * 1_000_000_000 / c.rate_bps.max(1));
         self.push(self.now + gap.max(Duration::from_nanos(1)), EvKind::Cross);
+    }
+
+    /// The competing flow sends what its window allows, back to back as TCP does on ACKs.
+    fn competitor_sends(&mut self) {
+        while let Some(c) = self.competitor.as_mut().filter(|c| c.can_send()) {
+            c.on_sent();
+            let (bytes, noticed) = (c.packet_bytes, c.loss_noticed_after());
+            let sent_at = self.now;
+            let (at, lost) = match self.forward.offer_cross(self.now, bytes) {
+                Offer::Delivered { arrival } => (arrival + self.sc.ret.delay_at(arrival), false),
+                Offer::QueueDrop | Offer::Impaired(_) => (self.now + noticed, true),
+            };
+            self.push(at, EvKind::CompetitorFeedback { sent_at, lost });
+        }
     }
 
     /// Writes interactive message `k` at A and schedules the next.

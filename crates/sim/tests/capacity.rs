@@ -31,6 +31,7 @@ fn geo(rate: u64, provisioned: u64, workload: Workload) -> Scenario {
         seed: 5,
         time_limit: Duration::from_secs(600),
         cross_traffic: None,
+        competing_flow: None,
         interactive: None,
         start_after: Duration::from_secs(2),
     }
@@ -143,6 +144,36 @@ fn rate_steps_down_are_drained_and_a_step_up_found() {
     );
     assert!(up.reached_s.is_some_and(|s| s <= 5.0), "{up:?}");
     assert!(r.capacity.drains >= 2 && r.capacity.probes >= 1);
+    // Its own queue, which drains empty: never taken for another sender's.
+    assert_eq!(r.capacity.competes, 0);
+}
+
+#[test]
+fn beside_a_cubic_flow_that_fills_the_buffer_neither_starves() {
+    // The geo link of 20 Mb/s with its 600 ms buffer, shared from the start with a
+    // loss-based flow that keeps the buffer full whatever pepd does. By the delay rules
+    // alone pepd got 4.0 Mb/s here and the CUBIC flow 16.
+    let mut sc = geo(
+        20_000_000,
+        20_000_000,
+        Workload::Seconds(Duration::from_secs(60)),
+    );
+    sc.competing_flow = Some(1500);
+    let r = run(&sc);
+    assert!(r.intact);
+    assert!(r.capacity.competes >= 1, "{:?}", r.capacity);
+    // Each at least a quarter of the link (the acceptance bound), and pepd, capped at half
+    // the ceiling while competing, no more than half of it.
+    assert!(
+        (5e6..=10e6).contains(&r.goodput_bps),
+        "pepd {} b/s",
+        r.goodput_bps
+    );
+    assert!(
+        r.cross_delivered_bps >= 5e6,
+        "CUBIC {} b/s",
+        r.cross_delivered_bps
+    );
 }
 
 #[test]
@@ -169,6 +200,7 @@ fn a_train_that_read_the_path_too_slow_is_undone_in_one_probe() {
         seed: 5,
         time_limit: Duration::from_secs(60),
         cross_traffic: None,
+        competing_flow: None,
         interactive: None,
         start_after: Duration::from_secs(2),
     };

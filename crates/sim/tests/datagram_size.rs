@@ -39,6 +39,7 @@ fn lawson(imp: Impairments, size: SizeMode, frame_overhead: u64, workload: Workl
         seed: 11,
         time_limit: Duration::from_secs(900),
         cross_traffic: None,
+        competing_flow: None,
         interactive: None,
         start_after: Duration::ZERO,
     }

@@ -37,6 +37,7 @@ fn scenario(ber: f64, cc: CcMode, workload: Workload, seed: u64) -> Scenario {
         seed,
         time_limit: Duration::from_secs(600),
         cross_traffic: None,
+        competing_flow: None,
         interactive: None,
         start_after: Duration::ZERO,
     }

@@ -380,6 +380,7 @@ pub struct CapacityReport {
     pub drains: f64,
     pub probes: f64,
     pub rebases: f64,
+    pub competes: f64,
     pub limited_by_estimate_s: f64,
     pub limited_by_ceiling_s: f64,
     /// The datagram size the sender uses now, and how often it changed.
@@ -409,6 +410,7 @@ impl CapacityReport {
             drains: events("drain"),
             probes: events("probe"),
             rebases: events("rebase"),
+            competes: events("compete"),
             limited_by_estimate_s: limited("estimate"),
             limited_by_ceiling_s: limited("ceiling"),
             datagram_size: get("pepd_datagram_size_bytes", None),
@@ -952,6 +954,7 @@ pepd_queue_delay_seconds 0.012
 pepd_capacity_events_total{kind=\"drain\"} 3
 pepd_capacity_events_total{kind=\"probe\"} 7
 pepd_capacity_events_total{kind=\"rebase\"} 1
+pepd_capacity_events_total{kind=\"compete\"} 2
 # TYPE pepd_send_limited_seconds_total counter
 pepd_send_limited_seconds_total{by=\"estimate\"} 40.5
 pepd_send_limited_seconds_total{by=\"ceiling\"} 2
@@ -963,7 +966,10 @@ pepd_datagram_size_changes_total 2
         let r = CapacityReport::from_metrics(text).expect("parses");
         assert_eq!(r.estimate_bps, 10_000_000.0);
         assert_eq!(r.queue_delay_ms, 12.0);
-        assert_eq!((r.drains, r.probes, r.rebases), (3.0, 7.0, 1.0));
+        assert_eq!(
+            (r.drains, r.probes, r.rebases, r.competes),
+            (3.0, 7.0, 1.0, 2.0)
+        );
         assert_eq!(
             (r.limited_by_estimate_s, r.limited_by_ceiling_s),
             (40.5, 2.0)

@@ -72,6 +72,9 @@ pub struct CapacityStats {
     pub probes: u64,
     /// Times a delay that draining did not remove was taken for a longer path.
     pub rebases: u64,
+    /// Times a queue that drains could not empty was taken for another sender's, whose
+    /// buffer-filling only congestion losses answer.
+    pub competes: u64,
 }
 
 pub trait CongestionController: Send + fmt::Debug {

@@ -128,6 +128,43 @@ const DRAIN_SLACK: Duration = Duration::from_secs(2);
 /// Outside a drain, at most this many pipes may be in flight: a bound on the queue if every
 /// delay signal failed.
 const SAFETY_PIPES: f64 = 2.0;
+/// More than this many overloads while no RTT sample came within `q_high` of the path's
+/// least RTT (the RTT estimator's, which ages over 30–60 s) and no rebase took the delay
+/// for the path, spread over at least `COMPETE_TIME` (or that many base RTTs): the queue is
+/// another sender's that refills the buffer whatever we do (a loss-based flow such as
+/// CUBIC), and only congestion losses lower the estimate until it is gone. Our own queue
+/// empties when we drain; a CUBIC flow's does not, though it shrinks after each of its
+/// losses, and a base that follows it down (a rebase, then ageing) read its growth as ours:
+/// counted against that base the simulator's CUBIC flow was recognised after 25 s, with the
+/// estimate down to 2.9 Mb/s of 20. A LEO delay step is an overload or several within about
+/// a second, and then a rebase.
+const COMPETE_AFTER: u32 = 3;
+const COMPETE_TIME: Duration = Duration::from_secs(3);
+const COMPETE_RTTS: u32 = 4;
+/// Competing is checked again after this long (or that many base RTTs): it goes on if the
+/// queue still stands and the buffer overflowed meanwhile (a congestion loss). A queue that
+/// never empties may also be a longer path whose minimum RTT has not aged yet, where we are
+/// the only sender, capped at half the ceiling, and nothing overflows: there the delay
+/// rules, not losses alone, should keep the queue small.
+const COMPETE_HOLD: Duration = Duration::from_secs(10);
+const COMPETE_HOLD_RTTS: u32 = 16;
+/// While competing, a congestion loss cuts the estimate to this share of what it was, as
+/// CUBIC cuts its window (RFC 9438 §4.6). Our delivery rate in a buffer the other flow
+/// keeps full is only our share of it, 5–15 % under the estimate: as the measure of an
+/// overload it let pepd win the link from a CUBIC flow over a minute on the testbed.
+const COMPETE_BACKOFF: f64 = 0.7;
+/// While competing, probes go at this multiple of the estimate and a partial one moves it
+/// halfway only. In a buffer another flow keeps full a probe's reading is the share a sender
+/// at the probe's rate would get: at twice the estimate it rises until it takes most of the
+/// link (a CUBIC flow kept 4.9 Mb/s of 20 on the testbed), at 1.25 × about as far as a fair
+/// share.
+const COMPETE_PROBE_GAIN: f64 = 1.25;
+/// While competing, the estimate stays within this share of the ceiling: against one
+/// loss-based flow on a link at its provisioned rate that is a fair share, and against more
+/// of them the gateway's aggregate takes no more. Without it the share depended on the
+/// estimate when competing began: 35–70 % of the link over three testbed runs, leaving the
+/// CUBIC flow 5.7 Mb/s of 20 in one.
+const COMPETE_SHARE: f64 = 0.5;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
@@ -192,6 +229,19 @@ pub struct Adaptive {
     sent_log: SentLog,
     /// The largest packet number the peer acknowledged.
     largest_acked: u64,
+    /// The first packet sent after the last drain, and when an ACK first acknowledged it
+    /// or a later one: what the judgement of the drain may measure.
+    resumed_pn: u64,
+    resumed_acked_at: Option<Instant>,
+    /// Overloads since an RTT sample came near the path's least RTT or a rebase, and when
+    /// the first of them was (`COMPETE_AFTER`).
+    overloads_off_min: u32,
+    first_off_min: Option<Instant>,
+    /// Another sender keeps the buffer full: delay no longer lowers the estimate (until
+    /// then, or until the queue is seen gone).
+    competing_until: Option<Instant>,
+    /// Congestion losses since competing began or was renewed.
+    competing_losses: u32,
     stats: CapacityStats,
 }
 
@@ -224,6 +274,12 @@ impl Adaptive {
             last_app_limited: None,
             sent_log: SentLog::default(),
             largest_acked: 0,
+            resumed_pn: 0,
+            resumed_acked_at: None,
+            overloads_off_min: 0,
+            first_off_min: None,
+            competing_until: None,
+            competing_losses: 0,
             stats: CapacityStats::default(),
         }
     }
@@ -294,6 +350,10 @@ impl Adaptive {
     /// The queue stood: take the delivery rate the span saw and drain.
     fn overload(&mut self, now: Instant, rtt: &RttEstimator) {
         if matches!(self.state, State::Drain { .. }) {
+            return;
+        }
+        if self.another_senders_queue(now, rtt) {
+            self.compete(now, rtt);
             return;
         }
         let from = self.estimate;
@@ -387,14 +447,22 @@ impl Adaptive {
         self.evidence.reset(self.next_pn, floor);
         self.judging_drain = true;
         self.resuming = true;
+        self.resumed_pn = self.next_pn;
+        self.resumed_acked_at = None;
     }
 
     /// The path delivers clearly less than the estimate while a queue stands: it slowed
     /// down. This is known as soon as the ACKs of the first packets it served slower come
     /// back, before any packet sent at the current rate can show its queue (which takes a
     /// round trip plus that queue).
+    ///
+    /// Not while a drain is being judged: the ACKs then come back with the gap the drain
+    /// left in what we sent, which reads as a slow path wherever another sender's queue
+    /// stood through it (beside a CUBIC flow each such reading cut the estimate by a third);
+    /// a path that slowed again shows in the packets sent before the drain (`grown`).
     fn deficit(&self, now: Instant, span: Duration) -> bool {
         self.state == State::Cruise
+            && !self.judging_drain
             && self
                 .evidence
                 .standing_any(now, span)
@@ -405,14 +473,95 @@ impl Adaptive {
                 .is_some_and(|r| !r.app_limited && r.bps < self.estimate * DEFICIT)
     }
 
-    /// After a drain, a queue that stays is ours unless we are delivered what we send.
+    /// After a drain, a queue that stays is ours unless we are delivered what we send,
+    /// measured on the ACKs of packets sent after the drain: earlier ones come back with
+    /// the drain's own gap, which read as a slow delivery on a LEO path whose delay had
+    /// stepped up (15 drains in a row at 0.4–0.97 of the rate, where the packets sent after
+    /// them were delivered at it).
     fn queue_is_ours(&self, now: Instant, span: Duration, rtt: &RttEstimator) -> bool {
+        let window = span.max(rtt.smoothed() / 2);
+        let since_resumed = self
+            .resumed_acked_at
+            .map_or(window, |t| now.saturating_duration_since(t));
         self.meter
-            .rate(now, span.max(rtt.smoothed() / 2))
+            .rate(now, window.min(since_resumed))
             .is_none_or(|r| r.app_limited || r.bps < self.current_rate() * OWN_QUEUE_DELIVERY)
     }
 
+    /// A queue that overloads could not empty for a while is another sender's
+    /// (`COMPETE_AFTER`): from here only congestion losses lower the estimate (one cut per
+    /// loss epoch, as a loss-based flow backs off), probes go on whatever the queue, and a
+    /// queue seen gone, or `COMPETE_HOLD`, ends it. The base goes back to the path's least
+    /// RTT: a rebase before this took the other sender's queue for a longer path.
+    fn compete(&mut self, now: Instant, rtt: &RttEstimator) {
+        let base = self.base_or(rtt);
+        self.competing_until = Some(now + self.compete_hold(rtt));
+        self.competing_losses = 0;
+        self.stop_counting_overloads();
+        self.stats.competes += 1;
+        self.base = Some(rtt.min().min(base));
+        self.estimate = self.estimate.min(self.top(now));
+        self.evidence.reset(self.next_pn, Duration::MAX);
+        self.maybe_probe(now, rtt, false);
+    }
+
+    /// A congestion loss while competing: the estimate comes down as a CUBIC flow's window
+    /// does, and nothing drains. A drain to the pipe would wait out the other sender's whole
+    /// queue as well (600 ms on a geo link) and hand its share to it.
+    fn yield_share(&mut self) {
+        self.estimate = (self.estimate * COMPETE_BACKOFF).max(self.floor());
+        self.competing_losses += 1;
+        if let State::Probe { .. } = self.state {
+            self.state = State::Cruise;
+        }
+        self.probe = None;
+        self.pause = None;
+    }
+
+    fn compete_hold(&self, rtt: &RttEstimator) -> Duration {
+        COMPETE_HOLD.max(self.base_or(rtt) * COMPETE_HOLD_RTTS)
+    }
+
+    /// At the end of the hold: on while the queue stands and the buffer overflowed.
+    fn renew_or_end_competing(&mut self, now: Instant, rtt: &RttEstimator) {
+        if self.competing_until.is_none_or(|t| now < t) {
+            return;
+        }
+        let overflowing = std::mem::take(&mut self.competing_losses) > 0;
+        self.competing_until =
+            (overflowing && self.last_queue > self.q_high()).then(|| now + self.compete_hold(rtt));
+    }
+
+    fn competing(&self, now: Instant) -> bool {
+        self.competing_until.is_some_and(|t| now < t)
+    }
+
+    /// The most the estimate may be now.
+    fn top(&self, now: Instant) -> f64 {
+        if self.competing(now) {
+            self.ceiling * COMPETE_SHARE
+        } else {
+            self.ceiling
+        }
+    }
+
+    /// The queue seen gone, or taken for the path: a new count of overloads begins.
+    fn stop_counting_overloads(&mut self) {
+        self.overloads_off_min = 0;
+        self.first_off_min = None;
+    }
+
+    /// Whether this overload makes enough of them, over long enough, to take the queue for
+    /// another sender's.
+    fn another_senders_queue(&mut self, now: Instant, rtt: &RttEstimator) -> bool {
+        self.overloads_off_min += 1;
+        let first = *self.first_off_min.get_or_insert(now);
+        let time = COMPETE_TIME.max(self.base_or(rtt) * COMPETE_RTTS);
+        self.overloads_off_min > COMPETE_AFTER && now.saturating_duration_since(first) >= time
+    }
+
     fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
+        self.stop_counting_overloads();
         self.base = Some(self.base_or(rtt) + standing);
         self.stats.rebases += 1;
         self.evidence.reset(self.next_pn, standing + self.q_high());
@@ -420,8 +569,10 @@ impl Adaptive {
 
     /// What the evidence of the last span calls for, outside a drain.
     fn judge_evidence(&mut self, now: Instant, rtt: &RttEstimator) {
+        self.renew_or_end_competing(now, rtt);
+        let competing = self.competing(now);
         let span = self.span(rtt);
-        if self.evidence.grown(now, span).is_some() || self.deficit(now, span) {
+        if !competing && (self.evidence.grown(now, span).is_some() || self.deficit(now, span)) {
             self.overload(now, rtt);
             return;
         }
@@ -429,11 +580,15 @@ impl Adaptive {
             return;
         };
         self.stats.queue_delay = q;
+        let judging = std::mem::take(&mut self.judging_drain);
         if q <= self.q_high() {
-            self.judging_drain = false;
+            if competing {
+                self.competing_until = None;
+            }
             self.maybe_probe(now, rtt, false);
-        } else if self.judging_drain && !self.queue_is_ours(now, span, rtt) {
-            self.judging_drain = false;
+        } else if competing {
+            self.maybe_probe(now, rtt, false);
+        } else if judging && !self.queue_is_ours(now, span, rtt) {
             self.rebase(q, rtt);
         } else {
             self.overload(now, rtt);
@@ -461,7 +616,7 @@ impl Adaptive {
                 || self
                     .last_app_limited
                     .is_some_and(|t| now.saturating_duration_since(t) < self.span(rtt)));
-        if self.estimate >= self.ceiling
+        if self.estimate >= self.top(now)
             || self.probe.is_some()
             || self.state != State::Cruise
             || waiting
@@ -480,6 +635,8 @@ impl Adaptive {
         self.verify_now = false;
         let rate = if self.verify_train {
             self.ceiling
+        } else if self.competing(now) {
+            (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
         } else {
             (self.estimate * PROBE_GAIN).min(self.ceiling)
         };
@@ -548,7 +705,7 @@ impl Adaptive {
         }
         if rate >= p.rate * PROBE_SUCCESS {
             // The path carried all of it: probe again at once.
-            self.estimate = self.estimate.max(p.rate.min(rate)).min(self.ceiling);
+            self.estimate = self.estimate.max(p.rate.min(rate)).min(self.top(now));
             self.probe_interval = Duration::ZERO;
             self.next_probe_at = None;
         } else if rate > self.estimate * PROBE_PARTIAL {
@@ -559,12 +716,12 @@ impl Adaptive {
             // the way halves that error; a real gap closes over a few probes.
             // A reading well above that noise is a path that gained capacity (a step up):
             // it is taken whole and probed again at once, as after a success.
-            if rate > self.estimate * PROBE_TRUSTED {
-                self.estimate = rate.min(self.ceiling);
+            if rate > self.estimate * PROBE_TRUSTED && !self.competing(now) {
+                self.estimate = rate.min(self.top(now));
                 self.probe_interval = Duration::ZERO;
                 self.next_probe_at = None;
             } else {
-                self.estimate = ((self.estimate + rate) / 2.0).min(self.ceiling);
+                self.estimate = ((self.estimate + rate) / 2.0).min(self.top(now));
                 self.probe_interval = self.probe_interval.max(self.base_or(rtt));
                 self.next_probe_at = Some(now + self.probe_interval);
             }
@@ -654,6 +811,8 @@ impl CongestionController for Adaptive {
         self.last_app_limited = None;
         self.sent_log = SentLog::default();
         self.largest_acked = 0;
+        self.stop_counting_overloads();
+        self.competing_until = None;
     }
 
     fn wants_padding(&self) -> bool {
@@ -724,6 +883,9 @@ impl CongestionController for Adaptive {
         };
         self.base = Some(base);
         self.last_queue = sample.saturating_sub(base);
+        if sample <= rtt.min() + self.q_high() {
+            self.stop_counting_overloads();
+        }
         if matches!(self.state, State::Drain { .. }) {
             self.drained_queue = self.drained_queue.max(self.last_queue);
         }
@@ -738,6 +900,9 @@ impl CongestionController for Adaptive {
     fn on_ack_done(&mut self, now: Instant, summary: AckSummary, rtt: &RttEstimator) {
         self.sent_log.forget_before(summary.largest_acked);
         self.largest_acked = summary.largest_acked;
+        if self.judging_drain && summary.largest_acked >= self.resumed_pn {
+            self.resumed_acked_at.get_or_insert(now);
+        }
         self.meter
             .mark(now, std::mem::take(&mut self.event_app_limited));
         self.follow_probe(now, &summary, rtt);
@@ -753,7 +918,9 @@ impl CongestionController for Adaptive {
         // A loss taken for congestion by delay evidence the classifier measures against a
         // minimum RTT that takes a minute to age: after a LEO handover lengthened the path,
         // corruption reads as congestion there. Only a queue this controller sees counts.
-        if self.last_queue > self.q_high() {
+        if self.competing(now) {
+            self.yield_share();
+        } else if self.last_queue > self.q_high() {
             self.overload(now, rtt);
         }
     }
@@ -766,6 +933,8 @@ impl CongestionController for Adaptive {
         self.probe = None;
         self.pause = None;
         self.judging_drain = false;
+        self.stop_counting_overloads();
+        self.competing_until = None;
         self.evidence.reset(self.next_pn, Duration::MAX);
     }
 
