@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use pep_transport::packet::{LONG_HEADER_BIT, LONG_TYPE_HELLO};
+use pep_transport::packet::{
+    HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_REPLY,
+    LONG_TYPE_HELLO,
+};
 use pep_transport::security::AcceptedInitiation;
 use pep_transport::PeerId;
 use tokio::sync::Notify;
@@ -33,18 +36,28 @@ pub fn owner(peer: PeerId, workers: usize) -> usize {
     peer.0 as usize % workers.max(1)
 }
 
-/// The shard a datagram's connection ID names: only a short packet carries one where the
-/// receiver reads it at once (byte 1 on); handshake messages are placed by their contents.
+/// The shard a datagram's connection ID names: a short packet's (byte 1 on), or a REPLY's
+/// or COOKIE's (after the version), both a connection ID of this hub's choosing; an INIT
+/// carries the initiator's and a HELLO none, so they are placed by their contents.
 pub fn shard_of(datagram: &[u8], cid_len: u8, shard_bits: u8) -> Option<usize> {
     if cid_len != 2 || shard_bits == 0 {
         return None;
     }
-    let (&first, rest) = datagram.split_first()?;
-    if first & LONG_HEADER_BIT != 0 {
-        return None;
+    let at = cid_at(*datagram.first()?)?;
+    let cid: [u8; 2] = datagram.get(at..at + 2)?.try_into().ok()?;
+    Some(usize::from(u16::from_be_bytes(cid) >> (16 - shard_bits)))
+}
+
+/// Where the connection ID of this hub's choosing starts in a datagram of first byte
+/// `first`, if it carries one.
+fn cid_at(first: u8) -> Option<usize> {
+    if first & LONG_HEADER_BIT == 0 {
+        return Some(1);
     }
-    let cid = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]);
-    Some(usize::from(cid >> (16 - shard_bits)))
+    match first & !LONG_HEADER_BIT {
+        LONG_TYPE_HANDSHAKE_REPLY | LONG_TYPE_COOKIE => Some(HANDSHAKE_HEADER_LEN),
+        _ => None,
+    }
 }
 
 /// Whether `datagram` is a HELLO, which (security off) is routed by its source address.
@@ -68,7 +81,7 @@ impl Place {
     /// The other worker a datagram from `from` belongs to, if any: the one its connection
     /// ID's shard names, or for a HELLO (security off: routed by address) the owner of the
     /// peer `peer_at` configures at that address. `None`: this worker's endpoint decides
-    /// (its own, a handshake message, or a shard no worker has, which it counts).
+    /// (its own, an initiation, or a shard no worker has, which it counts).
     pub fn elsewhere(
         &self,
         datagram: &[u8],
@@ -212,9 +225,23 @@ mod tests {
         assert_eq!(shard_of(&short, 0, 0), None);
         assert_eq!(shard_of(&[0x40, 0xA0], 2, 1), None);
         assert_eq!(shard_of(&[], 2, 1), None);
-        // Long headers (handshakes, HELLO) are not placed by a connection ID here.
+        // An INIT (the initiator's connection ID) and a HELLO are not placed by one.
         let init = [LONG_HEADER_BIT | 0x02, 0xFF, 0xFF, 0x00];
         assert_eq!(shard_of(&init, 2, 1), None);
+        assert_eq!(
+            shard_of(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0xFF, 0xFF], 2, 1),
+            None
+        );
+        // A REPLY or COOKIE to a hub-led handshake names the hub's connection ID after
+        // the type byte and the version.
+        for kind in [LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_COOKIE] {
+            let reply = [LONG_HEADER_BIT | kind, 0, 0, 0, 2, 0xA0, 0x01, 0xFF];
+            assert_eq!(shard_of(&reply, 2, 1), Some(1));
+            assert_eq!(shard_of(&reply, 2, 3), Some(5));
+            assert_eq!(shard_of(&reply[..7], 2, 1), Some(1));
+            assert_eq!(shard_of(&reply[..6], 2, 1), None, "too short for the CID");
+            assert_eq!(shard_of(&reply, 2, 0), None);
+        }
         assert!(is_hello(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0]));
         assert!(!is_hello(&init));
         assert!(!is_hello(&short));
@@ -248,6 +275,19 @@ mod tests {
         // Initiations are screened where they land.
         let init = [LONG_HEADER_BIT | 0x02, 0x80, 0, 0];
         assert_eq!(at(0, 2).elsewhere(&init, from, peer_at), None);
+        // A REPLY to the hub's initiation goes to the shard it names, whatever its source.
+        let reply = [
+            LONG_HEADER_BIT | LONG_TYPE_HANDSHAKE_REPLY,
+            0,
+            0,
+            0,
+            2,
+            0x80,
+            0,
+            0,
+        ];
+        assert_eq!(at(0, 2).elsewhere(&reply, other, peer_at), Some(1));
+        assert_eq!(at(1, 2).elsewhere(&reply, other, peer_at), None);
         // One worker keeps everything.
         let single = Place {
             worker: 0,

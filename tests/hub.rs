@@ -75,6 +75,11 @@ struct HubNet {
     entries: Vec<String>,
     /// Keys added to the hub's `[tunnel]` section.
     tunnel_extra: String,
+    /// Keys added to the hub's `[security]` section.
+    security_extra: String,
+    /// Whether the hub's public key is greater than every terminal's, so that the hub
+    /// leads every rekey (docs/PROTOCOL.md 7.4).
+    hub_leads: bool,
 }
 
 impl HubNet {
@@ -107,6 +112,8 @@ impl HubNet {
             emulator: None,
             entries: Vec::new(),
             tunnel_extra: String::new(),
+            security_extra: String::new(),
+            hub_leads: false,
         };
         for ns in net.all() {
             run("ip", &["netns", "add", ns]);
@@ -271,11 +278,12 @@ impl HubNet {
         peer_keys: &[&str],
         known: &[usize],
     ) {
-        let (hub_key, hub_public) = self.key("hub");
         let mut entries = String::new();
         let mut terminal_keys = Vec::new();
+        let mut greatest = Vec::new();
         for i in 1..=self.terminals.len() {
             let (key, public) = self.key(&format!("t{i}"));
+            greatest = greatest.max(key_bytes(&public));
             let entry = format!(
                 "\n[[peer]]\nname = \"t{i}\"\npublic_key = \"{public}\"\nsubnets = [\"198.18.{}.0/24\"]\n{}\n",
                 10 + i,
@@ -287,15 +295,23 @@ impl HubNet {
             self.entries.push(entry);
             terminal_keys.push(key);
         }
+        let (hub_key, hub_public) = loop {
+            let (key, public) = self.key("hub");
+            if !self.hub_leads || key_bytes(&public) > greatest {
+                break (key, public);
+            }
+            std::fs::remove_file(&key).expect("remove the hub's key");
+        };
         let intercept =
             format!("[intercept]\nlisten = [\"0.0.0.0:{TPROXY_PORT}\"]\nown_mark = {OWN_MARK}\n");
         let common = format!("[link]\ntx_rate = \"50Mbit\"\nrx_rate = \"50Mbit\"\n\n{intercept}");
         let hub = format!(
             "[tunnel]\nside = \"hub\"\nbind = \"0.0.0.0:7400\"\n{}\n\
              [link]\ntx_rate = \"{carrier}\"\nrx_rate = \"50Mbit\"\n\n{intercept}\n{hub_extra}\n\
-             [security]\nprivate_key_file = {:?}\n{entries}",
+             [security]\nprivate_key_file = {:?}\n{}\n{entries}",
             self.tunnel_extra,
-            path_str(&hub_key)
+            path_str(&hub_key),
+            self.security_extra
         );
         let hub_ns = self.hub.clone();
         self.start_pepd(&hub_ns, "hub", &hub);
@@ -384,6 +400,14 @@ impl Drop for HubNet {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A public key's bytes, in the order that decides who leads a rekey.
+fn key_bytes(public: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(public)
+        .expect("base64 key")
 }
 
 fn path_str(p: &Path) -> String {
@@ -507,6 +531,42 @@ fn four_terminals_over_two_workers_byte_exact_each_worker_reading_its_own() {
         "{handed} datagrams handed on\n{}",
         net.logs()
     );
+}
+
+/// A hub on two workers that leads every rekey (its key the greatest, a rekey a second):
+/// each terminal's REPLY comes to the hub's address from the terminal's, which the kernel's
+/// hash would place on either worker's socket; placed by the connection ID it names, it
+/// reaches the worker whose association sent the INIT, and every terminal rekeys.
+#[test]
+fn every_terminal_completes_the_rekeys_a_hub_on_two_workers_leads() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::with_terminals(4);
+    net.tunnel_extra = "workers = 2\n".into();
+    net.security_extra = "rekey_interval = \"1s\"\n".into();
+    net.hub_leads = true;
+    net.start_gateways();
+    let within = Duration::from_secs(15);
+    let deadline = Instant::now() + within;
+    loop {
+        let rekeys: Vec<Option<f64>> = net
+            .terminals
+            .iter()
+            .map(|t| net.metric(t, "pepd_rekeys_total", None))
+            .collect();
+        if rekeys.iter().all(|r| r.is_some_and(|n| n >= 3.0)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the terminals' rekeys after {within:?}: {rekeys:?}\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    every_terminal_exchanges_byte_exact(&net, 5001);
 }
 
 /// Client i of every terminal uploads 5 MB (seed 100 + i) to a server behind the hub and

@@ -1,8 +1,9 @@
 //! The workers' tunnel sockets: one per worker on the same address (`SO_REUSEPORT`), with a
 //! classic BPF program on the group that hands each short packet to the socket its
-//! connection ID's shard bits name. The kernel numbers a group's sockets in the order they
-//! were bound, so socket *i* is worker *i*'s. Handshake messages, and anything the program
-//! cannot read, go by the kernel's hash of the addresses; what lands on the wrong worker is
+//! connection ID's shard bits name, and so each REPLY or COOKIE to the hub's own
+//! initiations. The kernel numbers a group's sockets in the order they were bound, so
+//! socket *i* is worker *i*'s. Initiations, HELLOs, and anything too short for the program
+//! to read, go by the kernel's hash of the addresses; what lands on the wrong worker is
 //! handed on in user space (super::Workers::hand_off), so steering is a saving, never a
 //! condition of correctness.
 
@@ -11,7 +12,9 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
 use nix::libc;
-use pep_transport::packet::LONG_HEADER_BIT;
+use pep_transport::packet::{
+    HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_REPLY,
+};
 use socket2::Socket;
 
 /// `SO_ATTACH_REUSEPORT_CBPF` (include/uapi/asm-generic/socket.h); the libc crate has it
@@ -22,33 +25,51 @@ const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 const BY_HASH: u32 = u32::MAX;
 
 fn stmt(code: u32, k: u32) -> libc::sock_filter {
+    jump(code, k, 0, 0)
+}
+
+fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
     libc::sock_filter {
         code: code as u16,
-        jt: 0,
-        jf: 0,
+        jt,
+        jf,
         k,
     }
 }
 
-/// The program for `shard_bits` bits of a 2-byte connection ID right after the first byte.
-/// The filter sees the UDP payload from offset 0.
+/// The program for `shard_bits` bits of a 2-byte connection ID: a short packet's right
+/// after the first byte, a REPLY's or COOKIE's after the type byte and the version (the
+/// answers to a handshake the hub leads). The filter sees the UDP payload from offset 0.
+/// Every load is behind a length check: a load past the end would end the program with 0,
+/// socket 0, instead of the hash.
 pub fn program(shard_bits: u8) -> Vec<libc::sock_filter> {
-    use libc::{BPF_A, BPF_ABS, BPF_ALU, BPF_B, BPF_H, BPF_JMP, BPF_JSET, BPF_K, BPF_LD};
-    use libc::{BPF_RET, BPF_RSH};
-    let long = libc::sock_filter {
-        code: (BPF_JMP | BPF_JSET | BPF_K) as u16,
-        // Long header: on to the last instruction.
-        jt: 3,
-        jf: 0,
-        k: u32::from(LONG_HEADER_BIT),
-    };
+    use libc::{BPF_A, BPF_ABS, BPF_ALU, BPF_B, BPF_H, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET};
+    use libc::{BPF_K, BPF_LD, BPF_LEN, BPF_MISC, BPF_RET, BPF_RSH, BPF_TAX, BPF_TXA, BPF_W};
+    let shift = 16 - u32::from(shard_bits);
+    let at = HANDSHAKE_HEADER_LEN as u32;
+    let long = u32::from(LONG_HEADER_BIT);
+    let (reply, cookie) = (
+        long | u32::from(LONG_TYPE_HANDSHAKE_REPLY),
+        long | u32::from(LONG_TYPE_COOKIE),
+    );
+    // Jump offsets count the instructions skipped; the comments number them.
     vec![
-        stmt(BPF_LD | BPF_B | BPF_ABS, 0),
-        long,
-        stmt(BPF_LD | BPF_H | BPF_ABS, 1),
-        stmt(BPF_ALU | BPF_RSH | BPF_K, 16 - u32::from(shard_bits)),
-        stmt(BPF_RET | BPF_A, 0),
-        stmt(BPF_RET | BPF_K, BY_HASH),
+        /* 0 */ stmt(BPF_LD | BPF_W | BPF_LEN, 0),
+        /* 1 */ stmt(BPF_MISC | BPF_TAX, 0),
+        /* 2 */ jump(BPF_JMP | BPF_JGE | BPF_K, 3, 0, 12),
+        /* 3 */ stmt(BPF_LD | BPF_B | BPF_ABS, 0),
+        /* 4 */ jump(BPF_JMP | BPF_JSET | BPF_K, long, 3, 0),
+        /* 5 */ stmt(BPF_LD | BPF_H | BPF_ABS, 1),
+        /* 6 */ stmt(BPF_ALU | BPF_RSH | BPF_K, shift),
+        /* 7 */ stmt(BPF_RET | BPF_A, 0),
+        /* 8 */ jump(BPF_JMP | BPF_JEQ | BPF_K, reply, 1, 0),
+        /* 9 */ jump(BPF_JMP | BPF_JEQ | BPF_K, cookie, 0, 5),
+        /* 10 */ stmt(BPF_MISC | BPF_TXA, 0),
+        /* 11 */ jump(BPF_JMP | BPF_JGE | BPF_K, at + 2, 0, 3),
+        /* 12 */ stmt(BPF_LD | BPF_H | BPF_ABS, at),
+        /* 13 */ stmt(BPF_ALU | BPF_RSH | BPF_K, shift),
+        /* 14 */ stmt(BPF_RET | BPF_A, 0),
+        /* 15 */ stmt(BPF_RET | BPF_K, BY_HASH),
     ]
 }
 
@@ -132,8 +153,8 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn short_packets_reach_the_socket_their_shard_bits_name() {
+    /// Four loopback sockets steered by two shard bits, and their address.
+    fn steered_group() -> (Vec<Socket>, SocketAddr) {
         let (group, steered) =
             bind_group("127.0.0.1:0".parse().expect("addr"), 4, 2, udp).expect("group");
         steered.expect("the steering program attached");
@@ -142,6 +163,12 @@ mod tests {
             .expect("addr")
             .as_socket()
             .expect("inet");
+        (group, to)
+    }
+
+    #[test]
+    fn short_packets_reach_the_socket_their_shard_bits_name() {
+        let (group, to) = steered_group();
         for s in &group[1..] {
             assert_eq!(s.local_addr().expect("addr").as_socket(), Some(to));
         }
@@ -169,6 +196,52 @@ mod tests {
         let counts: Vec<usize> = got.iter().map(Vec::len).collect();
         assert_eq!(counts.iter().sum::<usize>(), 4);
         assert_eq!(counts.iter().filter(|&&c| c > 0).count(), 1, "{counts:?}");
+    }
+
+    #[test]
+    fn replies_and_cookies_reach_the_socket_their_shard_bits_name() {
+        let (group, to) = steered_group();
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        // The hub's connection ID after the type byte and the version, shards 2, 0, 3, 1.
+        for hi in [0x80u8, 0x00, 0xC0, 0x40] {
+            for kind in [0x83u8, 0x84] {
+                sender
+                    .send_to(&[kind, 0, 0, 0, 2, hi, 0x05, 9], to)
+                    .expect("send");
+            }
+        }
+        let got = read_all(&group);
+        for (shard, datagrams) in got.iter().enumerate() {
+            assert_eq!(datagrams.len(), 2, "socket {shard} got {datagrams:?}");
+            for d in datagrams {
+                assert_eq!(usize::from(d[5] >> 6), shard);
+            }
+        }
+    }
+
+    #[test]
+    fn what_is_too_short_to_steer_goes_by_the_hash_not_to_socket_0() {
+        let (group, to) = steered_group();
+        // From 16 source ports the hash reaches more than one socket; a load past the end
+        // would end the program with 0 and put every one on socket 0.
+        let short: [&[u8]; 5] = [
+            &[],
+            &[0x40],
+            &[0x40, 0xC0],
+            &[0x83, 0, 0, 0, 2, 0xC0],
+            &[0x84],
+        ];
+        for datagram in short {
+            let senders: Vec<std::net::UdpSocket> = (0..16)
+                .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("bind"))
+                .collect();
+            for s in &senders {
+                s.send_to(datagram, to).expect("send");
+            }
+            let counts: Vec<usize> = read_all(&group).iter().map(Vec::len).collect();
+            assert_eq!(counts.iter().sum::<usize>(), 16, "{datagram:?}: {counts:?}");
+            assert!(counts[0] < 16, "{datagram:?}: {counts:?}");
+        }
     }
 
     #[test]
