@@ -276,11 +276,15 @@ impl Driver {
             }
             let clock = udp::ReceiveClock::now();
             let now = clock.now_instant();
+            let mut handed_more = false;
             if workers > 1 {
                 if let Some(w) = self.gateway.workers.get(self.worker) {
                     LinkCounters::add(&w.datagrams, datagrams as u64);
                 }
-                self.gateway.workers.take_inbox(self.worker, &mut handed);
+                handed_more = self
+                    .gateway
+                    .workers
+                    .take_inbox(self.worker, &mut handed, BATCH);
                 for h in handed.drain(..) {
                     self.take_handed(now, h, &mut inputs, &mut tx);
                 }
@@ -325,7 +329,7 @@ impl Driver {
             // Sending takes turns: each link gets its share of a pass, and one with more
             // to send is serviced again on the next.
             let quota = (BATCH / serviced.len().max(1)).max(1);
-            let mut again = datagrams >= BATCH || filled == rx.len();
+            let mut again = handed_more || datagrams >= BATCH || filled == rx.len();
             let send_buffered = self.gateway.memory.send_buffered();
             for &i in &serviced {
                 let r = Received {
@@ -382,7 +386,7 @@ impl Driver {
         tx: &mut Outbox,
     ) {
         if let Some(to) = self.elsewhere(datagram, d.from) {
-            let h = Handoff::Datagram {
+            let h = || Handoff::Datagram {
                 from: d.from,
                 bytes: datagram.to_vec(),
                 arrived: d.arrived,
@@ -396,11 +400,13 @@ impl Driver {
 
     /// The other worker a datagram belongs to, if any (see [`crate::workers::elsewhere`]).
     fn elsewhere(&self, datagram: &[u8], from: SocketAddr) -> Option<usize> {
+        let cfg = self.endpoint.config();
         let here = Place {
             worker: self.worker,
             workers: self.gateway.workers.count(),
-            cid_len: self.endpoint.config().cid_len,
-            shard_bits: self.endpoint.config().shard_bits,
+            cid_len: cfg.cid_len,
+            shard_bits: cfg.shard_bits,
+            max_datagram: cfg.max_datagram,
         };
         here.elsewhere(datagram, from, |a| self.addresses.get(a).copied())
     }
@@ -433,7 +439,7 @@ impl Driver {
             }) => {
                 let to = owner(peer, self.gateway.workers.count());
                 if to != self.worker {
-                    let h = Handoff::Initiation {
+                    let h = || Handoff::Initiation {
                         from,
                         peer,
                         accepted,

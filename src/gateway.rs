@@ -280,6 +280,7 @@ impl Gateway {
                 associations,
                 datagrams: get(&w.datagrams),
                 handed_off: get(&w.handed_off),
+                inbox_dropped: get(&w.inbox_dropped),
             })
             .collect()
     }

@@ -138,6 +138,8 @@ pub struct WorkerSnapshot {
     pub datagrams: u64,
     /// Of them, handed to the worker that owns their association.
     pub handed_off: u64,
+    /// Handoffs to it dropped because its inbox was full.
+    pub inbox_dropped: u64,
 }
 
 /// Encodes `s` in the OpenMetrics text format, `# EOF` included: the body of a scrape
@@ -453,6 +455,14 @@ impl Collector for SnapshotCollector {
             None,
             "worker",
             &by_worker(|w| w.handed_off),
+        )?;
+        counter_family(
+            e,
+            "worker_inbox_drops",
+            "Datagrams and initiations other worker threads read for this one's associations and dropped because its inbox was full",
+            None,
+            "worker",
+            &by_worker(|w| w.inbox_dropped),
         )?;
         counter(
             e,

@@ -7,6 +7,7 @@
 mod bench;
 pub mod steering;
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,28 +68,35 @@ pub fn is_hello(datagram: &[u8]) -> bool {
         .is_some_and(|&b| b & LONG_HEADER_BIT != 0 && b & !LONG_HEADER_BIT == LONG_TYPE_HELLO)
 }
 
-/// Where a worker stands: its number among the workers, and the connection IDs its
-/// endpoint reads.
+/// Handoffs one worker's inbox holds, some passes' worth of datagrams
+/// (`crate::driver::BATCH` a pass): a worker that falls behind has what others hand it
+/// dropped (and counted) rather than held without bound.
+pub const INBOX_CAPACITY: usize = 1024;
+
+/// Where a worker stands: its number among the workers, and the connection IDs and
+/// datagram sizes its endpoint reads.
 #[derive(Debug, Clone, Copy)]
 pub struct Place {
     pub worker: usize,
     pub workers: usize,
     pub cid_len: u8,
     pub shard_bits: u8,
+    pub max_datagram: usize,
 }
 
 impl Place {
     /// The other worker a datagram from `from` belongs to, if any: the one its connection
     /// ID's shard names, or for a HELLO (security off: routed by address) the owner of the
     /// peer `peer_at` configures at that address. `None`: this worker's endpoint decides
-    /// (its own, an initiation, or a shard no worker has, which it counts).
+    /// (its own, an initiation, a shard no worker has, or a datagram longer than any
+    /// endpoint reads, which it counts without another worker's copy of it).
     pub fn elsewhere(
         &self,
         datagram: &[u8],
         from: SocketAddr,
         peer_at: impl FnOnce(&SocketAddr) -> Option<PeerId>,
     ) -> Option<usize> {
-        if self.workers == 1 {
+        if self.workers == 1 || datagram.len() > self.max_datagram {
             return None;
         }
         let to = match shard_of(datagram, self.cid_len, self.shard_bits) {
@@ -119,13 +127,15 @@ pub enum Handoff {
 /// One worker's inbox and the counters the metrics read of it.
 #[derive(Default)]
 pub struct Worker {
-    inbox: Mutex<Vec<Handoff>>,
+    inbox: Mutex<VecDeque<Handoff>>,
     /// Wakes the worker's loop; its links hold it too.
     pub wake: Arc<Notify>,
     /// Datagrams its socket read.
     pub datagrams: AtomicU64,
     /// Of them, handed to another worker.
     pub handed_off: AtomicU64,
+    /// Handoffs to it dropped because its inbox held [`INBOX_CAPACITY`].
+    pub inbox_dropped: AtomicU64,
 }
 
 /// Every worker of the gateway, by number.
@@ -174,23 +184,38 @@ impl Workers {
         }
     }
 
-    /// Puts `h` in worker `to`'s inbox and wakes it; `from` counts it.
-    pub fn hand_off(&self, from: usize, to: usize, h: Handoff) {
+    /// Puts what `make` makes in worker `to`'s inbox and wakes it, unless the inbox is
+    /// full (then nothing is made, and `to` counts the drop); `from` counts what it handed
+    /// on. Whether it was taken.
+    pub fn hand_off(&self, from: usize, to: usize, make: impl FnOnce() -> Handoff) -> bool {
         let Some(w) = self.workers.get(to) else {
-            return;
+            return false;
         };
+        {
+            let mut inbox = w.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            if inbox.len() >= INBOX_CAPACITY {
+                w.inbox_dropped.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            inbox.push_back(make());
+        }
         if let Some(f) = self.workers.get(from) {
             f.handed_off.fetch_add(1, Ordering::Relaxed);
         }
-        w.inbox.lock().unwrap_or_else(|p| p.into_inner()).push(h);
         w.wake.notify_one();
+        true
     }
 
-    /// What was handed to worker `i` since it last looked, into `out`.
-    pub fn take_inbox(&self, i: usize, out: &mut Vec<Handoff>) {
-        if let Some(w) = self.workers.get(i) {
-            out.append(&mut w.inbox.lock().unwrap_or_else(|p| p.into_inner()));
-        }
+    /// Up to `max` of what was handed to worker `i`, oldest first, into `out`, so that a
+    /// pass leaves room for the worker's own socket. Whether more waits.
+    pub fn take_inbox(&self, i: usize, out: &mut Vec<Handoff>, max: usize) -> bool {
+        let Some(w) = self.workers.get(i) else {
+            return false;
+        };
+        let mut inbox = w.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        let n = inbox.len().min(max);
+        out.extend(inbox.drain(..n));
+        !inbox.is_empty()
     }
 }
 
@@ -258,10 +283,18 @@ mod tests {
             workers,
             cid_len: 2,
             shard_bits: shard_bits(workers),
+            max_datagram: 1500,
         };
         let shard_1 = [0x40, 0x80, 0x00, 0xAA];
         assert_eq!(at(0, 2).elsewhere(&shard_1, from, peer_at), Some(1));
         assert_eq!(at(1, 2).elsewhere(&shard_1, from, peer_at), None);
+        // Longer than any endpoint reads: not copied for another worker, the reader's
+        // endpoint counts it.
+        let mut long = vec![0x40, 0x80, 0x00];
+        long.resize(1500, 0xAA);
+        assert_eq!(at(0, 2).elsewhere(&long, from, peer_at), Some(1));
+        long.push(0xAA);
+        assert_eq!(at(0, 2).elsewhere(&long, from, peer_at), None);
         // Three workers: 2 shard bits; 0b10 names worker 2, 0b11 no worker (the reader's
         // endpoint counts it as an unknown connection ID).
         assert_eq!(at(0, 3).elsewhere(&shard_1, from, peer_at), Some(2));
@@ -294,37 +327,81 @@ mod tests {
             workers: 1,
             cid_len: 2,
             shard_bits: 0,
+            max_datagram: 1500,
         };
         assert_eq!(single.elsewhere(&shard_1, from, peer_at), None);
         assert_eq!(single.elsewhere(&hello, from, peer_at), None);
     }
 
+    fn datagram(byte: u8) -> Handoff {
+        Handoff::Datagram {
+            from: "198.18.0.2:7400".parse().expect("addr"),
+            bytes: vec![byte],
+            arrived: Instant::now(),
+        }
+    }
+
+    fn bytes_of(h: &[Handoff]) -> Vec<u8> {
+        h.iter()
+            .filter_map(|h| match h {
+                Handoff::Datagram { bytes, .. } => bytes.first().copied(),
+                Handoff::Initiation { .. } => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_hand_off_reaches_the_inbox_and_is_counted_by_the_giver() {
         let workers = Workers::new(2, Arc::default());
-        let from: SocketAddr = "198.18.0.2:7400".parse().expect("addr");
-        let now = Instant::now();
-        workers.hand_off(
-            0,
-            1,
-            Handoff::Datagram {
-                from,
-                bytes: vec![1, 2, 3],
-                arrived: now,
-            },
-        );
+        assert!(workers.hand_off(0, 1, || datagram(1)));
         let mut got = Vec::new();
-        workers.take_inbox(0, &mut got);
+        assert!(!workers.take_inbox(0, &mut got, 64));
         assert!(got.is_empty());
-        workers.take_inbox(1, &mut got);
-        assert_eq!(got.len(), 1);
-        assert!(matches!(&got[0], Handoff::Datagram { bytes, .. } if bytes == &[1, 2, 3]));
+        assert!(!workers.take_inbox(1, &mut got, 64));
+        assert_eq!(bytes_of(&got), [1]);
         let count = |i: usize| {
             let w = workers.get(i).expect("worker");
             w.handed_off.load(Ordering::Relaxed)
         };
         assert_eq!((count(0), count(1)), (1, 0));
-        workers.take_inbox(1, &mut got);
+        workers.take_inbox(1, &mut got, 64);
         assert_eq!(got.len(), 1, "taken once");
+    }
+
+    #[test]
+    fn a_full_inbox_drops_and_counts_without_making_the_copy() {
+        let workers = Workers::new(2, Arc::default());
+        for i in 0..INBOX_CAPACITY {
+            assert!(workers.hand_off(0, 1, || datagram(i as u8)));
+        }
+        let made = std::cell::Cell::new(false);
+        let taken = workers.hand_off(0, 1, || {
+            made.set(true);
+            datagram(0)
+        });
+        assert!(!taken);
+        assert!(!made.get(), "nothing copied for a full inbox");
+        let w = |i: usize| workers.get(i).expect("worker");
+        assert_eq!(w(1).inbox_dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(w(0).inbox_dropped.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            w(0).handed_off.load(Ordering::Relaxed),
+            INBOX_CAPACITY as u64
+        );
+    }
+
+    #[test]
+    fn an_inbox_is_taken_a_batch_at_a_time_oldest_first() {
+        let workers = Workers::new(2, Arc::default());
+        for i in 0..5 {
+            workers.hand_off(0, 1, || datagram(i));
+        }
+        let mut got = Vec::new();
+        assert!(workers.take_inbox(1, &mut got, 2), "more waits");
+        assert_eq!(bytes_of(&got), [0, 1]);
+        got.clear();
+        assert!(workers.take_inbox(1, &mut got, 2));
+        assert!(!workers.take_inbox(1, &mut got, 2), "the last one taken");
+        assert_eq!(bytes_of(&got), [2, 3, 4]);
     }
 }
