@@ -276,11 +276,11 @@ impl Driver {
             }
             let clock = udp::ReceiveClock::now();
             let now = clock.now_instant();
+            if let Some(w) = self.gateway.workers.get(self.worker) {
+                LinkCounters::add(&w.datagrams, datagrams as u64);
+            }
             let mut handed_more = false;
             if workers > 1 {
-                if let Some(w) = self.gateway.workers.get(self.worker) {
-                    LinkCounters::add(&w.datagrams, datagrams as u64);
-                }
                 handed_more = self
                     .gateway
                     .workers
