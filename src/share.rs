@@ -98,6 +98,16 @@ impl SharedCarrier {
 /// them at this pace too).
 pub const REFRESH: Duration = Duration::from_millis(100);
 
+/// The least part of `carrier_bps` a worker schedules on: one `mtu` datagram a
+/// [`REFRESH`]. The split may leave a worker nothing (the others' min_rates fill the
+/// carrier), and its scheduler would then book a datagram at 1 bit/s, hours ahead, which
+/// no later part undoes; at this rate a booking ends before the part is looked at again.
+/// The shared pacer keeps the workers' sum to the carrier all the same.
+fn least_part(mtu: usize, carrier_bps: u64) -> u64 {
+    let per_refresh = (mtu as u64 * 8).saturating_mul(1000) / REFRESH.as_millis() as u64;
+    per_refresh.min(carrier_bps)
+}
+
 /// A datagram produced by a link's association, waiting for its turn on the carrier.
 struct Staged {
     to: SocketAddr,
@@ -160,6 +170,8 @@ pub struct CarrierShare {
     shared: Option<(Arc<SharedCarrier>, usize)>,
     /// The carrier's rate as last set (of which `sched` has this worker's part).
     carrier_bps: u64,
+    /// The largest datagram, which sets a worker's least part ([`least_part`]).
+    mtu: usize,
 }
 
 impl CarrierShare {
@@ -172,6 +184,7 @@ impl CarrierShare {
             next_refresh: None,
             shared: None,
             carrier_bps,
+            mtu,
         }
     }
 
@@ -298,7 +311,8 @@ impl CarrierShare {
         let rate = match &self.shared {
             Some((carrier, worker)) => {
                 let (told, own, all) = self.demand(now);
-                carrier.part(now, *worker, told, own, all, carrier_bps)
+                let part = carrier.part(now, *worker, told, own, all, carrier_bps);
+                part.max(least_part(self.mtu, carrier_bps))
             }
             None => carrier_bps,
         };
@@ -383,10 +397,45 @@ mod tests {
 
     /// Worker `w`'s share of a 100 Mbit/s carrier, with peer `w` of `weight`.
     fn worker(carrier: &Arc<SharedCarrier>, w: u32, weight: u32) -> CarrierShare {
+        worker_with(carrier, w, spec(weight))
+    }
+
+    fn worker_with(carrier: &Arc<SharedCarrier>, w: u32, spec: PeerSpec) -> CarrierShare {
         let mut s = CarrierShare::new(100 * M, 1500, Duration::from_millis(1))
             .on_worker(carrier.clone(), w as usize);
-        s.add(PeerId(w), &spec(weight), 0);
+        s.add(PeerId(w), &spec, 0);
         s
+    }
+
+    #[test]
+    fn a_worker_the_split_leaves_nothing_still_sends_a_datagram_a_refresh() {
+        let to = SocketAddr::from(([198, 18, 0, 2], 7400));
+        let carrier = SharedCarrier::new(100 * M, 1500, Duration::from_millis(1), 2);
+        // Worker 1's peer has all of the carrier as its min_rate.
+        let committed = PeerSpec {
+            min_bps: 100 * M,
+            ..spec(1)
+        };
+        let (mut a, mut b) = (worker(&carrier, 0, 1), worker_with(&carrier, 1, committed));
+        let t = Instant::now();
+        for k in 0..100u32 {
+            let now = t + Duration::from_micros(100) * k;
+            b.stage(now, PeerId(1), to, vec![0; 1000]);
+            b.next(now);
+        }
+        let now = t + Duration::from_millis(10);
+        b.set_carrier(now, 100 * M);
+        a.stage(now, PeerId(0), to, vec![0; 1500]);
+        // One 1500-byte datagram a 100 ms refresh, not none.
+        assert_eq!(a.sched.carrier_bps(), 120_000);
+        let mut at = now;
+        for _ in 0..2 {
+            at = a.poll_timeout(at).expect("staged").max(at);
+            assert!(at <= now + REFRESH, "{:?}", at - now);
+            assert!(a.next(at).is_some());
+            a.stage(at, PeerId(0), to, vec![0; 1500]);
+        }
+        assert!(a.poll_timeout(at).expect("staged") <= now + 2 * REFRESH);
     }
 
     #[test]
