@@ -130,6 +130,8 @@ impl Daemon {
         let bind = cfg.tunnel_bind();
         let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers)
             .with_context(|| format!("tunnel socket on {bind}"))?;
+        let _claimed = crate::workers::steering::claim(bind)
+            .with_context(|| format!("tunnel socket on {bind}"))?;
         let mut listeners = Vec::new();
         for addr in &cfg.intercept.listen {
             // A burst of `max_flows` new connections waits in the accept queue.

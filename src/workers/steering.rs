@@ -10,6 +10,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::UnixDatagram;
 
 use nix::libc;
 use pep_transport::packet::{
@@ -76,12 +78,19 @@ pub fn program(shard_bits: u8) -> Vec<libc::sock_filter> {
 /// Binds `count` sockets made by `make` to `bind` in one reuseport group (the first picks
 /// the port if `bind`'s is 0) and steers by `shard_bits`. Whether the steering program was
 /// taken is the second value: without it the kernel's hash places every datagram.
+///
+/// A group fails to bind while another process holds `bind`, also another's group: a
+/// socket without `SO_REUSEPORT` binds there first, which no group of another lets pass
+/// (a second pepd would otherwise join the first's group and take part of its datagrams).
 pub fn bind_group(
     bind: SocketAddr,
     count: usize,
     shard_bits: u8,
     mut make: impl FnMut() -> io::Result<Socket>,
 ) -> io::Result<(Vec<Socket>, io::Result<()>)> {
+    if count > 1 && bind.port() != 0 {
+        make()?.bind(&bind.into()).map_err(|e| taken(bind, e))?;
+    }
     let mut sockets: Vec<Socket> = Vec::with_capacity(count);
     let mut at = bind;
     for _ in 0..count {
@@ -89,7 +98,7 @@ pub fn bind_group(
         if count > 1 {
             s.set_reuse_port(true)?;
         }
-        s.bind(&at.into())?;
+        s.bind(&at.into()).map_err(|e| taken(at, e))?;
         if sockets.is_empty() {
             if let Some(a) = s.local_addr()?.as_socket() {
                 at = a;
@@ -102,6 +111,26 @@ pub fn bind_group(
         _ => Ok(()),
     };
     Ok((sockets, steered))
+}
+
+/// Claims `at` for this process among the pepds of its network namespace, for as long as
+/// the value is kept: an abstract unix socket named after it, which the kernel frees when
+/// the process ends. Two daemons that start at the same moment may both find `at` free in
+/// [`bind_group`] and share one group; the second to claim fails.
+pub fn claim(at: SocketAddr) -> io::Result<UnixDatagram> {
+    let name = std::os::unix::net::SocketAddr::from_abstract_name(format!("pepd tunnel {at}"))?;
+    UnixDatagram::bind_addr(&name).map_err(|e| taken(at, e))
+}
+
+/// `e`, said plainly when the address is in use.
+fn taken(at: SocketAddr, e: io::Error) -> io::Error {
+    if e.kind() != io::ErrorKind::AddrInUse {
+        return e;
+    }
+    io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("{at} is in use by another process (is a pepd already running?)"),
+    )
 }
 
 fn attach(socket: &Socket, program: &[libc::sock_filter]) -> io::Result<()> {
@@ -242,6 +271,30 @@ mod tests {
             assert_eq!(counts.iter().sum::<usize>(), 16, "{datagram:?}: {counts:?}");
             assert!(counts[0] < 16, "{datagram:?}: {counts:?}");
         }
+    }
+
+    #[test]
+    fn a_group_does_not_join_another_s_on_the_same_address() {
+        let (_first, to) = steered_group();
+        let e = bind_group(to, 2, 1, udp).expect_err("the address is taken");
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        assert!(e
+            .to_string()
+            .contains(&format!("{to} is in use by another process")));
+    }
+
+    #[test]
+    fn an_address_is_claimed_once() {
+        // A port of this process's own, so that no other test run claims the same name.
+        let port = 1024 + (std::process::id() % 60_000) as u16;
+        let at = SocketAddr::from(([198, 18, 0, 1], port));
+        let held = claim(at).expect("free");
+        let e = claim(at).expect_err("held");
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        let other = claim(SocketAddr::from(([198, 18, 0, 2], port)));
+        assert!(other.is_ok(), "{other:?}");
+        drop(held);
+        assert!(claim(at).is_ok(), "free again");
     }
 
     #[test]
