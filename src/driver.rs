@@ -513,6 +513,7 @@ impl Driver {
                 peer,
                 accepted,
             } => {
+                self.endpoint.adopt_initiation(peer, &accepted);
                 let associated = self.endpoint.association_of(peer).is_some();
                 self.initiation(now, from, peer, associated, accepted, inputs);
             }

@@ -93,7 +93,7 @@ pub fn build(
         psk: l.psk,
     });
     let secure = local.is_some();
-    let mut endpoints = Vec::with_capacity(workers);
+    let mut endpoints: Vec<Endpoint> = Vec::with_capacity(workers);
     for (shard, seed) in seeds.iter().take(workers).enumerate() {
         let mut ecfg = ecfg.clone();
         ecfg.shard = shard as u8;
@@ -104,6 +104,11 @@ pub fn build(
                 .zip(&specs)
                 .map(|(&id, p)| (id, identity(p, secure))),
         );
+        // One replay memory for all workers: a captured initiation sent to each worker's
+        // socket in turn is refused by every one after the first.
+        if let Some(first) = endpoints.first() {
+            endpoint.share_initiations(first.initiations());
+        }
         endpoints.push(endpoint);
     }
     let wake = Arc::new(Notify::new());
