@@ -11,7 +11,7 @@ use pep_transport::{FlowMeta, ResetReason};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::{FailMode, LoadedSecurity, OverLimit, PeerSpec, PepdConfig, Side};
 use crate::driver::{Driver, FlowAcceptor, TunnelSocket};
@@ -157,6 +157,8 @@ impl Daemon {
         });
         let driver_tasks =
             start_drivers(tunnel, sockets, acceptor, notifier, driver_stop_rx.clone())?;
+        let mut running = driver_tasks.len();
+        let mut ended = watch_drivers(driver_tasks);
         let ctx = Arc::new(InterceptCtx {
             gateway: gateway.clone(),
             live: live.clone(),
@@ -190,27 +192,46 @@ impl Daemon {
         );
         notifier.ready(&format!("listening; association with {peers} connecting"));
 
-        let signal = loop {
-            match signals.next().await {
-                Signal::Hangup => {
-                    reload::apply(&path, &mut cfg, &security, &gateway, &live, &log_reload);
-                }
-                other => break other,
+        let stop = loop {
+            tokio::select! {
+                signal = signals.next() => match signal {
+                    Signal::Hangup => {
+                        reload::apply(&path, &mut cfg, &security, &gateway, &live, &log_reload);
+                    }
+                    other => break Stop::Signal(other),
+                },
+                Some((worker, r)) = ended.recv() => break Stop::Worker(worker, r),
             }
         };
-        info!(?signal, grace = ?cfg.shutdown.grace, "stopping: no new connections, draining open flows");
-        notifier.stopping();
-        let _ = stop_accepting.send(true);
-        live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
-        drain(&gateway, cfg.shutdown.grace, &notifier).await;
-        let _ = stop_driver.send(true);
         let mut result = Ok(());
-        for task in driver_tasks {
-            let r = match task.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e).context("tunnel socket failed"),
-                Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
+        match stop {
+            Stop::Signal(signal) => {
+                info!(?signal, grace = ?cfg.shutdown.grace, "stopping: no new connections, draining open flows");
+                notifier.stopping();
+                let _ = stop_accepting.send(true);
+                live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
+                drain(&gateway, cfg.shutdown.grace, &notifier).await;
+            }
+            Stop::Worker(worker, r) => {
+                // Its associations are gone: without it the daemon would serve on for the
+                // other workers' peers alone, unnoticed, until the next restart.
+                let why = r
+                    .err()
+                    .unwrap_or_else(|| anyhow::anyhow!("it stopped unasked"));
+                let e = why.context(format!("tunnel worker {worker}"));
+                error!("{e:#}; stopping, so that the service manager starts pepd again");
+                notifier.stopping();
+                let _ = stop_accepting.send(true);
+                running -= 1;
+                result = Err(e);
+            }
+        }
+        let _ = stop_driver.send(true);
+        while running > 0 {
+            let Some((_, r)) = ended.recv().await else {
+                break;
             };
+            running -= 1;
             if result.is_ok() {
                 result = r;
             }
@@ -225,6 +246,33 @@ impl Daemon {
         }
         result
     }
+}
+
+/// Why the daemon stops.
+enum Stop {
+    Signal(Signal),
+    /// A tunnel worker's driver ended, with how.
+    Worker(usize, anyhow::Result<()>),
+}
+
+/// Each driver's end as it happens, by worker, so that one that stops before it is told to
+/// is noticed at once.
+fn watch_drivers(
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+) -> tokio::sync::mpsc::UnboundedReceiver<(usize, anyhow::Result<()>)> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for (worker, task) in tasks.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = match task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e).context("tunnel socket failed"),
+                Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
+            };
+            let _ = tx.send((worker, r));
+        });
+    }
+    rx
 }
 
 /// The peers for the start-up line: the address of each (the name of one without), the

@@ -392,3 +392,49 @@ fn a_second_hub_on_the_tunnel_address_of_a_running_one_fails_to_start() {
     // The first serves on.
     assert!(metric_value(&scrape_metrics(&sb.ns), "pepd_build_info", None).is_some());
 }
+
+/// A tunnel worker whose socket fails ends the daemon with an error (so that its service
+/// manager starts it again) instead of leaving it to serve on without that worker's peers.
+#[test]
+fn a_hub_whose_worker_stops_exits_with_an_error() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let mut sb = Sandbox::new();
+    let cfg = sb.write_hub_config("hub.toml", 2, (7000, 9464));
+    let (sock, path) = sb.notify_socket();
+    sb.start(&cfg, &path, &[]);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
+        "{seen:?}"
+    );
+    // SOCK_DESTROY: the kernel finds the socket by its addresses, which the whole group
+    // shares, so it destroys one of them (ECONNABORTED), and that one receives nothing more.
+    run(
+        "ip",
+        &[
+            "netns", "exec", &sb.ns, "ss", "-K", "-u", "-a", "sport", "=", ":7400",
+        ],
+    );
+    let child = sb.children.last_mut().expect("child");
+    let end = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut log = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut log).expect("stderr");
+    }
+    let status = status.unwrap_or_else(|| panic!("pepd still ran without its worker: {log}"));
+    assert!(!status.success(), "{status}");
+    assert!(log.contains("tunnel worker"), "{log}");
+    assert!(log.contains("tunnel socket failed"), "{log}");
+}
