@@ -395,6 +395,17 @@ mod tests {
         }
     }
 
+    /// Worker `w`'s peer `w` stages a 1000-byte datagram every 100 µs (80 Mbit/s) from
+    /// `from`, `count` of them, each sent as it may.
+    fn busy(s: &mut CarrierShare, w: u32, from: Instant, count: u32) {
+        let to = SocketAddr::from(([198, 18, 0, 2], 7400));
+        for k in 0..count {
+            let at = from + Duration::from_micros(100) * k;
+            s.stage(at, PeerId(w), to, vec![0; 1000]);
+            s.next(at);
+        }
+    }
+
     /// Worker `w`'s share of a 100 Mbit/s carrier, with peer `w` of `weight`.
     fn worker(carrier: &Arc<SharedCarrier>, w: u32, weight: u32) -> CarrierShare {
         worker_with(carrier, w, spec(weight))
@@ -418,11 +429,7 @@ mod tests {
         };
         let (mut a, mut b) = (worker(&carrier, 0, 1), worker_with(&carrier, 1, committed));
         let t = Instant::now();
-        for k in 0..100u32 {
-            let now = t + Duration::from_micros(100) * k;
-            b.stage(now, PeerId(1), to, vec![0; 1000]);
-            b.next(now);
-        }
+        busy(&mut b, 1, t, 100);
         let now = t + Duration::from_millis(10);
         b.set_carrier(now, 100 * M);
         a.stage(now, PeerId(0), to, vec![0; 1500]);
@@ -464,11 +471,7 @@ mod tests {
         let later = now + Duration::from_millis(300);
         b.stage(later, PeerId(1), to, vec![0; 100]);
         b.next(later);
-        for k in 0..100u32 {
-            let at = later + Duration::from_micros(100) * k;
-            a.stage(at, PeerId(0), to, vec![0; 1000]);
-            a.next(at);
-        }
+        busy(&mut a, 0, later, 100);
         let at = later + Duration::from_millis(10);
         b.set_carrier(at, 100 * M);
         a.set_carrier(at, 100 * M);

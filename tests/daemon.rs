@@ -154,8 +154,20 @@ subnets = ["198.18.11.0/24"]
         path
     }
 
-    /// Runs pepd in the namespace until it exits, at most `within`; its exit status and
-    /// what it logged, `None` if it was still running.
+    /// Starts a hub on two workers (interception on port 7000, metrics on 9464) and waits
+    /// until it is ready.
+    fn start_ready_hub(&mut self) {
+        let cfg = self.write_hub_config("hub.toml", 2, (7000, 9464));
+        let (sock, path) = self.notify_socket();
+        self.start(&cfg, &path, &[]);
+        let mut seen = Vec::new();
+        assert!(
+            wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
+            "{seen:?}"
+        );
+    }
+
+    /// Runs pepd in the namespace until it exits, at most `within`: see [`end_of`].
     fn run_to_end(&self, config: &Path, within: Duration) -> Option<(ExitStatus, String)> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.ns, PEPD])
@@ -165,20 +177,7 @@ subnets = ["198.18.11.0/24"]
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn pepd");
-        let end = Instant::now() + within;
-        while Instant::now() < end {
-            if let Some(status) = child.try_wait().expect("wait") {
-                let mut log = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    e.read_to_string(&mut log).expect("stderr");
-                }
-                return Some((status, log));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        end_of(&mut child, within)
     }
 
     fn notify_socket(&self) -> (UnixDatagram, PathBuf) {
@@ -224,6 +223,25 @@ fn run(prog: &str, args: &[&str]) {
         "{prog} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// How pepd (`child`, its stderr piped) ended, waiting at most `within`: its exit status and
+/// what it logged; `None`, and killed, if it was still running.
+fn end_of(child: &mut Child, within: Duration) -> Option<(ExitStatus, String)> {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut log = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut log).expect("stderr");
+            }
+            return Some((status, log));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 /// Collects notification datagrams until one contains `want` or the time is up.
@@ -370,14 +388,7 @@ fn a_second_hub_on_the_tunnel_address_of_a_running_one_fails_to_start() {
         return;
     }
     let mut sb = Sandbox::new();
-    let first = sb.write_hub_config("first.toml", 2, (7000, 9464));
-    let (sock, path) = sb.notify_socket();
-    sb.start(&first, &path, &[]);
-    let mut seen = Vec::new();
-    assert!(
-        wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
-        "{seen:?}"
-    );
+    sb.start_ready_hub();
     for workers in [2, 1] {
         let second = sb.write_hub_config("second.toml", workers, (7001, 9465));
         let (status, log) = sb
@@ -401,14 +412,7 @@ fn a_hub_whose_worker_stops_exits_with_an_error() {
         return;
     }
     let mut sb = Sandbox::new();
-    let cfg = sb.write_hub_config("hub.toml", 2, (7000, 9464));
-    let (sock, path) = sb.notify_socket();
-    sb.start(&cfg, &path, &[]);
-    let mut seen = Vec::new();
-    assert!(
-        wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
-        "{seen:?}"
-    );
+    sb.start_ready_hub();
     // SOCK_DESTROY: the kernel finds the socket by its addresses, which the whole group
     // shares, so it destroys one of them (ECONNABORTED), and that one receives nothing more.
     run(
@@ -418,22 +422,8 @@ fn a_hub_whose_worker_stops_exits_with_an_error() {
         ],
     );
     let child = sb.children.last_mut().expect("child");
-    let end = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut log = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut log).expect("stderr");
-    }
-    let status = status.unwrap_or_else(|| panic!("pepd still ran without its worker: {log}"));
+    let (status, log) = end_of(child, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("pepd still ran without its worker"));
     assert!(!status.success(), "{status}");
     assert!(log.contains("tunnel worker"), "{log}");
     assert!(log.contains("tunnel socket failed"), "{log}");
