@@ -31,7 +31,7 @@ use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
-use crate::workers::{owner, Handoff, Place};
+use crate::workers::{owner, Handoff, Initiators, Place};
 
 use outbox::Outbox;
 pub use udp::TunnelSocket;
@@ -128,8 +128,10 @@ pub struct Driver {
     table: Arc<PeerTable>,
     /// Every peer, as of the same change.
     all: Arc<PeerTable>,
-    /// The configured addresses, to whose owner a HELLO (security off) goes.
+    /// The configured addresses, to whose owner a HELLO (security off) or an INIT goes.
     addresses: HashMap<SocketAddr, PeerId>,
+    /// Where the initiations this worker handed to another came from: that worker's too.
+    initiators: Initiators,
     socket: TunnelSocket,
     endpoint: Endpoint,
     factory: AssocFactory,
@@ -177,6 +179,7 @@ impl Driver {
             .collect();
         Driver {
             addresses: addresses(&all),
+            initiators: Initiators::default(),
             gateway,
             worker,
             table,
@@ -408,7 +411,12 @@ impl Driver {
             shard_bits: cfg.shard_bits,
             max_datagram: cfg.max_datagram,
         };
-        here.elsewhere(datagram, from, |a| self.addresses.get(a).copied())
+        here.elsewhere(datagram, from, |a| {
+            self.addresses
+                .get(a)
+                .copied()
+                .or_else(|| self.initiators.get(a))
+        })
     }
 
     /// What the endpoint made of a datagram from `from`: `routed` goes to the link it names;
@@ -439,6 +447,7 @@ impl Driver {
             }) => {
                 let to = owner(peer, self.gateway.workers.count());
                 if to != self.worker {
+                    self.initiators.learn(from, peer);
                     let h = || Handoff::Initiation {
                         from,
                         peer,

@@ -7,15 +7,15 @@
 mod bench;
 pub mod steering;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use pep_transport::packet::{
-    HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_REPLY,
-    LONG_TYPE_HELLO,
+    HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT,
+    LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_HELLO,
 };
 use pep_transport::security::AcceptedInitiation;
 use pep_transport::PeerId;
@@ -61,11 +61,45 @@ fn cid_at(first: u8) -> Option<usize> {
     }
 }
 
-/// Whether `datagram` is a HELLO, which (security off) is routed by its source address.
-pub fn is_hello(datagram: &[u8]) -> bool {
-    datagram
-        .first()
-        .is_some_and(|&b| b & LONG_HEADER_BIT != 0 && b & !LONG_HEADER_BIT == LONG_TYPE_HELLO)
+/// Whether `datagram` is placed by its source address: a HELLO (security off: the address
+/// is the peer's identity), or an INIT (from where its peer is known to be, its owner
+/// screens it and answers a retransmitted copy with the same reply).
+pub fn by_address(datagram: &[u8]) -> bool {
+    datagram.first().is_some_and(|&b| {
+        b & LONG_HEADER_BIT != 0
+            && matches!(
+                b & !LONG_HEADER_BIT,
+                LONG_TYPE_HELLO | LONG_TYPE_HANDSHAKE_INIT
+            )
+    })
+}
+
+/// Where the peers whose authenticated initiations a worker handed to their owner sent
+/// them from, the last address of each: the retransmissions of an initiation come from
+/// there, and only its owner can answer them. One entry per peer at most.
+#[derive(Default)]
+pub struct Initiators {
+    by_address: HashMap<SocketAddr, PeerId>,
+    by_peer: HashMap<PeerId, SocketAddr>,
+}
+
+impl Initiators {
+    pub fn learn(&mut self, from: SocketAddr, peer: PeerId) {
+        if let Some(old) = self.by_peer.insert(peer, from) {
+            if old != from && self.by_address.get(&old) == Some(&peer) {
+                self.by_address.remove(&old);
+            }
+        }
+        if let Some(other) = self.by_address.insert(from, peer) {
+            if other != peer && self.by_peer.get(&other) == Some(&from) {
+                self.by_peer.remove(&other);
+            }
+        }
+    }
+
+    pub fn get(&self, from: &SocketAddr) -> Option<PeerId> {
+        self.by_address.get(from).copied()
+    }
 }
 
 /// Handoffs one worker's inbox holds, some passes' worth of datagrams
@@ -86,10 +120,10 @@ pub struct Place {
 
 impl Place {
     /// The other worker a datagram from `from` belongs to, if any: the one its connection
-    /// ID's shard names, or for a HELLO (security off: routed by address) the owner of the
-    /// peer `peer_at` configures at that address. `None`: this worker's endpoint decides
-    /// (its own, an initiation, a shard no worker has, or a datagram longer than any
-    /// endpoint reads, which it counts without another worker's copy of it).
+    /// ID's shard names, or for a HELLO or an INIT the owner of the peer `peer_at` knows
+    /// at that address. `None`: this worker's endpoint decides (its own, an initiation from
+    /// elsewhere, a shard no worker has, or a datagram longer than any endpoint reads,
+    /// which it counts without another worker's copy of it).
     pub fn elsewhere(
         &self,
         datagram: &[u8],
@@ -101,7 +135,7 @@ impl Place {
         }
         let to = match shard_of(datagram, self.cid_len, self.shard_bits) {
             Some(shard) => shard,
-            None if is_hello(datagram) => owner(peer_at(&from)?, self.workers),
+            None if by_address(datagram) => owner(peer_at(&from)?, self.workers),
             None => return None,
         };
         (to != self.worker && to < self.workers).then_some(to)
@@ -267,9 +301,13 @@ mod tests {
             assert_eq!(shard_of(&reply[..6], 2, 1), None, "too short for the CID");
             assert_eq!(shard_of(&reply, 2, 0), None);
         }
-        assert!(is_hello(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0]));
-        assert!(!is_hello(&init));
-        assert!(!is_hello(&short));
+        assert!(by_address(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0]));
+        assert!(by_address(&init));
+        assert!(!by_address(&short));
+        assert!(!by_address(&[
+            LONG_HEADER_BIT | LONG_TYPE_HANDSHAKE_REPLY,
+            0
+        ]));
     }
 
     #[test]
@@ -305,9 +343,12 @@ mod tests {
         assert_eq!(at(1, 2).elsewhere(&hello, from, peer_at), None);
         assert_eq!(at(1, 3).elsewhere(&hello, from, peer_at), Some(0));
         assert_eq!(at(0, 2).elsewhere(&hello, other, peer_at), None);
-        // Initiations are screened where they land.
+        // Initiations go to the owner of the peer known at their source, else are screened
+        // where they land.
         let init = [LONG_HEADER_BIT | 0x02, 0x80, 0, 0];
-        assert_eq!(at(0, 2).elsewhere(&init, from, peer_at), None);
+        assert_eq!(at(0, 2).elsewhere(&init, from, peer_at), Some(1));
+        assert_eq!(at(1, 2).elsewhere(&init, from, peer_at), None);
+        assert_eq!(at(0, 2).elsewhere(&init, other, peer_at), None);
         // A REPLY to the hub's initiation goes to the shard it names, whatever its source.
         let reply = [
             LONG_HEADER_BIT | LONG_TYPE_HANDSHAKE_REPLY,
@@ -331,6 +372,28 @@ mod tests {
         };
         assert_eq!(single.elsewhere(&shard_1, from, peer_at), None);
         assert_eq!(single.elsewhere(&hello, from, peer_at), None);
+    }
+
+    #[test]
+    fn initiators_keep_the_last_address_of_each_peer() {
+        let a: SocketAddr = "198.18.0.2:7400".parse().expect("addr");
+        let b: SocketAddr = "198.18.0.2:40001".parse().expect("addr");
+        let mut known = Initiators::default();
+        known.learn(a, PeerId(1));
+        assert_eq!(known.get(&a), Some(PeerId(1)));
+        // Its NAT moved it: the old address names nobody.
+        known.learn(b, PeerId(1));
+        assert_eq!((known.get(&a), known.get(&b)), (None, Some(PeerId(1))));
+        // Another peer now at b: peer 1 has no address, so its next move leaves b alone.
+        known.learn(b, PeerId(2));
+        known.learn(a, PeerId(1));
+        assert_eq!(
+            (known.get(&a), known.get(&b)),
+            (Some(PeerId(1)), Some(PeerId(2)))
+        );
+        known.learn(b, PeerId(2));
+        assert_eq!(known.by_peer.len(), 2);
+        assert_eq!(known.by_address.len(), 2);
     }
 
     fn datagram(byte: u8) -> Handoff {
