@@ -282,12 +282,13 @@ impl Driver {
             if let Some(w) = self.gateway.workers.get(self.worker) {
                 LinkCounters::add(&w.datagrams, datagrams as u64);
             }
-            let mut handed_more = false;
+            let (mut handed_more, mut screened) = (false, !received.is_empty());
             if workers > 1 {
                 handed_more = self
                     .gateway
                     .workers
                     .take_inbox(self.worker, &mut handed, BATCH);
+                screened |= !handed.is_empty();
                 for h in handed.drain(..) {
                     self.take_handed(now, h, &mut inputs, &mut tx);
                 }
@@ -304,7 +305,9 @@ impl Driver {
                     self.route(now, d, &rx[i][at], &mut inputs, &mut tx);
                 }
             }
-            if !received.is_empty() {
+            // What another worker handed over counts here as well (an initiation from where
+            // one of this worker's peers is known: its drops are this endpoint's).
+            if screened {
                 self.gateway
                     .counters
                     .set_endpoint(self.worker, self.endpoint.stats());
