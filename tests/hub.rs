@@ -99,9 +99,11 @@ impl HubNet {
         Self::build(None, TERMINALS)
     }
 
-    /// As `new`, with `count` terminals.
-    fn with_terminals(count: usize) -> HubNet {
-        Self::build(None, count)
+    /// Four terminals, and the hub on two workers.
+    fn four_terminals_on_two_workers() -> HubNet {
+        let mut net = Self::build(None, 4);
+        net.tunnel_extra = "workers = 2\n".into();
+        net
     }
 
     /// As `new`, with terminal 1 reached over `link` (TUN devices and the link emulator)
@@ -522,8 +524,7 @@ fn four_terminals_over_two_workers_byte_exact_each_worker_reading_its_own() {
         return;
     }
     let _cpu = heavy();
-    let mut net = HubNet::with_terminals(4);
-    net.tunnel_extra = "workers = 2\n".into();
+    let mut net = HubNet::four_terminals_on_two_workers();
     net.start_gateways();
     every_terminal_exchanges_byte_exact(&net, 5001);
     let hub = net.scrape(&net.hub).expect("hub metrics");
@@ -560,8 +561,7 @@ fn every_terminal_completes_the_rekeys_a_hub_on_two_workers_leads() {
         return;
     }
     let _cpu = heavy();
-    let mut net = HubNet::with_terminals(4);
-    net.tunnel_extra = "workers = 2\n".into();
+    let mut net = HubNet::four_terminals_on_two_workers();
     net.security_extra = "rekey_interval = \"1s\"\n".into();
     net.leads = Leads::Hub;
     net.start_gateways();
@@ -597,8 +597,7 @@ fn retransmitted_initiations_are_answered_again_by_a_hub_on_two_workers() {
         return;
     }
     let _cpu = heavy();
-    let mut net = HubNet::with_terminals(4);
-    net.tunnel_extra = "workers = 2\n".into();
+    let mut net = HubNet::four_terminals_on_two_workers();
     // The hub answers each terminal's initiations: one that leads and whose replies are
     // lost ignores the terminals' and starts its own, a case of its own.
     net.leads = Leads::Terminals;
