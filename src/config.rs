@@ -21,7 +21,7 @@ mod validate;
 
 pub use cidr::{Cidr, CidrError};
 pub use error::{ConfigError, Diagnostic};
-pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, PAIR_PEER_NAME};
+pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, MAX_WORKERS, PAIR_PEER_NAME};
 pub use security::{LoadedSecurity, LocalKeys};
 pub use source::SourceMap;
 pub use units::{BitRate, ByteSize};

@@ -11,7 +11,7 @@ use pep_transport::{FlowMeta, ResetReason};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::{FailMode, LoadedSecurity, OverLimit, PeerSpec, PepdConfig, Side};
 use crate::driver::{Driver, FlowAcceptor, TunnelSocket};
@@ -118,13 +118,19 @@ impl Daemon {
         } = self;
         let notifier = Notifier;
         check_servable(&cfg)?;
-        let seed = crate::keys::random_bytes().context("seeding ephemeral keys")?;
-        let tunnel = crate::tunnel::build(&cfg, &security, fresh_epoch(), seed)?;
+        let workers = cfg.workers();
+        let seeds = (0..workers)
+            .map(|_| crate::keys::random_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .context("seeding ephemeral keys")?;
+        let tunnel = crate::tunnel::build(&cfg, &security, fresh_epoch(), &seeds)?;
         let gateway = tunnel.gateway.clone();
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
-        let socket = tunnel_socket(bind, cfg.intercept.own_mark)
+        let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers)
+            .with_context(|| format!("tunnel socket on {bind}"))?;
+        let _claimed = crate::workers::steering::claim(bind)
             .with_context(|| format!("tunnel socket on {bind}"))?;
         let mut listeners = Vec::new();
         for addr in &cfg.intercept.listen {
@@ -144,20 +150,15 @@ impl Daemon {
 
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
-        let driver = Driver::new(
-            gateway.clone(),
-            socket,
-            tunnel.endpoint,
-            tunnel.factory,
-            tunnel.allowed,
-            Arc::new(UpstreamAcceptor {
-                live: live.clone(),
-                gateway: gateway.clone(),
-            }),
-            notifier,
-        )
-        .with_share(tunnel.share);
-        let driver_task = tokio::spawn(driver.run(driver_stop_rx.clone()));
+        let acceptor: Arc<dyn FlowAcceptor> = Arc::new(UpstreamAcceptor {
+            live: live.clone(),
+            gateway: gateway.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let driver_tasks =
+            start_drivers(tunnel, sockets, acceptor, notifier, driver_stop_rx.clone())?;
+        let mut running = driver_tasks.len();
+        let mut ended = watch_drivers(driver_tasks);
         let ctx = Arc::new(InterceptCtx {
             gateway: gateway.clone(),
             live: live.clone(),
@@ -183,6 +184,7 @@ impl Daemon {
             side = ?cfg.side(),
             peer = %peers,
             tunnel = %bind,
+            workers,
             listen = ?cfg.intercept.listen,
             metrics = %cfg.metrics.listen,
             tx_rate_bps = cfg.link.tx_rate.bps(),
@@ -190,25 +192,50 @@ impl Daemon {
         );
         notifier.ready(&format!("listening; association with {peers} connecting"));
 
-        let signal = loop {
-            match signals.next().await {
-                Signal::Hangup => {
-                    reload::apply(&path, &mut cfg, &security, &gateway, &live, &log_reload);
-                }
-                other => break other,
+        let stop = loop {
+            tokio::select! {
+                signal = signals.next() => match signal {
+                    Signal::Hangup => {
+                        reload::apply(&path, &mut cfg, &security, &gateway, &live, &log_reload);
+                    }
+                    other => break Stop::Signal(other),
+                },
+                Some((worker, r)) = ended.recv() => break Stop::Worker(worker, r),
             }
         };
-        info!(?signal, grace = ?cfg.shutdown.grace, "stopping: no new connections, draining open flows");
-        notifier.stopping();
-        let _ = stop_accepting.send(true);
-        live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
-        drain(&gateway, cfg.shutdown.grace, &notifier).await;
+        let mut result = Ok(());
+        match stop {
+            Stop::Signal(signal) => {
+                info!(?signal, grace = ?cfg.shutdown.grace, "stopping: no new connections, draining open flows");
+                notifier.stopping();
+                let _ = stop_accepting.send(true);
+                live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
+                drain(&gateway, cfg.shutdown.grace, &notifier).await;
+            }
+            Stop::Worker(worker, r) => {
+                // Its associations are gone: without it the daemon would serve on for the
+                // other workers' peers alone, unnoticed, until the next restart.
+                let why = r
+                    .err()
+                    .unwrap_or_else(|| anyhow::anyhow!("it stopped unasked"));
+                let e = why.context(format!("tunnel worker {worker}"));
+                error!("{e:#}; stopping, so that the service manager starts pepd again");
+                notifier.stopping();
+                let _ = stop_accepting.send(true);
+                running -= 1;
+                result = Err(e);
+            }
+        }
         let _ = stop_driver.send(true);
-        let result = match driver_task.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e).context("tunnel socket failed"),
-            Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
-        };
+        while running > 0 {
+            let Some((_, r)) = ended.recv().await else {
+                break;
+            };
+            running -= 1;
+            if result.is_ok() {
+                result = r;
+            }
+        }
         // Closing the associations reset what was left; let those relays send their RSTs.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         while gateway.relays_active() > 0 && tokio::time::Instant::now() < deadline {
@@ -219,6 +246,33 @@ impl Daemon {
         }
         result
     }
+}
+
+/// Why the daemon stops.
+enum Stop {
+    Signal(Signal),
+    /// A tunnel worker's driver ended, with how.
+    Worker(usize, anyhow::Result<()>),
+}
+
+/// Each driver's end as it happens, by worker, so that one that stops before it is told to
+/// is noticed at once.
+fn watch_drivers(
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+) -> tokio::sync::mpsc::UnboundedReceiver<(usize, anyhow::Result<()>)> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for (worker, task) in tasks.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = match task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e).context("tunnel socket failed"),
+                Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
+            };
+            let _ = tx.send((worker, r));
+        });
+    }
+    rx
 }
 
 /// The peers for the start-up line: the address of each (the name of one without), the
@@ -327,7 +381,118 @@ fn fresh_epoch() -> u64 {
         .max(1)
 }
 
-fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<TunnelSocket> {
+/// Starts a driver per worker, each on its socket (one per worker, see `tunnel_sockets`),
+/// from the daemon's runtime: tasks that end with them.
+pub(crate) fn start_drivers(
+    tunnel: crate::tunnel::Tunnel,
+    sockets: Vec<std::net::UdpSocket>,
+    acceptor: Arc<dyn FlowAcceptor>,
+    notifier: Notifier,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>> {
+    let workers = sockets.len();
+    let mut tasks = Vec::with_capacity(workers);
+    for (worker, (socket, shard)) in sockets.into_iter().zip(tunnel.shards).enumerate() {
+        let parts = DriverParts {
+            gateway: tunnel.gateway.clone(),
+            worker,
+            shard,
+            factory: tunnel.factory.clone(),
+            allowed: tunnel.allowed.clone(),
+            acceptor: acceptor.clone(),
+            notifier,
+        };
+        let task = if workers == 1 {
+            // The pair (and a single worker) runs on the daemon's runtime as always.
+            let socket = TunnelSocket::new(UdpSocket::from_std(socket)?)?;
+            tokio::spawn(parts.driver(socket).run(stop.clone()))
+        } else {
+            spawn_worker(parts, socket, stop.clone())
+                .with_context(|| format!("starting tunnel worker {worker}"))?
+        };
+        tasks.push(task);
+    }
+    Ok(tasks)
+}
+
+/// What one worker's driver is made of, but its socket.
+struct DriverParts {
+    gateway: Arc<Gateway>,
+    worker: usize,
+    shard: crate::tunnel::Shard,
+    factory: crate::driver::AssocFactory,
+    allowed: Option<std::collections::HashSet<SocketAddr>>,
+    acceptor: Arc<dyn FlowAcceptor>,
+    notifier: Notifier,
+}
+
+impl DriverParts {
+    fn driver(self, socket: TunnelSocket) -> Driver {
+        Driver::new(
+            self.gateway,
+            self.worker,
+            socket,
+            self.shard.endpoint,
+            self.factory,
+            self.allowed,
+            self.acceptor,
+            self.notifier,
+        )
+        .with_share(self.shard.share)
+    }
+}
+
+/// Runs a worker's driver on a thread of its own, on a current-thread runtime: its socket,
+/// endpoint and associations are that thread's alone, and it shares nothing with the
+/// relays' runtime but the links' locks and wake-ups. The task returned ends with it.
+fn spawn_worker(
+    parts: DriverParts,
+    socket: std::net::UdpSocket,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let worker = parts.worker;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let driver = {
+        // The socket registers with the reactor of the runtime it is made in.
+        let _in_worker = rt.enter();
+        parts.driver(TunnelSocket::new(UdpSocket::from_std(socket)?)?)
+    };
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("pepd-worker-{worker}"))
+        .spawn(move || {
+            let _ = done.send(rt.block_on(driver.run(stop)));
+        })?;
+    Ok(tokio::spawn(async move {
+        result.await.unwrap_or_else(|_| {
+            Err(std::io::Error::other(format!(
+                "tunnel worker {worker} panicked"
+            )))
+        })
+    }))
+}
+
+/// The tunnel sockets, one per worker on the same address (see `workers::steering`).
+pub(crate) fn tunnel_sockets(
+    bind: SocketAddr,
+    mark: u32,
+    workers: usize,
+) -> anyhow::Result<Vec<std::net::UdpSocket>> {
+    let shard_bits = crate::workers::shard_bits(workers);
+    let (sockets, steered) =
+        crate::workers::steering::bind_group(bind, workers, shard_bits, || {
+            tunnel_socket(bind, mark).map_err(std::io::Error::other)
+        })?;
+    if let Err(e) = steered {
+        warn!(error = %e, workers, "the kernel did not take the tunnel sockets' steering program: datagrams reach the workers by the kernel's hash and are handed on to their association's worker");
+    }
+    Ok(sockets.into_iter().map(Into::into).collect())
+}
+
+/// One tunnel socket, not bound yet.
+fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<Socket> {
     let sock = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
     if bind.is_ipv6() {
         sock.set_only_v6(true)?;
@@ -343,8 +508,7 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<TunnelSocket> {
         let _ = sock.set_send_buffer_size(TUNNEL_SOCKET_BUFFER);
     }
     sock.set_nonblocking(true)?;
-    sock.bind(&bind.into())?;
-    Ok(TunnelSocket::new(UdpSocket::from_std(sock.into())?)?)
+    Ok(sock)
 }
 
 struct InterceptCtx {
@@ -513,9 +677,12 @@ fn log_end(flow: pep_transport::FlowId, client: SocketAddr, server: SocketAddr, 
 }
 
 /// Connects flows the peer opened to their destination.
-struct UpstreamAcceptor {
-    live: LiveRef,
-    gateway: Arc<Gateway>,
+pub(crate) struct UpstreamAcceptor {
+    pub(crate) live: LiveRef,
+    pub(crate) gateway: Arc<Gateway>,
+    /// The daemon's runtime: the relays run there whichever worker thread accepts their
+    /// flow.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl UpstreamAcceptor {
@@ -548,7 +715,8 @@ impl FlowAcceptor for UpstreamAcceptor {
             link.reset(&flow, ResetReason::Refused);
             return;
         }
-        tokio::spawn(from_peer(link, flow, meta, live, charge));
+        self.runtime
+            .spawn(from_peer(link, flow, meta, live, charge));
     }
 }
 

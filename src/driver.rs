@@ -31,6 +31,7 @@ use crate::metrics::AssociationState;
 use crate::notify::Notifier;
 use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
+use crate::workers::{owner, Handoff, Initiators, Place};
 
 use outbox::Outbox;
 pub use udp::TunnelSocket;
@@ -56,6 +57,7 @@ type Accepts = Vec<(FlowRef, FlowMeta, FlowCharge)>;
 
 /// How a peer's association is made: at start for a peer whose address is configured, else
 /// by the driver on the peer's first authenticated initiation.
+#[derive(Clone)]
 pub struct AssocFactory {
     /// Every configured peer's.
     pub peers: HashMap<PeerId, PeerSettings>,
@@ -105,6 +107,12 @@ struct ReceivedDatagram {
 /// A received datagram on its way to a link.
 enum Input {
     Datagram(ReceivedDatagram),
+    /// One another worker read and handed over.
+    Copied {
+        from: SocketAddr,
+        bytes: Vec<u8>,
+        arrived: Instant,
+    },
     Initiation {
         from: SocketAddr,
         accepted: AcceptedInitiation,
@@ -113,9 +121,17 @@ enum Input {
 
 pub struct Driver {
     gateway: Arc<Gateway>,
-    /// The peers as the driver serves them: the gateway's table as of the last change it
-    /// applied. The vectors below go by place in it.
+    /// Which of the gateway's workers this driver is.
+    worker: usize,
+    /// The peers this driver serves (the ones its worker owns): of the gateway's table as
+    /// of the last change it applied. The vectors below go by place in it.
     table: Arc<PeerTable>,
+    /// Every peer, as of the same change.
+    all: Arc<PeerTable>,
+    /// The configured addresses, to whose owner a HELLO (security off) or an INIT goes.
+    addresses: HashMap<SocketAddr, PeerId>,
+    /// Where the initiations this worker handed to another came from: that worker's too.
+    initiators: Initiators,
     socket: TunnelSocket,
     endpoint: Endpoint,
     factory: AssocFactory,
@@ -136,9 +152,12 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// The links' associations made so far must come from `endpoint`.
+    /// Worker `worker`'s driver; the associations of its links made so far must come from
+    /// `endpoint`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gateway: Arc<Gateway>,
+        worker: usize,
         socket: TunnelSocket,
         endpoint: Endpoint,
         factory: AssocFactory,
@@ -146,7 +165,8 @@ impl Driver {
         acceptor: Arc<dyn FlowAcceptor>,
         notifier: Notifier,
     ) -> Driver {
-        let table = gateway.peers.table();
+        let all = gateway.peers.table();
+        let table = own_view(&all, worker, gateway.workers.count());
         let by_handle = table
             .links
             .iter()
@@ -158,8 +178,12 @@ impl Driver {
             .map(|l| l.lock().assoc.as_ref().and_then(Association::poll_timeout))
             .collect();
         Driver {
+            addresses: addresses(&all),
+            initiators: Initiators::default(),
             gateway,
+            worker,
             table,
+            all,
             socket,
             endpoint,
             factory,
@@ -199,7 +223,12 @@ impl Driver {
         let mut spare: Vec<Vec<u8>> = Vec::new();
         let mut drop_log = crate::droplog::DropLog::default();
         let mut accepts: Accepts = Vec::new();
-        let wake = self.gateway.wake.clone();
+        let workers = self.gateway.workers.count();
+        let wake = match self.gateway.workers.get(self.worker) {
+            Some(w) => w.wake.clone(),
+            None => self.gateway.wake.clone(),
+        };
+        let mut handed: Vec<Handoff> = Vec::new();
         loop {
             let deadline = self.next_deadline(Instant::now());
             let sleep = async {
@@ -250,6 +279,20 @@ impl Driver {
             }
             let clock = udp::ReceiveClock::now();
             let now = clock.now_instant();
+            if let Some(w) = self.gateway.workers.get(self.worker) {
+                LinkCounters::add(&w.datagrams, datagrams as u64);
+            }
+            let (mut handed_more, mut screened) = (false, !received.is_empty());
+            if workers > 1 {
+                handed_more = self
+                    .gateway
+                    .workers
+                    .take_inbox(self.worker, &mut handed, BATCH);
+                screened |= !handed.is_empty();
+                for h in handed.drain(..) {
+                    self.take_handed(now, h, &mut inputs, &mut tx);
+                }
+            }
             for &(i, m) in &received {
                 let arrived = clock.arrival(&m);
                 for at in udp::datagrams(&m) {
@@ -262,8 +305,12 @@ impl Driver {
                     self.route(now, d, &rx[i][at], &mut inputs, &mut tx);
                 }
             }
-            if !received.is_empty() {
-                self.gateway.counters.set_endpoint(self.endpoint.stats());
+            // What another worker handed over counts here as well (an initiation from where
+            // one of this worker's peers is known: its drops are this endpoint's).
+            if screened {
+                self.gateway
+                    .counters
+                    .set_endpoint(self.worker, self.endpoint.stats());
             }
             if drop_log.is_due(now) {
                 let foreign = self
@@ -288,7 +335,7 @@ impl Driver {
             // Sending takes turns: each link gets its share of a pass, and one with more
             // to send is serviced again on the next.
             let quota = (BATCH / serviced.len().max(1)).max(1);
-            let mut again = datagrams >= BATCH || filled == rx.len();
+            let mut again = handed_more || datagrams >= BATCH || filled == rx.len();
             let send_buffered = self.gateway.memory.send_buffered();
             for &i in &serviced {
                 let r = Received {
@@ -304,8 +351,8 @@ impl Driver {
             }
             if self.gateway.memory.send_buffered() < send_buffered {
                 // The budget is the gateway's: acknowledgements on one link may free what
-                // relays of another wait for.
-                for l in self.table.links.iter().filter(|l| l.waits_for_budget()) {
+                // relays of another wait for, whichever worker serves it.
+                for l in self.all.links.iter().filter(|l| l.waits_for_budget()) {
                     l.wake();
                 }
             }
@@ -333,9 +380,9 @@ impl Driver {
         links.chain(share.poll_timeout(now)).min()
     }
 
-    /// Where a datagram goes: to the link the endpoint routes it to, or, for an
-    /// initiation from a peer that has no association yet, to the one made for it now; a
-    /// cookie the endpoint answers with joins `tx`. `datagram` is the contents of `d`.
+    /// Where a datagram goes: to the worker whose shard its connection ID names if that is
+    /// another, else to the link the endpoint routes it to (see [`place`](Self::place)).
+    /// `datagram` is the contents of `d`.
     fn route(
         &mut self,
         now: Instant,
@@ -344,28 +391,76 @@ impl Driver {
         inputs: &mut [Vec<Input>],
         tx: &mut Outbox,
     ) {
-        let from = d.from;
-        let (link, input) = match self.endpoint.handle(now, from, datagram) {
+        if let Some(to) = self.elsewhere(datagram, d.from) {
+            let h = || Handoff::Datagram {
+                from: d.from,
+                bytes: datagram.to_vec(),
+                arrived: d.arrived,
+            };
+            self.gateway.workers.hand_off(self.worker, to, h);
+            return;
+        }
+        let event = self.endpoint.handle(now, d.from, datagram);
+        self.place(now, d.from, event, Input::Datagram(d), inputs, tx);
+    }
+
+    /// The other worker a datagram belongs to, if any (see [`crate::workers::elsewhere`]).
+    fn elsewhere(&self, datagram: &[u8], from: SocketAddr) -> Option<usize> {
+        let cfg = self.endpoint.config();
+        let here = Place {
+            worker: self.worker,
+            workers: self.gateway.workers.count(),
+            cid_len: cfg.cid_len,
+            shard_bits: cfg.shard_bits,
+            max_datagram: cfg.max_datagram,
+        };
+        here.elsewhere(datagram, from, |a| {
+            self.addresses
+                .get(a)
+                .copied()
+                .or_else(|| self.initiators.get(a))
+        })
+    }
+
+    /// What the endpoint made of a datagram from `from`: `routed` goes to the link it names;
+    /// an initiation to its peer's link, made now if it has no association yet, or to the
+    /// worker that owns the peer; a cookie the endpoint answers with joins `tx`.
+    fn place(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        event: Option<DatagramEvent>,
+        routed: Input,
+        inputs: &mut [Vec<Input>],
+        tx: &mut Outbox,
+    ) {
+        let link = match event {
             None => return,
             Some(DatagramEvent::Routed(h)) => {
                 let Some(link) = self.by_handle.get(&h).and_then(|&p| self.table.position(p))
                 else {
                     return;
                 };
-                (link, Input::Datagram(d))
+                link
             }
             Some(DatagramEvent::Initiation {
                 peer,
                 handle,
                 accepted,
             }) => {
-                let Some(link) = self.table.position(peer) else {
-                    return;
-                };
-                if handle.is_none() && !self.associate(now, link, from) {
-                    return;
+                let to = owner(peer, self.gateway.workers.count());
+                if to != self.worker {
+                    self.initiators.learn(from, peer);
+                    let h = || Handoff::Initiation {
+                        from,
+                        peer,
+                        accepted,
+                    };
+                    self.gateway.workers.hand_off(self.worker, to, h);
+                } else {
+                    self.initiation(now, from, peer, handle.is_some(), accepted, inputs);
                 }
-                (link, Input::Initiation { from, accepted })
+                return;
             }
             Some(DatagramEvent::Response {
                 destination,
@@ -376,7 +471,64 @@ impl Driver {
             }
         };
         if let Some(queue) = inputs.get_mut(link) {
-            queue.push(input);
+            queue.push(routed);
+        }
+    }
+
+    /// An authenticated initiation of `peer`, for its link: its association is made now if
+    /// it has none (`associated` false).
+    fn initiation(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        peer: PeerId,
+        associated: bool,
+        accepted: AcceptedInitiation,
+        inputs: &mut [Vec<Input>],
+    ) {
+        let Some(link) = self.table.position(peer) else {
+            return;
+        };
+        if !associated && !self.associate(now, link, from) {
+            return;
+        }
+        if let Some(queue) = inputs.get_mut(link) {
+            queue.push(Input::Initiation { from, accepted });
+        }
+    }
+
+    /// What another worker handed over: a datagram for this worker's endpoint, or an
+    /// initiation it authenticated for a peer this worker owns.
+    fn take_handed(
+        &mut self,
+        now: Instant,
+        h: Handoff,
+        inputs: &mut [Vec<Input>],
+        tx: &mut Outbox,
+    ) {
+        match h {
+            Handoff::Datagram {
+                from,
+                bytes,
+                arrived,
+            } => {
+                let event = self.endpoint.handle(now, from, &bytes);
+                let copied = Input::Copied {
+                    from,
+                    bytes,
+                    arrived,
+                };
+                self.place(now, from, event, copied, inputs, tx);
+            }
+            Handoff::Initiation {
+                from,
+                peer,
+                accepted,
+            } => {
+                self.endpoint.adopt_initiation(peer, &accepted);
+                let associated = self.endpoint.association_of(peer).is_some();
+                self.initiation(now, from, peer, associated, accepted, inputs);
+            }
         }
     }
 
@@ -428,6 +580,11 @@ impl Driver {
                         assoc.handle_datagram_from(d.arrived, d.from, bytes);
                     }
                 }
+                Input::Copied {
+                    from,
+                    bytes,
+                    arrived,
+                } => assoc.handle_datagram_from(arrived, from, &bytes),
                 Input::Initiation { from, accepted } => {
                     assoc.accept_initiation(now, from, accepted)
                 }
@@ -442,7 +599,7 @@ impl Driver {
             // the association's pacing sees the share it gets.
             if !share.is_staged(l.peer) {
                 if let Some((to, buf)) = next_datagram(assoc, now, spare) {
-                    share.stage(l.peer, to, buf);
+                    share.stage(now, l.peer, to, buf);
                 }
             }
         } else {
@@ -515,7 +672,7 @@ impl Driver {
         let Some(share) = self.share.as_mut() else {
             return;
         };
-        share.set_carrier(self.gateway.carrier_bps.load(Ordering::Relaxed));
+        share.set_carrier(now, self.gateway.carrier_bps.load(Ordering::Relaxed));
         for (i, l) in self.table.links.iter().enumerate() {
             if let Some(r) = l.take_share_rates() {
                 share.set_share_rates(l.peer, r.min_bps, r.weight);
@@ -651,6 +808,24 @@ impl Driver {
     }
 }
 
+/// The peers of `all` worker `worker` of `workers` serves.
+fn own_view(all: &Arc<PeerTable>, worker: usize, workers: usize) -> Arc<PeerTable> {
+    if workers == 1 {
+        return all.clone();
+    }
+    Arc::new(all.of_worker(worker, workers))
+}
+
+/// The configured addresses of `table`'s peers.
+fn addresses(table: &PeerTable) -> HashMap<SocketAddr, PeerId> {
+    table
+        .links
+        .iter()
+        .zip(&table.specs)
+        .filter_map(|(l, s)| Some((s.address?, l.peer)))
+        .collect()
+}
+
 /// The association's next datagram and where it goes, written into a spare buffer (one is
 /// made when none is left; an unused one goes back).
 fn next_datagram(
@@ -766,6 +941,7 @@ mod tests {
             });
             let driver = Driver::new(
                 Arc::new(gateway),
+                0,
                 TunnelSocket::new(socket).unwrap(),
                 endpoint,
                 factory,

@@ -11,8 +11,9 @@ use tokio::sync::Notify;
 use crate::flowcount::{OpenFlow, OpenFlows};
 use crate::link::{LinkCounters, PeerLink};
 use crate::memory::MemoryAccount;
-use crate::metrics::{PeerSnapshot, RelaySnapshot, Snapshot};
+use crate::metrics::{PeerSnapshot, RelaySnapshot, Snapshot, WorkerSnapshot};
 use crate::peers::{PeerSet, PeerTable};
+use crate::workers::{owner, Workers};
 
 pub struct Gateway {
     /// The configured peers, which a reload may change.
@@ -21,8 +22,11 @@ pub struct Gateway {
     /// `[link] tx_rate`, which a reload may change: with `[[peer]]` entries the carrier the
     /// peers share.
     pub carrier_bps: AtomicU64,
-    /// Wakes the driver; every link holds it.
+    /// Wakes the (first) worker's driver.
     pub wake: Arc<Notify>,
+    /// The workers the peers are spread over (one for a pair and a terminal); each link
+    /// holds its owner's wake-up.
+    pub workers: Workers,
     /// The memory budget and what counts against it: one for the gateway, every link holds
     /// it, as `limits.memory_budget` is the process's.
     pub memory: Arc<MemoryAccount>,
@@ -61,23 +65,32 @@ pub struct GatewayCounters {
     pub inspect_errors: AtomicU64,
     /// Datagrams on the tunnel socket from an address no peer may send from.
     pub foreign_datagrams: AtomicU64,
-    /// The endpoint's drops, as the driver last saw them.
-    pub endpoint: Mutex<EndpointStats>,
+    /// Each worker's endpoint shard's drops, as its driver last saw them.
+    pub endpoint: Mutex<Vec<EndpointStats>>,
 }
 
 impl GatewayCounters {
-    pub fn endpoint(&self) -> EndpointStats {
-        *self.endpoint.lock().unwrap_or_else(|p| p.into_inner())
+    /// Every shard's.
+    pub fn endpoints(&self) -> Vec<EndpointStats> {
+        self.endpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    pub fn set_endpoint(&self, stats: EndpointStats) {
-        *self.endpoint.lock().unwrap_or_else(|p| p.into_inner()) = stats;
+    pub fn set_endpoint(&self, worker: usize, stats: EndpointStats) {
+        let mut e = self.endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        if e.len() <= worker {
+            e.resize(worker + 1, EndpointStats::default());
+        }
+        e[worker] = stats;
     }
 }
 
 impl Gateway {
     /// The gateway of `peers`, with the carrier at `carrier_bps` and at most `max_flows`
-    /// flows open across the peers.
+    /// flows open across the peers, on one worker.
+    #[cfg(test)]
     pub fn new(
         peers: PeerTable,
         carrier_bps: u64,
@@ -85,11 +98,24 @@ impl Gateway {
         memory: Arc<MemoryAccount>,
         max_flows: usize,
     ) -> Gateway {
+        let workers = Workers::new(1, wake);
+        Gateway::on_workers(peers, carrier_bps, workers, memory, max_flows)
+    }
+
+    /// As [`new`](Self::new), the peers spread over `workers`.
+    pub fn on_workers(
+        peers: PeerTable,
+        carrier_bps: u64,
+        workers: Workers,
+        memory: Arc<MemoryAccount>,
+        max_flows: usize,
+    ) -> Gateway {
         Gateway {
-            peers: PeerSet::new(peers),
+            peers: PeerSet::new(peers, workers.count()),
             counters: GatewayCounters::default(),
             carrier_bps: AtomicU64::new(carrier_bps),
-            wake,
+            wake: workers.wake_of(pep_transport::PeerId(0)),
+            workers,
             memory,
             open_flows: Arc::new(OpenFlows::new(max_flows)),
             retired: Retired::default(),
@@ -165,7 +191,9 @@ impl Gateway {
             &mut total,
             &self.retired.stats.lock().unwrap_or_else(|p| p.into_inner()),
         );
-        add_endpoint_stats(&mut total, &self.counters.endpoint());
+        for e in &self.counters.endpoints() {
+            add_endpoint_stats(&mut total, e);
+        }
         (total, send, recv)
     }
 
@@ -226,10 +254,35 @@ impl Gateway {
             memory_accounted_bytes: self.memory.accounted(send, recv),
             memory_budget_bytes: self.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
-            cookies_sent: c.endpoint().cookies_sent,
+            cookies_sent: c.endpoints().iter().map(|e| e.cookies_sent).sum(),
+            workers: self.worker_snapshots(&links),
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
             peers: links.iter().map(|l| peer_snapshot(l)).collect(),
         }
+    }
+}
+
+impl Gateway {
+    /// Each worker's associations (of `links`) and datagrams.
+    fn worker_snapshots(&self, links: &[Arc<PeerLink>]) -> Vec<WorkerSnapshot> {
+        let count = self.workers.count();
+        let mut held = vec![0u64; count];
+        for l in links {
+            if l.lock().assoc.is_some() {
+                held[owner(l.peer, count)] += 1;
+            }
+        }
+        let get = LinkCounters::get;
+        self.workers
+            .iter()
+            .zip(held)
+            .map(|(w, associations)| WorkerSnapshot {
+                associations,
+                datagrams: get(&w.datagrams),
+                handed_off: get(&w.handed_off),
+                inbox_dropped: get(&w.inbox_dropped),
+            })
+            .collect()
     }
 }
 

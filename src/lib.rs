@@ -27,3 +27,4 @@ mod sockopt;
 mod tproxy;
 mod tunnel;
 mod upstream;
+mod workers;

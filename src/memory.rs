@@ -37,8 +37,13 @@ pub const DAEMON_STATE: u64 = 256 * 1024;
 /// (receive, and up to twice a batch of `mtu`-sized datagrams to send), one scratch buffer
 /// per worker thread and the daemon's state.
 pub fn fixed(mtu: usize, workers: usize) -> u64 {
-    let transmit = 2 * crate::driver::BATCH as u64 * mtu as u64;
-    DRIVER_RECEIVE + transmit + SCRATCH_PER_WORKER * workers as u64 + DAEMON_STATE
+    driver_buffers(mtu) + SCRATCH_PER_WORKER * workers as u64 + DAEMON_STATE
+}
+
+/// One driver's batches: receive, and up to twice a batch of `mtu`-sized datagrams to send.
+/// A hub has one driver per `tunnel.workers`.
+pub fn driver_buffers(mtu: usize) -> u64 {
+    DRIVER_RECEIVE + 2 * crate::driver::BATCH as u64 * mtu as u64
 }
 
 /// The runtime's worker threads, as tokio sizes them by default: one per CPU.

@@ -125,6 +125,21 @@ pub struct Snapshot {
     pub build_info: (&'static str, u32),
     /// Each configured peer's own series, in config order.
     pub peers: Vec<PeerSnapshot>,
+    /// Each worker thread's share, by number (one for a pair and a terminal).
+    pub workers: Vec<WorkerSnapshot>,
+}
+
+/// One worker thread of a hub at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerSnapshot {
+    /// Associations of the peers it serves.
+    pub associations: u64,
+    /// Datagrams its socket read.
+    pub datagrams: u64,
+    /// Of them, handed to the worker that owns their association.
+    pub handed_off: u64,
+    /// Handoffs to it dropped because its inbox was full.
+    pub inbox_dropped: u64,
 }
 
 /// Encodes `s` in the OpenMetrics text format, `# EOF` included: the body of a scrape
@@ -408,6 +423,46 @@ impl Collector for SnapshotCollector {
             "COOKIEs sent under load instead of doing an initiation's Diffie-Hellman",
             None,
             s.cookies_sent,
+        )?;
+        let labels: Vec<String> = (0..s.workers.len()).map(|i| i.to_string()).collect();
+        let by_worker = |f: fn(&WorkerSnapshot) -> u64| -> Vec<(&str, u64)> {
+            labels
+                .iter()
+                .map(String::as_str)
+                .zip(s.workers.iter().map(f))
+                .collect()
+        };
+        gauge_family(
+            e,
+            "worker_associations",
+            "Associations each worker thread serves",
+            None,
+            "worker",
+            &by_worker(|w| w.associations),
+        )?;
+        counter_family(
+            e,
+            "worker_datagrams",
+            "Tunnel datagrams each worker thread's socket read",
+            None,
+            "worker",
+            &by_worker(|w| w.datagrams),
+        )?;
+        counter_family(
+            e,
+            "worker_handoffs",
+            "Tunnel datagrams a worker thread read for another's association and handed on",
+            None,
+            "worker",
+            &by_worker(|w| w.handed_off),
+        )?;
+        counter_family(
+            e,
+            "worker_inbox_drops",
+            "Datagrams and initiations other worker threads read for this one's associations and dropped because its inbox was full",
+            None,
+            "worker",
+            &by_worker(|w| w.inbox_dropped),
         )?;
         counter(
             e,

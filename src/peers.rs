@@ -51,6 +51,18 @@ impl PeerTable {
         self.link(self.routes.lookup(server)?)
     }
 
+    /// The peers worker `worker` of `workers` serves (all of them with one worker).
+    pub fn of_worker(&self, worker: usize, workers: usize) -> PeerTable {
+        let (links, specs) = self
+            .links
+            .iter()
+            .zip(&self.specs)
+            .filter(|(l, _)| crate::workers::owner(l.peer, workers) == worker)
+            .map(|(l, s)| (l.clone(), s.clone()))
+            .unzip();
+        PeerTable::new(links, specs)
+    }
+
     /// The id after every peer's here, for the peers a reload adds.
     fn next_id(&self) -> u32 {
         self.links.iter().map(|l| l.peer.0 + 1).max().unwrap_or(0)
@@ -66,6 +78,7 @@ pub struct PeerSettings {
 }
 
 /// A peer a reload added: its link is in the new table already, without an association.
+#[derive(Clone)]
 pub struct NewPeer {
     pub link: Arc<PeerLink>,
     pub spec: PeerSpec,
@@ -77,6 +90,7 @@ pub struct NewPeer {
 
 /// What one reload changed in the set of peers, for the driver: the peers to take out of
 /// the endpoint and the scheduler (their flows reset) and the ones to put in.
+#[derive(Clone)]
 pub struct PeerChange {
     pub removed: Vec<Arc<PeerLink>>,
     pub added: Vec<NewPeer>,
@@ -87,26 +101,30 @@ pub struct PeerChange {
 pub struct PeerSet {
     table: RwLock<Arc<PeerTable>>,
     pending: Mutex<Pending>,
-    /// Set with a queued change: the driver looks on every pass, without the lock.
-    changed: AtomicBool,
+    /// By worker, set with a queued change: each driver looks on every pass, without the
+    /// lock.
+    changed: Vec<AtomicBool>,
 }
 
 struct Pending {
-    changes: Vec<PeerChange>,
+    /// By worker: every worker applies every change (each endpoint knows every peer).
+    changes: Vec<Vec<PeerChange>>,
     /// Never goes down: a removed peer's id is not given to another.
     next_id: u32,
 }
 
 impl PeerSet {
-    pub fn new(table: PeerTable) -> PeerSet {
+    /// `table` served by `workers` drivers.
+    pub fn new(table: PeerTable, workers: usize) -> PeerSet {
         let next_id = table.next_id();
+        let workers = workers.max(1);
         PeerSet {
             table: RwLock::new(Arc::new(table)),
             pending: Mutex::new(Pending {
-                changes: Vec::new(),
+                changes: (0..workers).map(|_| Vec::new()).collect(),
                 next_id,
             }),
-            changed: AtomicBool::new(false),
+            changed: (0..workers).map(|_| AtomicBool::new(false)).collect(),
         }
     }
 
@@ -127,19 +145,23 @@ impl PeerSet {
     pub fn replace(&self, table: PeerTable, change: PeerChange) {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
-        p.changes.push(change);
-        self.changed.store(true, Ordering::Release);
+        for (queue, changed) in p.changes.iter_mut().zip(&self.changed) {
+            queue.push(change.clone());
+            changed.store(true, Ordering::Release);
+        }
     }
 
-    /// The changes queued since the last call, with the table they lead to; `None` if none.
-    pub fn take_changes(&self) -> Option<(Vec<PeerChange>, Arc<PeerTable>)> {
-        if !self.changed.swap(false, Ordering::AcqRel) {
+    /// The changes queued for `worker` since its last call, with the table they lead to;
+    /// `None` if none.
+    pub fn take_changes(&self, worker: usize) -> Option<(Vec<PeerChange>, Arc<PeerTable>)> {
+        if !self.changed.get(worker)?.swap(false, Ordering::AcqRel) {
             return None;
         }
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if p.changes.is_empty() {
+        let queue = p.changes.get_mut(worker)?;
+        if queue.is_empty() {
             return None;
         }
-        Some((std::mem::take(&mut p.changes), self.table()))
+        Some((std::mem::take(queue), self.table()))
     }
 }

@@ -228,7 +228,7 @@ fn apply_peers(
         gateway
             .peers
             .replace(PeerTable::new(links, specs), PeerChange { removed, added });
-        gateway.wake.notify_one();
+        gateway.workers.wake_all();
     }
     running.peer = new.peer.clone();
 }
@@ -275,6 +275,9 @@ mod tests {
             .collect()
     }
 
+    /// One endpoint seed for each worker there may be.
+    const SEEDS: [[u8; 32]; crate::config::MAX_WORKERS] = [[7; 32]; crate::config::MAX_WORKERS];
+
     /// config/hub-spoke.toml's config, without keys, and its gateway.
     fn hub_spoke() -> (PepdConfig, LoadedSecurity, Arc<Gateway>) {
         let start =
@@ -283,7 +286,7 @@ mod tests {
             local: None,
             warnings: Vec::new(),
         };
-        let gateway = crate::tunnel::build(&start, &security, 1, [7; 32])
+        let gateway = crate::tunnel::build(&start, &security, 1, &SEEDS)
             .expect("tunnel")
             .gateway;
         (start, security, gateway)
@@ -316,7 +319,7 @@ mod tests {
         let now = named(&[("cell-12", 3), ("rig-3", 0), ("buoy-1", 4)]);
         assert_eq!(names_and_ids(&gateway), now);
         assert_eq!(running.peer, new.peer);
-        let (changes, table) = gateway.peers.take_changes().expect("a change");
+        let (changes, table) = gateway.peers.take_changes(0).expect("a change");
         assert_eq!(changes.len(), 1);
         let removed: Vec<&str> = changes[0].removed.iter().map(|l| &*l.name).collect();
         let added: Vec<&str> = changes[0].added.iter().map(|p| &*p.link.name).collect();
@@ -330,7 +333,7 @@ mod tests {
         assert_eq!(route("10.40.0.1"), Some(PeerId(4)));
         // The same file again changes nothing; removing a peer never frees its id for another.
         apply_peers(&new, &mut running, &security, &gateway);
-        assert!(gateway.peers.take_changes().is_none());
+        assert!(gateway.peers.take_changes(0).is_none());
         apply_peers(&start, &mut running, &security, &gateway);
         let back = named(&[("rig-3", 0), ("ship-7", 5), ("cell-12", 6)]);
         assert_eq!(names_and_ids(&gateway), back);
@@ -361,7 +364,7 @@ mod tests {
             (max_flows("rig-3"), max_flows("cell-12")),
             (Some(3), Some(5))
         );
-        assert!(gateway.peers.take_changes().is_none(), "the same peers");
+        assert!(gateway.peers.take_changes(0).is_none(), "the same peers");
         assert_eq!(running.peer, new.peer);
     }
 }

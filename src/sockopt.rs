@@ -12,15 +12,25 @@ use nix::sys::socket::{setsockopt, sockopt};
 use socket2::Socket;
 
 fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: `fd` is a live socket owned by the caller and the option value is a c_int of
-    // the size passed.
+    set_raw(fd, level, name, &value)
+}
+
+/// Sets an option whose value the kernel reads as a `T` (plain data, which it copies).
+pub(crate) fn set_raw<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    // SAFETY: `fd` is a live socket owned by the caller and the option value is a `T` of
+    // the size passed, alive for the call.
     let rc = unsafe {
         libc::setsockopt(
             fd,
             level,
             name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if rc == 0 {

@@ -28,11 +28,18 @@ const HUB_CID_LEN: u8 = 2;
 
 pub struct Tunnel {
     pub gateway: Arc<Gateway>,
-    pub endpoint: Endpoint,
+    /// One per worker, by number.
+    pub shards: Vec<Shard>,
     pub factory: AssocFactory,
     /// `None`: datagrams from any address (connection IDs and authentication gate them).
     pub allowed: Option<HashSet<SocketAddr>>,
-    /// With `[[peer]]` entries: the peers share `[link] tx_rate`.
+}
+
+/// What one worker serves: its endpoint shard, which holds the associations of the peers it
+/// owns and knows every peer, and its part of the carrier.
+pub struct Shard {
+    pub endpoint: Endpoint,
+    /// With `[[peer]]` entries: its peers' members of the shared `[link] tx_rate`.
     pub share: Option<CarrierShare>,
 }
 
@@ -44,13 +51,20 @@ pub fn cid_len(cfg: &PepdConfig) -> u8 {
     }
 }
 
-/// Builds the tunnel end; `epoch` and `seed` are this start's.
+/// Builds the tunnel end; `epoch` is this start's, and `seeds` (32 random bytes each) seed
+/// the workers' endpoints, one each ([`PepdConfig::workers`]).
 pub fn build(
     cfg: &PepdConfig,
     security: &LoadedSecurity,
     epoch: u64,
-    seed: [u8; 32],
+    seeds: &[[u8; 32]],
 ) -> anyhow::Result<Tunnel> {
+    let workers = cfg.workers();
+    anyhow::ensure!(
+        seeds.len() >= workers,
+        "{} seeds for {workers} workers",
+        seeds.len()
+    );
     let specs = cfg.peer_specs();
     let ids: Vec<PeerId> = (0..specs.len()).map(|i| PeerId(i as u32)).collect();
     let settings: Vec<PeerSettings> = specs
@@ -63,6 +77,7 @@ pub fn build(
         epoch,
     };
     let mut ecfg = EndpointConfig::new(cid_len(cfg));
+    ecfg.shard_bits = crate::workers::shard_bits(workers);
     ecfg.max_datagram = settings
         .iter()
         .map(|s| s.config.max_datagram())
@@ -78,24 +93,37 @@ pub fn build(
         psk: l.psk,
     });
     let secure = local.is_some();
-    let mut endpoint = Endpoint::new(ecfg, local, seed)
-        .map_err(|e| anyhow::anyhow!("tunnel endpoint {}: {}", e.key, e.why))?;
-    endpoint.set_peers(
-        ids.iter()
-            .zip(&specs)
-            .map(|(&id, p)| (id, identity(p, secure))),
-    );
+    let mut endpoints: Vec<Endpoint> = Vec::with_capacity(workers);
+    for (shard, seed) in seeds.iter().take(workers).enumerate() {
+        let mut ecfg = ecfg.clone();
+        ecfg.shard = shard as u8;
+        let mut endpoint = Endpoint::new(ecfg, local.clone(), *seed)
+            .map_err(|e| anyhow::anyhow!("tunnel endpoint {}: {}", e.key, e.why))?;
+        endpoint.set_peers(
+            ids.iter()
+                .zip(&specs)
+                .map(|(&id, p)| (id, identity(p, secure))),
+        );
+        // One replay memory for all workers: a captured initiation sent to each worker's
+        // socket in turn is refused by every one after the first.
+        if let Some(first) = endpoints.first() {
+            endpoint.share_initiations(first.initiations());
+        }
+        endpoints.push(endpoint);
+    }
     let wake = Arc::new(Notify::new());
+    let worker_set = crate::workers::Workers::new(workers, wake);
     let memory = Arc::new(gateway_memory(cfg, settings.iter().map(|s| &s.config)));
     // Each peer's relays buffer at most their share of the send half of the budget.
     let send_budget = peer_send_share(cfg.limits.memory_budget.bytes(), specs.len());
     let now = Instant::now();
     let mut links = Vec::with_capacity(specs.len());
     for (&id, spec) in ids.iter().zip(&specs) {
+        let endpoint = &mut endpoints[crate::workers::owner(id, workers)];
         let assoc = match spec.address {
             Some(_) => {
                 let (_, a) = factory
-                    .make(&mut endpoint, now, id)
+                    .make(endpoint, now, id)
                     .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))
                     .with_context(|| format!("the association with peer {}", spec.name))?;
                 Some(a)
@@ -108,39 +136,57 @@ pub fn build(
             assoc,
             send_budget,
             memory.clone(),
-            wake.clone(),
+            worker_set.wake_of(id),
         )));
     }
     // The pair keeps its filter on the peer's address; without security the address is a
     // peer's identity.
     let allowed = (matches!(cfg.peer, Peers::Pair(_)) || !secure)
         .then(|| specs.iter().filter_map(|p| p.address).collect());
-    let share = matches!(cfg.peer, Peers::List(_)).then(|| {
-        let transport = cfg.transport();
-        let mtu = settings
-            .iter()
-            .map(|s| s.config.mtu)
-            .max()
-            .unwrap_or(transport.mtu);
-        let mut share = CarrierShare::new(cfg.link.tx_rate.bps(), mtu, transport.pacing_burst);
-        for ((&id, spec), s) in ids.iter().zip(&specs).zip(&settings) {
-            share.add(id, spec, carrier_overhead(s));
-        }
-        share
-    });
-    let gateway = Gateway::new(
+    let transport = cfg.transport();
+    let mtu = settings
+        .iter()
+        .map(|s| s.config.mtu)
+        .max()
+        .unwrap_or(transport.mtu);
+    let carrier = crate::share::SharedCarrier::new(
+        cfg.link.tx_rate.bps(),
+        mtu,
+        transport.pacing_burst,
+        workers,
+    );
+    let shards = endpoints
+        .into_iter()
+        .enumerate()
+        .map(|(worker, endpoint)| {
+            let share = matches!(cfg.peer, Peers::List(_)).then(|| {
+                let mut share =
+                    CarrierShare::new(cfg.link.tx_rate.bps(), mtu, transport.pacing_burst);
+                if workers > 1 {
+                    share = share.on_worker(carrier.clone(), worker);
+                }
+                for ((&id, spec), s) in ids.iter().zip(&specs).zip(&settings) {
+                    if crate::workers::owner(id, workers) == worker {
+                        share.add(id, spec, carrier_overhead(s));
+                    }
+                }
+                share
+            });
+            Shard { endpoint, share }
+        })
+        .collect();
+    let gateway = Gateway::on_workers(
         PeerTable::new(links, specs),
         cfg.link.tx_rate.bps(),
-        wake,
+        worker_set,
         memory,
         cfg.limits.max_flows,
     );
     Ok(Tunnel {
         gateway: Arc::new(gateway),
-        endpoint,
+        shards,
         factory,
         allowed,
-        share,
     })
 }
 
@@ -186,7 +232,7 @@ pub fn new_peer(
         // The driver shares the budget anew once the peer is in.
         0,
         gateway.memory.clone(),
-        gateway.wake.clone(),
+        gateway.workers.wake_of(id),
     );
     NewPeer {
         link: Arc::new(link),
@@ -216,7 +262,8 @@ fn gateway_memory<'a>(
     MemoryAccount::new(
         budget,
         receive_reserve(budget, configs),
-        crate::memory::fixed(mtu, crate::memory::worker_threads()),
+        crate::memory::fixed(mtu, crate::memory::worker_threads())
+            + (cfg.workers() as u64 - 1) * crate::memory::driver_buffers(mtu),
     )
 }
 

@@ -4,9 +4,10 @@
 
 mod support;
 
+use std::io::Read;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,81 @@ grace = "2s"
         path
     }
 
+    /// A hub's config on `workers` tunnel workers, with one terminal among its peers and
+    /// its interception and metrics on the ports given.
+    fn write_hub_config(&self, name: &str, workers: usize, ports: (u16, u16)) -> PathBuf {
+        let path = self.dir.join(name);
+        let key = self.dir.join("hub.key");
+        let peer = self.dir.join("terminal.key");
+        for k in [&key, &peer] {
+            if !k.exists() {
+                run(PEPD, &["genkey", k.to_str().expect("utf-8 path")]);
+            }
+        }
+        let out = Command::new(PEPD)
+            .args(["pubkey", peer.to_str().expect("utf-8 path")])
+            .output()
+            .expect("pepd pubkey");
+        let peer_public = String::from_utf8(out.stdout).expect("utf-8");
+        let (intercept, metrics) = ports;
+        let text = format!(
+            r#"
+[tunnel]
+side = "hub"
+bind = "0.0.0.0:7400"
+workers = {workers}
+
+[link]
+tx_rate = "10Mbit"
+rx_rate = "10Mbit"
+
+[intercept]
+listen = ["127.0.0.1:{intercept}"]
+
+[metrics]
+listen = "127.0.0.1:{metrics}"
+
+[security]
+private_key_file = {:?}
+
+[[peer]]
+name = "t1"
+public_key = {:?}
+subnets = ["198.18.11.0/24"]
+"#,
+            key.display().to_string(),
+            peer_public.trim()
+        );
+        std::fs::write(&path, text).expect("config");
+        path
+    }
+
+    /// Starts a hub on two workers (interception on port 7000, metrics on 9464) and waits
+    /// until it is ready.
+    fn start_ready_hub(&mut self) {
+        let cfg = self.write_hub_config("hub.toml", 2, (7000, 9464));
+        let (sock, path) = self.notify_socket();
+        self.start(&cfg, &path, &[]);
+        let mut seen = Vec::new();
+        assert!(
+            wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
+            "{seen:?}"
+        );
+    }
+
+    /// Runs pepd in the namespace until it exits, at most `within`: see [`end_of`].
+    fn run_to_end(&self, config: &Path, within: Duration) -> Option<(ExitStatus, String)> {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns, PEPD])
+            .args(["run", "-c", config.to_str().expect("utf-8 path")])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn pepd");
+        end_of(&mut child, within)
+    }
+
     fn notify_socket(&self) -> (UnixDatagram, PathBuf) {
         let path = self.dir.join("notify.sock");
         let sock = UnixDatagram::bind(&path).expect("notify socket");
@@ -147,6 +223,25 @@ fn run(prog: &str, args: &[&str]) {
         "{prog} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// How pepd (`child`, its stderr piped) ended, waiting at most `within`: its exit status and
+/// what it logged; `None`, and killed, if it was still running.
+fn end_of(child: &mut Child, within: Duration) -> Option<(ExitStatus, String)> {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut log = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut log).expect("stderr");
+            }
+            return Some((status, log));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 /// Collects notification datagrams until one contains `want` or the time is up.
@@ -283,4 +378,53 @@ fn runs_as_an_unprivileged_user_with_two_capabilities() {
     );
     // It serves metrics, so it is really running, not just alive.
     assert!(metric_value(&scrape_metrics(&sb.ns), "pepd_build_info", None).is_some());
+}
+
+/// A second hub on the same tunnel address does not join the first's group of worker
+/// sockets (and take a share of its datagrams): it fails to start, saying why.
+#[test]
+fn a_second_hub_on_the_tunnel_address_of_a_running_one_fails_to_start() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let mut sb = Sandbox::new();
+    sb.start_ready_hub();
+    for workers in [2, 1] {
+        let second = sb.write_hub_config("second.toml", workers, (7001, 9465));
+        let (status, log) = sb
+            .run_to_end(&second, Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("a second hub of {workers} workers kept running"));
+        assert!(!status.success(), "{status}");
+        assert!(
+            log.contains("0.0.0.0:7400 is in use by another process"),
+            "{workers} workers: {log}"
+        );
+    }
+    // The first serves on.
+    assert!(metric_value(&scrape_metrics(&sb.ns), "pepd_build_info", None).is_some());
+}
+
+/// A tunnel worker whose socket fails ends the daemon with an error (so that its service
+/// manager starts it again) instead of leaving it to serve on without that worker's peers.
+#[test]
+fn a_hub_whose_worker_stops_exits_with_an_error() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let mut sb = Sandbox::new();
+    sb.start_ready_hub();
+    // SOCK_DESTROY: the kernel finds the socket by its addresses, which the whole group
+    // shares, so it destroys one of them (ECONNABORTED), and that one receives nothing more.
+    run(
+        "ip",
+        &[
+            "netns", "exec", &sb.ns, "ss", "-K", "-u", "-a", "sport", "=", ":7400",
+        ],
+    );
+    let child = sb.children.last_mut().expect("child");
+    let (status, log) = end_of(child, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("pepd still ran without its worker"));
+    assert!(!status.success(), "{status}");
+    assert!(log.contains("tunnel worker"), "{log}");
+    assert!(log.contains("tunnel socket failed"), "{log}");
 }

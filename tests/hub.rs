@@ -73,32 +73,60 @@ struct HubNet {
     emulator: Option<Emulator>,
     /// Terminal i's `[[peer]]` entry in the hub's config at `entries[i - 1]`.
     entries: Vec<String>,
+    /// Keys added to the hub's `[tunnel]` section.
+    tunnel_extra: String,
+    /// Keys added to the hub's `[security]` section.
+    security_extra: String,
+    /// Whose public key is the greatest.
+    leads: Leads,
+}
+
+/// Whose public key is the greatest, which decides who leads a rekey, and who keeps its
+/// own initiation when both initiate (docs/PROTOCOL.md 7.1, 7.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leads {
+    /// The keys are random.
+    Either,
+    /// The hub's is greater than every terminal's.
+    Hub,
+    /// Every terminal's is greater than the hub's.
+    Terminals,
 }
 
 impl HubNet {
     /// The namespaces, links and addresses, and the interception rules on every gateway.
     fn new() -> HubNet {
-        Self::build(None)
+        Self::build(None, TERMINALS)
+    }
+
+    /// Four terminals, and the hub on two workers.
+    fn four_terminals_on_two_workers() -> HubNet {
+        let mut net = Self::build(None, 4);
+        net.tunnel_extra = "workers = 2\n".into();
+        net
     }
 
     /// As `new`, with terminal 1 reached over `link` (TUN devices and the link emulator)
     /// instead of a veth pair, so its path has a round-trip time to measure against.
     fn with_emulated_terminal(link: &LinkConfig) -> HubNet {
-        Self::build(Some(link))
+        Self::build(Some(link), TERMINALS)
     }
 
-    fn build(emulated: Option<&LinkConfig>) -> HubNet {
+    fn build(emulated: Option<&LinkConfig>, count: usize) -> HubNet {
         let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
         let base = format!("pepd-hub-{}-{n}", std::process::id());
         let mut net = HubNet {
             hub: format!("{base}-hub"),
             server: format!("{base}-srv"),
-            terminals: (1..=TERMINALS).map(|i| format!("{base}-t{i}")).collect(),
-            clients: (1..=TERMINALS).map(|i| format!("{base}-c{i}")).collect(),
+            terminals: (1..=count).map(|i| format!("{base}-t{i}")).collect(),
+            clients: (1..=count).map(|i| format!("{base}-c{i}")).collect(),
             dir: std::env::temp_dir().join(&base),
             children: Vec::new(),
             emulator: None,
             entries: Vec::new(),
+            tunnel_extra: String::new(),
+            security_extra: String::new(),
+            leads: Leads::Either,
         };
         for ns in net.all() {
             run("ip", &["netns", "add", ns]);
@@ -125,7 +153,7 @@ impl HubNet {
                 "198.18.200.1",
             ],
         );
-        for i in 1..=TERMINALS {
+        for i in 1..=count {
             let (t, c) = (&net.terminals[i - 1], &net.clients[i - 1]);
             let sat = format!("sat{i}");
             let (h, ts) = (
@@ -250,7 +278,7 @@ impl HubNet {
     /// As `start_gateways_with`, the hub's carrier (`link.tx_rate`) at `carrier` and
     /// `peer_keys[i - 1]` (TOML keys) in terminal i's `[[peer]]` entry.
     fn start_shaped_gateways(&mut self, hub_extra: &str, carrier: &str, peer_keys: &[&str]) {
-        let every: Vec<usize> = (1..=TERMINALS).collect();
+        let every: Vec<usize> = (1..=self.terminals.len()).collect();
         self.start_gateways_known(hub_extra, carrier, peer_keys, &every);
     }
 
@@ -263,11 +291,12 @@ impl HubNet {
         peer_keys: &[&str],
         known: &[usize],
     ) {
-        let (hub_key, hub_public) = self.key("hub");
         let mut entries = String::new();
         let mut terminal_keys = Vec::new();
-        for i in 1..=TERMINALS {
+        let mut terminal_publics = Vec::new();
+        for i in 1..=self.terminals.len() {
             let (key, public) = self.key(&format!("t{i}"));
+            terminal_publics.push(key_bytes(&public));
             let entry = format!(
                 "\n[[peer]]\nname = \"t{i}\"\npublic_key = \"{public}\"\nsubnets = [\"198.18.{}.0/24\"]\n{}\n",
                 10 + i,
@@ -279,14 +308,29 @@ impl HubNet {
             self.entries.push(entry);
             terminal_keys.push(key);
         }
+        let (hub_key, hub_public) = loop {
+            let (key, public) = self.key("hub");
+            let hub = key_bytes(&public);
+            let fits = match self.leads {
+                Leads::Either => true,
+                Leads::Hub => terminal_publics.iter().all(|t| *t < hub),
+                Leads::Terminals => terminal_publics.iter().all(|t| *t > hub),
+            };
+            if fits {
+                break (key, public);
+            }
+            std::fs::remove_file(&key).expect("remove the hub's key");
+        };
         let intercept =
             format!("[intercept]\nlisten = [\"0.0.0.0:{TPROXY_PORT}\"]\nown_mark = {OWN_MARK}\n");
         let common = format!("[link]\ntx_rate = \"50Mbit\"\nrx_rate = \"50Mbit\"\n\n{intercept}");
         let hub = format!(
-            "[tunnel]\nside = \"hub\"\nbind = \"0.0.0.0:7400\"\n\n\
+            "[tunnel]\nside = \"hub\"\nbind = \"0.0.0.0:7400\"\n{}\n\
              [link]\ntx_rate = \"{carrier}\"\nrx_rate = \"50Mbit\"\n\n{intercept}\n{hub_extra}\n\
-             [security]\nprivate_key_file = {:?}\n{entries}",
-            path_str(&hub_key)
+             [security]\nprivate_key_file = {:?}\n{}\n{entries}",
+            self.tunnel_extra,
+            path_str(&hub_key),
+            self.security_extra
         );
         let hub_ns = self.hub.clone();
         self.start_pepd(&hub_ns, "hub", &hub);
@@ -345,7 +389,8 @@ impl HubNet {
 
     fn logs(&self) -> String {
         let mut out = String::new();
-        for name in ["hub", "t1", "t2", "t3"] {
+        let names = (1..=self.terminals.len()).map(|i| format!("t{i}"));
+        for name in std::iter::once("hub".to_owned()).chain(names) {
             let text =
                 std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(15).collect();
@@ -374,6 +419,14 @@ impl Drop for HubNet {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A public key's bytes, in the order that decides who leads a rekey.
+fn key_bytes(public: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(public)
+        .expect("base64 key")
 }
 
 fn path_str(p: &Path) -> String {
@@ -459,9 +512,148 @@ fn three_terminals_upload_and_download_5mb_through_one_hub_byte_exact() {
     let _cpu = heavy();
     let mut net = HubNet::new();
     net.start_gateways();
-    let (at, results) = serve_exchanges(&net, 5001, TERMINALS, SIZE);
-    let clients: Vec<_> = (1..=TERMINALS)
-        .map(|i| exchange(&net, i, at, 100 + i as u64, SIZE))
+    every_terminal_exchanges_byte_exact(&net, 5001);
+}
+
+/// A hub on two workers with four terminals: every transfer byte-exact, two associations
+/// on each worker, and each worker's socket reads its own associations' packets: the kernel
+/// steers them by connection ID, so none is handed from one worker to the other.
+#[test]
+fn four_terminals_over_two_workers_byte_exact_each_worker_reading_its_own() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::four_terminals_on_two_workers();
+    net.start_gateways();
+    every_terminal_exchanges_byte_exact(&net, 5001);
+    let hub = net.scrape(&net.hub).expect("hub metrics");
+    let worker = |name: &str, w: &str| metric_value(&hub, name, Some(("worker", w)));
+    // Peers 0 and 2 (t1, t3) are worker 0's, 1 and 3 (t2, t4) worker 1's.
+    assert_eq!(worker("pepd_worker_associations", "0"), Some(2.0));
+    assert_eq!(worker("pepd_worker_associations", "1"), Some(2.0));
+    let read: Vec<f64> = ["0", "1"]
+        .iter()
+        .map(|w| worker("pepd_worker_datagrams_total", w).expect("datagrams"))
+        .collect();
+    // 2 × 5 MB each way per worker is thousands of datagrams.
+    assert!(read.iter().all(|&n| n > 2_000.0), "{read:?}");
+    let handed: f64 = ["0", "1"]
+        .iter()
+        .map(|w| worker("pepd_worker_handoffs_total", w).expect("handoffs"))
+        .sum();
+    // Only handshake messages go by the kernel's hash: at most each terminal's initiation
+    // and its few retransmissions may land on the other worker.
+    assert!(
+        handed <= 4.0 * 3.0,
+        "{handed} datagrams handed on\n{}",
+        net.logs()
+    );
+}
+
+/// A hub on two workers that leads every rekey (its key the greatest, a rekey a second):
+/// each terminal's REPLY comes to the hub's address from the terminal's, which the kernel's
+/// hash would place on either worker's socket; placed by the connection ID it names, it
+/// reaches the worker whose association sent the INIT, and every terminal rekeys.
+#[test]
+fn every_terminal_completes_the_rekeys_a_hub_on_two_workers_leads() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::four_terminals_on_two_workers();
+    net.security_extra = "rekey_interval = \"1s\"\n".into();
+    net.leads = Leads::Hub;
+    net.start_gateways();
+    let within = Duration::from_secs(15);
+    let deadline = Instant::now() + within;
+    loop {
+        let rekeys: Vec<Option<f64>> = net
+            .terminals
+            .iter()
+            .map(|t| net.metric(t, "pepd_rekeys_total", None))
+            .collect();
+        if rekeys.iter().all(|r| r.is_some_and(|n| n >= 3.0)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the terminals' rekeys after {within:?}: {rekeys:?}\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    every_terminal_exchanges_byte_exact(&net, 5001);
+}
+
+/// A hub on two workers answers the retransmitted copy of an initiation whose reply was
+/// lost with the same reply, also when the copy reaches a worker other than the peer's
+/// owner (as it does for about half of the terminals: initiations go by the kernel's hash):
+/// every terminal loses the hub's replies for its first 2.5 s (two or three of them), then
+/// associates, and the hub refuses none of their copies as a replay.
+#[test]
+fn retransmitted_initiations_are_answered_again_by_a_hub_on_two_workers() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::four_terminals_on_two_workers();
+    // The hub answers each terminal's initiations: one that leads and whose replies are
+    // lost ignores the terminals' and starts its own, a case of its own.
+    net.leads = Leads::Terminals;
+    let nft = |ns: &str, args: &[&str]| {
+        let mut all = vec!["netns", "exec", ns, "nft"];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    };
+    for t in &net.terminals {
+        nft(t, &["add", "table", "inet", "lost"]);
+        let chain = "{ type filter hook input priority 0; }";
+        nft(t, &["add", "chain", "inet", "lost", "in", chain]);
+        let rule = [
+            "udp", "sport", "7400", "@th,64,8", "0x83", "counter", "drop",
+        ];
+        nft(
+            t,
+            &[&["add", "rule", "inet", "lost", "in"][..], &rule[..]].concat(),
+        );
+    }
+    let terminals = net.terminals.clone();
+    let lifted = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(2500));
+        terminals
+            .iter()
+            .map(|t| {
+                let listed = nft(t, &["list", "table", "inet", "lost"]);
+                nft(t, &["delete", "table", "inet", "lost"]);
+                listed
+            })
+            .collect::<Vec<String>>()
+    });
+    net.start_gateways();
+    for (i, listed) in lifted.join().expect("lifted").iter().enumerate() {
+        assert!(
+            !listed.contains("packets 0 "),
+            "terminal {}: {listed}",
+            i + 1
+        );
+    }
+    let replayed = ("reason", "handshake_replayed");
+    assert_eq!(
+        net.metric(&net.hub, "pepd_datagrams_dropped_total", Some(replayed)),
+        Some(0.0),
+        "{}",
+        net.logs()
+    );
+}
+
+/// Client i of every terminal uploads 5 MB (seed 100 + i) to a server behind the hub and
+/// downloads 5 MB over the same connection: both byte-exact, each flow a terminal's.
+fn every_terminal_exchanges_byte_exact(net: &HubNet, port: u16) {
+    let count = net.terminals.len();
+    let (at, results) = serve_exchanges(net, port, count, SIZE);
+    let clients: Vec<_> = (1..=count)
+        .map(|i| exchange(net, i, at, 100 + i as u64, SIZE))
         .collect();
     for (i, c) in clients.into_iter().enumerate() {
         let seed = 101 + i as u64;
@@ -477,7 +669,7 @@ fn three_terminals_upload_and_download_5mb_through_one_hub_byte_exact() {
         );
         assert!(matches!(end, End::Eof { .. }), "client {}: {end:?}", i + 1);
     }
-    let mut uploads: Vec<(u64, u64, String)> = (0..TERMINALS)
+    let mut uploads: Vec<(u64, u64, String)> = (0..count)
         .map(|_| {
             results
                 .recv_timeout(Duration::from_secs(10))
@@ -485,14 +677,14 @@ fn three_terminals_upload_and_download_5mb_through_one_hub_byte_exact() {
         })
         .collect();
     uploads.sort();
-    let want: Vec<(u64, u64, String)> = (1..=TERMINALS as u64)
+    let want: Vec<(u64, u64, String)> = (1..=count as u64)
         .map(|i| (100 + i, SIZE, expected_digest(100 + i, 0, SIZE).hex()))
         .collect();
     assert_eq!(uploads, want);
     // Every flow came from a terminal's tunnel, one per terminal.
     assert_eq!(
         net.metric(&net.hub, "pepd_flows_total", Some(("origin", "peer"))),
-        Some(TERMINALS as f64)
+        Some(count as f64)
     );
     for t in &net.terminals {
         assert_eq!(
@@ -1044,6 +1236,8 @@ fn terminal_address_and_nat_port_change_mid_transfer() {
     let _cpu = heavy();
     let rtt = Duration::from_millis(2 * ROAM_ONE_WAY_MS);
     let mut net = HubNet::with_emulated_terminal(&support::link(50e6, ROAM_ONE_WAY_MS));
+    // Two workers: the moves reach the worker of t1's association by its connection ID.
+    net.tunnel_extra = "workers = 2\n".into();
     net.start_gateways();
     assert_eq!(net.endpoints_of("t1"), ["198.19.1.2:7400"]);
     let (at, uploads) = serve_exchanges(&net, 5007, 4, ROAM_SIZE);
@@ -1110,7 +1304,10 @@ fn terminal_address_and_nat_port_change_mid_transfer() {
     pep_testbed::in_netns(&net.terminals[0], move || -> std::io::Result<()> {
         let s = std::net::UdpSocket::bind("198.19.1.4:7401")?;
         for k in 0..FORGED {
-            let mut forged = vec![0x20 ^ (k & 0x1f), 0, k % TERMINALS as u8];
+            // Terminal i's (0-based) connection ID: worker i mod 2 in the top bit, its
+            // place among that worker's associations below.
+            let i = k % TERMINALS as u8;
+            let mut forged = vec![0x20 ^ (k & 0x1f), (i % 2) << 7, i / 2];
             forged.extend((0..80 + usize::from(k)).map(|b| (b as u8).wrapping_mul(31) ^ k));
             s.send_to(&forged, hub)?;
         }

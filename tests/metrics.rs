@@ -69,6 +69,16 @@ fn byte_and_flow_counters_match_the_traffic_sent() {
     assert_eq!(value(&b, flows, Some(("origin", "peer"))), 1.0);
     assert_eq!(value(&a, "pepd_flows_active", None), 0.0);
     assert_eq!(value(&b, "pepd_flows_active", None), 0.0);
+    // A pair's one worker reads every datagram its association receives.
+    for s in [&a, &b] {
+        let read = value(s, "pepd_worker_datagrams_total", Some(("worker", "0")));
+        let received = value(
+            s,
+            "pepd_wire_packets_total",
+            Some(("direction", "received")),
+        );
+        assert!(read >= received && received > 100.0, "{read} {received}");
+    }
     // Both gateways run on this CPU with `aead = "auto"`: AES-256-GCM if it has AES
     // instructions, else ChaCha20-Poly1305, on both sides.
     let (chosen, other) = if pep_transport::security::hardware_aes() {

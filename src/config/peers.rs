@@ -67,6 +67,9 @@ fn default_weight() -> u32 {
     1
 }
 
+/// Most workers a hub runs: a connection ID names at most 2^3 shards (docs/PROTOCOL.md §8).
+pub const MAX_WORKERS: usize = 8;
+
 /// `[tunnel]`: this gateway's end of the tunnel in the `[[peer]]` form.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +78,10 @@ pub struct TunnelConfig {
     /// Local tunnel address (UDP); default the unspecified address of the first peer
     /// address's family, port 7400.
     pub bind: Option<SocketAddr>,
+    /// A hub's worker threads; default the cores available. Read through
+    /// [`PepdConfig::workers`].
+    #[serde(default)]
+    pub workers: Option<usize>,
 }
 
 /// One peer as pepd serves it, whichever form the config used.
@@ -211,6 +218,19 @@ impl PepdConfig {
             }
             _ => SocketAddr::from((Ipv4Addr::UNSPECIFIED, DEFAULT_TUNNEL_PORT)),
         })
+    }
+
+    /// The threads a hub serves its associations on: `tunnel.workers`, else the cores
+    /// available, at most [`MAX_WORKERS`] (the shards a connection ID can name). One for
+    /// a pair and a terminal: one association has nothing to spread.
+    pub fn workers(&self) -> usize {
+        if crate::tunnel::cid_len(self) == 0 {
+            return 1;
+        }
+        let wanted = self.tunnel.as_ref().and_then(|t| t.workers);
+        wanted
+            .unwrap_or_else(crate::memory::worker_threads)
+            .clamp(1, MAX_WORKERS)
     }
 
     /// Whether the tunnel runs over IPv6: the peer's family for the `[peer]` table (as it

@@ -71,6 +71,16 @@ impl PepdConfig {
                 for peer in self.peer_specs() {
                     let _ = writeln!(s, "  {}", peer_line(&peer));
                 }
+                let workers = self.workers();
+                let _ = writeln!(
+                    s,
+                    "workers:    {workers} {}",
+                    if workers == 1 {
+                        "thread"
+                    } else {
+                        "threads, the associations spread over them by peer"
+                    }
+                );
             }
         }
         let listen: Vec<String> = self
@@ -261,7 +271,8 @@ impl PepdConfig {
         crate::memory::implied(
             self.limits.memory_budget.bytes(),
             t.assoc_window,
-            crate::memory::fixed(t.mtu, crate::memory::worker_threads()),
+            crate::memory::fixed(t.mtu, crate::memory::worker_threads())
+                + (self.workers() as u64 - 1) * crate::memory::driver_buffers(t.mtu),
             self.limits.max_flows as u64,
         )
     }
@@ -276,6 +287,20 @@ impl PepdConfig {
         };
         let tr = &self.transport;
 
+        match self.tunnel.as_ref().and_then(|t| t.workers) {
+            Some(w) if w > crate::config::MAX_WORKERS && self.workers() > 1 => warn(
+                "tunnel.workers",
+                format!(
+                    "= {w} is more than a connection ID can name shards for: running {}",
+                    crate::config::MAX_WORKERS
+                ),
+            ),
+            Some(w) if w > 1 && self.workers() == 1 => warn(
+                "tunnel.workers",
+                "has no effect on a terminal: its one association runs on one worker".into(),
+            ),
+            _ => {}
+        }
         if tr.loss_default == LossDefault::Congestion {
             warn(
                 "transport.loss_default",

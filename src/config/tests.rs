@@ -1008,6 +1008,7 @@ fn every_key_in_the_example_is_documented() {
             "peer.weight",
             "tunnel.bind",
             "tunnel.side",
+            "tunnel.workers",
         ],
         "every key of the `[[peer]]` form"
     );
@@ -1460,4 +1461,56 @@ fn example_configs_name_the_installed_key_and_a_placeholder() {
             (DEFAULT_REKEY_INTERVAL, DEFAULT_REKEY_AFTER_PACKETS)
         );
     }
+}
+
+#[test]
+fn tunnel_workers_are_counted_clamped_and_printed() {
+    let with = |workers: &str| HUB_SPOKE.replace("workers = 2", workers);
+    let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+    assert_eq!(c.workers(), 2);
+    assert!(
+        c.summary()
+            .lines()
+            .any(|l| l == "workers:    2 threads, the associations spread over them by peer"),
+        "{}",
+        c.summary()
+    );
+    assert!(c.warnings().iter().all(|w| !w.contains("tunnel.workers")));
+    // Beyond what a connection ID names: 8, with a warning naming the key.
+    let c = PepdConfig::parse(&with("workers = 20")).expect("20 workers");
+    assert_eq!(c.workers(), MAX_WORKERS);
+    let warnings = c.warnings();
+    let warned: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("`tunnel.workers` = 20"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{warnings:?}");
+    assert!(warned[0].contains("running 8"), "{}", warned[0]);
+    // Left out: one per core, at most 8.
+    let c = PepdConfig::parse(&with("")).expect("default workers");
+    assert_eq!(
+        c.workers(),
+        crate::memory::worker_threads().clamp(1, MAX_WORKERS)
+    );
+    // 0 is refused, naming the key and its line.
+    let e = PepdConfig::parse(&with("workers = 0")).unwrap_err();
+    let ConfigError::Invalid(problems) = &e else {
+        panic!("expected validation errors, got {e:?}");
+    };
+    let keys: Vec<_> = problems
+        .iter()
+        .map(|d| d.key.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(keys, ["tunnel.workers"]);
+    assert!(
+        e.to_string()
+            .contains("`tunnel.workers` must be at least 1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_pair_runs_one_worker_whatever_the_cores() {
+    let c = PepdConfig::parse(&example_with_every_key()).expect("example");
+    assert_eq!(c.workers(), 1);
 }

@@ -260,6 +260,12 @@ impl PepdConfig {
             ),
             _ => {}
         }
+        if self.tunnel.as_ref().and_then(|t| t.workers) == Some(0) {
+            c.fail(
+                "tunnel.workers",
+                "must be at least 1 (leave it out for one per core available)",
+            );
+        }
     }
 
     /// The `[[peer]]` form: each entry on its own, then what entries must not share.

@@ -22,9 +22,10 @@ impl Driver {
     /// Applies the peer changes queued since the last pass; true if the peers changed. A
     /// removed peer's CLOSE joins `tx`.
     pub(super) fn apply_peer_changes(&mut self, now: Instant, tx: &mut Outbox) -> bool {
-        let Some((changes, table)) = self.gateway.peers.take_changes() else {
+        let Some((changes, all)) = self.gateway.peers.take_changes(self.worker) else {
             return false;
         };
+        let table = super::own_view(&all, self.worker, self.gateway.workers.count());
         for change in changes {
             for link in &change.removed {
                 self.remove_peer(now, link, tx);
@@ -49,12 +50,14 @@ impl Driver {
             })
             .collect();
         if let Some(allowed) = self.allowed.as_mut() {
-            *allowed = table.specs.iter().filter_map(|p| p.address).collect();
+            // Any peer's datagram may reach any worker's socket (and be handed on).
+            *allowed = all.specs.iter().filter_map(|p| p.address).collect();
         }
+        self.addresses = super::addresses(&all);
         // The budget is the gateway's: each peer's share of it follows the number of peers.
         let memory = &self.gateway.memory;
         let budget = memory.budget();
-        let share = crate::tunnel::peer_send_share(budget, table.links.len());
+        let share = crate::tunnel::peer_send_share(budget, all.links.len());
         for l in &table.links {
             l.set_send_budget(share);
         }
@@ -63,8 +66,14 @@ impl Driver {
             self.factory.configs(),
         ));
         self.table = table;
+        self.all = all;
         self.cursor = 0;
         true
+    }
+
+    /// Whether this driver's worker serves `peer`.
+    fn owns(&self, peer: pep_transport::PeerId) -> bool {
+        crate::workers::owner(peer, self.gateway.workers.count()) == self.worker
     }
 
     /// Takes the peer out of the endpoint and the carrier, closes its association (one
@@ -77,6 +86,10 @@ impl Driver {
         self.factory.peers.remove(&id);
         if let Some(share) = self.share.as_mut() {
             share.remove(id);
+        }
+        if !self.owns(id) {
+            // Every endpoint forgets the peer; its owner closes the association.
+            return;
         }
         let mut st = link.lock();
         let mut last_stats = None;
@@ -119,6 +132,11 @@ impl Driver {
             return;
         }
         self.factory.peers.insert(id, settings);
+        if !self.owns(id) {
+            // Every endpoint learns the peer, so any worker can screen its initiations; its
+            // owner makes the association and schedules it on the carrier.
+            return;
+        }
         if let Some(share) = self.share.as_mut() {
             share.add(id, &spec, carrier_overhead);
         }

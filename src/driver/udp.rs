@@ -37,8 +37,24 @@ impl TunnelSocket {
         })
     }
 
+    /// Waits until datagrams may be waiting. A pending socket error ends the wait as that
+    /// error (the socket was destroyed, `ss -K`: it receives nothing more, so without this
+    /// its worker would wait on it for ever, unnoticed); a refused send's is taken and
+    /// ignored, as when a read returns it.
     pub async fn readable(&self) -> io::Result<()> {
-        self.io.readable().await
+        let ready = self.io.ready(Interest::READABLE | Interest::ERROR).await?;
+        if ready.is_error() {
+            if let Some(e) = self.io.take_error()? {
+                if e.kind() != io::ErrorKind::ConnectionRefused {
+                    return Err(e);
+                }
+            }
+            // Taken: the readiness clears, so that the next wait does not end at once.
+            let _ = self.io.try_io(Interest::ERROR, || {
+                Err::<(), io::Error>(io::ErrorKind::WouldBlock.into())
+            });
+        }
+        Ok(())
     }
 
     /// Datagrams the kernel may coalesce into one received buffer (1 without GRO).

@@ -123,6 +123,20 @@ fn sample() -> Snapshot {
         memory_budget_bytes: 141,
         tunnel_foreign_datagrams: 142,
         cookies_sent: 163,
+        workers: vec![
+            WorkerSnapshot {
+                associations: 192,
+                datagrams: 193,
+                handed_off: 194,
+                inbox_dropped: 198,
+            },
+            WorkerSnapshot {
+                associations: 195,
+                datagrams: 196,
+                handed_off: 197,
+                inbox_dropped: 199,
+            },
+        ],
         build_info: ("0.1.0", 1),
         peers: vec![
             PeerSnapshot {
@@ -300,6 +314,12 @@ fn encode_reports_every_value_exactly() {
         ("pepd_rekeys_total", &[], 152),
         ("pepd_nonce_refusals_total", &[], 150),
         ("pepd_cookies_sent_total", &[], 163),
+        ("pepd_worker_datagrams_total", &[("worker", "0")], 193),
+        ("pepd_worker_datagrams_total", &[("worker", "1")], 196),
+        ("pepd_worker_handoffs_total", &[("worker", "0")], 194),
+        ("pepd_worker_handoffs_total", &[("worker", "1")], 197),
+        ("pepd_worker_inbox_drops_total", &[("worker", "0")], 198),
+        ("pepd_worker_inbox_drops_total", &[("worker", "1")], 199),
         ("pepd_protocol_violations_total", &[], 125),
         ("pepd_stream_sent_bytes_total", &[], 104),
         ("pepd_stream_acked_bytes_total", &[], 105),
@@ -382,6 +402,8 @@ fn encode_reports_every_value_exactly() {
     assert_eq!(v("pepd_memory_accounted_bytes", &[]), 160.0);
     assert_eq!(v("pepd_memory_budget_bytes", &[]), 141.0);
     assert_eq!(v("pepd_flows_at_share", &[]), 164.0);
+    assert_eq!(v("pepd_worker_associations", &[("worker", "0")]), 192.0);
+    assert_eq!(v("pepd_worker_associations", &[("worker", "1")]), 195.0);
     for (state, want) in [
         ("connecting", 0.0),
         ("established", 0.0),

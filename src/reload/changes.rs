@@ -512,7 +512,12 @@ fn entry_changes(new: &PeerEntry, old: Option<&PeerEntry>) -> [(&'static str, bo
 /// `[tunnel]`'s keys, when the new config has the section.
 fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Vec<Key> {
     let tunnel = Setting::Restart(RestartSetting::Tunnel);
-    let Some(TunnelConfig { side, bind }) = new else {
+    let Some(TunnelConfig {
+        side,
+        bind,
+        workers,
+    }) = new
+    else {
         return Vec::new();
     };
     vec![
@@ -525,6 +530,11 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
             "tunnel.bind",
             tunnel,
             running.is_none_or(|r| *bind != r.bind),
+        ),
+        key(
+            "tunnel.workers",
+            tunnel,
+            running.is_none_or(|r| *workers != r.workers),
         ),
     ]
 }
@@ -703,6 +713,7 @@ mod tests {
                 "peer[].max_flows",
                 "tunnel.side",
                 "tunnel.bind",
+                "tunnel.workers",
             ]
         );
         let settings: BTreeSet<Setting> =

@@ -19,8 +19,8 @@ use crate::packet::{
 use crate::security::{
     cookie_dcid, init_mac1, init_mac1_ok, initiation_ephemeral, initiation_hello, parse_init,
     parse_reply, public_key, reply_mac1_ok, AcceptedInitiation, CookieJar, DropReason,
-    EphemeralSource, HandshakeGuard, LocalIdentity, MacKeys, Responder, SecurityConfig,
-    SourceBudgets, TokenBucket, KEY_LEN,
+    EphemeralSource, HandshakeGuard, InitiationMemory, LocalIdentity, MacKeys, Responder,
+    SecurityConfig, SourceBudgets, TokenBucket, KEY_LEN,
 };
 use crate::stats::SecurityCounts;
 
@@ -347,6 +347,35 @@ impl Endpoint {
         &self.cfg
     }
 
+    /// The memory of initiations this endpoint refuses as replays, to share with others.
+    pub fn initiations(&self) -> InitiationMemory {
+        self.guard.recent.clone()
+    }
+
+    /// Refuses as replays the initiations `memory` holds, and adds those it authenticates
+    /// there: endpoints in one process that share it (a hub's, one per worker) each refuse
+    /// an initiation any of them authenticated, not once each.
+    pub fn share_initiations(&mut self, memory: InitiationMemory) {
+        self.guard.recent = memory;
+    }
+
+    /// An initiation of `peer` another endpoint authenticated (it read it) and handed to
+    /// this one, which holds or makes the peer's association: a copy of it that reaches
+    /// this endpoint is the initiator missing the reply, and goes to the association to be
+    /// answered again.
+    pub fn adopt_initiation(&mut self, peer: PeerId, accepted: &AcceptedInitiation) {
+        self.answer_copies(peer, accepted.ephemeral);
+    }
+
+    /// Copies of the initiation of `ephemeral` go to `peer`'s association, no longer those
+    /// of the one answered for it before.
+    fn answer_copies(&mut self, peer: PeerId, ephemeral: [u8; KEY_LEN]) {
+        if let Some(old) = self.answered_by_peer.insert(peer, ephemeral) {
+            self.answered.remove(&old);
+        }
+        self.answered.insert(ephemeral, peer);
+    }
+
     /// The association made for `peer`, if any.
     pub fn association_of(&self, peer: PeerId) -> Option<AssocHandle> {
         self.by_peer.get(&peer).copied()
@@ -653,10 +682,7 @@ impl Endpoint {
             }
         };
         self.guard.recent.insert(ephemeral);
-        if let Some(old) = self.answered_by_peer.insert(peer, ephemeral) {
-            self.answered.remove(&old);
-        }
-        self.answered.insert(ephemeral, peer);
+        self.answer_copies(peer, ephemeral);
         Some(DatagramEvent::Initiation {
             peer,
             handle: self.by_peer.get(&peer).copied(),

@@ -34,6 +34,7 @@ pub use endpoint::{
 pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};
 pub use loss::LossCounts;
+pub use pacer::Pacer;
 pub use sched::{CarrierScheduler, MemberId, MemberRates};
 pub use stats::{SecurityCounts, Stats};
 

@@ -16,6 +16,9 @@ pub const LONG_TYPE_HANDSHAKE_INIT: u8 = 0x02;
 pub const LONG_TYPE_HANDSHAKE_REPLY: u8 = 0x03;
 /// Long-header packet type: a busy responder's cookie, instead of a reply (security on).
 pub const LONG_TYPE_COOKIE: u8 = 0x04;
+/// Type byte and version in front of the rest of a handshake datagram: a REPLY's or a
+/// COOKIE's DCID starts here, so a hub can place them by it before reading further.
+pub const HANDSHAKE_HEADER_LEN: usize = 5;
 
 const PN_LEN_SHIFT: u8 = 5;
 const PN_LEN_MASK: u8 = 0x60;

@@ -10,8 +10,10 @@ use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{decode_header_with_cid, Header};
 use pep_transport::security::{public_key, stamp_initiation_macs};
-use pep_transport::{DatagramEvent, EndpointStats, PeerId, PeerIdentity};
-use support::endpoints::{hub_addr, terminal_addr, terminal_key, Hubnet, Layout, HUB};
+use pep_transport::{DatagramEvent, Endpoint, EndpointStats, PeerId, PeerIdentity};
+use support::endpoints::{
+    hub_addr, hub_endpoint, terminal_addr, terminal_key, Hubnet, Layout, HUB,
+};
 use support::{geo_secure, pattern, INIT};
 
 const MS: Duration = Duration::from_millis(1);
@@ -313,6 +315,59 @@ fn repeated_init_gets_the_same_reply() {
     assert_eq!(replies, vec![first.clone(), first]);
     assert_eq!(hub.endpoint.stats(), EndpointStats::default());
     assert_eq!(hub.assocs[&h].0.stats().security, Default::default());
+}
+
+/// A hub's workers, an endpoint each, share one replay memory. Worker 1 reads and
+/// authenticates an initiation of a peer worker 0 owns, and hands it over: a replay of it
+/// to worker 2's socket is refused before any Diffie-Hellman, and a copy reaching the
+/// owner goes to the association, which answers it with the same reply.
+#[test]
+fn a_replay_to_another_worker_s_endpoint_is_refused() {
+    let layout = Layout::default();
+    let mut n = Hubnet::new(&layout);
+    assert!(n.step());
+    let init = first_init(&n, 1);
+    let now = n.now;
+    let from = terminal_addr(1);
+    let owner = &mut n.nodes[HUB];
+    let mut workers: Vec<Endpoint> = [[0x5b; 32], [0x5c; 32]]
+        .into_iter()
+        .map(|seed| hub_endpoint(&layout, seed))
+        .collect();
+    for w in &mut workers {
+        w.share_initiations(owner.endpoint.initiations());
+    }
+    let Some(DatagramEvent::Initiation {
+        peer,
+        handle: None,
+        accepted,
+    }) = workers[0].handle(now, from, &init)
+    else {
+        panic!("an initiation from a known key");
+    };
+    owner.endpoint.adopt_initiation(peer, &accepted);
+    let h = owner.associate(now, peer);
+    let assoc = &mut owner.assocs.get_mut(&h).unwrap().0;
+    assoc.accept_initiation(now, from, accepted);
+    let mut first = Vec::new();
+    assert_eq!(assoc.poll_transmit_to(now, &mut first), Some(from));
+
+    let elsewhere: std::net::SocketAddr = "198.18.9.9:40000".parse().unwrap();
+    assert!(workers[1].handle(now, elsewhere, &init).is_none());
+    let mut want = EndpointStats::default();
+    want.security.handshake_replayed = 1;
+    assert_eq!(workers[1].stats(), want);
+
+    let Some(DatagramEvent::Routed(r)) = owner.endpoint.handle(now, from, &init) else {
+        panic!("a copy of the initiation the owner adopted goes to its association");
+    };
+    assert_eq!(r, h);
+    let assoc = &mut owner.assocs.get_mut(&h).unwrap().0;
+    assoc.handle_datagram_from(now, from, &init);
+    let mut again = Vec::new();
+    assert_eq!(assoc.poll_transmit_to(now, &mut again), Some(from));
+    assert_eq!(again, first);
+    assert_eq!(owner.endpoint.stats(), EndpointStats::default());
 }
 
 /// Like `steady_state_data_packets_carry_at_most_8_bytes_of_overhead` (association.rs),

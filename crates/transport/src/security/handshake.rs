@@ -14,7 +14,8 @@ use super::macs::{INIT_MACS, REPLY_MACS};
 use super::{LocalIdentity, KEY_LEN};
 use crate::codec::Reader;
 use crate::packet::{
-    ConnectionId, LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
+    ConnectionId, HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT,
+    LONG_TYPE_HANDSHAKE_REPLY,
 };
 use crate::PROTOCOL_VERSION;
 
@@ -22,8 +23,6 @@ const PATTERN: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
 const PATTERN_PSK: &str = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 /// Binds both messages to this protocol and version.
 const PROLOGUE: &[u8] = b"pepd tunnel v2";
-/// Type byte and version in front of the rest of a handshake datagram.
-pub(crate) const HANDSHAKE_HEADER_LEN: usize = 5;
 /// Bound on a handshake datagram; ours are under 250 bytes.
 const MAX_MESSAGE: usize = 512;
 

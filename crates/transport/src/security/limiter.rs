@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Handshake messages a standalone association processes per second in the long run.
@@ -27,14 +28,14 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// The replay memory and the work budget of everything that reads initiations.
 pub(crate) struct HandshakeGuard {
     pub(crate) bucket: TokenBucket,
-    pub(crate) recent: RecentInitiations,
+    pub(crate) recent: InitiationMemory,
 }
 
 impl HandshakeGuard {
     pub(crate) fn new(per_second: u32, burst: u32) -> Self {
         HandshakeGuard {
             bucket: TokenBucket::new(per_second, burst),
-            recent: RecentInitiations::default(),
+            recent: InitiationMemory::default(),
         }
     }
 
@@ -123,6 +124,26 @@ impl SourceBudgets {
             .entry(source)
             .or_insert_with(|| TokenBucket::new(PER_SOURCE_PER_SECOND, PER_SOURCE_BURST))
             .try_take(now)
+    }
+}
+
+/// The memory of initiations seen ([`RECENT_INITIATIONS`] of them), which several endpoints
+/// in one process may share (a hub's workers, an endpoint each): an initiation one of them
+/// authenticated is then a replay to every one, whichever socket a copy reaches.
+#[derive(Clone, Default)]
+pub struct InitiationMemory(Arc<Mutex<RecentInitiations>>);
+
+impl InitiationMemory {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecentInitiations> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn contains(&self, ephemeral: &[u8; 32]) -> bool {
+        self.lock().contains(ephemeral)
+    }
+
+    pub(crate) fn insert(&self, ephemeral: [u8; 32]) {
+        self.lock().insert(ephemeral);
     }
 }
 

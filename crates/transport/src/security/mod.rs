@@ -74,8 +74,8 @@ mod replay;
 pub use aead::{PacketProtection, TAG_LEN};
 pub use cookie::COOKIE_SECRET_LIFETIME;
 pub use limiter::{
-    HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST, PER_SOURCE_PER_SECOND,
-    RECENT_INITIATIONS,
+    InitiationMemory, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST,
+    PER_SOURCE_PER_SECOND, RECENT_INITIATIONS,
 };
 pub use negotiate::{hardware_aes, negotiate, AeadOffer, MAX_OFFERED};
 pub use replay::REPLAY_WINDOW;

@@ -18,6 +18,7 @@ use super::{meta, pattern, App, FlowApp};
 
 pub const HUB: usize = 0;
 const PSK: [u8; 32] = [0x33; 32];
+const HUB_KEY: [u8; 32] = [0x11; 32];
 
 /// One gateway: its endpoint and the associations it keeps, with a script each.
 pub struct Node {
@@ -136,6 +137,28 @@ pub fn terminal_key(i: usize) -> [u8; 32] {
     [0x40 + i as u8; 32]
 }
 
+/// An endpoint of the hub as `Hubnet::new` makes it, its ephemeral keys from `seed`: a
+/// hub's workers have one each, with the same key and peers.
+pub fn hub_endpoint(layout: &Layout, seed: [u8; 32]) -> Endpoint {
+    let identity = layout.secure.then_some(LocalIdentity {
+        private_key: HUB_KEY,
+        psk: Some(PSK),
+    });
+    let peers = (1..=layout.terminals).map(|i| {
+        (
+            PeerId(i as u32),
+            PeerIdentity {
+                public_key: layout.secure.then(|| public_key(&terminal_key(i))),
+                address: (!layout.secure).then(|| terminal_addr(i)),
+            },
+        )
+    });
+    let mut endpoint =
+        Endpoint::new(EndpointConfig::new(layout.hub_cid_len), identity, seed).unwrap();
+    endpoint.set_peers(peers);
+    endpoint
+}
+
 impl Hubnet {
     /// The hub (peer ids 1..=terminals for the terminals it knows) and every terminal, each
     /// terminal with its association to the hub made up front. Without security the hub
@@ -143,7 +166,7 @@ impl Hubnet {
     /// it learns its terminals from their initiations, as behind NAT.
     pub fn new(layout: &Layout) -> Self {
         let base = Instant::now();
-        let hub_key = [0x11u8; 32];
+        let hub_key = HUB_KEY;
         let mut cfg = Config::for_rate(layout.rate_bps);
         cfg.initial_rtt = Duration::from_millis(200);
         let identity = |key: [u8; 32]| {
@@ -152,27 +175,9 @@ impl Hubnet {
                 psk: Some(PSK),
             })
         };
-        let hub_peers: Vec<(PeerId, PeerIdentity)> = (1..=layout.terminals)
-            .map(|i| {
-                (
-                    PeerId(i as u32),
-                    PeerIdentity {
-                        public_key: layout.secure.then(|| public_key(&terminal_key(i))),
-                        address: (!layout.secure).then(|| terminal_addr(i)),
-                    },
-                )
-            })
-            .collect();
-        let mut hub_endpoint = Endpoint::new(
-            EndpointConfig::new(layout.hub_cid_len),
-            identity(hub_key),
-            [0x5a; 32],
-        )
-        .unwrap();
-        hub_endpoint.set_peers(hub_peers.clone());
         let mut nodes = vec![Node {
             addr: hub_addr(),
-            endpoint: hub_endpoint,
+            endpoint: hub_endpoint(layout, [0x5a; 32]),
             assocs: BTreeMap::new(),
             key: layout.secure.then_some(hub_key),
             peer_keys: (1..=layout.terminals)
@@ -187,8 +192,8 @@ impl Hubnet {
             sent: Vec::new(),
         }];
         if !layout.secure {
-            for (peer, _) in &hub_peers {
-                nodes[HUB].associate(base, *peer);
+            for i in 1..=layout.terminals {
+                nodes[HUB].associate(base, PeerId(i as u32));
             }
         }
         for i in 1..=layout.terminals + layout.strangers {
