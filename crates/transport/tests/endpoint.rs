@@ -325,7 +325,6 @@ fn repeated_init_gets_the_same_reply() {
 /// cross the terminal's: the hub answers the fresh initiation, and every terminal
 /// associates.
 #[test]
-#[ignore = "fails: the hub's initiation to no address wins the collision (next commit)"]
 fn a_hub_that_leads_answers_a_fresh_initiation_after_its_replies_were_lost() {
     let layout = Layout {
         terminals: 4,
