@@ -599,8 +599,23 @@ fn retransmitted_initiations_are_answered_again_by_a_hub_on_two_workers() {
     let _cpu = heavy();
     let mut net = HubNet::four_terminals_on_two_workers();
     // The hub answers each terminal's initiations: one that leads and whose replies are
-    // lost ignores the terminals' and starts its own, a case of its own.
+    // lost starts its own, a case of its own (the next test).
     net.leads = Leads::Terminals;
+    let lifted = lose_hub_replies(&net, Duration::from_millis(2500));
+    net.start_gateways();
+    assert_hub_replies_were_lost(&lifted.join().expect("lifted"));
+    let replayed = ("reason", "handshake_replayed");
+    assert_eq!(
+        net.metric(&net.hub, "pepd_datagrams_dropped_total", Some(replayed)),
+        Some(0.0),
+        "{}",
+        net.logs()
+    );
+}
+
+/// Drops every REPLY from the hub in each terminal's namespace for `lasting`; the thread
+/// returns each terminal's rule as listed (with its counter) when it is lifted.
+fn lose_hub_replies(net: &HubNet, lasting: Duration) -> std::thread::JoinHandle<Vec<String>> {
     let nft = |ns: &str, args: &[&str]| {
         let mut all = vec!["netns", "exec", ns, "nft"];
         all.extend_from_slice(args);
@@ -619,8 +634,8 @@ fn retransmitted_initiations_are_answered_again_by_a_hub_on_two_workers() {
         );
     }
     let terminals = net.terminals.clone();
-    let lifted = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(2500));
+    std::thread::spawn(move || {
+        std::thread::sleep(lasting);
         terminals
             .iter()
             .map(|t| {
@@ -629,22 +644,36 @@ fn retransmitted_initiations_are_answered_again_by_a_hub_on_two_workers() {
                 listed
             })
             .collect::<Vec<String>>()
-    });
-    net.start_gateways();
-    for (i, listed) in lifted.join().expect("lifted").iter().enumerate() {
+    })
+}
+
+/// Every terminal's rule of `lose_hub_replies` dropped at least one REPLY.
+fn assert_hub_replies_were_lost(listed: &[String]) {
+    for (i, listed) in listed.iter().enumerate() {
         assert!(
             !listed.contains("packets 0 "),
             "terminal {}: {listed}",
             i + 1
         );
     }
-    let replayed = ("reason", "handshake_replayed");
-    assert_eq!(
-        net.metric(&net.hub, "pepd_datagrams_dropped_total", Some(replayed)),
-        Some(0.0),
-        "{}",
-        net.logs()
-    );
+}
+
+/// A hub on one worker that leads (its key the greatest) loses its replies to every
+/// terminal's first initiation (2.5 s): it stops waiting for their confirmation and starts
+/// initiations of its own, which have no address to go to, so they must not win over the
+/// terminals' fresh initiations: every terminal associates (`start_gateways` waits 20 s).
+#[test]
+fn every_terminal_associates_with_a_hub_that_leads_and_lost_its_first_replies() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::build(None, 4);
+    net.tunnel_extra = "workers = 1\n".into();
+    net.leads = Leads::Hub;
+    let lifted = lose_hub_replies(&net, Duration::from_millis(2500));
+    net.start_gateways();
+    assert_hub_replies_were_lost(&lifted.join().expect("lifted"));
 }
 
 /// Client i of every terminal uploads 5 MB (seed 100 + i) to a server behind the hub and

@@ -14,7 +14,7 @@ use pep_transport::{DatagramEvent, Endpoint, EndpointStats, PeerId, PeerIdentity
 use support::endpoints::{
     hub_addr, hub_endpoint, terminal_addr, terminal_key, Hubnet, Layout, HUB,
 };
-use support::{geo_secure, pattern, INIT};
+use support::{geo_secure, pattern, INIT, REPLY};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -315,6 +315,47 @@ fn repeated_init_gets_the_same_reply() {
     assert_eq!(replies, vec![first.clone(), first]);
     assert_eq!(hub.endpoint.stats(), EndpointStats::default());
     assert_eq!(hub.assocs[&h].0.stats().security, Default::default());
+}
+
+/// A hub whose key is greater than its terminals' loses its first replies (2.5 s): each
+/// terminal sends its initiation three times, then a fresh one, which reaches the hub a
+/// little after the hub stopped waiting for its first reply's confirmation (3 x
+/// `hello_interval`) and started an initiation of its own. The hub knows no address for a
+/// terminal before the terminal proves one, so that initiation never leaves and cannot
+/// cross the terminal's: the hub answers the fresh initiation, and every terminal
+/// associates.
+#[test]
+fn a_hub_that_leads_answers_a_fresh_initiation_after_its_replies_were_lost() {
+    let layout = Layout {
+        terminals: 4,
+        ..Layout::default()
+    };
+    let mut n = Hubnet::new(&layout);
+    let hub = hub_public_key(&n);
+    let led: Vec<usize> = (1..=layout.terminals)
+        .filter(|&i| public_key(&terminal_key(i)) < hub)
+        .collect();
+    assert!(!led.is_empty(), "the hub leads no terminal");
+    let delay = layout.delay;
+    n.path = Some(Box::new(move |sent, from, d| {
+        let from_hub = from == hub_addr();
+        if from_hub && d[0] == REPLY && sent < 2500 * MS {
+            return None;
+        }
+        // The terminals' timers fire a little late, as a busy host's do.
+        if !from_hub && d[0] == INIT && sent > 2500 * MS {
+            return Some(delay + MS);
+        }
+        Some(delay)
+    }));
+    assert!(
+        n.run_until(Duration::from_secs(20), |n| n
+            .established(0..=layout.terminals)),
+        "terminals {led:?} are led by the hub; established: {:?}",
+        (0..=layout.terminals)
+            .map(|i| n.nodes[i].established())
+            .collect::<Vec<_>>()
+    );
 }
 
 /// A hub's workers, an endpoint each, share one replay memory. Worker 1 reads and

@@ -24,7 +24,10 @@ impl Association {
             self.stats.security.wrong_mode += 1;
             return;
         };
-        let read = sec.accept_initiation(a);
+        // Without an address for the peer (one is learned only from what it proves) our
+        // initiation never left, so it cannot cross the peer's and must not win over it.
+        let ours_sent = self.remote.is_some();
+        let read = sec.accept_initiation(a, ours_sent);
         self.on_initiation_read(now, Some(from), read);
     }
 

@@ -551,11 +551,16 @@ impl Security {
     }
 
     /// Takes an initiation an endpoint read and authenticated for this association.
-    pub(crate) fn accept_initiation(&mut self, a: AcceptedInitiation) -> InitiationRead {
+    /// `ours_sent`: whether an initiation of ours in flight could have reached the peer.
+    pub(crate) fn accept_initiation(
+        &mut self,
+        a: AcceptedInitiation,
+        ours_sent: bool,
+    ) -> InitiationRead {
         if a.remote_static != self.cfg.peer_public_key {
             return InitiationRead::Dropped(DropReason::HandshakeUnknownPeer);
         }
-        if self.initiation.is_some() && self.leads {
+        if self.initiation.is_some() && self.leads && ours_sent {
             return InitiationRead::Collision;
         }
         InitiationRead::Answer {

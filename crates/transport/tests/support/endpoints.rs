@@ -115,12 +115,18 @@ impl Default for Layout {
 /// A datagram on the path: (arrival, sequence, from, to, bytes).
 type InFlight = (Instant, u64, SocketAddr, SocketAddr, Vec<u8>);
 
+/// The one-way delay of a datagram (sent at the given time since the start, from the given
+/// address) over a path a test shapes, or `None` when the path loses it.
+pub type PathDelay = Box<dyn FnMut(Duration, SocketAddr, &[u8]) -> Option<Duration>>;
+
 pub struct Hubnet {
     pub base: Instant,
     pub now: Instant,
     /// The hub first, then the terminals in order.
     pub nodes: Vec<Node>,
     pub delay: Duration,
+    /// Replaces `delay` for every datagram when set.
+    pub path: Option<PathDelay>,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
 }
@@ -233,6 +239,7 @@ impl Hubnet {
             now: base,
             nodes,
             delay: layout.delay,
+            path: None,
             queue: BinaryHeap::new(),
             seq: 0,
         }
@@ -271,14 +278,7 @@ impl Hubnet {
             }) => {
                 let addr = node.addr;
                 node.sent.push((destination, datagram.clone()));
-                self.seq += 1;
-                self.queue.push(Reverse((
-                    now + self.delay,
-                    self.seq,
-                    addr,
-                    destination,
-                    datagram,
-                )));
+                self.send(addr, destination, datagram);
                 return;
             }
         };
@@ -304,9 +304,21 @@ impl Hubnet {
         app.drain_events(a);
         for (to, d) in sent {
             self.nodes[node].sent.push((to, d.clone()));
+            self.send(from, to, d);
+        }
+    }
+
+    /// Puts a datagram on the path, which may delay it otherwise than `delay` or lose it.
+    fn send(&mut self, from: SocketAddr, to: SocketAddr, d: Vec<u8>) {
+        let since_start = self.now - self.base;
+        let delay = match self.path.as_mut() {
+            Some(path) => path(since_start, from, &d),
+            None => Some(self.delay),
+        };
+        if let Some(delay) = delay {
             self.seq += 1;
             self.queue
-                .push(Reverse((now + self.delay, self.seq, from, to, d)));
+                .push(Reverse((self.now + delay, self.seq, from, to, d)));
         }
     }
 
