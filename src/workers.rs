@@ -24,11 +24,7 @@ use tokio::sync::Notify;
 /// Bits of the connection ID that name the shard of `workers` workers: the fewest that
 /// count them (0 for one, which leaves a single worker's IDs as they always were).
 pub fn shard_bits(workers: usize) -> u8 {
-    let mut bits = 0;
-    while (1usize << bits) < workers {
-        bits += 1;
-    }
-    bits
+    workers.next_power_of_two().trailing_zeros() as u8
 }
 
 /// The worker that serves `peer`: by its id, which it keeps across reloads, so a peer's
