@@ -4,15 +4,16 @@
 
 mod support;
 
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{decode_header_with_cid, Header};
 use pep_transport::security::{public_key, stamp_initiation_macs};
-use pep_transport::{DatagramEvent, Endpoint, EndpointStats, PeerId, PeerIdentity};
+use pep_transport::{AssocHandle, DatagramEvent, Endpoint, EndpointStats, PeerId, PeerIdentity};
 use support::endpoints::{
-    hub_addr, hub_endpoint, terminal_addr, terminal_key, Hubnet, Layout, HUB,
+    hub_addr, hub_endpoint, terminal_addr, terminal_key, Hubnet, Layout, Node, HUB,
 };
 use support::{geo_secure, pattern, INIT, REPLY};
 
@@ -25,6 +26,26 @@ fn established(n: &mut Hubnet, nodes: &[usize]) {
             .established(nodes.iter().copied())),
         "no association"
     );
+}
+
+/// A copy of an initiation `node` answered reaches association `h` and is answered again,
+/// to where it came from: the reply it sends.
+fn answer_to_copy(
+    node: &mut Node,
+    h: AssocHandle,
+    now: Instant,
+    from: SocketAddr,
+    init: &[u8],
+) -> Vec<u8> {
+    let Some(DatagramEvent::Routed(r)) = node.endpoint.handle(now, from, init) else {
+        panic!("a copy of an answered initiation goes to its association");
+    };
+    assert_eq!(r, h);
+    let assoc = &mut node.assocs.get_mut(&h).unwrap().0;
+    assoc.handle_datagram_from(now, from, init);
+    let mut reply = Vec::new();
+    assert_eq!(assoc.poll_transmit_to(now, &mut reply), Some(from));
+    reply
 }
 
 fn hub_public_key(n: &Hubnet) -> [u8; 32] {
@@ -302,15 +323,7 @@ fn repeated_init_gets_the_same_reply() {
     assert_eq!(assoc.poll_transmit_to(now, &mut first), Some(from));
     let mut replies = Vec::new();
     for _ in 0..2 {
-        let Some(DatagramEvent::Routed(r)) = hub.endpoint.handle(now, from, &init) else {
-            panic!("a copy of an answered initiation goes to its association");
-        };
-        assert_eq!(r, h);
-        let assoc = &mut hub.assocs.get_mut(&h).unwrap().0;
-        assoc.handle_datagram_from(now, from, &init);
-        let mut again = Vec::new();
-        assert_eq!(assoc.poll_transmit_to(now, &mut again), Some(from));
-        replies.push(again);
+        replies.push(answer_to_copy(hub, h, now, from, &init));
     }
     assert_eq!(replies, vec![first.clone(), first]);
     assert_eq!(hub.endpoint.stats(), EndpointStats::default());
@@ -399,15 +412,7 @@ fn a_replay_to_another_worker_s_endpoint_is_refused() {
     want.security.handshake_replayed = 1;
     assert_eq!(workers[1].stats(), want);
 
-    let Some(DatagramEvent::Routed(r)) = owner.endpoint.handle(now, from, &init) else {
-        panic!("a copy of the initiation the owner adopted goes to its association");
-    };
-    assert_eq!(r, h);
-    let assoc = &mut owner.assocs.get_mut(&h).unwrap().0;
-    assoc.handle_datagram_from(now, from, &init);
-    let mut again = Vec::new();
-    assert_eq!(assoc.poll_transmit_to(now, &mut again), Some(from));
-    assert_eq!(again, first);
+    assert_eq!(answer_to_copy(owner, h, now, from, &init), first);
     assert_eq!(owner.endpoint.stats(), EndpointStats::default());
 }
 
