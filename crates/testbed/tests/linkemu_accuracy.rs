@@ -344,6 +344,13 @@ fn udp_gso_bursts_cross_a_clean_fast_link_whole_and_exact() {
     let counts = per_burst_counts(&got, 100, 20, 1400);
     assert!(counts.iter().all(|&c| c == 20), "{counts:?} {stats:?}");
     assert!(stats.udp_offload, "{stats:?}");
+    eprintln!(
+        "clean 10 Gb/s: {} datagrams exact; {} bursts whole, {} cut; emulator {:.4} CPU-s",
+        got.len(),
+        stats.ret.udp_bursts_whole,
+        stats.ret.udp_bursts_cut,
+        stats.cpu_s
+    );
     // Each send crossed as one unit (the kernel sends nothing else as a GSO burst).
     assert_eq!(stats.ret.udp_bursts_whole, 100, "{stats:?}");
     assert_eq!(stats.ret.udp_bursts_cut, 0, "{stats:?}");
@@ -373,6 +380,11 @@ fn udp_gso_bursts_on_a_lossy_link_lose_single_datagrams() {
     // 2000 datagrams at loss 0.3: 1400 expected, sd 20.5.
     assert!((1300..=1500).contains(&arrived), "{arrived} {stats:?}");
     let partial = counts.iter().filter(|&&c| c > 0 && c < 20).count();
+    eprintln!(
+        "loss 0.3: {arrived} of 2000 datagrams arrived; {partial} of 100 bursts in part; \
+         {} bursts cut",
+        stats.ret.udp_bursts_cut
+    );
     assert!(
         partial >= 90,
         "bursts lost whole, not datagram by datagram: {counts:?}"
