@@ -40,6 +40,7 @@ pub fn link(rate_bps: f64, one_way_ms: u64) -> LinkConfig {
         forward: d.clone(),
         ret: d,
         seed: 1,
+        ..Default::default()
     }
 }
 

@@ -83,6 +83,10 @@ pub struct LinkArgs {
     /// Seed of the impairment generators.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Read and write the emulator's TUN devices packet by packet, without UDP segmentation
+    /// offload (the sending kernel cuts every UDP GSO burst first), as before the offload.
+    #[arg(long)]
+    pub per_packet_emulation: bool,
 }
 
 fn ms(v: f64) -> Result<Duration, crate::Error> {
@@ -167,6 +171,7 @@ impl LinkArgs {
         if let Some(s) = self.seed {
             base.seed = s;
         }
+        base.per_packet |= self.per_packet_emulation;
         base.forward.validate()?;
         base.ret.validate()?;
         Ok(base)

@@ -5,6 +5,10 @@ use std::time::Duration;
 use pep_sim::channel::Impairments;
 use pep_sim::schedule::Schedule;
 
+/// The longest a UDP GSO burst may take to serialise and still cross whole (64 KiB at
+/// 5.2 Gb/s and up).
+pub const WHOLE_BURST_SERIALISATION: Duration = Duration::from_micros(100);
+
 /// One direction of the link.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DirectionConfig {
@@ -57,6 +61,26 @@ impl DirectionConfig {
             .map_or(self.delay, |ms| Duration::from_secs_f64(ms / 1e3))
     }
 
+    /// Whether a UDP GSO burst may cross as one unit: the link does nothing to single
+    /// datagrams (no loss or errors of any kind, no jitter, no per-frame overhead) and
+    /// serialising the largest burst takes at most [`WHOLE_BURST_SERIALISATION`], so that
+    /// delivering its datagrams together does not change their timing measurably.
+    pub fn passes_bursts_whole(&self) -> bool {
+        let imp = &self.impairments;
+        let untouched = imp.ber == 0.0
+            && imp.loss == 0.0
+            && imp.burst.is_none()
+            && imp.outages.windows.is_empty()
+            && imp.outages.periodic.is_none()
+            && imp.ber_schedule.is_empty()
+            && self.jitter.is_zero()
+            && self.frame_overhead == 0;
+        let largest_burst_bits = 65_536.0 * 8.0;
+        let fast = self.rate_bps == 0.0
+            || largest_burst_bits / self.rate_bps <= WHOLE_BURST_SERIALISATION.as_secs_f64();
+        untouched && fast && self.rate_schedule.is_empty()
+    }
+
     pub fn validate(&self) -> Result<(), crate::Error> {
         let bad = |what: &str| Err(crate::Error::Config(what.to_owned()));
         if !(self.rate_bps.is_finite() && self.rate_bps >= 0.0) {
@@ -80,6 +104,10 @@ pub struct LinkConfig {
     pub ret: DirectionConfig,
     /// Seeds both directions' generators (they get distinct streams derived from it).
     pub seed: u64,
+    /// Read and write the TUN devices packet by packet, without UDP segmentation offload: the
+    /// sending kernel then cuts every UDP GSO burst before the emulator sees it (what the
+    /// emulator did before it had the offload; for comparisons).
+    pub per_packet: bool,
 }
 
 impl LinkConfig {

@@ -2,10 +2,11 @@
 //! the near TUN, lets the [`Shaper`] decide their fate and delivery time, and queues survivors
 //! in a time-ordered heap; a writer thread sleeps precisely until the earliest one is due and
 //! writes it to the far TUN. Delivery times are absolute, so sleep overshoot never accumulates.
+//! UDP GSO bursts arrive whole where the kernel offers it; [`crate::gso`] says when they cross
+//! as one unit and when they are cut into datagrams first.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
-use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::thread::JoinHandleExt;
@@ -18,8 +19,10 @@ use nix::libc;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::config::LinkConfig;
+use crate::gso::{UdpBurst, VnetHdr, VNET_HDR_LEN};
 use crate::shaper::{Shaper, Verdict};
 use crate::stats::{Counters, LinkStats};
+use crate::tun::Tun;
 use crate::{netns, tun, Error};
 use pep_sim::timeline::Timeline;
 
@@ -36,7 +39,11 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 struct Scheduled {
     at: Duration,
     seq: u64,
+    /// What is written to the far TUN (behind its `virtio_net_hdr` with the offload on).
     packet: Vec<u8>,
+    /// The IP packets it stands for, and their bytes.
+    packets: usize,
+    ip_bytes: usize,
 }
 
 impl PartialEq for Scheduled {
@@ -78,6 +85,7 @@ pub struct Emulator {
     shapers: [Arc<Mutex<Shaper>>; 2],
     threads: Vec<JoinHandle<Duration>>,
     finished_cpu: Duration,
+    udp_offload: bool,
 }
 
 impl Emulator {
@@ -86,11 +94,18 @@ impl Emulator {
     pub fn start(cfg: &LinkConfig, a: &Endpoint, b: &Endpoint) -> Result<Emulator, Error> {
         cfg.forward.validate()?;
         cfg.ret.validate()?;
-        let open = |ep: &Endpoint| {
+        let open = |ep: &Endpoint, offload: bool| {
             let dev = ep.dev.clone();
-            netns::run_in(ep.netns.as_deref(), move || tun::open(&dev)).map(Arc::new)
+            netns::run_in(ep.netns.as_deref(), move || tun::open(&dev, offload))
         };
-        let (fa, fb) = (open(a)?, open(b)?);
+        let (mut ta, mut tb) = (open(a, !cfg.per_packet)?, open(b, !cfg.per_packet)?);
+        // A burst read whole on one side must be written whole on the other: both or neither.
+        if ta.vnet != tb.vnet {
+            drop((ta, tb));
+            (ta, tb) = (open(a, false)?, open(b, false)?);
+        }
+        let udp_offload = ta.vnet;
+        let (fa, fb) = (Arc::new(ta), Arc::new(tb));
         let shared = Arc::new(Shared {
             start: Instant::now(),
             stop: AtomicBool::new(false),
@@ -104,15 +119,17 @@ impl Emulator {
             shapers: [shaper(&cfg.forward, true), shaper(&cfg.ret, false)],
             threads: Vec::new(),
             finished_cpu: Duration::ZERO,
+            udp_offload,
         };
         let dirs = [(0, fa.clone(), fb.clone(), true), (1, fb, fa, false)];
         for (idx, from, to, fwd) in dirs {
+            let whole = if fwd { &cfg.forward } else { &cfg.ret }.passes_bursts_whole();
             let flight = Arc::new(Flight::default());
             let shaper = emu.shapers[idx].clone();
             let (sh, fl) = (emu.shared.clone(), flight.clone());
             let name = if fwd { "emu-fwd" } else { "emu-ret" };
             emu.spawn(format!("{name}-rx"), move || {
-                reader(&sh, idx, &from, &shaper, &fl)
+                reader(&sh, idx, &from, &shaper, &fl, whole)
             })?;
             let sh = emu.shared.clone();
             emu.spawn(format!("{name}-tx"), move || writer(&sh, idx, &to, &flight))?;
@@ -166,6 +183,7 @@ impl Emulator {
             elapsed_s: elapsed,
             cpu_s: cpu,
             cpu_share: if elapsed > 0.0 { cpu / elapsed } else { 0.0 },
+            udp_offload: self.udp_offload,
             forward,
             ret: ret_stats,
         }
@@ -192,12 +210,22 @@ impl Drop for Emulator {
     }
 }
 
-fn reader(shared: &Shared, idx: usize, from: &File, shaper: &Mutex<Shaper>, flight: &Flight) {
+/// Largest read: a 64 KiB GSO burst behind its header, with room to spare.
+const READ_BUFFER: usize = 1 << 17;
+
+fn reader(
+    shared: &Shared,
+    idx: usize,
+    from: &Tun,
+    shaper: &Mutex<Shaper>,
+    flight: &Flight,
+    bursts_whole: bool,
+) {
     let counters = &shared.counters[idx];
-    let mut buf = vec![0u8; 65_536];
+    let mut buf = vec![0u8; READ_BUFFER];
     let mut seq = 0u64;
     while !shared.stop.load(Relaxed) {
-        let mut fds = [PollFd::new(from.as_fd(), PollFlags::POLLIN)];
+        let mut fds = [PollFd::new(from.file.as_fd(), PollFlags::POLLIN)];
         let timeout = PollTimeout::try_from(STOP_POLL).unwrap_or(PollTimeout::MAX);
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -206,7 +234,7 @@ fn reader(shared: &Shared, idx: usize, from: &File, shaper: &Mutex<Shaper>, flig
         }
         // Drain everything readable before polling again: fewer syscalls at high rates.
         loop {
-            let n = match (&*from).read(&mut buf) {
+            let n = match (&from.file).read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -218,36 +246,87 @@ fn reader(shared: &Shared, idx: usize, from: &File, shaper: &Mutex<Shaper>, flig
                     break;
                 }
             };
+            let read = &buf[..n];
             let now = shared.start.elapsed();
-            let verdict = {
-                let mut shaper = shaper.lock().unwrap_or_else(|p| p.into_inner());
-                counters.arrived(n, shaper.backlog_bytes(now) + n);
-                shaper.offer(now, n)
+            let mut shaper = shaper.lock().unwrap_or_else(|p| p.into_inner());
+            let burst = if from.vnet {
+                VnetHdr::parse(read).and_then(|h| UdpBurst::parse(&h, &read[VNET_HDR_LEN..]))
+            } else {
+                None
             };
-            match verdict {
-                Verdict::Drop(reason) => counters.dropped(reason),
-                Verdict::Deliver { at } => {
-                    seq += 1;
-                    let mut heap = flight.heap.lock().unwrap_or_else(|p| p.into_inner());
-                    heap.push(Scheduled {
-                        at,
-                        seq,
-                        packet: buf[..n].to_vec(),
-                    });
-                    counters.in_flight(heap.len());
-                    // Only a new earliest packet changes how long the writer must sleep.
-                    let is_head = heap.peek().is_some_and(|h| h.seq == seq);
-                    drop(heap);
-                    if is_head {
-                        flight.due_changed.notify_one();
-                    }
+            let Some(burst) = burst else {
+                let ip_bytes = n - if from.vnet { VNET_HDR_LEN.min(n) } else { 0 };
+                let unit = Scheduled {
+                    at: Duration::ZERO,
+                    seq: 0,
+                    packet: read.to_vec(),
+                    packets: 1,
+                    ip_bytes,
+                };
+                offer(counters, &mut shaper, flight, &mut seq, now, unit);
+                continue;
+            };
+            // A burst that would overflow the queue is cut too: drop-tail takes datagrams.
+            if bursts_whole && shaper.has_room(now, burst.wire_bytes()) {
+                counters.burst(true);
+                let unit = Scheduled {
+                    at: Duration::ZERO,
+                    seq: 0,
+                    packet: read.to_vec(),
+                    packets: burst.segments(),
+                    ip_bytes: burst.wire_bytes(),
+                };
+                offer(counters, &mut shaper, flight, &mut seq, now, unit);
+            } else {
+                counters.burst(false);
+                for datagram in burst.cut(&read[VNET_HDR_LEN..]) {
+                    let unit = Scheduled {
+                        at: Duration::ZERO,
+                        seq: 0,
+                        ip_bytes: datagram.len() - VNET_HDR_LEN,
+                        packet: datagram,
+                        packets: 1,
+                    };
+                    offer(counters, &mut shaper, flight, &mut seq, now, unit);
                 }
             }
         }
     }
 }
 
-fn writer(shared: &Shared, idx: usize, to: &File, flight: &Flight) {
+/// Lets the shaper judge one unit (a packet, or a burst crossing whole) and schedules it.
+fn offer(
+    counters: &Counters,
+    shaper: &mut Shaper,
+    flight: &Flight,
+    seq: &mut u64,
+    now: Duration,
+    mut unit: Scheduled,
+) {
+    counters.arrived(
+        unit.packets,
+        unit.ip_bytes,
+        shaper.backlog_bytes(now) + unit.ip_bytes,
+    );
+    match shaper.offer(now, unit.ip_bytes) {
+        Verdict::Drop(reason) => counters.dropped(reason),
+        Verdict::Deliver { at } => {
+            *seq += 1;
+            (unit.at, unit.seq) = (at, *seq);
+            let mut heap = flight.heap.lock().unwrap_or_else(|p| p.into_inner());
+            heap.push(unit);
+            counters.in_flight(heap.len());
+            // Only a new earliest packet changes how long the writer must sleep.
+            let is_head = heap.peek().is_some_and(|h| h.seq == *seq);
+            drop(heap);
+            if is_head {
+                flight.due_changed.notify_one();
+            }
+        }
+    }
+}
+
+fn writer(shared: &Shared, idx: usize, to: &Tun, flight: &Flight) {
     // Default timer slack (50 us) would blur delivery times; ask for the tightest wakeups.
     let _ = nix::sys::prctl::set_timerslack(1);
     let counters = &shared.counters[idx];
@@ -272,14 +351,14 @@ fn writer(shared: &Shared, idx: usize, to: &File, flight: &Flight) {
             }
             while heap.peek().is_some_and(|h| h.at <= now) {
                 if let Some(p) = heap.pop() {
-                    due.push(p.packet);
+                    due.push(p);
                 }
             }
         }
         for p in due.drain(..) {
             // A TUN write takes the whole packet or fails; anything else is an error too.
-            match (&*to).write(&p) {
-                Ok(n) if n == p.len() => counters.passed(n),
+            match (&to.file).write(&p.packet) {
+                Ok(n) if n == p.packet.len() => counters.passed(p.packets, p.ip_bytes),
                 _ => counters.write_error(),
             }
         }

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod gso;
 pub mod netns;
 pub mod shaper;
 pub mod stats;

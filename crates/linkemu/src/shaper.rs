@@ -79,10 +79,15 @@ impl Shaper {
         Duration::from_nanos((len as f64 * 8.0 * 1e9 / rate).round() as u64)
     }
 
+    /// Whether `len` more bytes arriving at `now` fit in the queue (an idle link takes any).
+    pub fn has_room(&self, now: Duration, len: usize) -> bool {
+        let backlog = self.backlog_bytes(now);
+        backlog == 0 || backlog + len <= self.cfg.queue_bytes
+    }
+
     /// Offers a packet of `len` IP bytes arriving at `now` (time since the link started).
     pub fn offer(&mut self, now: Duration, len: usize) -> Verdict {
-        let backlog = self.backlog_bytes(now);
-        if backlog > 0 && backlog + len > self.cfg.queue_bytes {
+        if !self.has_room(now, len) {
             self.timeline.record_queue_drop(now);
             return Verdict::Drop(DropReason::Queue);
         }

@@ -18,6 +18,8 @@ pub struct Counters {
     write_errors: AtomicU64,
     queue_peak_bytes: AtomicU64,
     in_flight_peak: AtomicU64,
+    bursts_whole: AtomicU64,
+    bursts_cut: AtomicU64,
 }
 
 fn drop_index(r: DropReason) -> usize {
@@ -31,8 +33,9 @@ fn drop_index(r: DropReason) -> usize {
 }
 
 impl Counters {
-    pub fn arrived(&self, bytes: usize, backlog_bytes: usize) {
-        self.packets_in.fetch_add(1, Relaxed);
+    /// `packets` arrived together (a UDP GSO burst stands for its datagrams).
+    pub fn arrived(&self, packets: usize, bytes: usize, backlog_bytes: usize) {
+        self.packets_in.fetch_add(packets as u64, Relaxed);
         self.bytes_in.fetch_add(bytes as u64, Relaxed);
         self.queue_peak_bytes
             .fetch_max(backlog_bytes as u64, Relaxed);
@@ -43,9 +46,18 @@ impl Counters {
     pub fn in_flight(&self, n: usize) {
         self.in_flight_peak.fetch_max(n as u64, Relaxed);
     }
-    pub fn passed(&self, bytes: usize) {
-        self.passed_packets.fetch_add(1, Relaxed);
+    pub fn passed(&self, packets: usize, bytes: usize) {
+        self.passed_packets.fetch_add(packets as u64, Relaxed);
         self.passed_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+    /// A UDP GSO burst crossed as one unit (`whole`) or was cut into its datagrams.
+    pub fn burst(&self, whole: bool) {
+        let c = if whole {
+            &self.bursts_whole
+        } else {
+            &self.bursts_cut
+        };
+        c.fetch_add(1, Relaxed);
     }
     pub fn write_error(&self) {
         self.write_errors.fetch_add(1, Relaxed);
@@ -68,6 +80,8 @@ impl Counters {
             },
             queue_peak_bytes: self.queue_peak_bytes.load(Relaxed),
             in_flight_peak_packets: self.in_flight_peak.load(Relaxed),
+            udp_bursts_whole: self.bursts_whole.load(Relaxed),
+            udp_bursts_cut: self.bursts_cut.load(Relaxed),
             queue_delay: QueueDelay::default(),
         }
     }
@@ -94,6 +108,12 @@ pub struct DirectionStats {
     pub queue_peak_bytes: u64,
     /// Most packets held at once (queued, serialising or propagating).
     pub in_flight_peak_packets: u64,
+    /// UDP GSO bursts that crossed as one unit (counted in packets_in by their datagrams).
+    #[serde(default)]
+    pub udp_bursts_whole: u64,
+    /// UDP GSO bursts cut into datagrams, each judged on its own.
+    #[serde(default)]
+    pub udp_bursts_cut: u64,
     /// Queueing delay each packet that entered the queue saw, measured at the queue.
     #[serde(default)]
     pub queue_delay: QueueDelay,
@@ -106,6 +126,9 @@ pub struct LinkStats {
     pub cpu_s: f64,
     /// `cpu_s / elapsed_s`: 1.0 is one core busy.
     pub cpu_share: f64,
+    /// Whether the TUN devices hand over UDP GSO bursts whole (see `pep_linkemu::gso`).
+    #[serde(default)]
+    pub udp_offload: bool,
     pub forward: DirectionStats,
     #[serde(rename = "return")]
     pub ret: DirectionStats,

@@ -1,4 +1,5 @@
-//! Opening a TUN device (layer 3, no packet-information header).
+//! Opening a TUN device (layer 3, no packet-information header), with UDP segmentation
+//! offload where the kernel has it (see [`crate::gso`]).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -16,10 +17,39 @@ struct IfReq {
     _pad: [u8; 22],
 }
 
+/// An attached TUN device; `vnet` says whether every packet read or written carries a
+/// `virtio_net_hdr` (UDP segmentation offload on).
+pub struct Tun {
+    pub file: File,
+    pub vnet: bool,
+}
+
 /// Attaches to TUN device `dev` in the calling thread's namespace, creating it if it does not
-/// exist (a device created here disappears when the file closes). The file is non-blocking:
-/// the engine polls it so it can stop.
-pub fn open(dev: &str) -> Result<File, Error> {
+/// exist (a device created here disappears when the file closes). With `offload`, asks for
+/// UDP GSO bursts whole (`TUN_F_USO4/6`, Linux 6.2 on); a kernel that refuses gets packets one
+/// by one as before. The file is non-blocking: the engine polls it so it can stop.
+pub fn open(dev: &str, offload: bool) -> Result<Tun, Error> {
+    if offload {
+        let tun = attach(dev, true)?;
+        let features = libc::TUN_F_CSUM | libc::TUN_F_USO4 | libc::TUN_F_USO6;
+        // SAFETY: TUNSETOFFLOAD takes its argument by value; the descriptor is open.
+        let rc = unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETOFFLOAD, features) };
+        if rc == 0 {
+            return Ok(Tun {
+                file: tun,
+                vnet: true,
+            });
+        }
+        // Detach and attach again without the header: the device must not keep it.
+        drop(tun);
+    }
+    Ok(Tun {
+        file: attach(dev, false)?,
+        vnet: false,
+    })
+}
+
+fn attach(dev: &str, vnet: bool) -> Result<File, Error> {
     let err = |source| Error::Tun {
         dev: dev.to_owned(),
         source,
@@ -35,7 +65,8 @@ pub fn open(dev: &str) -> Result<File, Error> {
         .map_err(err)?;
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
-        flags: (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short,
+        flags: (libc::IFF_TUN | libc::IFF_NO_PI | if vnet { libc::IFF_VNET_HDR } else { 0 })
+            as libc::c_short,
         _pad: [0; 22],
     };
     req.name[..dev.len()].copy_from_slice(dev.as_bytes());

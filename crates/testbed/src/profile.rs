@@ -53,6 +53,7 @@ impl Profile {
             forward: direction(fwd, delay_ms, rtt),
             ret: direction(ret, delay_ms, rtt),
             seed: 1,
+            ..Default::default()
         };
         if self == Profile::Leo {
             let (delays, outages) = leo_handovers();

@@ -198,6 +198,7 @@ impl HubTopology {
             forward: links.carrier.clone(),
             ret: passthrough(),
             seed: links.seed,
+            ..Default::default()
         };
         self.carrier = Some(Emulator::start(
             &carrier,
@@ -210,6 +211,7 @@ impl HubTopology {
                 ret: links.ret.clone(),
                 // Each return link loses its own packets.
                 seed: links.seed.wrapping_add(i as u64),
+                ..Default::default()
             };
             self.returns.push(Emulator::start(
                 &ret,
