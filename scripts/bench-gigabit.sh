@@ -76,14 +76,18 @@ def stat(v, p=3):
         return "–"
     sd = st.stdev(v) if len(v) > 1 else 0.0
     return f"{st.mean(v):.{p}f} ± {sd:.{p}f} ({min(v):.{p}f}–{max(v):.{p}f})"
-print("| row | goodput Gb/s | gateways' CPU-s per GB | emulator CPU share | intact | load |")
-print("|---|---|---|---|---|---|")
+print("| row | goodput Gb/s | gateways' CPU-s per GB | machine's busy CPU-s per GB | "
+      "emulator CPU share | intact | load |")
+print("|---|---|---|---|---|---|---|")
 for label, ds in rows.items():
     rs = [d["result"] for d in ds]
     cpu = [r["gateway_cpu"]["cpu_s_per_gb"] for r in rs if r.get("gateway_cpu")]
+    machine = [r["gateway_cpu"]["machine"]["busy_s_per_gb"] for r in rs
+               if (r.get("gateway_cpu") or {}).get("machine")]
     emu = [r["emulator"]["cpu_share"] for r in rs if r.get("emulator")]
     print(f"| {label} | {stat([r['goodput_bps'] / 1e9 for r in rs])} | {stat(cpu, 2)} | "
-          f"{stat(emu, 2)} | {all(r['intact'] for r in rs)} | {','.join(d['load'] for d in ds)} |")
+          f"{stat(machine, 2)} | {stat(emu, 2)} | {all(r['intact'] for r in rs)} | "
+          f"{','.join(d['load'] for d in ds)} |")
 if "split-tcp" in rows:
     split = [d["result"] for d in rows["split-tcp"]]
     sg = st.mean(r["goodput_bps"] for r in split)

@@ -327,6 +327,7 @@ fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::Securi
     t.cookie_invalid += s.cookie_invalid;
     t.nonce_refused += s.nonce_refused;
     t.aead_mismatch += s.aead_mismatch;
+    t.handshake_collision += s.handshake_collision;
 }
 
 /// `s` without what describes a running association (its path and flows now), so that

@@ -36,12 +36,7 @@ impl CpuTimes {
 pub fn process_times(pid: u32) -> Result<CpuTimes, Error> {
     let path = format!("/proc/{pid}/stat");
     let text = std::fs::read_to_string(&path)?;
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|t| *t > 0)
-        .ok_or_else(|| Error::Invalid("no clock tick rate (sysconf CLK_TCK)".into()))?;
-    parse_stat(&text, ticks as f64)
+    parse_stat(&text, clock_ticks()?)
         .ok_or_else(|| Error::Invalid(format!("{path} has no utime/stime: {text:?}")))
 }
 
@@ -57,6 +52,53 @@ fn parse_stat(text: &str, ticks_per_s: f64) -> Option<CpuTimes> {
         user_s: utime as f64 / ticks_per_s,
         system_s: stime as f64 / ticks_per_s,
     })
+}
+
+/// The whole machine's CPU so far, every core together, from the first line of `/proc/stat`:
+/// `(busy, softirq)` seconds, busy being user, nice, system, irq and softirq time (not idle,
+/// I/O wait or time the hypervisor stole).
+pub fn machine_times() -> Result<(f64, f64), Error> {
+    let text = std::fs::read_to_string("/proc/stat")?;
+    let ticks = clock_ticks()?;
+    parse_proc_stat(&text, ticks)
+        .ok_or_else(|| Error::Invalid(format!("/proc/stat has no cpu line: {text:.200}")))
+}
+
+fn parse_proc_stat(text: &str, ticks_per_s: f64) -> Option<(f64, f64)> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq ...
+    let [user, nice, system, _idle, _iowait, irq, softirq, ..] = f[..] else {
+        return None;
+    };
+    let busy = user + nice + system + irq + softirq;
+    Some((busy as f64 / ticks_per_s, softirq as f64 / ticks_per_s))
+}
+
+fn clock_ticks() -> Result<f64, Error> {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .map(|t| t as f64)
+        .ok_or_else(|| Error::Invalid("no clock tick rate (sysconf CLK_TCK)".into()))
+}
+
+/// The whole machine over the workload: what the gateways' processes leave out (the kernel's
+/// packet work done in softirq for other processes or in ksoftirqd, the end hosts' traffic
+/// tool, the emulator), for reading their figures against each other.
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineCpu {
+    /// Busy CPU seconds of every core together.
+    pub busy_s: f64,
+    /// The part of `busy_s` spent in softirq (most of the kernel's packet work).
+    pub softirq_s: f64,
+    /// `busy_s` per 10⁹ bytes of verified payload.
+    pub busy_s_per_gb: f64,
 }
 
 /// One process's CPU over the workload.
@@ -76,11 +118,13 @@ pub struct GatewayCpu {
     pub total_s: f64,
     /// `total_s` per 10⁹ bytes of verified payload.
     pub cpu_s_per_gb: f64,
+    pub machine: MachineCpu,
 }
 
 /// CPU samples of a set of named processes, taken when the workload starts.
 pub struct CpuMeter {
     start: Vec<(String, u32, CpuTimes)>,
+    machine_start: (f64, f64),
 }
 
 impl CpuMeter {
@@ -90,7 +134,10 @@ impl CpuMeter {
             .iter()
             .map(|(name, pid)| Ok((name.clone(), *pid, process_times(*pid)?)))
             .collect::<Result<_, Error>>()?;
-        Ok(CpuMeter { start })
+        Ok(CpuMeter {
+            start,
+            machine_start: machine_times()?,
+        })
     }
 
     /// What each process spent since [`CpuMeter::start`], per GB of `bytes`.
@@ -107,13 +154,23 @@ impl CpuMeter {
             );
         }
         let total_s = processes.values().map(|p| p.total_s).sum::<f64>();
+        let per_gb = |s: f64| {
+            if bytes > 0 {
+                s / (bytes as f64 / GB)
+            } else {
+                0.0
+            }
+        };
+        let (busy, softirq) = machine_times()?;
+        let busy_s = busy - self.machine_start.0;
         Ok(GatewayCpu {
             processes,
             total_s,
-            cpu_s_per_gb: if bytes > 0 {
-                total_s / (bytes as f64 / GB)
-            } else {
-                0.0
+            cpu_s_per_gb: per_gb(total_s),
+            machine: MachineCpu {
+                busy_s,
+                softirq_s: softirq - self.machine_start.1,
+                busy_s_per_gb: per_gb(busy_s),
             },
         })
     }
@@ -136,6 +193,19 @@ mod tests {
             }
         );
         assert_eq!(parse_stat("4242 (x) S 1 2", 100.0), None);
+    }
+
+    #[test]
+    fn the_machine_line_of_proc_stat_gives_busy_and_softirq_time() {
+        let text = "cpu  1000 50 300 9000 20 5 45 7 0 0\ncpu0 500 25 150 4500 10 2 20 3 0 0\n";
+        // user 1000 + nice 50 + system 300 + irq 5 + softirq 45 ticks; idle, iowait and
+        // steal left out.
+        assert_eq!(parse_proc_stat(text, 100.0), Some((14.0, 0.45)));
+        assert_eq!(parse_proc_stat("cpu0 1 2 3 4 5 6 7\n", 100.0), None);
+        assert_eq!(parse_proc_stat("cpu  1 2 3\n", 100.0), None);
+        assert_eq!(parse_proc_stat("cpu  1\n", 100.0), None);
+        let (busy, _) = machine_times().expect("/proc/stat");
+        assert!(busy > 0.0);
     }
 
     #[test]

@@ -366,6 +366,13 @@ fn split_tcp_relays_a_download_byte_exact_over_the_veth_link() {
     let sum: f64 = cpu.processes.values().map(|p| p.total_s).sum();
     assert_eq!(cpu.total_s, sum);
     assert_eq!(cpu.cpu_s_per_gb, cpu.total_s / 0.02);
+    // The whole machine moved 20 MB through two relays, two end hosts and the kernel: it
+    // was busy at least as long as the relays. (Softirq time is counted by clock tick and
+    // may miss so short a run.)
+    let m = &cpu.machine;
+    assert!(m.busy_s >= cpu.total_s && m.busy_s > 0.0, "{m:?}");
+    assert!((0.0..=m.busy_s).contains(&m.softirq_s), "{m:?}");
+    assert_eq!(m.busy_s_per_gb, m.busy_s / 0.02);
 }
 
 #[test]

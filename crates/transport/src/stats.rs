@@ -105,11 +105,15 @@ pub struct SecurityCounts {
     /// A handshake that authenticated but whose two AEAD offers have nothing in common
     /// (both sides pinned to different AEADs): no keys are installed.
     pub aead_mismatch: u64,
+    /// The peer's initiation crossed one of ours that stands (we lead, and ours went to the
+    /// address the peer's came from): the peer answers ours instead. Many of these while a
+    /// peer stays unassociated mean the two sides keep missing each other.
+    pub handshake_collision: u64,
 }
 
 impl SecurityCounts {
     /// Each reason with its metric label, for exporters.
-    pub fn by_reason(&self) -> [(&'static str, u64); 10] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 11] {
         [
             ("unauthenticated", self.unauthenticated),
             ("replayed", self.replayed),
@@ -121,6 +125,7 @@ impl SecurityCounts {
             ("handshake_bad_mac", self.handshake_bad_mac),
             ("cookie_invalid", self.cookie_invalid),
             ("aead_mismatch", self.aead_mismatch),
+            ("handshake_collision", self.handshake_collision),
         ]
     }
 }

@@ -371,6 +371,65 @@ fn a_hub_that_leads_answers_a_fresh_initiation_after_its_replies_were_lost() {
     );
 }
 
+/// A terminal the hub leads goes silent long enough for the hub to start initiations of its
+/// own, to the address it last knew, then restarts behind NAT on a new port. The hub's
+/// initiations cannot reach it there, so they must not win over the terminal's fresh
+/// initiations from the new address.
+#[test]
+fn a_hub_that_leads_answers_a_terminal_that_came_back_from_a_new_address() {
+    let layout = Layout {
+        terminals: 4,
+        ..Layout::default()
+    };
+    let mut n = Hubnet::new(&layout);
+    let hub = hub_public_key(&n);
+    let led = (1..=layout.terminals)
+        .find(|&i| public_key(&terminal_key(i)) < hub)
+        .expect("the hub leads a terminal");
+    established(&mut n, &(0..=layout.terminals).collect::<Vec<_>>());
+    let old = terminal_addr(led);
+    // Silence: the terminal's node moves to an address whose datagrams the path loses, and
+    // nobody is at the old one.
+    let away: std::net::SocketAddr = "198.18.200.1:9".parse().unwrap();
+    let delay = layout.delay;
+    n.path = Some(Box::new(move |_, from, _| (from != away).then_some(delay)));
+    n.nodes[led].addr = away;
+    let silent_for = Duration::from_secs(60);
+    let hub_initiated_before = count_sent(&n, HUB, INIT, old);
+    n.run_until(silent_for, |_| false);
+    let hub_initiations = count_sent(&n, HUB, INIT, old) - hub_initiated_before;
+    assert!(
+        hub_initiations > 0,
+        "the hub never initiated to the silent terminal's old address"
+    );
+    let new_addr: std::net::SocketAddr = "198.18.201.7:40001".parse().unwrap();
+    n.restart_terminal(&layout, led, new_addr);
+    assert!(
+        n.run_until(Duration::from_secs(20), |n| n
+            .established(0..=layout.terminals)),
+        "terminal {led} restarted at {new_addr}; established: {:?}",
+        (0..=layout.terminals)
+            .map(|i| n.nodes[i].established())
+            .collect::<Vec<_>>()
+    );
+    // The hub answered: no initiation of the terminal's was lost to a collision.
+    let collisions: u64 = n.nodes[HUB]
+        .assocs
+        .values()
+        .map(|(a, _)| a.stats().security.handshake_collision)
+        .sum();
+    assert_eq!(collisions, 0);
+}
+
+/// Datagrams of `kind` (the first byte) that node `node` sent to `to`.
+fn count_sent(n: &Hubnet, node: usize, kind: u8, to: std::net::SocketAddr) -> usize {
+    n.nodes[node]
+        .sent
+        .iter()
+        .filter(|(dst, d)| *dst == to && d.first() == Some(&kind))
+        .count()
+}
+
 /// A hub's workers, an endpoint each, share one replay memory. Worker 1 reads and
 /// authenticates an initiation of a peer worker 0 owns, and hands it over: a replay of it
 /// to worker 2's socket is refused before any Diffie-Hellman, and a copy reaching the

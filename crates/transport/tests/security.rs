@@ -404,3 +404,20 @@ fn keys_are_replaced_after_the_configured_packet_count() {
     eprintln!("{rekeys} rekeys for {sent} packets");
     assert!(rekeys >= 3, "{rekeys} rekeys for {sent} packets");
 }
+
+/// Both gateways restart at the same moment, so their first initiations cross: the one with
+/// the greater key keeps its own and counts the peer's as a collision, the other answers,
+/// and the pair associates as before.
+#[test]
+fn crossing_initiations_are_counted_at_the_side_that_keeps_its_own() {
+    let mut n = geo(Faults::default(), 21, Duration::from_secs(120));
+    established(&mut n);
+    n.restart(0, test_config(20_000_000), 5151);
+    n.restart(1, test_config(20_000_000), 5152);
+    established(&mut n);
+    let keys = security_pair(Duration::from_secs(120)).map(|s| public_key(&s.local_private_key));
+    let leader = usize::from(keys[1] > keys[0]);
+    let counts = [0, 1].map(|i| n.ends[i].stats().security.handshake_collision);
+    assert!(counts[leader] >= 1, "{counts:?}, leader {leader}");
+    assert_eq!(counts[1 - leader], 0, "{counts:?}");
+}

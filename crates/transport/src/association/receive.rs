@@ -24,9 +24,12 @@ impl Association {
             self.stats.security.wrong_mode += 1;
             return;
         };
-        // Without an address for the peer (one is learned only from what it proves) our
-        // initiation never left, so it cannot cross the peer's and must not win over it.
-        let ours_sent = self.remote.is_some();
+        // Our initiation went to the address we know for the peer, if any (one is learned
+        // only from what it proves). It can cross the peer's only if the peer's came from
+        // that address: without one ours never left, and from another (a peer that came
+        // back behind NAT on a new port) ours went where the peer no longer is. Either way
+        // it must not win over the peer's.
+        let ours_sent = self.remote == Some(from);
         let read = sec.accept_initiation(a, ours_sent);
         self.on_initiation_read(now, Some(from), read);
     }
@@ -211,7 +214,10 @@ impl Association {
                 self.reply_to = from;
                 return;
             }
-            InitiationRead::Collision => return,
+            InitiationRead::Collision => {
+                self.stats.security.handshake_collision += 1;
+                return;
+            }
             InitiationRead::Dropped(d) => {
                 d.count(&mut self.stats.security);
                 return;

@@ -165,6 +165,48 @@ pub fn hub_endpoint(layout: &Layout, seed: [u8; 32]) -> Endpoint {
     endpoint
 }
 
+/// Terminal `i` at `addr`, with its association to the hub made.
+/// `seed` feeds its endpoint's randomness (connection IDs, Noise ephemerals).
+fn terminal_node(
+    layout: &Layout,
+    i: usize,
+    addr: SocketAddr,
+    (epoch, seed): (u64, [u8; 32]),
+    now: Instant,
+) -> Node {
+    let hub = PeerId(0);
+    let mut cfg = Config::for_rate(layout.rate_bps);
+    cfg.initial_rtt = Duration::from_millis(200);
+    let identity = layout.secure.then(|| LocalIdentity {
+        private_key: terminal_key(i),
+        psk: Some(PSK),
+    });
+    let mut endpoint = Endpoint::new(EndpointConfig::new(0), identity, seed).unwrap();
+    endpoint.set_peers([(
+        hub,
+        PeerIdentity {
+            public_key: layout.secure.then(|| public_key(&HUB_KEY)),
+            address: Some(hub_addr()),
+        },
+    )]);
+    let mut node = Node {
+        addr,
+        endpoint,
+        assocs: BTreeMap::new(),
+        key: layout.secure.then_some(terminal_key(i)),
+        peer_keys: [(hub, public_key(&HUB_KEY))].into_iter().collect(),
+        cfg: Config {
+            keepalive_interval: layout.terminal_keepalive,
+            ..cfg
+        },
+        role: Role::Initiator,
+        epoch,
+        sent: Vec::new(),
+    };
+    node.associate(now, hub);
+    node
+}
+
 impl Hubnet {
     /// The hub (peer ids 1..=terminals for the terminals it knows) and every terminal, each
     /// terminal with its association to the hub made up front. Without security the hub
@@ -175,12 +217,6 @@ impl Hubnet {
         let hub_key = HUB_KEY;
         let mut cfg = Config::for_rate(layout.rate_bps);
         cfg.initial_rtt = Duration::from_millis(200);
-        let identity = |key: [u8; 32]| {
-            layout.secure.then_some(LocalIdentity {
-                private_key: key,
-                psk: Some(PSK),
-            })
-        };
         let mut nodes = vec![Node {
             addr: hub_addr(),
             endpoint: hub_endpoint(layout, [0x5a; 32]),
@@ -203,36 +239,8 @@ impl Hubnet {
             }
         }
         for i in 1..=layout.terminals + layout.strangers {
-            let hub = PeerId(0);
-            let mut endpoint = Endpoint::new(
-                EndpointConfig::new(0),
-                identity(terminal_key(i)),
-                [i as u8; 32],
-            )
-            .unwrap();
-            endpoint.set_peers([(
-                hub,
-                PeerIdentity {
-                    public_key: layout.secure.then(|| public_key(&hub_key)),
-                    address: Some(hub_addr()),
-                },
-            )]);
-            let mut node = Node {
-                addr: terminal_addr(i),
-                endpoint,
-                assocs: BTreeMap::new(),
-                key: layout.secure.then_some(terminal_key(i)),
-                peer_keys: [(hub, public_key(&hub_key))].into_iter().collect(),
-                cfg: Config {
-                    keepalive_interval: layout.terminal_keepalive,
-                    ..cfg.clone()
-                },
-                role: Role::Initiator,
-                epoch: 2000 + i as u64,
-                sent: Vec::new(),
-            };
-            node.associate(base, hub);
-            nodes.push(node);
+            let start = (2000 + i as u64, [i as u8; 32]);
+            nodes.push(terminal_node(layout, i, terminal_addr(i), start, base));
         }
         Hubnet {
             base,
@@ -243,6 +251,15 @@ impl Hubnet {
             queue: BinaryHeap::new(),
             seq: 0,
         }
+    }
+
+    /// Terminal `i` starts afresh at `addr` (a restart behind NAT, which maps it to a new
+    /// port): a new endpoint and association, a new epoch, fresh randomness; what was in
+    /// flight to its old address is lost.
+    pub fn restart_terminal(&mut self, layout: &Layout, i: usize, addr: SocketAddr) {
+        let epoch = self.nodes[i].epoch + 1;
+        let seed = [0xe0 | (epoch as u8 & 0x0f); 32];
+        self.nodes[i] = terminal_node(layout, i, addr, (epoch, seed), self.now);
     }
 
     pub fn node_at(&self, addr: SocketAddr) -> Option<usize> {
