@@ -56,7 +56,13 @@ pub struct SentPackets {
     bytes_in_flight: u64,
     /// Outstanding members per redundancy group.
     groups: HashMap<u64, u32>,
+    /// Frame lists of packets no longer tracked, cleared, for the next packets to reuse: a
+    /// packet sent then costs no allocation for its list.
+    spare_frame_lists: Vec<Vec<SentFrame>>,
 }
+
+/// Spare frame lists kept at most (a burst's worth; more are freed).
+const SPARE_FRAME_LISTS: usize = 256;
 
 impl SentPackets {
     pub fn bytes_in_flight(&self) -> u64 {
@@ -65,6 +71,19 @@ impl SentPackets {
 
     pub fn is_empty(&self) -> bool {
         self.in_flight == 0
+    }
+
+    /// An empty frame list for a packet about to be built.
+    pub fn frame_list(&mut self) -> Vec<SentFrame> {
+        self.spare_frame_lists.pop().unwrap_or_default()
+    }
+
+    /// Takes back the frame list of a packet that left the record.
+    pub fn recycle(&mut self, mut frames: Vec<SentFrame>) {
+        if self.spare_frame_lists.len() < SPARE_FRAME_LISTS && frames.capacity() > 0 {
+            frames.clear();
+            self.spare_frame_lists.push(frames);
+        }
     }
 
     pub fn insert(&mut self, pn: u64, p: SentPacket) {

@@ -70,6 +70,7 @@ impl Association {
             for fr in &p.frames {
                 self.on_frame_acked(*fr);
             }
+            self.sent.recycle(p.frames);
             let acked = AckedPacket {
                 pn,
                 bytes: p.wire_bytes,
@@ -191,11 +192,12 @@ impl Association {
         // Redundant copies carry only DATA: while another member of the group is outstanding
         // its data may still arrive, but everything else needs repair now.
         let data_covered = p.group.is_some_and(|g| self.sent.group_outstanding(g));
-        for fr in p.frames {
+        for &fr in &p.frames {
             if !(data_covered && matches!(fr, SentFrame::Data { .. })) {
                 self.requeue(fr);
             }
         }
+        self.sent.recycle(p.frames);
     }
 
     pub(super) fn requeue(&mut self, fr: SentFrame) {

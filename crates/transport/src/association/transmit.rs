@@ -255,7 +255,7 @@ impl Association {
         let budget = size.min(self.cfg.max_datagram()) - header_len - self.tag_len();
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
-        let mut frames: Vec<SentFrame> = Vec::new();
+        let mut frames = self.sent.frame_list();
 
         if self.acks.has_pending() {
             if let Some(mut ack) = self.acks.build(now) {
