@@ -545,7 +545,10 @@ mod tests {
         for i in 0..1000u64 {
             r.on_data(i * 100, &[1u8; 100], false).unwrap();
         }
-        assert!(r.ready.len() >= 6, "100 KB in-order is at least 6 chunks of 16 KiB");
+        assert!(
+            r.ready.len() >= 6,
+            "100 KB in-order is at least 6 chunks of 16 KiB"
+        );
         while r.read(64 * 1024).is_some() {}
         assert_eq!(r.ready.capacity(), 0);
         assert_eq!(r.ready_tail.capacity(), 0);
