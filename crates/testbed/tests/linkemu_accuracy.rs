@@ -357,6 +357,7 @@ fn udp_gso_bursts_cross_a_clean_fast_link_whole_and_exact() {
     // Each send crossed as one unit (the kernel sends nothing else as a GSO burst).
     assert_eq!(stats.ret.udp_bursts_whole, 100, "{stats:?}");
     assert_eq!(stats.ret.udp_bursts_cut, 0, "{stats:?}");
+    assert_eq!(stats.ret.gso_bursts_uncut, 0, "{stats:?}");
     assert!(stats.ret.packets_in >= 2000, "{stats:?}");
 }
 
@@ -394,6 +395,7 @@ fn udp_gso_bursts_on_a_lossy_link_lose_single_datagrams() {
     );
     assert_eq!(stats.ret.udp_bursts_whole, 0, "{stats:?}");
     assert!(stats.ret.udp_bursts_cut >= 100, "{stats:?}");
+    assert_eq!(stats.ret.gso_bursts_uncut, 0, "{stats:?}");
 }
 
 #[test]
