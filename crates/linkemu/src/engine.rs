@@ -19,9 +19,9 @@ use nix::libc;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::config::LinkConfig;
-use crate::gso::{UdpBurst, VnetHdr, VNET_HDR_LEN};
+use crate::gso::{UdpBurst, VnetHdr, GSO_NONE, VNET_HDR_LEN};
 use crate::shaper::{Shaper, Verdict};
-use crate::stats::{Counters, LinkStats};
+use crate::stats::{BurstFate, Counters, LinkStats};
 use crate::tun::Tun;
 use crate::{netns, tun, Error};
 use pep_sim::timeline::Timeline;
@@ -44,6 +44,19 @@ struct Scheduled {
     /// The IP packets it stands for, and their bytes.
     packets: usize,
     ip_bytes: usize,
+}
+
+impl Scheduled {
+    /// A unit to offer; its delivery time and sequence number are set once it is accepted.
+    fn new(packet: Vec<u8>, packets: usize, ip_bytes: usize) -> Scheduled {
+        Scheduled {
+            at: Duration::ZERO,
+            seq: 0,
+            packet,
+            packets,
+            ip_bytes,
+        }
+    }
 }
 
 impl PartialEq for Scheduled {
@@ -248,47 +261,40 @@ fn reader(
             };
             let read = &buf[..n];
             let now = shared.start.elapsed();
-            let mut shaper = shaper.lock().unwrap_or_else(|p| p.into_inner());
-            let burst = if from.vnet {
-                VnetHdr::parse(read).and_then(|h| UdpBurst::parse(&h, &read[VNET_HDR_LEN..]))
+            let lock = || shaper.lock().unwrap_or_else(|p| p.into_inner());
+            let hdr = if from.vnet {
+                VnetHdr::parse(read)
             } else {
                 None
             };
+            let burst = hdr.and_then(|h| UdpBurst::parse(&h, &read[VNET_HDR_LEN..]));
             let Some(burst) = burst else {
+                if hdr.is_some_and(|h| h.gso_type != GSO_NONE) {
+                    counters.burst(BurstFate::Uncut);
+                }
                 let ip_bytes = n - if from.vnet { VNET_HDR_LEN.min(n) } else { 0 };
-                let unit = Scheduled {
-                    at: Duration::ZERO,
-                    seq: 0,
-                    packet: read.to_vec(),
-                    packets: 1,
-                    ip_bytes,
-                };
-                offer(counters, &mut shaper, flight, &mut seq, now, unit);
+                let unit = Scheduled::new(read.to_vec(), 1, ip_bytes);
+                offer(counters, &mut lock(), flight, &mut seq, now, unit);
                 continue;
             };
-            // A burst that would overflow the queue is cut too: drop-tail takes datagrams.
-            if bursts_whole && shaper.has_room(now, burst.wire_bytes()) {
-                counters.burst(true);
-                let unit = Scheduled {
-                    at: Duration::ZERO,
-                    seq: 0,
-                    packet: read.to_vec(),
-                    packets: burst.segments(),
-                    ip_bytes: burst.wire_bytes(),
-                };
-                offer(counters, &mut shaper, flight, &mut seq, now, unit);
-            } else {
-                counters.burst(false);
-                for datagram in burst.cut(&read[VNET_HDR_LEN..]) {
-                    let unit = Scheduled {
-                        at: Duration::ZERO,
-                        seq: 0,
-                        ip_bytes: datagram.len() - VNET_HDR_LEN,
-                        packet: datagram,
-                        packets: 1,
-                    };
+            if bursts_whole {
+                let mut shaper = lock();
+                // A burst that would overflow the queue is cut: drop-tail takes datagrams.
+                if shaper.has_room(now, burst.wire_bytes()) {
+                    counters.burst(BurstFate::Whole);
+                    let unit = Scheduled::new(read.to_vec(), burst.segments(), burst.wire_bytes());
                     offer(counters, &mut shaper, flight, &mut seq, now, unit);
+                    continue;
                 }
+            }
+            counters.burst(BurstFate::Cut);
+            // Cut before taking the lock: stats() waits on it.
+            let datagrams = burst.cut(&read[VNET_HDR_LEN..]);
+            let mut shaper = lock();
+            for datagram in datagrams {
+                let ip_bytes = datagram.len() - VNET_HDR_LEN;
+                let unit = Scheduled::new(datagram, 1, ip_bytes);
+                offer(counters, &mut shaper, flight, &mut seq, now, unit);
             }
         }
     }
@@ -309,7 +315,7 @@ fn offer(
         shaper.backlog_bytes(now) + unit.ip_bytes,
     );
     match shaper.offer(now, unit.ip_bytes) {
-        Verdict::Drop(reason) => counters.dropped(reason),
+        Verdict::Drop(reason) => counters.dropped(reason, unit.packets),
         Verdict::Deliver { at } => {
             *seq += 1;
             (unit.at, unit.seq) = (at, *seq);
@@ -359,7 +365,7 @@ fn writer(shared: &Shared, idx: usize, to: &Tun, flight: &Flight) {
             // A TUN write takes the whole packet or fails; anything else is an error too.
             match (&to.file).write(&p.packet) {
                 Ok(n) if n == p.packet.len() => counters.passed(p.packets, p.ip_bytes),
-                _ => counters.write_error(),
+                _ => counters.write_error(p.packets),
             }
         }
     }

@@ -23,6 +23,8 @@ pub struct VnetHdr {
 pub const VNET_HDR_LEN: usize = 10;
 /// `VIRTIO_NET_HDR_F_NEEDS_CSUM`: the checksum from `csum_start` on is left to the device.
 pub const NEEDS_CSUM: u8 = 1;
+/// `VIRTIO_NET_HDR_GSO_NONE`: a single packet.
+pub const GSO_NONE: u8 = 0;
 /// `VIRTIO_NET_HDR_GSO_UDP_L4`.
 pub const GSO_UDP_L4: u8 = 5;
 const UDP_HEADER: usize = 8;

@@ -20,6 +20,19 @@ pub struct Counters {
     in_flight_peak: AtomicU64,
     bursts_whole: AtomicU64,
     bursts_cut: AtomicU64,
+    bursts_uncut: AtomicU64,
+}
+
+/// What became of a GSO burst the kernel handed over whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BurstFate {
+    /// Crossed as one unit.
+    Whole,
+    /// Cut into its datagrams, each judged on its own.
+    Cut,
+    /// Not a UDP burst over plain IPv4 or IPv6 (say, IPv6 extension headers): it crossed as
+    /// it came, whatever the link, and the far kernel cuts it.
+    Uncut,
 }
 
 fn drop_index(r: DropReason) -> usize {
@@ -40,8 +53,9 @@ impl Counters {
         self.queue_peak_bytes
             .fetch_max(backlog_bytes as u64, Relaxed);
     }
-    pub fn dropped(&self, r: DropReason) {
-        self.drops[drop_index(r)].fetch_add(1, Relaxed);
+    /// `packets` dropped together (a burst crossing whole stands for its datagrams).
+    pub fn dropped(&self, r: DropReason, packets: usize) {
+        self.drops[drop_index(r)].fetch_add(packets as u64, Relaxed);
     }
     pub fn in_flight(&self, n: usize) {
         self.in_flight_peak.fetch_max(n as u64, Relaxed);
@@ -50,17 +64,16 @@ impl Counters {
         self.passed_packets.fetch_add(packets as u64, Relaxed);
         self.passed_bytes.fetch_add(bytes as u64, Relaxed);
     }
-    /// A UDP GSO burst crossed as one unit (`whole`) or was cut into its datagrams.
-    pub fn burst(&self, whole: bool) {
-        let c = if whole {
-            &self.bursts_whole
-        } else {
-            &self.bursts_cut
+    pub fn burst(&self, fate: BurstFate) {
+        let c = match fate {
+            BurstFate::Whole => &self.bursts_whole,
+            BurstFate::Cut => &self.bursts_cut,
+            BurstFate::Uncut => &self.bursts_uncut,
         };
         c.fetch_add(1, Relaxed);
     }
-    pub fn write_error(&self) {
-        self.write_errors.fetch_add(1, Relaxed);
+    pub fn write_error(&self, packets: usize) {
+        self.write_errors.fetch_add(packets as u64, Relaxed);
     }
 
     pub fn snapshot(&self) -> DirectionStats {
@@ -82,6 +95,7 @@ impl Counters {
             in_flight_peak_packets: self.in_flight_peak.load(Relaxed),
             udp_bursts_whole: self.bursts_whole.load(Relaxed),
             udp_bursts_cut: self.bursts_cut.load(Relaxed),
+            gso_bursts_uncut: self.bursts_uncut.load(Relaxed),
             queue_delay: QueueDelay::default(),
         }
     }
@@ -114,6 +128,10 @@ pub struct DirectionStats {
     /// UDP GSO bursts cut into datagrams, each judged on its own.
     #[serde(default)]
     pub udp_bursts_cut: u64,
+    /// GSO bursts the emulator cannot cut (not UDP over plain IPv4 or IPv6): they crossed as
+    /// they came, whatever the link, and the far kernel cut them.
+    #[serde(default)]
+    pub gso_bursts_uncut: u64,
     /// Queueing delay each packet that entered the queue saw, measured at the queue.
     #[serde(default)]
     pub queue_delay: QueueDelay,

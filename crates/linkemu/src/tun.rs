@@ -32,9 +32,7 @@ pub fn open(dev: &str, offload: bool) -> Result<Tun, Error> {
     if offload {
         let tun = attach(dev, true)?;
         let features = libc::TUN_F_CSUM | libc::TUN_F_USO4 | libc::TUN_F_USO6;
-        // SAFETY: TUNSETOFFLOAD takes its argument by value; the descriptor is open.
-        let rc = unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETOFFLOAD, features) };
-        if rc == 0 {
+        if set_offload(&tun, features).is_ok() {
             return Ok(Tun {
                 file: tun,
                 vnet: true,
@@ -43,10 +41,23 @@ pub fn open(dev: &str, offload: bool) -> Result<Tun, Error> {
         // Detach and attach again without the header: the device must not keep it.
         drop(tun);
     }
-    Ok(Tun {
-        file: attach(dev, false)?,
-        vnet: false,
-    })
+    let file = attach(dev, false)?;
+    // Offloads belong to the device, not to the file: a persistent device keeps those an
+    // earlier attachment set, and would go on handing over whole GSO bursts (with checksums
+    // left unfinished) to a reader that expects datagrams. A kernel without TUNSETOFFLOAD
+    // never set any, so its refusal is no error.
+    let _ = set_offload(&file, 0);
+    Ok(Tun { file, vnet: false })
+}
+
+fn set_offload(tun: &File, features: libc::c_uint) -> std::io::Result<()> {
+    // SAFETY: TUNSETOFFLOAD takes its argument by value; the descriptor is open.
+    let rc = unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETOFFLOAD, features) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 fn attach(dev: &str, vnet: bool) -> Result<File, Error> {

@@ -90,7 +90,8 @@ fn clock_ticks() -> Result<f64, Error> {
 
 /// The whole machine over the workload: what the gateways' processes leave out (the kernel's
 /// packet work done in softirq for other processes or in ksoftirqd, the end hosts' traffic
-/// tool, the emulator), for reading their figures against each other.
+/// tool, the emulator), for reading their figures against each other. It counts whatever
+/// else runs on the machine too: compare runs made on an otherwise idle one.
 #[derive(Clone, Debug, Serialize)]
 pub struct MachineCpu {
     /// Busy CPU seconds of every core together.

@@ -316,6 +316,21 @@ impl Topology {
         self.emulator.take().map(Emulator::stop)
     }
 
+    /// Stops the emulator and starts another with `link` on the same TUN devices.
+    pub fn restart_emulator(&mut self, link: &LinkConfig) -> Result<(), Error> {
+        self.stop_emulator();
+        let ep = |ns: &str| Endpoint {
+            netns: Some(ns.to_owned()),
+            dev: SAT_DEV.to_owned(),
+        };
+        self.emulator = Some(Emulator::start(
+            link,
+            &ep(&self.names.gw_b),
+            &ep(&self.names.gw_a),
+        )?);
+        Ok(())
+    }
+
     /// Starts `program args…` inside namespace `ns`; it is killed on teardown. For daemons
     /// such as pepd on the gateways.
     pub fn spawn_in(&mut self, ns: &str, program: &str, args: &[&str]) -> Result<(), Error> {

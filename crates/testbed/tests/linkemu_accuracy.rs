@@ -250,17 +250,20 @@ fn gso_datagram(burst: u32, index: u32, size: usize) -> Vec<u8> {
 
 /// Sends `bursts` UDP GSO bursts (`UDP_SEGMENT`) of `per_burst` datagrams of `size` bytes,
 /// 2 ms apart, client → server, and returns the datagrams that arrived and the emulator's
-/// counters.
+/// counters. With `then`, the emulator started on `link` is replaced by one on `then` (the
+/// same TUN devices) before anything is sent.
 fn gso_probe(
     link: LinkConfig,
+    then: Option<LinkConfig>,
     dst: SocketAddr,
-    bursts: u32,
-    per_burst: u32,
-    size: usize,
+    (bursts, per_burst, size): (u32, u32, usize),
 ) -> (Vec<Vec<u8>>, LinkStats) {
     use std::net::UdpSocket;
     use std::os::fd::AsRawFd;
     let mut topo = Topology::up(&link, &cubic()).expect("testbed up");
+    if let Some(then) = then {
+        topo.restart_emulator(&then).expect("emulator restarts");
+    }
     let server = topo.names.server.clone();
     // IPv6 neighbour discovery answers only once the new links' link-local addresses have
     // passed duplicate address detection (about a second, 2 s at most).
@@ -340,7 +343,7 @@ fn udp_gso_bursts_cross_a_clean_fast_link_whole_and_exact() {
         ..Default::default()
     });
     let dst = SocketAddr::new(addr::SERVER_V4.into(), 9001);
-    let (got, stats) = gso_probe(link, dst, 100, 20, 1400);
+    let (got, stats) = gso_probe(link, None, dst, (100, 20, 1400));
     let counts = per_burst_counts(&got, 100, 20, 1400);
     assert!(counts.iter().all(|&c| c == 20), "{counts:?} {stats:?}");
     assert!(stats.udp_offload, "{stats:?}");
@@ -354,6 +357,7 @@ fn udp_gso_bursts_cross_a_clean_fast_link_whole_and_exact() {
     // Each send crossed as one unit (the kernel sends nothing else as a GSO burst).
     assert_eq!(stats.ret.udp_bursts_whole, 100, "{stats:?}");
     assert_eq!(stats.ret.udp_bursts_cut, 0, "{stats:?}");
+    assert_eq!(stats.ret.gso_bursts_uncut, 0, "{stats:?}");
     assert!(stats.ret.packets_in >= 2000, "{stats:?}");
 }
 
@@ -374,7 +378,7 @@ fn udp_gso_bursts_on_a_lossy_link_lose_single_datagrams() {
     // IPv6 here: the cut rewrites the IPv6 payload length, IPv4 is covered above and in
     // the gso module's own tests.
     let dst = SocketAddr::new(addr::SERVER_V6.into(), 9001);
-    let (got, stats) = gso_probe(link, dst, 100, 20, 1400);
+    let (got, stats) = gso_probe(link, None, dst, (100, 20, 1400));
     let counts = per_burst_counts(&got, 100, 20, 1400);
     let arrived: u32 = counts.iter().sum();
     // 2000 datagrams at loss 0.3: 1400 expected, sd 20.5.
@@ -391,6 +395,7 @@ fn udp_gso_bursts_on_a_lossy_link_lose_single_datagrams() {
     );
     assert_eq!(stats.ret.udp_bursts_whole, 0, "{stats:?}");
     assert!(stats.ret.udp_bursts_cut >= 100, "{stats:?}");
+    assert_eq!(stats.ret.gso_bursts_uncut, 0, "{stats:?}");
 }
 
 #[test]
@@ -403,10 +408,31 @@ fn per_packet_emulation_gets_no_bursts() {
         ..symmetric(DirectionConfig::default())
     };
     let dst = SocketAddr::new(addr::SERVER_V4.into(), 9001);
-    let (got, stats) = gso_probe(link, dst, 10, 20, 1400);
+    let (got, stats) = gso_probe(link, None, dst, (10, 20, 1400));
     let counts = per_burst_counts(&got, 10, 20, 1400);
     assert!(counts.iter().all(|&c| c == 20), "{counts:?} {stats:?}");
     assert!(!stats.udp_offload, "{stats:?}");
     assert_eq!(stats.ret.udp_bursts_whole + stats.ret.udp_bursts_cut, 0);
     assert!(stats.ret.packets_in >= 200, "{stats:?}");
+}
+
+/// Offloads belong to the TUN device, not to the file: an emulator without them, started on
+/// devices one with them had used, must still get datagrams, not whole bursts.
+#[test]
+fn per_packet_emulation_after_offload_on_the_same_devices_gets_datagrams() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let link = symmetric(DirectionConfig::default());
+    let then = LinkConfig {
+        per_packet: true,
+        ..link.clone()
+    };
+    let dst = SocketAddr::new(addr::SERVER_V4.into(), 9001);
+    let (got, stats) = gso_probe(link, Some(then), dst, (10, 20, 1400));
+    let counts = per_burst_counts(&got, 10, 20, 1400);
+    assert!(counts.iter().all(|&c| c == 20), "{counts:?} {stats:?}");
+    assert!(!stats.udp_offload, "{stats:?}");
+    assert!(stats.ret.packets_in >= 200, "{stats:?}");
+    assert!(stats.ret.bytes_in < 200 * 1500 + 10_000, "{stats:?}");
 }

@@ -62,7 +62,9 @@ pub struct SentPackets {
 }
 
 /// Spare frame lists kept at most (a burst's worth; more are freed).
-const SPARE_FRAME_LISTS: usize = 256;
+const SPARE_FRAME_LISTS: usize = 64;
+/// A list that grew beyond this many frames is freed, not kept (packets carry one or two).
+const SPARE_FRAME_LIST_CAPACITY: usize = 16;
 
 impl SentPackets {
     pub fn bytes_in_flight(&self) -> u64 {
@@ -80,7 +82,10 @@ impl SentPackets {
 
     /// Takes back the frame list of a packet that left the record.
     pub fn recycle(&mut self, mut frames: Vec<SentFrame>) {
-        if self.spare_frame_lists.len() < SPARE_FRAME_LISTS && frames.capacity() > 0 {
+        let capacity = frames.capacity();
+        if self.spare_frame_lists.len() < SPARE_FRAME_LISTS
+            && (1..=SPARE_FRAME_LIST_CAPACITY).contains(&capacity)
+        {
             frames.clear();
             self.spare_frame_lists.push(frames);
         }
@@ -174,5 +179,31 @@ impl SentPackets {
 
     pub fn end(&self) -> u64 {
         self.base + self.slots.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_lists_come_back_empty_and_only_small_ones_are_kept() {
+        let mut s = SentPackets::default();
+        let mut list = s.frame_list();
+        list.extend([SentFrame::Ping, SentFrame::AssocCredit]);
+        let kept = list.capacity();
+        s.recycle(list);
+        let again = s.frame_list();
+        assert!(again.is_empty());
+        assert_eq!(again.capacity(), kept, "the same list, reused");
+        // A list that grew large, and one that never held anything, are not kept.
+        s.recycle(vec![SentFrame::Ping; SPARE_FRAME_LIST_CAPACITY + 1]);
+        s.recycle(Vec::new());
+        assert_eq!(s.frame_list().capacity(), 0);
+        // At most SPARE_FRAME_LISTS wait.
+        for _ in 0..SPARE_FRAME_LISTS + 10 {
+            s.recycle(vec![SentFrame::Ping]);
+        }
+        assert_eq!(s.spare_frame_lists.len(), SPARE_FRAME_LISTS);
     }
 }

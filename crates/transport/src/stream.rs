@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use crate::range_set::RangeSet;
 
@@ -269,16 +269,9 @@ pub enum RecvError {
     FinalSizeChanged,
 }
 
-/// Room the receive side sets aside at once for in-order bytes: one allocation serves a run of
-/// datagrams rather than one each.
-const READY_CHUNK: usize = 16 * 1024;
-
 #[derive(Debug)]
 pub struct RecvStream {
     ready: VecDeque<Bytes>,
-    /// In-order bytes after everything in `ready`, copied from datagrams into room reserved
-    /// `READY_CHUNK` at a time.
-    ready_tail: BytesMut,
     /// Out-of-order bytes above `contiguous`, non-overlapping, keyed by offset.
     pending: BTreeMap<u64, Bytes>,
     /// What `pending` covers, so overlapping retransmissions are stored once.
@@ -299,7 +292,6 @@ impl RecvStream {
     pub fn new(window: u64) -> Self {
         RecvStream {
             ready: VecDeque::new(),
-            ready_tail: BytesMut::new(),
             pending: BTreeMap::new(),
             pending_ranges: RangeSet::new(),
             pending_bytes: 0,
@@ -359,7 +351,7 @@ impl RecvStream {
         let skip = self.contiguous.saturating_sub(offset) as usize;
         let (offset, data) = (offset + skip as u64, &data[skip..]);
         if offset == self.contiguous {
-            self.append_ready(data);
+            self.ready.push_back(Bytes::copy_from_slice(data));
             self.contiguous = end;
             self.drain_pending();
         } else {
@@ -375,21 +367,6 @@ impl RecvStream {
         Ok(charged)
     }
 
-    fn append_ready(&mut self, data: &[u8]) {
-        if self.ready_tail.capacity() - self.ready_tail.len() < data.len() {
-            self.seal_tail();
-            self.ready_tail.reserve(data.len().max(READY_CHUNK));
-        }
-        self.ready_tail.extend_from_slice(data);
-    }
-
-    /// Moves the tail's bytes to the end of `ready` (its spare room stays in the tail).
-    fn seal_tail(&mut self) {
-        if !self.ready_tail.is_empty() {
-            self.ready.push_back(self.ready_tail.split().freeze());
-        }
-    }
-
     fn drain_pending(&mut self) {
         self.pending_ranges.remove_below(self.contiguous);
         while let Some(entry) = self.pending.first_entry() {
@@ -402,7 +379,6 @@ impl RecvStream {
             let end = start + chunk.len() as u64;
             if end > self.contiguous {
                 let skip = (self.contiguous - start) as usize;
-                self.seal_tail();
                 self.ready.push_back(chunk.slice(skip..));
                 self.contiguous = end;
             }
@@ -431,7 +407,7 @@ impl RecvStream {
     }
 
     pub fn has_readable(&self) -> bool {
-        !self.ready.is_empty() || !self.ready_tail.is_empty() || self.fin_ready()
+        !self.ready.is_empty() || self.fin_ready()
     }
 
     fn fin_ready(&self) -> bool {
@@ -452,9 +428,6 @@ impl RecvStream {
 
     /// Up to `max` in-order bytes; `None` when nothing is ready.
     pub fn read(&mut self, max: usize) -> Option<Bytes> {
-        if self.ready.is_empty() {
-            self.seal_tail();
-        }
         let front = self.ready.front_mut()?;
         let chunk = if front.len() <= max {
             self.ready.pop_front()?
@@ -462,10 +435,9 @@ impl RecvStream {
             front.split_to(max)
         };
         self.read += chunk.len() as u64;
-        if self.ready.is_empty() && self.ready_tail.is_empty() {
+        if self.ready.is_empty() {
             // As for the send side: a drained queue gives its room back.
             self.ready = VecDeque::new();
-            self.ready_tail = BytesMut::new();
         }
         Some(chunk)
     }
@@ -545,13 +517,9 @@ mod tests {
         for i in 0..1000u64 {
             r.on_data(i * 100, &[1u8; 100], false).unwrap();
         }
-        assert!(
-            r.ready.len() >= 6,
-            "100 KB in-order is at least 6 chunks of 16 KiB"
-        );
+        assert!(r.ready.capacity() >= 1000);
         while r.read(64 * 1024).is_some() {}
         assert_eq!(r.ready.capacity(), 0);
-        assert_eq!(r.ready_tail.capacity(), 0);
     }
 
     #[test]

@@ -397,6 +397,9 @@ impl Association {
                 self.redundancy_round = 1;
             }
             self.last_eliciting_sent = Some(now);
+        } else {
+            // An ACK-only packet is not recorded; its list goes back for the next one.
+            self.sent.recycle(frames);
         }
         true
     }
