@@ -160,15 +160,7 @@ impl Topology {
         if kind == LinkKind::Veth {
             return Ok(t);
         }
-        let ep = |ns: &str| Endpoint {
-            netns: Some(ns.to_owned()),
-            dev: SAT_DEV.to_owned(),
-        };
-        t.emulator = Some(Emulator::start(
-            link,
-            &ep(&t.names.gw_b),
-            &ep(&t.names.gw_a),
-        )?);
+        t.start_emulator(link)?;
         Ok(t)
     }
 
@@ -319,6 +311,12 @@ impl Topology {
     /// Stops the emulator and starts another with `link` on the same TUN devices.
     pub fn restart_emulator(&mut self, link: &LinkConfig) -> Result<(), Error> {
         self.stop_emulator();
+        self.start_emulator(link)
+    }
+
+    /// The emulator between the gateways' TUN devices: gw-b's side is its A end, so the
+    /// link's forward direction carries the download.
+    fn start_emulator(&mut self, link: &LinkConfig) -> Result<(), Error> {
         let ep = |ns: &str| Endpoint {
             netns: Some(ns.to_owned()),
             dev: SAT_DEV.to_owned(),
