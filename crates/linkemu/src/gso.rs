@@ -27,6 +27,8 @@ pub const NEEDS_CSUM: u8 = 1;
 pub const GSO_NONE: u8 = 0;
 /// `VIRTIO_NET_HDR_GSO_UDP_L4`.
 pub const GSO_UDP_L4: u8 = 5;
+use crate::checksum::{fold, internet_checksum, ones_sum};
+
 const UDP_HEADER: usize = 8;
 const IPPROTO_UDP: u8 = 17;
 
@@ -139,7 +141,7 @@ impl UdpBurst {
                     let id = u16::from_be_bytes([ip[4], ip[5]]).wrapping_add(i as u16);
                     ip[4..6].copy_from_slice(&id.to_be_bytes());
                     ip[10..12].fill(0);
-                    let sum = !fold(ones_sum(&ip[..self.ip_header], 0));
+                    let sum = internet_checksum(&ip[..self.ip_header]);
                     ip[10..12].copy_from_slice(&sum.to_be_bytes());
                 }
                 let (udp_at, pseudo) = (self.ip_header, self.pseudo_header_sum(ip, udp_len));
@@ -157,25 +159,6 @@ impl UdpBurst {
     }
 }
 
-/// The Internet checksum's one's-complement sum of `b` (big-endian 16-bit words) onto `acc`.
-fn ones_sum(b: &[u8], mut acc: u32) -> u32 {
-    let mut words = b.chunks_exact(2);
-    for w in &mut words {
-        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
-    }
-    if let [last] = words.remainder() {
-        acc += u32::from(*last) << 8;
-    }
-    acc
-}
-
-fn fold(mut acc: u32) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc as u16
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,7 +169,7 @@ mod tests {
         let hdr = VnetHdr::parse(d).unwrap();
         let mut ip = d[VNET_HDR_LEN..].to_vec();
         let start = usize::from(hdr.csum_start);
-        let sum = !fold(ones_sum(&ip[start..], 0));
+        let sum = internet_checksum(&ip[start..]);
         let at = start + usize::from(hdr.csum_offset);
         ip[at..at + 2].copy_from_slice(&sum.to_be_bytes());
         ip

@@ -4,6 +4,7 @@
 //! shared impairment models of `pep_sim::channel`); [`engine::Emulator`] moves packets between
 //! the TUN devices with one reader and one writer thread per direction.
 
+pub mod checksum;
 pub mod cli;
 pub mod config;
 pub mod engine;

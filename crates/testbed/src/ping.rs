@@ -7,20 +7,10 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
+use pep_linkemu::checksum::internet_checksum;
 use socket2::{Domain, Protocol, Socket, Type};
 
 static NEXT_ID: AtomicU16 = AtomicU16::new(0);
-
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
 
 fn echo_request(id: u16, seq: u16) -> Vec<u8> {
     // 8-byte ICMP header + 56 bytes of payload: the classic 84-byte IP packet.
@@ -28,7 +18,7 @@ fn echo_request(id: u16, seq: u16) -> Vec<u8> {
     p[0] = 8;
     p[4..6].copy_from_slice(&id.to_be_bytes());
     p[6..8].copy_from_slice(&seq.to_be_bytes());
-    let c = checksum(&p);
+    let c = internet_checksum(&p);
     p[2..4].copy_from_slice(&c.to_be_bytes());
     p
 }
@@ -102,6 +92,6 @@ mod tests {
     #[test]
     fn checksum_of_a_request_verifies_to_zero() {
         let p = super::echo_request(0x1234, 7);
-        assert_eq!(super::checksum(&p), 0);
+        assert_eq!(pep_linkemu::checksum::internet_checksum(&p), 0);
     }
 }
