@@ -344,10 +344,7 @@ fn a_hub_that_leads_answers_a_fresh_initiation_after_its_replies_were_lost() {
         ..Layout::default()
     };
     let mut n = Hubnet::new(&layout);
-    let hub = hub_public_key(&n);
-    let led: Vec<usize> = (1..=layout.terminals)
-        .filter(|&i| public_key(&terminal_key(i)) < hub)
-        .collect();
+    let led = led_by_the_hub(&n, &layout);
     assert!(!led.is_empty(), "the hub leads no terminal");
     let delay = layout.delay;
     n.path = Some(Box::new(move |sent, from, d| {
@@ -382,9 +379,8 @@ fn a_hub_that_leads_answers_a_terminal_that_came_back_from_a_new_address() {
         ..Layout::default()
     };
     let mut n = Hubnet::new(&layout);
-    let hub = hub_public_key(&n);
-    let led = (1..=layout.terminals)
-        .find(|&i| public_key(&terminal_key(i)) < hub)
+    let led = *led_by_the_hub(&n, &layout)
+        .first()
         .expect("the hub leads a terminal");
     established(&mut n, &(0..=layout.terminals).collect::<Vec<_>>());
     let old = terminal_addr(led);
@@ -419,6 +415,14 @@ fn a_hub_that_leads_answers_a_terminal_that_came_back_from_a_new_address() {
         .map(|(a, _)| a.stats().security.handshake_collision)
         .sum();
     assert_eq!(collisions, 0);
+}
+
+/// The terminals whose initiations lose to the hub's (the hub's public key is the greater).
+fn led_by_the_hub(n: &Hubnet, layout: &Layout) -> Vec<usize> {
+    let hub = hub_public_key(n);
+    (1..=layout.terminals)
+        .filter(|&i| public_key(&terminal_key(i)) < hub)
+        .collect()
 }
 
 /// Datagrams of `kind` (the first byte) that node `node` sent to `to`.
