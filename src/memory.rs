@@ -40,6 +40,12 @@ pub fn fixed(mtu: usize, workers: usize) -> u64 {
     driver_buffers(mtu) + SCRATCH_PER_WORKER * workers as u64 + DAEMON_STATE
 }
 
+/// The daemon's fixed memory with `drivers` drivers (a hub's `tunnel.workers`, 1 otherwise),
+/// on this host's runtime threads.
+pub fn daemon_fixed(mtu: usize, drivers: usize) -> u64 {
+    fixed(mtu, worker_threads()) + (drivers as u64).saturating_sub(1) * driver_buffers(mtu)
+}
+
 /// One driver's batches: receive, and up to twice a batch of `mtu`-sized datagrams to send.
 /// A hub has one driver per `tunnel.workers`.
 pub fn driver_buffers(mtu: usize) -> u64 {

@@ -262,8 +262,7 @@ fn gateway_memory<'a>(
     MemoryAccount::new(
         budget,
         receive_reserve(budget, configs),
-        crate::memory::fixed(mtu, crate::memory::worker_threads())
-            + (cfg.workers() as u64 - 1) * crate::memory::driver_buffers(mtu),
+        crate::memory::daemon_fixed(mtu, cfg.workers()),
     )
 }
 

@@ -271,8 +271,7 @@ impl PepdConfig {
         crate::memory::implied(
             self.limits.memory_budget.bytes(),
             t.assoc_window,
-            crate::memory::fixed(t.mtu, crate::memory::worker_threads())
-                + (self.workers() as u64 - 1) * crate::memory::driver_buffers(t.mtu),
+            crate::memory::daemon_fixed(t.mtu, self.workers()),
             self.limits.max_flows as u64,
         )
     }
