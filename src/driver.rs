@@ -224,10 +224,12 @@ impl Driver {
         let mut drop_log = crate::droplog::DropLog::default();
         let mut accepts: Accepts = Vec::new();
         let workers = self.gateway.workers.count();
-        let wake = match self.gateway.workers.get(self.worker) {
-            Some(w) => w.wake.clone(),
-            None => self.gateway.wake.clone(),
-        };
+        // A driver serves a worker that exists; the first's wake-up is only a fallback.
+        let workers_of = &self.gateway.workers;
+        let wake = workers_of.get(self.worker).map_or_else(
+            || workers_of.wake_of(pep_transport::PeerId(0)),
+            |w| w.wake.clone(),
+        );
         let mut handed: Vec<Handoff> = Vec::new();
         loop {
             let deadline = self.next_deadline(Instant::now());

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use pep_transport::{EndpointStats, Stats};
+#[cfg(test)]
 use tokio::sync::Notify;
 
 use crate::flowcount::{OpenFlow, OpenFlows};
@@ -22,8 +23,6 @@ pub struct Gateway {
     /// `[link] tx_rate`, which a reload may change: with `[[peer]]` entries the carrier the
     /// peers share.
     pub carrier_bps: AtomicU64,
-    /// Wakes the (first) worker's driver.
-    pub wake: Arc<Notify>,
     /// The workers the peers are spread over (one for a pair and a terminal); each link
     /// holds its owner's wake-up.
     pub workers: Workers,
@@ -114,7 +113,6 @@ impl Gateway {
             peers: PeerSet::new(peers, workers.count()),
             counters: GatewayCounters::default(),
             carrier_bps: AtomicU64::new(carrier_bps),
-            wake: workers.wake_of(pep_transport::PeerId(0)),
             workers,
             memory,
             open_flows: Arc::new(OpenFlows::new(max_flows)),
