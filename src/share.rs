@@ -21,13 +21,11 @@ use pep_transport::{CarrierScheduler, MemberId, MemberRates, Pacer, PeerId};
 use crate::config::PeerSpec;
 pub use split::Demand;
 
-/// A member that staged a datagram this recently counts in its worker's demand (the
-/// scheduler's own activity window).
-const ACTIVE: Duration = Duration::from_millis(200);
-
-/// A worker tells the others its active peers need up to this many times what they sent
-/// lately (the scheduler's own headroom for a member speeding up).
-const DEMAND_HEADROOM: u64 = 2;
+// A member that staged a datagram within the scheduler's activity window counts in its
+// worker's demand, and a worker tells the others its active peers need up to the scheduler's
+// headroom times what they sent lately: the split between workers follows the same rules as
+// the split between members.
+use pep_transport::{ACTIVITY_WINDOW as ACTIVE, DEMAND_HEADROOM};
 
 /// The carrier as the workers share it: one pacer every datagram of every worker is
 /// booked on, and each worker's demand as it last published it.

@@ -28,7 +28,7 @@ use share::WaterLevel;
 /// A member counts towards the shares for this long after it was last seen with data: long
 /// enough that one sending a request every few hundred milliseconds keeps its share, short
 /// enough that a member gone quiet hands its share on within a few round trips of the others.
-const ACTIVITY_WINDOW: Duration = Duration::from_millis(200);
+pub const ACTIVITY_WINDOW: Duration = Duration::from_millis(200);
 
 /// Allocations are recomputed at most this often (and at once when members or rates change):
 /// the association's controller takes them as a ceiling and moves on round-trip time scales.
@@ -39,7 +39,7 @@ const ALLOCATION_REFRESH: Duration = Duration::from_millis(100);
 /// only traffic is keepalives, acknowledgements or a request now and then leaves what it does
 /// not use to the others, while one that is speeding up (by up to this factor per period)
 /// is not held back; its own allocation stays the share it would get.
-const DEMAND_HEADROOM: u64 = 2;
+pub const DEMAND_HEADROOM: u64 = 2;
 
 /// Queues holding more stale entries than this beyond twice the member count are compacted.
 const STALE_ENTRY_SLACK: usize = 64;
