@@ -128,8 +128,6 @@ pub struct Driver {
     table: Arc<PeerTable>,
     /// Every peer, as of the same change.
     all: Arc<PeerTable>,
-    /// The configured addresses, to whose owner a HELLO (security off) or an INIT goes.
-    addresses: HashMap<SocketAddr, PeerId>,
     /// Where the initiations this worker handed to another came from: that worker's too.
     initiators: Initiators,
     socket: TunnelSocket,
@@ -178,7 +176,6 @@ impl Driver {
             .map(|l| l.lock().assoc.as_ref().and_then(Association::poll_timeout))
             .collect();
         Driver {
-            addresses: addresses(&all),
             initiators: Initiators::default(),
             gateway,
             worker,
@@ -416,11 +413,10 @@ impl Driver {
             shard_bits: cfg.shard_bits,
             max_datagram: cfg.max_datagram,
         };
+        // The sender's peer: the one configured at its address, else the one of an
+        // initiation from it that this worker handed on.
         here.elsewhere(datagram, from, |a| {
-            self.addresses
-                .get(a)
-                .copied()
-                .or_else(|| self.initiators.get(a))
+            self.endpoint.peer_at(a).or_else(|| self.initiators.get(a))
         })
     }
 
@@ -816,16 +812,6 @@ fn own_view(all: &Arc<PeerTable>, worker: usize, workers: usize) -> Arc<PeerTabl
         return all.clone();
     }
     Arc::new(all.of_worker(worker, workers))
-}
-
-/// The configured addresses of `table`'s peers.
-fn addresses(table: &PeerTable) -> HashMap<SocketAddr, PeerId> {
-    table
-        .links
-        .iter()
-        .zip(&table.specs)
-        .filter_map(|(l, s)| Some((s.address?, l.peer)))
-        .collect()
 }
 
 /// The association's next datagram and where it goes, written into a spare buffer (one is

@@ -53,7 +53,6 @@ impl Driver {
             // Any peer's datagram may reach any worker's socket (and be handed on).
             *allowed = all.specs.iter().filter_map(|p| p.address).collect();
         }
-        self.addresses = super::addresses(&all);
         // The budget is the gateway's: each peer's share of it follows the number of peers.
         let memory = &self.gateway.memory;
         let budget = memory.budget();

@@ -376,6 +376,11 @@ impl Endpoint {
         self.answered.insert(ephemeral, peer);
     }
 
+    /// The peer configured at `address`, if any.
+    pub fn peer_at(&self, address: &SocketAddr) -> Option<PeerId> {
+        self.addresses.get(address).copied()
+    }
+
     /// The association made for `peer`, if any.
     pub fn association_of(&self, peer: PeerId) -> Option<AssocHandle> {
         self.by_peer.get(&peer).copied()
