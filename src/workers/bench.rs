@@ -35,33 +35,23 @@ fn env_or(name: &str, default: u64) -> u64 {
 /// CPU seconds of this process's threads whose name starts with each of `prefixes` (the
 /// last entry: every other thread).
 fn cpu_by_thread(prefixes: &[&str]) -> Vec<f64> {
-    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
     let mut out = vec![0.0; prefixes.len() + 1];
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return out;
     };
     for t in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+        // A thread that ended since the listing has nothing left to count.
+        let (Ok(name), Ok(times)) = (
+            std::fs::read_to_string(t.path().join("comm")),
+            pep_testbed::cpu::stat_times(&t.path().join("stat")),
+        ) else {
             continue;
         };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let name = &stat[open + 1..close];
-        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
-        // utime and stime: fields 14 and 15 of stat, 12 and 13 after the name.
-        let ticks: f64 = fields[11..13]
-            .iter()
-            .filter_map(|f| f.parse::<f64>().ok())
-            .sum();
         let i = prefixes
             .iter()
-            .position(|p| name.starts_with(p))
+            .position(|p| name.trim_end().starts_with(p))
             .unwrap_or(prefixes.len());
-        out[i] += ticks / tick;
+        out[i] += times.total_s();
     }
     out
 }

@@ -3,6 +3,7 @@
 //! process, live or exited, from `/proc/PID/stat`.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -34,10 +35,15 @@ impl CpuTimes {
 
 /// The CPU times of process `pid` (all its threads) so far.
 pub fn process_times(pid: u32) -> Result<CpuTimes, Error> {
-    let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read_to_string(&path)?;
+    stat_times(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// The CPU times a `stat` file of /proc gives: a process's (`/proc/PID/stat`) or a
+/// thread's (`/proc/PID/task/TID/stat`).
+pub fn stat_times(path: &Path) -> Result<CpuTimes, Error> {
+    let text = std::fs::read_to_string(path)?;
     parse_stat(&text, clock_ticks()?)
-        .ok_or_else(|| Error::Invalid(format!("{path} has no utime/stime: {text:?}")))
+        .ok_or_else(|| Error::Invalid(format!("{} has no utime/stime: {text:?}", path.display())))
 }
 
 /// utime and stime (fields 14 and 15, in clock ticks) of a `/proc/PID/stat` line. The
