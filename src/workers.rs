@@ -13,10 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use pep_transport::packet::{
-    HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT,
-    LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_HELLO,
-};
+use pep_transport::packet::{placed_by_address, shard_of};
 use pep_transport::security::AcceptedInitiation;
 use pep_transport::PeerId;
 use tokio::sync::Notify;
@@ -31,43 +28,6 @@ pub fn shard_bits(workers: usize) -> u8 {
 /// association never moves.
 pub fn owner(peer: PeerId, workers: usize) -> usize {
     peer.0 as usize % workers.max(1)
-}
-
-/// The shard a datagram's connection ID names: a short packet's (byte 1 on), or a REPLY's
-/// or COOKIE's (after the version), both a connection ID of this hub's choosing; an INIT
-/// carries the initiator's and a HELLO none, so they are placed by their contents.
-pub fn shard_of(datagram: &[u8], cid_len: u8, shard_bits: u8) -> Option<usize> {
-    if cid_len != 2 || shard_bits == 0 {
-        return None;
-    }
-    let at = cid_at(*datagram.first()?)?;
-    let cid: [u8; 2] = datagram.get(at..at + 2)?.try_into().ok()?;
-    Some(usize::from(u16::from_be_bytes(cid) >> (16 - shard_bits)))
-}
-
-/// Where the connection ID of this hub's choosing starts in a datagram of first byte
-/// `first`, if it carries one.
-fn cid_at(first: u8) -> Option<usize> {
-    if first & LONG_HEADER_BIT == 0 {
-        return Some(1);
-    }
-    match first & !LONG_HEADER_BIT {
-        LONG_TYPE_HANDSHAKE_REPLY | LONG_TYPE_COOKIE => Some(HANDSHAKE_HEADER_LEN),
-        _ => None,
-    }
-}
-
-/// Whether `datagram` is placed by its source address: a HELLO (security off: the address
-/// is the peer's identity), or an INIT (from where its peer is known to be, its owner
-/// screens it and answers a retransmitted copy with the same reply).
-pub fn by_address(datagram: &[u8]) -> bool {
-    datagram.first().is_some_and(|&b| {
-        b & LONG_HEADER_BIT != 0
-            && matches!(
-                b & !LONG_HEADER_BIT,
-                LONG_TYPE_HELLO | LONG_TYPE_HANDSHAKE_INIT
-            )
-    })
 }
 
 /// Where the peers whose authenticated initiations a worker handed to their owner sent
@@ -131,7 +91,7 @@ impl Place {
         }
         let to = match shard_of(datagram, self.cid_len, self.shard_bits) {
             Some(shard) => shard,
-            None if by_address(datagram) => owner(peer_at(&from)?, self.workers),
+            None if placed_by_address(datagram) => owner(peer_at(&from)?, self.workers),
             None => return None,
         };
         (to != self.worker && to < self.workers).then_some(to)
@@ -252,6 +212,7 @@ impl Workers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pep_transport::packet::{LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_HELLO};
 
     #[test]
     fn shard_bits_count_the_workers() {
@@ -264,46 +225,6 @@ mod tests {
         let owners: Vec<usize> = (0..6).map(|i| owner(PeerId(i), 4)).collect();
         assert_eq!(owners, [0, 1, 2, 3, 0, 1]);
         assert_eq!(owner(PeerId(7), 1), 0);
-    }
-
-    #[test]
-    fn a_short_packet_goes_to_the_shard_its_connection_id_names() {
-        // Short header, CID 0xA0_01: top bit of 1 shard bit = 1, top 3 of 3 = 0b101.
-        let short = [0x40, 0xA0, 0x01, 0xFF, 0xFF];
-        assert_eq!(shard_of(&short, 2, 1), Some(1));
-        assert_eq!(shard_of(&short, 2, 3), Some(5));
-        let low = [0x40, 0x1F, 0xFF, 0x00];
-        assert_eq!(shard_of(&low, 2, 1), Some(0));
-        assert_eq!(shard_of(&low, 2, 3), Some(0));
-        // One worker, no connection IDs, or too short to hold one: the reader keeps it.
-        assert_eq!(shard_of(&short, 2, 0), None);
-        assert_eq!(shard_of(&short, 0, 0), None);
-        assert_eq!(shard_of(&[0x40, 0xA0], 2, 1), None);
-        assert_eq!(shard_of(&[], 2, 1), None);
-        // An INIT (the initiator's connection ID) and a HELLO are not placed by one.
-        let init = [LONG_HEADER_BIT | 0x02, 0xFF, 0xFF, 0x00];
-        assert_eq!(shard_of(&init, 2, 1), None);
-        assert_eq!(
-            shard_of(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0xFF, 0xFF], 2, 1),
-            None
-        );
-        // A REPLY or COOKIE to a hub-led handshake names the hub's connection ID after
-        // the type byte and the version.
-        for kind in [LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_COOKIE] {
-            let reply = [LONG_HEADER_BIT | kind, 0, 0, 0, 2, 0xA0, 0x01, 0xFF];
-            assert_eq!(shard_of(&reply, 2, 1), Some(1));
-            assert_eq!(shard_of(&reply, 2, 3), Some(5));
-            assert_eq!(shard_of(&reply[..7], 2, 1), Some(1));
-            assert_eq!(shard_of(&reply[..6], 2, 1), None, "too short for the CID");
-            assert_eq!(shard_of(&reply, 2, 0), None);
-        }
-        assert!(by_address(&[LONG_HEADER_BIT | LONG_TYPE_HELLO, 0]));
-        assert!(by_address(&init));
-        assert!(!by_address(&short));
-        assert!(!by_address(&[
-            LONG_HEADER_BIT | LONG_TYPE_HANDSHAKE_REPLY,
-            0
-        ]));
     }
 
     #[test]
