@@ -2,7 +2,7 @@
 //! up: each worker gets its active peers' CIRs, then the rest by their weights, none more
 //! than its peers' MIRs, and what one cannot use goes to the others by weight.
 
-use pep_transport::MemberRates;
+use pep_transport::{allocations, MemberRates};
 
 /// What one worker's peers ask of the carrier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -21,50 +21,37 @@ impl Demand {
     }
 }
 
-/// Worker `me`'s part of `carrier_bps` when the workers ask `demands`.
+/// Worker `me`'s part of `carrier_bps` when the workers ask `demands`: each worker counts
+/// as one member of the scheduler's rule ([`pep_transport::allocations`]) with its peers'
+/// rates added up.
 pub fn part(carrier_bps: u64, demands: &[Demand], me: usize) -> u64 {
     let Some(mine) = demands.get(me) else {
         return 0;
     };
+    if mine.weight == 0 {
+        return 0;
+    }
     let cir_total: u128 = demands.iter().map(|d| u128::from(d.cir_bps)).sum();
     if cir_total >= u128::from(carrier_bps) {
-        // Over-committed (validation keeps the CIRs within the carrier): in proportion.
+        // Over-committed (validation keeps the CIRs within the carrier): in proportion, so
+        // that the workers' parts still add up to the carrier.
         return mul_div(carrier_bps, mine.cir_bps, cir_total);
     }
-    let mut rest = carrier_bps - cir_total as u64;
-    let mut extra = vec![0u64; demands.len()];
-    let mut open: Vec<usize> = (0..demands.len())
-        .filter(|&w| demands[w].weight > 0 && room(&demands[w], 0) > 0)
+    let active: Vec<MemberRates> = demands
+        .iter()
+        .filter(|d| d.weight > 0)
+        .map(|d| MemberRates {
+            cir_bps: d.cir_bps,
+            mir_bps: d.mir_bps,
+            // Beyond 4 × 10⁹ the weights' ratio is off by a part in 10⁹ at most.
+            weight: u32::try_from(d.weight).unwrap_or(u32::MAX),
+        })
         .collect();
-    // Water filling: each round either fills every open worker's share or caps at least one.
-    while rest > 0 && !open.is_empty() {
-        let weights: u128 = open.iter().map(|&w| u128::from(demands[w].weight)).sum();
-        let mut capped = Vec::new();
-        for &w in &open {
-            let share = mul_div(rest, demands[w].weight, weights);
-            if share >= room(&demands[w], extra[w]) {
-                capped.push(w);
-            }
-        }
-        if capped.is_empty() {
-            for &w in &open {
-                extra[w] += mul_div(rest, demands[w].weight, weights);
-            }
-            break;
-        }
-        for &w in &capped {
-            let r = room(&demands[w], extra[w]);
-            extra[w] += r;
-            rest -= r.min(rest);
-        }
-        open.retain(|w| !capped.contains(w));
-    }
-    mine.cir_bps + extra[me]
-}
-
-/// What a worker may take beyond its CIR before its MIRs cap it.
-fn room(d: &Demand, taken: u64) -> u64 {
-    d.mir_bps.saturating_sub(d.cir_bps).saturating_sub(taken)
+    let index = demands[..me].iter().filter(|d| d.weight > 0).count();
+    allocations(carrier_bps, &active)
+        .get(index)
+        .copied()
+        .unwrap_or(0)
 }
 
 fn mul_div(a: u64, b: u64, c: u128) -> u64 {
@@ -122,5 +109,16 @@ mod tests {
     fn over_committed_cirs_go_in_proportion() {
         assert_eq!(parts(100, &[d(150, 150, 1), d(50, 50, 1)]), [75, 25]);
         assert_eq!(part(100, &[], 0), 0);
+    }
+
+    #[test]
+    fn weights_beyond_u32_still_split_by_weight() {
+        let huge = u64::from(u32::MAX) * 4;
+        let p = parts(100, &[d(0, 100, huge), d(0, 100, 1)]);
+        assert_eq!(
+            p,
+            [99, 0],
+            "beside the first worker's weight, the second's rounds to nothing"
+        );
     }
 }

@@ -35,7 +35,9 @@ pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};
 pub use loss::LossCounts;
 pub use pacer::Pacer;
-pub use sched::{CarrierScheduler, MemberId, MemberRates, ACTIVITY_WINDOW, DEMAND_HEADROOM};
+pub use sched::{
+    allocations, CarrierScheduler, MemberId, MemberRates, ACTIVITY_WINDOW, DEMAND_HEADROOM,
+};
 pub use stats::{SecurityCounts, Stats};
 
 /// Version carried in HELLO and in front of every handshake message; peers with another

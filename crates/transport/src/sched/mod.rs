@@ -67,6 +67,19 @@ impl MemberRates {
     }
 }
 
+/// What each of `members` may use of `carrier_bps` by the scheduler's rule, in the order
+/// given: its CIR, then a share of what the CIRs leave by weight, never above its MIR, the
+/// share a capped member cannot use going to the others. CIRs above the carrier (which
+/// configuration refuses) give each its CIR.
+pub fn allocations(carrier_bps: u64, members: &[MemberRates]) -> Vec<u64> {
+    let normalised: Vec<MemberRates> = members.iter().map(|r| r.normalised()).collect();
+    let level = share::water_level(carrier_bps, &mut normalised.clone());
+    normalised
+        .iter()
+        .map(|r| share::allocation(r, level, carrier_bps))
+        .collect()
+}
+
 /// One member of a [`CarrierScheduler`]. Never reused: an id of a removed member stays
 /// unknown even when its slot serves a new member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -69,6 +69,7 @@ pub(super) fn allocation(rates: &MemberRates, level: WaterLevel, carrier_bps: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sched::allocations;
 
     fn rates(cir_bps: u64, mir_bps: u64, weight: u32) -> MemberRates {
         MemberRates {
@@ -76,14 +77,6 @@ mod tests {
             mir_bps,
             weight,
         }
-    }
-
-    fn allocations(carrier: u64, members: &[MemberRates]) -> Vec<u64> {
-        let level = water_level(carrier, &mut members.to_vec());
-        members
-            .iter()
-            .map(|r| allocation(r, level, carrier))
-            .collect()
     }
 
     #[test]
@@ -122,6 +115,12 @@ mod tests {
             allocations(10_000_000, &[rates(0, 40_000_000, 3)]),
             [10_000_000]
         );
+    }
+
+    #[test]
+    fn weights_of_zero_count_as_one_and_a_mir_below_the_cir_as_the_cir() {
+        let m = [rates(0, 10_000_000, 0), rates(3_000_000, 0, 1)];
+        assert_eq!(allocations(10_000_000, &m), [7_000_000, 3_000_000]);
     }
 
     #[test]
