@@ -7,6 +7,8 @@
 //! per-packet work, not the gateways', would otherwise set the pace. Every other link cuts the
 //! burst here, exactly as the kernel would have, and judges each datagram on its own.
 
+use crate::checksum::{fold, internet_checksum, ones_sum};
+
 /// `struct virtio_net_hdr` (the 10-byte form TUN uses by default). TUN's byte order is the
 /// host's (legacy virtio) unless TUNSETVNETBE/LE says otherwise; pepd's testbed runs on
 /// little-endian hosts, where both agree.
@@ -27,7 +29,6 @@ pub const NEEDS_CSUM: u8 = 1;
 pub const GSO_NONE: u8 = 0;
 /// `VIRTIO_NET_HDR_GSO_UDP_L4`.
 pub const GSO_UDP_L4: u8 = 5;
-use crate::checksum::{fold, internet_checksum, ones_sum};
 
 const UDP_HEADER: usize = 8;
 const IPPROTO_UDP: u8 = 17;
