@@ -5,7 +5,7 @@
 
 mod outbox;
 mod peers;
-mod udp;
+pub(crate) mod udp;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -34,6 +34,7 @@ use crate::share::CarrierShare;
 use crate::workers::{owner, Handoff, Initiators, Place};
 
 use outbox::Outbox;
+pub use outbox::MAX_SEND_BYTES;
 pub use udp::TunnelSocket;
 
 /// Datagrams taken from the socket, or produced, per pass.
@@ -643,12 +644,13 @@ impl Driver {
             self.refresh_ceilings(now);
         }
         let mut none = Vec::new();
+        // One instant for the batch: what the carrier's and the peers' schedules let go at
+        // it (their burst allowance) leaves now, and a peer's turn, datagrams back to back to
+        // it, joins in one segmented send.
         while tx.len() < BATCH {
-            let now = Instant::now();
             let Some((peer, to, buf)) = self.share.as_mut().and_then(|s| s.next(now)) else {
                 return false;
             };
-            // Released at its own instant: it joins no other datagram in one send.
             tx.push(to, &buf, now);
             spare.push(buf);
             let Some(link) = self.table.position(peer) else {

@@ -176,7 +176,11 @@ impl CarrierShare {
     /// A carrier of `carrier_bps` with no member yet.
     pub fn new(carrier_bps: u64, mtu: usize, burst: Duration) -> CarrierShare {
         CarrierShare {
-            sched: CarrierScheduler::new(carrier_bps, mtu).with_burst(burst),
+            // A peer's turn may fill one segmented send (the driver's outbox joins the
+            // datagrams released to one peer at one instant).
+            sched: CarrierScheduler::new(carrier_bps, mtu)
+                .with_burst(burst)
+                .with_turns_up_to(crate::driver::MAX_SEND_BYTES),
             members: HashMap::new(),
             peer_of: HashMap::new(),
             next_refresh: None,

@@ -4,9 +4,10 @@
 //! Only datagrams released at the same instant join a run. Within a pass a link's
 //! association is polled with one `now` until its pacer holds the next datagram back, so a
 //! run is at most what that pacer let go at once (its burst allowance); the datagrams left
-//! back to back before batching too, one `sendto` after another. The hub's carrier
-//! scheduler releases datagrams one at a time, each at its own instant against the carrier
-//! rate, so its datagrams never join: a run there would be a burst no release decision made.
+//! back to back before batching too, one `sendto` after another. At a hub the carrier
+//! scheduler releases a pass's datagrams at one instant too, as far as the carrier's and
+//! each peer's schedules allow at it, and a peer's turn on the carrier (up to one send's
+//! bytes) is a run of datagrams to it.
 
 use std::net::SocketAddr;
 use std::ops::Range;

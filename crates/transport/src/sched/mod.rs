@@ -149,6 +149,11 @@ pub struct CarrierScheduler {
     period_start: Option<Instant>,
     /// Reused by each periodic refresh of `level`.
     scratch: Vec<MemberRates>,
+    /// The longest turn per unit of weight, in bytes; at most an MTU unless
+    /// [`with_turns_up_to`](Self::with_turns_up_to) says more.
+    max_turn: usize,
+    /// The weights of the members counted at the last refresh of `level`.
+    active_weight: u64,
 }
 
 impl CarrierScheduler {
@@ -169,6 +174,8 @@ impl CarrierScheduler {
             last_now: None,
             period_start: None,
             scratch: Vec::new(),
+            max_turn: mtu,
+            active_weight: 0,
         }
     }
 
@@ -178,6 +185,16 @@ impl CarrierScheduler {
     pub fn with_burst(mut self, burst: Duration) -> Self {
         self.burst = burst;
         self.carrier = self.carrier.with_burst(burst);
+        self
+    }
+
+    /// Lets a member's turn in the round robin grow beyond one MTU per unit of weight, up to
+    /// `max_bytes` per unit: to what the carrier carries in one `burst` shared by the weights
+    /// of the active members. A turn's datagrams leave back to back to one peer, which a
+    /// driver may send as one segmented send; a round of the ring still takes about one
+    /// burst, so no member waits longer for its turn than the pacers already allow.
+    pub fn with_turns_up_to(mut self, max_bytes: usize) -> Self {
+        self.max_turn = max_bytes.max(self.mtu);
         self
     }
 
@@ -382,7 +399,22 @@ impl CarrierScheduler {
     }
 
     fn quantum(&self, member: &Member) -> i64 {
-        i64::from(member.rates.weight).saturating_mul(self.mtu as i64)
+        let unit = i64::try_from(self.turn_unit()).unwrap_or(i64::MAX);
+        i64::from(member.rates.weight).saturating_mul(unit)
+    }
+
+    /// A turn's bytes per unit of weight: one MTU, or with longer turns allowed the carrier's
+    /// burst divided among the active weights, within one MTU and the longest turn.
+    fn turn_unit(&self) -> usize {
+        if self.max_turn <= self.mtu {
+            return self.mtu;
+        }
+        let burst_bytes =
+            u128::from(self.carrier.rate_bps()) * self.burst.as_nanos() / 8 / 1_000_000_000;
+        let unit = burst_bytes / u128::from(self.active_weight.max(1));
+        usize::try_from(unit)
+            .unwrap_or(usize::MAX)
+            .clamp(self.mtu, self.max_turn)
     }
 
     /// Moves the member's CIR queue entry to when its CIR schedule is due (or drops it).
@@ -456,6 +488,7 @@ impl CarrierScheduler {
             let mut scratch = std::mem::take(&mut self.scratch);
             self.level
                 .set(Some(self.water_level(Some(now), &mut scratch)));
+            self.active_weight = scratch.iter().map(|r| u64::from(r.weight)).sum();
             self.scratch = scratch;
             self.refresh_at = Some(now + ALLOCATION_REFRESH);
         }

@@ -312,6 +312,74 @@ fn datagram_larger_than_deficit_waits_its_turn() {
     assert!(bytes_a.abs_diff(bytes_b) <= 2000, "{bytes_a} {bytes_b}");
 }
 
+/// Lengths of the runs of consecutive sends to one member, with that member, in order.
+fn turns_of(run: &Run) -> Vec<(MemberId, usize)> {
+    let mut out: Vec<(MemberId, usize)> = Vec::new();
+    for &(_, m, _) in &run.sends {
+        match out.last_mut() {
+            Some((last, n)) if *last == m => *n += 1,
+            _ => out.push((m, 1)),
+        }
+    }
+    out
+}
+
+#[test]
+fn longer_turns_hold_the_carriers_burst_shared_by_the_active_weights() {
+    // 1 Gbit/s and a 2 ms burst: 250,000 bytes a round, 125,000 a member; turns are cut to
+    // 16,000 bytes, sixteen 1000-byte datagrams back to back.
+    let mut sched = CarrierScheduler::new(1_000_000_000, 1000)
+        .with_burst(Duration::from_millis(2))
+        .with_turns_up_to(16_000);
+    let a = sched.add_member(rates(0, 1_000_000_000, 1));
+    let b = sched.add_member(rates(0, 1_000_000_000, 1));
+    let mut run = Run::new(sched);
+    run.until(Duration::from_millis(100), |_| Some(1000));
+    let turns = turns_of(&run);
+    assert!(turns.len() >= 40, "{} turns", turns.len());
+    for (k, &(m, n)) in turns.iter().enumerate() {
+        assert_eq!(m, if k % 2 == 0 { a } else { b }, "turn {k}");
+        if k + 1 < turns.len() {
+            assert_eq!(n, 16, "turn {k}");
+        }
+    }
+
+    // 100 Mbit/s: 25,000 bytes a burst over weights 1 and 3, 6,250 bytes a unit of weight.
+    // A turn of 6,250 bytes sends six datagrams and saves 250 for the next; one of 18,750,
+    // eighteen, and with the 750 saved, nineteen next. The bytes keep to the weights.
+    let mut sched = CarrierScheduler::new(100_000_000, 1000)
+        .with_burst(Duration::from_millis(2))
+        .with_turns_up_to(64_000);
+    let a = sched.add_member(rates(0, 1_000_000_000, 1));
+    let b = sched.add_member(rates(0, 1_000_000_000, 3));
+    let mut run = Run::new(sched);
+    run.until(SECOND, |_| Some(1000));
+    let turns = turns_of(&run);
+    assert_eq!(&turns[..4], &[(a, 6), (b, 18), (a, 6), (b, 19)]);
+    assert!(turns.iter().all(|&(m, n)| n <= if m == a { 7 } else { 19 }));
+    let (bytes_a, bytes_b) = (
+        run.bytes(a, Duration::ZERO, SECOND),
+        run.bytes(b, Duration::ZERO, SECOND),
+    );
+    assert!(
+        (3 * bytes_a).abs_diff(bytes_b) <= 3 * 7_000,
+        "{bytes_a} {bytes_b}"
+    );
+}
+
+#[test]
+fn turns_stay_one_mtu_a_weight_unless_asked() {
+    // Even with a burst that could hold many: one datagram a turn for equal weights.
+    let mut sched = CarrierScheduler::new(1_000_000_000, 1000).with_burst(Duration::from_millis(2));
+    sched.add_member(rates(0, 1_000_000_000, 1));
+    sched.add_member(rates(0, 1_000_000_000, 1));
+    let mut run = Run::new(sched);
+    run.until(Duration::from_millis(10), |_| Some(1000));
+    let turns = turns_of(&run);
+    assert!(turns.len() > 100);
+    assert!(turns.iter().all(|&(_, n)| n == 1), "{turns:?}");
+}
+
 #[test]
 fn poll_timeout_says_when_the_next_send_may_happen() {
     let mut sched = CarrierScheduler::new(12_000_000, 1500);
