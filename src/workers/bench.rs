@@ -1,15 +1,16 @@
 //! The hub's workers in bulk, in one process: a hub built as `pepd run` builds it (the same
 //! tunnel, sockets and workers) on loopback, and `PEPD_BENCH_TERMINALS` terminals (default
 //! 8), each one encrypted association downloading over one flow, all driven by one thread
-//! that only opens, acknowledges and discards. Behind the hub, each flow's bytes come from
-//! a task that writes into the flow from memory (`PEPD_BENCH_UPSTREAM=memory`, the
+//! that only opens, acknowledges and discards, reading the hub's datagrams in GRO batches
+//! (so that their side stays cheap beside the hub). Behind the hub, each flow's bytes come
+//! from a task that writes into the flow from memory (`PEPD_BENCH_UPSTREAM=memory`, the
 //! default: the hub's cost is its workers') or, as in `pepd run`, from a TCP server on
 //! loopback through the upstream relays (`tcp`). Prints one JSON line per worker count
 //! (1, then 2): the terminals' goodput and the CPU time of each kind of thread. Run with
 //!
 //!     cargo test --release -p pepd --lib workers_in_bulk -- --ignored --nocapture
 
-use std::io::Write;
+use std::io::{IoSliceMut, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, RwLock};
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use pep_transport::security::{hardware_aes, public_key, AeadOffer, SecurityConfig};
 use pep_transport::{Association, Config, Event, FlowMeta, ReadOutcome, Role};
+use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
 
 use crate::daemon::{start_drivers, tunnel_sockets, Live, UpstreamAcceptor};
 use crate::notify::Notifier;
@@ -112,6 +114,9 @@ impl crate::driver::FlowAcceptor for MemorySource {
 struct Terminal {
     assoc: Association,
     socket: UdpSocket,
+    /// The socket read through quinn-udp: with GRO, one read takes a run of the hub's
+    /// datagrams, which keeps the terminals' side cheap beside the hub it measures.
+    state: UdpSocketState,
     flow: Option<pep_transport::FlowId>,
     received: u64,
 }
@@ -125,7 +130,8 @@ fn terminals(
     measuring: &AtomicBool,
     read: &Barrier,
 ) -> u64 {
-    let mut buf = vec![0u8; 65_536];
+    let mut bufs: Vec<Vec<u8>> = (0..BATCH_SIZE).map(|_| vec![0u8; 65_536]).collect();
+    let mut meta = [RecvMeta::default(); BATCH_SIZE];
     let mut out = Vec::new();
     let mut start: Option<(Instant, u64)> = None;
     let give_up = Instant::now() + Duration::from_secs(30);
@@ -133,8 +139,20 @@ fn terminals(
         let now = Instant::now();
         let mut busy = false;
         for (i, t) in ts.iter_mut().enumerate() {
-            while let Ok(n) = t.socket.recv(&mut buf) {
-                t.assoc.handle_datagram(now, &buf[..n]);
+            loop {
+                let mut each = bufs.iter_mut();
+                let mut slices: [IoSliceMut<'_>; BATCH_SIZE] = std::array::from_fn(|_| {
+                    each.next()
+                        .map_or_else(|| IoSliceMut::new(&mut []), |b| IoSliceMut::new(b))
+                });
+                let Ok(n) = t.state.recv((&t.socket).into(), &mut slices, &mut meta) else {
+                    break;
+                };
+                for (m, b) in meta[..n].iter().zip(&bufs) {
+                    for d in crate::driver::udp::datagrams(m) {
+                        t.assoc.handle_datagram(now, &b[d]);
+                    }
+                }
                 busy = true;
             }
             if t.assoc.poll_timeout().is_some_and(|d| d <= now) {
@@ -254,6 +272,8 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
             let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
             socket.connect(hub).expect("connect");
             socket.set_nonblocking(true).expect("nonblocking");
+            // quinn-udp sets its own options first; the buffers are ours.
+            let state = UdpSocketState::new((&socket).into()).expect("quinn-udp state");
             crate::sockopt::force_buffers(&socket, 8 << 20).expect("buffers");
             let security = SecurityConfig {
                 local_private_key: *k,
@@ -277,6 +297,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
             Terminal {
                 assoc,
                 socket,
+                state,
                 flow: None,
                 received: 0,
             }
