@@ -420,6 +420,70 @@ mod tests {
         s
     }
 
+    /// The peers whose datagrams leave at `now`, each restaging as soon as it sent (as the
+    /// driver's pass does), until the carrier holds the next back.
+    fn released_at(s: &mut CarrierShare, now: Instant, peers: &[u32]) -> Vec<u32> {
+        let to = SocketAddr::from(([198, 18, 0, 2], 7400));
+        let mut out = Vec::new();
+        loop {
+            for &p in peers {
+                if !s.is_staged(PeerId(p)) {
+                    s.stage(now, PeerId(p), to, vec![0; 1000]);
+                }
+            }
+            match s.next(now) {
+                Some((peer, _, _)) => out.push(peer.0),
+                None => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn a_peer_s_turn_is_a_run_of_datagrams_that_may_leave_in_one_send() {
+        // 1 Gbit/s, a 2 ms burst, two busy peers of weight 1: a turn would be 125,000 bytes
+        // and is cut to one send's 65,507, so 65 datagrams of 1000 bytes.
+        let mut s = CarrierShare::new(1_000 * M, 1000, Duration::from_millis(2));
+        let fast = PeerSpec {
+            tx_bps: 1_000 * M,
+            ..spec(1)
+        };
+        s.add(PeerId(1), &fast, 0);
+        s.add(PeerId(2), &fast, 0);
+        let t0 = Instant::now();
+        assert_eq!(released_at(&mut s, t0, &[1, 2]), [1]);
+        // Each millisecond after, the carrier owes 125 datagrams, released at one instant
+        // as turns of 65 or 66 (the 507 bytes a turn leaves over add up) to one peer; a turn
+        // the carrier cuts goes on at the next instant. Peer 2 had not sent before, so its
+        // own schedule lets one datagram go at the first instant (its MIR has nothing to
+        // catch up), and peer 1 starts its next turn.
+        let mut turns: Vec<(u32, usize)> = Vec::new();
+        let mut sent = [0usize; 2];
+        for ms in 1..=20 {
+            let released = released_at(&mut s, t0 + Duration::from_millis(ms), &[1, 2]);
+            assert!(
+                (124..=127).contains(&released.len()),
+                "{ms} ms: {released:?}"
+            );
+            for p in released {
+                sent[p as usize - 1] += 1;
+                match turns.last_mut() {
+                    Some((q, n)) if *q == p => *n += 1,
+                    _ => turns.push((p, 1)),
+                }
+            }
+        }
+        assert_eq!(turns[..3], [(1, 64), (2, 1), (1, 66)]);
+        let whole = &turns[3..turns.len() - 1];
+        assert!(
+            whole.iter().all(|&(_, n)| (65..=66).contains(&n)),
+            "{turns:?}"
+        );
+        assert!(whole.windows(2).all(|w| w[0].0 != w[1].0));
+        // The turns alternate: the peers part apart by peer 2's short first turn and where
+        // the last one was cut, at most two turns.
+        assert!(sent[0].abs_diff(sent[1]) <= 2 * 66, "{sent:?} {turns:?}");
+    }
+
     #[test]
     fn a_worker_the_split_leaves_nothing_still_sends_a_datagram_a_refresh() {
         let to = SocketAddr::from(([198, 18, 0, 2], 7400));
