@@ -70,15 +70,8 @@ impl TunnelSocket {
     /// Reads what is waiting into `bufs` without waiting, up to quinn-udp's batch at once:
     /// how many buffers were filled, `meta[i]` describing `bufs[i]`.
     pub fn try_recv(&self, bufs: &mut [Vec<u8>], meta: &mut [RecvMeta]) -> io::Result<usize> {
-        let n = bufs.len().min(meta.len()).min(BATCH_SIZE);
-        let mut bufs = bufs.iter_mut();
-        let mut slices: [IoSliceMut<'_>; BATCH_SIZE] = std::array::from_fn(|_| {
-            bufs.next()
-                .map_or_else(|| IoSliceMut::new(&mut []), |b| IoSliceMut::new(b))
-        });
         self.io.try_io(Interest::READABLE, || {
-            self.state
-                .recv((&self.io).into(), &mut slices[..n], &mut meta[..n])
+            recv_batch(&self.state, (&self.io).into(), bufs, meta)
         })
     }
 
@@ -153,6 +146,23 @@ impl TunnelSocket {
             warn!(error = %e, "the kernel refused UDP segmentation offload on the tunnel socket; datagrams are sent one per system call from now on");
         }
     }
+}
+
+/// One `recvmmsg` through quinn-udp into `bufs`, up to its batch at once: how many buffers
+/// were filled, `meta[i]` describing `bufs[i]`. `WouldBlock` when nothing waits.
+pub fn recv_batch(
+    state: &UdpSocketState,
+    socket: quinn_udp::UdpSockRef<'_>,
+    bufs: &mut [Vec<u8>],
+    meta: &mut [RecvMeta],
+) -> io::Result<usize> {
+    let n = bufs.len().min(meta.len()).min(BATCH_SIZE);
+    let mut bufs = bufs.iter_mut();
+    let mut slices: [IoSliceMut<'_>; BATCH_SIZE] = std::array::from_fn(|_| {
+        bufs.next()
+            .map_or_else(|| IoSliceMut::new(&mut []), |b| IoSliceMut::new(b))
+    });
+    state.recv(socket, &mut slices[..n], &mut meta[..n])
 }
 
 /// The clocks as one pass read them, to place each datagram of the pass at the time the

@@ -10,7 +10,7 @@
 //!
 //!     cargo test --release -p pepd --lib workers_in_bulk -- --ignored --nocapture
 
-use std::io::{IoSliceMut, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, RwLock};
@@ -21,6 +21,7 @@ use pep_transport::{Association, Config, Event, FlowMeta, ReadOutcome, Role};
 use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
 
 use crate::daemon::{start_drivers, tunnel_sockets, Live, UpstreamAcceptor};
+use crate::driver::udp;
 use crate::notify::Notifier;
 
 /// The carrier and every association's rate unless `PEPD_BENCH_RATE` (bit/s) says
@@ -140,16 +141,12 @@ fn terminals(
         let mut busy = false;
         for (i, t) in ts.iter_mut().enumerate() {
             loop {
-                let mut each = bufs.iter_mut();
-                let mut slices: [IoSliceMut<'_>; BATCH_SIZE] = std::array::from_fn(|_| {
-                    each.next()
-                        .map_or_else(|| IoSliceMut::new(&mut []), |b| IoSliceMut::new(b))
-                });
-                let Ok(n) = t.state.recv((&t.socket).into(), &mut slices, &mut meta) else {
+                let read = udp::recv_batch(&t.state, (&t.socket).into(), &mut bufs, &mut meta);
+                let Ok(n) = read else {
                     break;
                 };
                 for (m, b) in meta[..n].iter().zip(&bufs) {
-                    for d in crate::driver::udp::datagrams(m) {
+                    for d in udp::datagrams(m) {
                         t.assoc.handle_datagram(now, &b[d]);
                     }
                 }
