@@ -3,6 +3,7 @@
 //! link), runs the timers, sends what the associations produce in turn, and hands their
 //! events to the relays.
 
+mod coalesce;
 mod outbox;
 mod peers;
 pub(crate) mod udp;
@@ -33,6 +34,7 @@ use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
 use crate::workers::{owner, Handoff, Initiators, Place};
 
+use coalesce::ReadCoalescing;
 use outbox::Outbox;
 pub use outbox::MAX_SEND_BYTES;
 pub use udp::TunnelSocket;
@@ -229,8 +231,11 @@ impl Driver {
             |w| w.wake.clone(),
         );
         let mut handed: Vec<Handoff> = Vec::new();
+        let mut coalescing = ReadCoalescing::new(Instant::now());
         loop {
-            let deadline = self.next_deadline(Instant::now());
+            let now = Instant::now();
+            let deadline = self.next_deadline(now);
+            let coalesce = coalescing.reads_wait_for_pass(deadline, now);
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -238,7 +243,7 @@ impl Driver {
                 }
             };
             tokio::select! {
-                r = self.socket.readable() => r?,
+                r = self.socket.readable(), if !coalesce => r?,
                 _ = wake.notified() => {}
                 _ = sleep => {}
                 _ = stop.changed() => {
@@ -356,6 +361,7 @@ impl Driver {
                     l.wake();
                 }
             }
+            coalescing.record(now, datagrams, tx.len());
             self.socket.send(&tx).await?;
             tx.clear();
             if again {
