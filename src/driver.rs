@@ -34,7 +34,7 @@ use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
 use crate::workers::{owner, Handoff, Initiators, Place};
 
-use coalesce::{PassCounts, ReadCoalescing};
+use coalesce::ReadCoalescing;
 use outbox::Outbox;
 pub use outbox::MAX_SEND_BYTES;
 pub use udp::TunnelSocket;
@@ -243,8 +243,6 @@ impl Driver {
                 }
             };
             tokio::select! {
-                // Every pass drains the socket whatever woke it, and with `coalesce` the
-                // sleep is due within a millisecond (two, with tokio's timer).
                 r = self.socket.readable(), if !coalesce => r?,
                 _ = wake.notified() => {}
                 _ = sleep => {}
@@ -300,20 +298,16 @@ impl Driver {
                     self.take_handed(now, h, &mut inputs, &mut tx);
                 }
             }
-            let mut pass = PassCounts::default();
             for &(i, m) in &received {
                 let arrived = clock.arrival(&m);
                 for at in udp::datagrams(&m) {
-                    pass.read_one(at.len(), m.timestamp.is_some());
                     let d = ReceivedDatagram {
                         from: m.addr,
                         buf: i,
                         at: at.clone(),
                         arrived,
                     };
-                    if !self.route(now, d, &rx[i][at], &mut inputs, &mut tx) {
-                        pass.handed_on += 1;
-                    }
+                    self.route(now, d, &rx[i][at], &mut inputs, &mut tx);
                 }
             }
             // What another worker handed over counts here as well (an initiation from where
@@ -367,8 +361,7 @@ impl Driver {
                     l.wake();
                 }
             }
-            pass.sent = tx.len() as u64;
-            coalescing.record(now, &pass);
+            coalescing.record(now, datagrams, tx.len());
             self.socket.send(&tx).await?;
             tx.clear();
             if again {
@@ -395,7 +388,7 @@ impl Driver {
 
     /// Where a datagram goes: to the worker whose shard its connection ID names if that is
     /// another, else to the link the endpoint routes it to (see [`place`](Self::place)).
-    /// `datagram` is the contents of `d`. False if it went to another worker.
+    /// `datagram` is the contents of `d`.
     fn route(
         &mut self,
         now: Instant,
@@ -403,7 +396,7 @@ impl Driver {
         datagram: &[u8],
         inputs: &mut [Vec<Input>],
         tx: &mut Outbox,
-    ) -> bool {
+    ) {
         if let Some(to) = self.elsewhere(datagram, d.from) {
             let h = || Handoff::Datagram {
                 from: d.from,
@@ -411,11 +404,10 @@ impl Driver {
                 arrived: d.arrived,
             };
             self.gateway.workers.hand_off(self.worker, to, h);
-            return false;
+            return;
         }
         let event = self.endpoint.handle(now, d.from, datagram);
         self.place(now, d.from, event, Input::Datagram(d), inputs, tx);
-        true
     }
 
     /// The other worker a datagram belongs to, if any (see [`crate::workers::elsewhere`]).
