@@ -3,7 +3,6 @@
 //! link), runs the timers, sends what the associations produce in turn, and hands their
 //! events to the relays.
 
-mod coalesce;
 mod outbox;
 mod peers;
 pub(crate) mod udp;
@@ -34,7 +33,6 @@ use crate::peers::{PeerSettings, PeerTable};
 use crate::share::CarrierShare;
 use crate::workers::{owner, Handoff, Initiators, Place};
 
-use coalesce::ReadCoalescing;
 use outbox::Outbox;
 pub use outbox::MAX_SEND_BYTES;
 pub use udp::TunnelSocket;
@@ -231,11 +229,8 @@ impl Driver {
             |w| w.wake.clone(),
         );
         let mut handed: Vec<Handoff> = Vec::new();
-        let mut coalescing = ReadCoalescing::new(Instant::now());
         loop {
-            let now = Instant::now();
-            let deadline = self.next_deadline(now);
-            let coalesce = coalescing.reads_wait_for_pass(deadline, now);
+            let deadline = self.next_deadline(Instant::now());
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -243,7 +238,7 @@ impl Driver {
                 }
             };
             tokio::select! {
-                r = self.socket.readable(), if !coalesce => r?,
+                r = self.socket.readable() => r?,
                 _ = wake.notified() => {}
                 _ = sleep => {}
                 _ = stop.changed() => {
@@ -361,7 +356,6 @@ impl Driver {
                     l.wake();
                 }
             }
-            coalescing.record(now, datagrams, tx.len());
             self.socket.send(&tx).await?;
             tx.clear();
             if again {
