@@ -140,11 +140,7 @@ fn terminals(
         let now = Instant::now();
         let mut busy = false;
         for (i, t) in ts.iter_mut().enumerate() {
-            loop {
-                let read = udp::recv_batch(&t.state, (&t.socket).into(), &mut bufs, &mut meta);
-                let Ok(n) = read else {
-                    break;
-                };
+            while let Ok(n) = udp::recv_batch(&t.state, (&t.socket).into(), &mut bufs, &mut meta) {
                 for (m, b) in meta[..n].iter().zip(&bufs) {
                     for d in udp::datagrams(m) {
                         t.assoc.handle_datagram(now, &b[d]);
