@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Testbed benchmarks for links that do not hold still (issue 13) and noisy links (issue 17,
-# cell `noisy`). Each cell runs pepd (the default `cc = "adaptive"`) beside plain end-to-end
-# CUBIC and BBR on the same emulated link,
+# Testbed benchmarks for links that do not hold still (capacity tracking) and noisy links (the
+# datagram size that follows the error rate, cell `noisy`). Each cell runs pepd (the default
+# `cc = "adaptive"`) beside plain end-to-end CUBIC and BBR on the same emulated link,
 # RUNS times (default 3), and prints mean and spread with a PASS/FAIL verdict against the
 # acceptance bounds. Every run's JSON line goes to $OUT (default bench-capacity.jsonl).
 # Needs root (namespaces). Usage:
@@ -82,7 +82,7 @@ for cell in $CELLS; do
         done
         ;;
     noisy)
-        # Issue 17: lawson at BER 1e-4, where the datagram size follows the error rate.
+        # lawson at BER 1e-4, where the datagram size follows the error rate.
         for mode in pepd plain-cubic plain-bbr; do
             run noisy "$mode" --profile lawson --ber 1e-4 --mode "$mode" --workload download --seconds 60 --max-seconds 120
         done

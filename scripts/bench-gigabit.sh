@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's gigabit comparisons, each in one run with the base commit's pepd beside the new
+# The gigabit comparisons, each in one run with the base commit's pepd beside the new
 # one, runs interleaved (repeats outermost) so a busy spell on a shared machine hits every row
 # alike. One encrypted (unless the row says otherwise) 1 GB download per run.
 #   nodelay: the emulated no-delay path (nasa profile, --delay-ms 0, 10 Gb/s), with the
@@ -42,7 +42,7 @@ for run in $(seq 1 "$RUNS"); do
   case $link in
     nodelay)
       emu=(--rate-bps 10e9 --mode pepd)
-      # The base's best rate (issue 15's text: 1.34 Gb/s at 2 Gbit).
+      # The base's best rate (the gigabit work's starting figure: 1.34 Gb/s at 2 Gbit).
       row base-2G-offload "$base" "${emu[@]}" "${r2[@]}"
       row base-2G-per-packet "$base" "${emu[@]}" "${r2[@]}" --per-packet-emulation
       row new-adaptive-6G-offload "$NEW" "${emu[@]}" "${r6[@]}"

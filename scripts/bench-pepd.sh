@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-4 benchmark set through pepd on the emulated links, one JSON line per run plus a
+# The seeds' benchmark set through pepd on the emulated links, one JSON line per run plus a
 # PASS/FAIL verdict against the acceptance bounds. Needs root (namespaces). Usage:
 #   cargo build --release -p pepd -p pep-testbed && ./scripts/bench-pepd.sh
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue-6 benchmarks: pepd with encryption (the default) against `security.mode = "none"`.
+# Security benchmarks: pepd with encryption (the default) against `security.mode = "none"`.
 #  1. lawson (1.544 Mb/s, 285 ms one way) efficiency at BER 0..1e-5, encrypted;
 #  2. one 1 GB flow on a no-delay, no-loss link (10 Gb/s emulated) at tx_rate = rx_rate = 500 Mbit/s, both
 #     modes side by side: goodput, and CPU seconds of each gateway's pepd (sampled from

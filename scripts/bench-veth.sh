@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue-15 baseline: one flow on the direct veth link between the gateways (no emulator),
+# Gigabit baseline: one flow on the direct veth link between the gateways (no emulator),
 # plain kernel TCP, the kernel split-TCP relay and pepd without and with encryption, runs
 # interleaved (repeats outermost) so a busy spell on a shared machine hits every mode alike.
 # Reports goodput and the gateway processes' CPU seconds per GB: mean, sd, min-max.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every simulator acceptance scenario of the transport (issues 2, 13 and 17) in release mode
+# Runs every simulator acceptance scenario of the transport (its first acceptance, capacity
+# tracking, the datagram size that follows the error rate, the hub) in release mode
 # and checks each against its target. Prints one tab-separated line per check: PASS/FAIL, the
 # check, the figure, the command. Exit status is non-zero if any check fails. Used to produce
 # docs/BENCHMARKS.md.
@@ -35,7 +36,8 @@ for ber in 0 1e-8 1e-7 1e-6 1e-5; do
 done
 check "lawson ber=1e-5 cpu<2s" 'r["cpu_seconds"]<2.0' "$eff" -- \
     --rate-bps 1544000 --delay-ms 285 --ber 1e-5 --seconds 300
-# Issue 13: corruption is not missing capacity (the issue-2 figure was 0.44 Mb/s).
+# Capacity tracking: corruption is not missing capacity (the transport's first figure was
+# 0.44 Mb/s).
 check "lawson ber=1e-4 goodput>=0.9*0.44Mb/s" 'r["goodput_bps"]>=0.9*0.44e6 and r["intact"]' \
     '"goodput=%.3fMb/s estimate=%.3fMb/s drains=%d" % (r["goodput_bps"]/1e6, r["capacity"]["estimate_bps"]/1e6, r["capacity"]["drains"])' -- \
     --rate-bps 1544000 --delay-ms 285 --ber 1e-4 --seconds 300
@@ -89,7 +91,7 @@ check "return link 1/50 of forward: efficiency>=0.95" 'r["efficiency"]>=0.95 and
 check "return link 1/50 of forward (lawson): efficiency>=0.95" 'r["efficiency"]>=0.95 and r["intact"]' "$ret" -- \
     --rate-bps 1544000 --return-rate-bps 30880 --delay-ms 285 --seconds 300
 
-# Issue 13: links that do not hold still (the default controller, `adaptive`). GEO: 300 ms
+# Capacity tracking: links that do not hold still (the default controller, `adaptive`). GEO: 300 ms
 # one way, 2 Mb/s return, a drop-tail queue of one BDP at 20 Mb/s (1.5 MB); flows start 2 s
 # after the association (a gateway that is up when traffic comes).
 geo=(--return-rate-bps 2000000 --delay-ms 300 --queue-bytes 1500000 --start-after-s 2)
@@ -123,7 +125,7 @@ check "LEO 100/20M, delay steps every 15 s with 100-200 ms outages: >=0.9 of the
     --rate-bps 100000000 --return-rate-bps 20000000 --delay-ms 20 --seconds 60 --start-after-s 1 \
     --delay-schedule 0:20,15:35,30:25,45:40 --outage 15+0.1 --outage 30+0.2 --outage 45+0.15
 
-# Issue 17: a datagram size that follows the error rate. "Today" is the same run with every
+# A datagram size that follows the error rate. "Today" is the same run with every
 # data datagram as large as the MTU allows (`--datagram-size mtu`).
 lawson=(--rate-bps 1544000 --delay-ms 285 --seconds 300)
 size='"goodput=%.3fMb/s datagram=%d changes=%d intact=%s" % (r["goodput_bps"]/1e6, r["datagram_size"], r["datagram_size_changes"], r["intact"])'
@@ -194,7 +196,7 @@ PY
 printf '%s\t%s\t%s\t%s\n' "${verdict%%$'\t'*}" "BER steps 1e-6/1e-4/1e-6 every 60 s: settles within 10 s, changes >=2 s apart, each phase within 10 % of the best fixed size" "${verdict#*$'\t'}" "pep-sim bulk ${steps[*]} --json (and --datagram-size 1456..200)"
 [[ $verdict == PASS* ]] || fails=$((fails + 1))
 
-# Issue 14: one hub endpoint and 1,000 terminals (crates/sim/tests/hub.rs, which asserts the
+# Hub: one hub endpoint and 1,000 terminals (crates/sim/tests/hub.rs, which asserts the
 # bounds and prints its figures once they hold).
 hub=$(cargo test --release -q -p pep-sim --test hub -- --nocapture 2>/dev/null | grep '^hub-sim:' || true)
 printf '%s\t%s\t%s\t%s\n' "$([[ -n $hub ]] && echo PASS || echo FAIL)" \
