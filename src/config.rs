@@ -9,15 +9,17 @@ use std::time::Duration;
 use pep_transport::security::{AeadOffer, PacketProtection};
 use serde::Deserialize;
 
+pub mod budget;
 mod cidr;
 mod error;
+pub mod keys;
 mod messages;
 mod peers;
-mod report;
 mod security;
 mod source;
-mod units;
+pub(crate) mod units;
 mod validate;
+mod warnings;
 
 pub use cidr::{Cidr, CidrError};
 pub use error::{ConfigError, Diagnostic};

@@ -12,8 +12,9 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter};
 
+use pepd::config::keys;
 use pepd::config::PepdConfig;
-use pepd::{daemon, keys, rules};
+use pepd::control::{rules, run as daemon};
 
 #[derive(Parser)]
 #[command(
@@ -183,7 +184,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // stops pepd before it takes any connection, and its warnings are logged once.
     let security = cfg.load_security()?;
     // A config this version cannot serve whole stops here, before anything is logged.
-    daemon::check_servable(&cfg)?;
+    cfg.check_servable()?;
     // RUST_LOG wins over the config at start; SIGHUP applies the config's level.
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log.level))
@@ -197,7 +198,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
         )
         .init();
-    let log_reload: daemon::LogReload = Box::new(move |level: &str| {
+    let log_reload: pepd::control::reload::LogReload = Box::new(move |level: &str| {
         let f = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
         filter_handle.reload(f).map_err(|e| e.to_string())
     });
@@ -205,7 +206,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
         tracing::warn!("config: {w}");
     }
     // The usual reasons SYNs never reach pepd, said at start rather than found later.
-    for w in pepd::selfcheck::startup_checks(&cfg) {
+    for w in pepd::control::selfcheck::startup_checks(&cfg) {
         tracing::warn!("self-check: {w}");
     }
     let cfg = serve_within_fd_limit(cfg);
@@ -226,7 +227,7 @@ fn run(path: &std::path::Path) -> anyhow::Result<()> {
 /// Raises the open-file limit to what `max_flows` needs; with a hard limit too low for
 /// it, serves the flows the limit allows and says so.
 fn serve_within_fd_limit(mut cfg: PepdConfig) -> PepdConfig {
-    match pepd::fdlimit::raise(&cfg) {
+    match pepd::control::fdlimit::raise(&cfg) {
         Ok(r) if r.flows < cfg.limits.max_flows as u64 => {
             tracing::warn!(
                 "the open-file limit (hard {}) serves {} flows, not `limits.max_flows` \
@@ -236,7 +237,7 @@ fn serve_within_fd_limit(mut cfg: PepdConfig) -> PepdConfig {
                 r.flows,
                 cfg.limits.max_flows,
                 r.flows,
-                pepd::fdlimit::needed(cfg.limits.max_flows as u64, cfg.limits.over_limit)
+                pepd::control::fdlimit::needed(cfg.limits.max_flows as u64, cfg.limits.over_limit)
             );
             cfg.limits.max_flows = usize::try_from(r.flows).unwrap_or(1).max(1);
         }

@@ -1,5 +1,6 @@
-//! Prometheus metrics: what the daemon reports at one instant ([`Snapshot`]), its encoding in
-//! the OpenMetrics text format, and the small HTTP endpoint that serves it.
+//! Prometheus metrics: what the daemon reports at one instant ([`Snapshot`]), collected from
+//! the tunnel's state, its encoding in the OpenMetrics text format, and the small HTTP
+//! endpoint that serves it.
 //!
 //! The daemon keeps its own counters (in the transport's `Stats` and the relay's atomics);
 //! this module never counts anything itself. Each scrape asks the daemon for a fresh
@@ -9,6 +10,8 @@
 //! Every name, label and unit is listed in `docs/METRICS.md`; keep the two in step.
 
 use std::fmt;
+
+use crate::tunnel::conn::AssociationState;
 
 use pep_transport::security::PacketProtection;
 use prometheus_client::collector::Collector;
@@ -23,124 +26,14 @@ use prometheus_client::registry::{Registry, Unit};
 
 mod http;
 mod peers;
+mod snapshot;
 
 pub use http::{serve, SnapshotSource, CONTENT_TYPE};
 pub use peers::PeerSnapshot;
+pub use snapshot::{RelaySnapshot, Snapshot, WorkerSnapshot};
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "pepd";
-
-/// Where the association stands, as the `pepd_association_state` gauge shows it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum AssociationState {
-    /// Handshaking, or re-establishing after the association was lost.
-    #[default]
-    Connecting,
-    Established,
-    /// Established, but the peer has stopped answering (satellite link outage).
-    Outage,
-    /// Shut down for good (the daemon is stopping).
-    Closed,
-}
-
-impl AssociationState {
-    /// Every state, in the order the gauge lists them: a query can rely on each label value
-    /// being present in every scrape.
-    pub const ALL: [AssociationState; 4] = [
-        AssociationState::Connecting,
-        AssociationState::Established,
-        AssociationState::Outage,
-        AssociationState::Closed,
-    ];
-
-    /// The `state` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            AssociationState::Connecting => "connecting",
-            AssociationState::Established => "established",
-            AssociationState::Outage => "outage",
-            AssociationState::Closed => "closed",
-        }
-    }
-}
-
-/// Relay-side counters: the TCP half of the daemon.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RelaySnapshot {
-    /// Flows with a live local TCP connection.
-    pub flows_active: u64,
-    /// Flows counted against `limits.max_flows`: with every peer, from their open to their
-    /// relay's end.
-    pub flows_open: u64,
-    /// TCP connections intercepted locally and opened as flows towards the peer.
-    pub flows_intercepted_total: u64,
-    /// Flows the peer opened, connected out from here.
-    pub flows_from_peer_total: u64,
-    /// Intercepted connections refused because a limit was reached (`over_limit = refuse`).
-    pub flows_refused_total: u64,
-    /// Intercepted connections relayed unproxied because a limit was reached
-    /// (`over_limit = bypass`).
-    pub flows_bypassed_total: u64,
-    /// Intercepted connections no peer's subnets hold; also in refused or bypassed, as
-    /// `[rules] fail` decided.
-    pub flows_unrouted_total: u64,
-    /// Flows a peer opened that it may not (isolation); also in refused.
-    pub flows_isolated_total: u64,
-    /// Read from local TCP connections into the tunnel.
-    pub bytes_to_peer_total: u64,
-    /// Written from the tunnel to local TCP connections.
-    pub bytes_from_peer_total: u64,
-    /// Upstream connects that failed, by the reset reason they became (`refused`,
-    /// `unreachable`, `timeout`, `resource_limit`, ...).
-    pub connect_errors: Vec<(&'static str, u64)>,
-    /// Interception failures, by reason (`accept`, `inspect`).
-    pub intercept_errors: Vec<(&'static str, u64)>,
-    /// Flows reset, by reason (`aborted`, `refused`, `unreachable`, `timeout`,
-    /// `peer_restart`, `outage_limit`, `resource_limit`, `protocol`, `closed`, ...).
-    pub flow_resets: Vec<(&'static str, u64)>,
-    /// Flows reset because their local TCP side took nothing for
-    /// `limits.stalled_flow_timeout` under contention (also `resource_limit` above).
-    pub flows_reset_stalled_total: u64,
-}
-
-/// Everything the daemon reports at one instant; the daemon fills it at scrape time.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
-    pub stats: pep_transport::Stats,
-    /// Each peer's association, in config order.
-    pub associations: Vec<AssociationState>,
-    /// Times the association was (re)established after a loss or a peer restart.
-    pub association_restarts: u64,
-    pub relay: RelaySnapshot,
-    /// Payload in the transport's buffers, both directions.
-    pub memory_in_use_bytes: u64,
-    /// Everything counted against the budget: fixed costs, per-flow costs and payload.
-    pub memory_accounted_bytes: u64,
-    pub memory_budget_bytes: u64,
-    /// Datagrams dropped because they did not come from the peer.
-    pub tunnel_foreign_datagrams: u64,
-    /// COOKIEs the endpoint sent instead of doing a handshake's Diffie-Hellman.
-    pub cookies_sent: u64,
-    /// (daemon version, transport protocol version).
-    pub build_info: (&'static str, u32),
-    /// Each configured peer's own series, in config order.
-    pub peers: Vec<PeerSnapshot>,
-    /// Each worker thread's share, by number (one for a pair and a terminal).
-    pub workers: Vec<WorkerSnapshot>,
-}
-
-/// One worker thread of a hub at one instant.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkerSnapshot {
-    /// Associations of the peers it serves.
-    pub associations: u64,
-    /// Datagrams its socket read.
-    pub datagrams: u64,
-    /// Of them, handed to the worker that owns their association.
-    pub handed_off: u64,
-    /// Handoffs to it dropped because its inbox was full.
-    pub inbox_dropped: u64,
-}
 
 /// Encodes `s` in the OpenMetrics text format, `# EOF` included: the body of a scrape
 /// response, to be sent with [`CONTENT_TYPE`].

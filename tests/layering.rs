@@ -62,7 +62,11 @@ fn each_room_imports_only_the_rooms_below_it() {
     }
     wrong.sort();
     wrong.dedup();
-    assert!(wrong.is_empty(), "imports across rooms that the layering forbids:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "imports across rooms that the layering forbids:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]
@@ -74,7 +78,10 @@ fn no_circle_among_a_room_s_modules() {
             .filter(|s| s.module.first().map(String::as_str) == Some(room))
             .collect();
         let circles = circles(&inside, 2, room);
-        assert!(circles.is_empty(), "modules of src/{room}/ that import each other in a circle: {circles:?}");
+        assert!(
+            circles.is_empty(),
+            "modules of src/{room}/ that import each other in a circle: {circles:?}"
+        );
     }
 }
 
@@ -83,7 +90,10 @@ fn no_circle_among_the_transport_s_modules() {
     let sources = crate_sources(&root().join("crates/transport/src"));
     let all: Vec<&Source> = sources.iter().collect();
     let circles = circles(&all, 1, "");
-    assert!(circles.is_empty(), "top-level modules of pep-transport that import each other in a circle: {circles:?}");
+    assert!(
+        circles.is_empty(),
+        "top-level modules of pep-transport that import each other in a circle: {circles:?}"
+    );
 }
 
 #[test]
@@ -98,13 +108,22 @@ fn f() { let _ = "crate::metrics in a string"; let c = '"'; crate::tunnel::memor
 mod tests { use crate::control::run; }
 "#;
     let names = names_in(&module, text);
-    let firsts: BTreeSet<String> = names.iter().map(|n| n[..2.min(n.len())].join("::")).collect();
+    let firsts: BTreeSet<String> = names
+        .iter()
+        .map(|n| n[..2.min(n.len())].join("::"))
+        .collect();
     assert_eq!(
         firsts,
-        ["config::A", "config::B", "sys::sockopt", "tunnel::conn", "tunnel::memory"]
-            .into_iter()
-            .map(String::from)
-            .collect()
+        [
+            "config::A",
+            "config::B",
+            "sys::sockopt",
+            "tunnel::conn",
+            "tunnel::memory"
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect()
     );
 }
 
@@ -127,7 +146,9 @@ fn crate_sources(dir: &Path) -> Vec<Source> {
             if matches!(module.as_slice(), [m] if m == "lib" || m == "main") {
                 module.clear();
             }
-            if module.last().map(String::as_str) == Some("tests") || module.iter().any(|m| m == "bin") {
+            if module.last().map(String::as_str) == Some("tests")
+                || module.iter().any(|m| m == "bin")
+            {
                 return None;
             }
             let text = fs::read_to_string(&path).ok()?;
@@ -141,7 +162,9 @@ fn crate_sources(dir: &Path) -> Vec<Source> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -251,14 +274,17 @@ fn names_in(module: &ModPath, text: &str) -> Vec<ModPath> {
     while i < bytes.len() {
         let starts_word = i == 0 || !is_ident(bytes[i - 1]) && bytes[i - 1] != b':';
         if starts_word {
-            let (lead, base) = if code[i..].starts_with("crate::") {
+            let (lead, base) = if bytes[i..].starts_with(b"crate::") {
                 ("crate::".len(), Some(Vec::new()))
             } else {
                 let mut n = 0;
-                while code[i + n * "super::".len()..].starts_with("super::") {
+                while bytes[i + n * "super::".len()..].starts_with(b"super::") {
                     n += 1;
                 }
-                (n * "super::".len(), (n > 0 && n <= module.len()).then(|| module[..module.len() - n].to_vec()))
+                (
+                    n * "super::".len(),
+                    (n > 0 && n <= module.len()).then(|| module[..module.len() - n].to_vec()),
+                )
             };
             if let Some(base) = base {
                 let (paths, end) = paths_after(code, i + lead);
@@ -344,23 +370,29 @@ fn is_ident(b: u8) -> bool {
 }
 
 /// `text` with comments and the contents of string and char literals blanked out, so that
-/// what remains is code (lines and offsets kept).
+/// what remains is code (lines kept).
 fn code_only(text: &str) -> String {
     let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
+    let at = |i: usize, s: &str| b[i..].starts_with(s.as_bytes());
+    let mut out: Vec<u8> = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if text[i..].starts_with("//") {
+        if at(i, "//") {
             while i < b.len() && b[i] != b'\n' {
                 i += 1;
             }
-        } else if text[i..].starts_with("/*") {
-            let end = text[i + 2..].find("*/").map_or(b.len(), |e| i + 2 + e + 2);
-            i = end;
-            out.push(' ');
-        } else if b[i] == b'"' || text[i..].starts_with("r#\"") || text[i..].starts_with("r\"") {
-            let hashes = if b[i] == b'r' { text[i + 1..].bytes().take_while(|&c| c == b'#').count() } else { 0 };
+        } else if at(i, "/*") {
+            i = (i + 2..b.len())
+                .find(|&j| at(j, "*/"))
+                .map_or(b.len(), |j| j + 2);
+            out.push(b' ');
+        } else if b[i] == b'"' || at(i, "r#\"") || at(i, "r\"") {
             let raw = b[i] == b'r';
+            let hashes = if raw {
+                b[i + 1..].iter().take_while(|&&c| c == b'#').count()
+            } else {
+                0
+            };
             i += if raw { 2 + hashes } else { 1 };
             let close = format!("\"{}", "#".repeat(hashes));
             while i < b.len() {
@@ -368,29 +400,39 @@ fn code_only(text: &str) -> String {
                     i += 2;
                     continue;
                 }
-                if text[i..].starts_with(&close) {
+                if at(i, &close) {
                     i += close.len();
                     break;
                 }
                 if b[i] == b'\n' {
-                    out.push('\n');
+                    out.push(b'\n');
                 }
                 i += 1;
             }
-            out.push_str("\"\"");
-        } else if b[i] == b'\'' && (b.get(i + 2) == Some(&b'\'') || b.get(i + 1) == Some(&b'\\')) {
-            // A char literal ('x' or an escape), not a lifetime.
-            i += 1;
-            while i < b.len() && b[i] != b'\'' {
-                i += if b[i] == b'\\' { 2 } else { 1 };
-            }
-            i += 1;
-            out.push_str("' '");
+            out.extend_from_slice(b"\"\"");
+        } else if b[i] == b'\'' && char_literal_len(&text[i..]).is_some() {
+            // A char literal ('x', 'ç' or an escape), not a lifetime.
+            i += char_literal_len(&text[i..]).unwrap_or(1);
+            out.extend_from_slice(b"' '");
         } else {
-            let ch = text[i..].chars().next().expect("in bounds");
-            out.push(ch);
-            i += ch.len_utf8();
+            out.push(b[i]);
+            i += 1;
         }
     }
-    out
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The length in bytes of the char literal `rest` starts with, if it starts with one.
+fn char_literal_len(rest: &str) -> Option<usize> {
+    let mut chars = rest.char_indices().skip(1);
+    let (_, c) = chars.next()?;
+    if c == '\\' {
+        // An escape: up to the closing quote ('\n', '\'', '\u{…}').
+        let (_, _) = chars.next()?;
+        return chars.find(|&(_, c)| c == '\'').map(|(j, _)| j + 1);
+    }
+    match chars.next()? {
+        (j, '\'') => Some(j + 1),
+        _ => None,
+    }
 }

@@ -51,8 +51,8 @@ fn a_flow_past_the_memory_budget_is_refused() {
     // The budget carries three idle flows and half of a fourth: with `flow_buffer` set this
     // small, the receive reserve is half the budget, so the other half is
     // fixed + 3 × 4 KiB + 2 KiB.
-    let fixed = pepd::memory::fixed(1500, pepd::memory::worker_threads());
-    let budget = 2 * (fixed + 3 * pepd::memory::PER_FLOW + 2048);
+    let fixed = pepd::config::budget::fixed(1500, pepd::config::budget::runtime_threads());
+    let budget = 2 * (fixed + 3 * pepd::config::budget::PER_FLOW + 2048);
     let mut o = options();
     o.terminal_toml = format!(
         "[limits]\nflow_buffer = \"64KiB\"\nmemory_budget = \"{budget}B\"\nover_limit = \"refuse\"\n"
@@ -77,7 +77,10 @@ fn a_flow_past_the_memory_budget_is_refused() {
     assert_eq!(terminal_metric(&tb, "pepd_flows_refused_total"), 1.0);
     assert_eq!(terminal_metric(&tb, "pepd_flows_active"), 3.0);
     let accounted = terminal_metric(&tb, "pepd_memory_accounted_bytes");
-    assert_eq!(accounted, (fixed + 3 * pepd::memory::PER_FLOW) as f64);
+    assert_eq!(
+        accounted,
+        (fixed + 3 * pepd::config::budget::PER_FLOW) as f64
+    );
 
     // The flows already open still carry bytes, both ways. Which server socket is which
     // client's is not known (the hub connects in its own order): each echoes what it got.
@@ -260,10 +263,10 @@ fn idle_flows_cost_a_descriptor_and_their_share_each() {
         );
     }
     let accounted = terminal_metric(&tb, "pepd_memory_accounted_bytes");
-    let fixed = pepd::memory::fixed(1500, pepd::memory::worker_threads());
+    let fixed = pepd::config::budget::fixed(1500, pepd::config::budget::runtime_threads());
     assert_eq!(
         accounted,
-        (fixed + FLOWS as u64 * pepd::memory::PER_FLOW) as f64
+        (fixed + FLOWS as u64 * pepd::config::budget::PER_FLOW) as f64
     );
 
     drop(clients);

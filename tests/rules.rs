@@ -488,7 +488,7 @@ fn rules_apply_repeatedly_and_the_self_check_sees_them() {
         let cfg = cfg.clone();
         move || {
             let cfg = cfg.clone();
-            move || pepd::selfcheck::startup_checks(&cfg)
+            move || pepd::control::selfcheck::startup_checks(&cfg)
         }
     };
     let no_routing = |fam: &str| {
@@ -570,11 +570,11 @@ fn nft_rules_cli() {
     let p = path.to_str().expect("utf-8");
     assert_eq!(
         run(pepd_bin(), &["nft-rules", "-c", p]),
-        pepd::rules::nft_ruleset(&cfg)
+        pepd::control::rules::nft_ruleset(&cfg)
     );
     assert_eq!(
         run(pepd_bin(), &["nft-rules", "-c", p, "--routes"]),
-        pepd::rules::routes_script(&cfg)
+        pepd::control::rules::routes_script(&cfg)
     );
     std::fs::write(&path, config("ajar")).expect("write");
     let out = Command::new(pepd_bin())

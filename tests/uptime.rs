@@ -545,7 +545,7 @@ fn ten_thousand_flows_then_churn_leave_nothing_behind() {
     }
     // The allocator keeps what the 10,000 flows freed, so a leak smaller than that would
     // not show in the resident size; the count of what flows hold must be back exactly.
-    let fixed = pepd::memory::fixed(1500, pepd::memory::worker_threads());
+    let fixed = pepd::config::budget::fixed(1500, pepd::config::budget::runtime_threads());
     for side in sides {
         assert_eq!(
             gateway_metric(&tb, side, "pepd_memory_accounted_bytes", None),

@@ -12,7 +12,7 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::{BitRate, Cidr, PeerConfig, PepdConfig, Side, DEFAULT_TUNNEL_PORT};
-use crate::keys::KEY_LEN;
+use crate::config::keys::KEY_LEN;
 
 /// Most `[[peer]]` entries one gateway takes: a hub's connection IDs have room for 8 × 8192
 /// associations, and one shard's worth is what the first multi-peer steps serve.
@@ -154,12 +154,29 @@ impl Peers {
     }
 }
 
+/// Connection ID length of a hub with `[[peer]]` entries: 2 bytes name up to 65,536
+/// associations, even with one peer so that more can be added. Everywhere else (a
+/// terminal, either end of a `[peer]` pair) the one association needs none.
+const HUB_CID_LEN: u8 = 2;
+
+/// A terminal peer without the address its association starts towards.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{key}` of peer {peer} is not set: a terminal starts the association, so it needs its \
+     hub's tunnel address (only a hub learns its peers' addresses)"
+)]
+pub struct Unservable {
+    key: String,
+    peer: String,
+}
+
 impl PepdConfig {
     /// Every peer as pepd serves it, in the order of the file. The `[peer]` table is one
     /// peer named "peer" that every destination is routed to (`0.0.0.0/0`, `::/0`), at the
     /// `[link]` rates.
     pub fn peer_specs(&self) -> Vec<PeerSpec> {
-        let decode = |key: Option<&String>| key.and_then(|k| crate::keys::decode_key(k).ok());
+        let decode =
+            |key: Option<&String>| key.and_then(|k| crate::config::keys::decode_key(k).ok());
         match &self.peer {
             Peers::Pair(pair) => vec![PeerSpec {
                 name: PAIR_PEER_NAME.to_owned(),
@@ -220,16 +237,42 @@ impl PepdConfig {
         })
     }
 
+    /// What `pepd run` cannot serve although `check-config` accepts it, refused at start
+    /// rather than served in part: a terminal sends first, so it needs its hub's address (a
+    /// hub learns a terminal's from its authenticated initiation).
+    pub fn check_servable(&self) -> Result<(), Unservable> {
+        if self.side() != Side::Terminal {
+            return Ok(());
+        }
+        for (i, peer) in self.peer_specs().iter().enumerate() {
+            if peer.address.is_none() {
+                return Err(Unservable {
+                    key: self.peer.address_key(i),
+                    peer: peer.name.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection ID length this gateway's endpoint chooses.
+    pub fn cid_len(&self) -> u8 {
+        match (&self.peer, self.side()) {
+            (Peers::List(_), Side::Hub) => HUB_CID_LEN,
+            _ => 0,
+        }
+    }
+
     /// The threads a hub serves its associations on: `tunnel.workers`, else the cores
     /// available, at most [`MAX_WORKERS`] (the shards a connection ID can name). One for
     /// a pair and a terminal: one association has nothing to spread.
     pub fn workers(&self) -> usize {
-        if crate::tunnel::cid_len(self) == 0 {
+        if self.cid_len() == 0 {
             return 1;
         }
         let wanted = self.tunnel.as_ref().and_then(|t| t.workers);
         wanted
-            .unwrap_or_else(crate::memory::worker_threads)
+            .unwrap_or_else(crate::config::budget::runtime_threads)
             .clamp(1, MAX_WORKERS)
     }
 

@@ -9,7 +9,7 @@ use pep_transport::security::{hardware_aes, public_key, AeadOffer, SecurityConfi
 
 use super::error::{sort_by_position, Position};
 use super::{ConfigError, Diagnostic, PeerSpec, Peers, PepdConfig, SecurityMode};
-use crate::keys::{self, Exposure, KeyError};
+use crate::config::keys::{self, Exposure, KeyError};
 
 /// What [`PepdConfig::load_security`] found.
 #[derive(Debug)]

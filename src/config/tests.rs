@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::error::Position;
-use super::report::approx;
+use super::units::approx;
 use super::*;
 
 const TERMINAL: &str = include_str!("../../config/terminal.toml");
@@ -826,7 +826,7 @@ fn summary_shows_effective_settings() {
     }
     // The fixed part counts a read buffer per CPU of the host the check runs on.
     let m = c.memory_implied();
-    let fixed = crate::memory::fixed(1500, crate::memory::worker_threads());
+    let fixed = crate::config::budget::fixed(1500, crate::config::budget::runtime_threads());
     assert_eq!(m.fixed, fixed);
     assert_eq!(m.receive_reserve, 64 << 20);
     assert_eq!(m.max_idle_flows, ((512 << 20) - (64 << 20) - fixed) / 4096);
@@ -1177,16 +1177,16 @@ impl KeyDir {
     fn private_key(&self, name: &str, mode: u32) -> (std::path::PathBuf, String) {
         use std::os::unix::fs::PermissionsExt;
         let path = self.join(name);
-        let key = crate::keys::write_private_key(&path).expect("write key");
+        let key = crate::config::keys::write_private_key(&path).expect("write key");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
         let public = pep_transport::security::public_key(&key);
-        (path, crate::keys::encode_key(&public))
+        (path, crate::config::keys::encode_key(&public))
     }
 }
 
 /// A peer's public key that is none of ours.
 fn peer_key() -> String {
-    crate::keys::encode_key(&pep_transport::security::public_key(&[7; 32]))
+    crate::config::keys::encode_key(&pep_transport::security::public_key(&[7; 32]))
 }
 
 /// `MIN` plus a `[security]` section (line 7) with `body` from line 8.
@@ -1207,7 +1207,7 @@ fn security_loads_keys_and_psk() {
     let dir = KeyDir::new("load");
     let (key, public) = dir.private_key("private.key", 0o600);
     let psk = dir.join("psk");
-    crate::keys::write_psk(&psk).expect("psk");
+    crate::config::keys::write_psk(&psk).expect("psk");
     let c = PepdConfig::parse_named(
         &with_security(&format!(
             "private_key_file = {key:?}\npeer_public_key = \"{}\"\npsk_file = {psk:?}\n\
@@ -1223,7 +1223,7 @@ fn security_loads_keys_and_psk() {
     let sec = c.security().expect("keys").expect("noise");
     assert_eq!(
         sec.local_private_key,
-        crate::keys::read_key_file(&key).expect("key")
+        crate::config::keys::read_key_file(&key).expect("key")
     );
     assert_eq!(
         sec.peer_public_key,
@@ -1231,7 +1231,7 @@ fn security_loads_keys_and_psk() {
     );
     assert_eq!(
         sec.psk,
-        Some(crate::keys::read_key_file(&psk).expect("psk"))
+        Some(crate::config::keys::read_key_file(&psk).expect("psk"))
     );
     assert_eq!(sec.rekey_interval, Duration::from_secs(30));
     assert_eq!(sec.rekey_after_packets, 5000);
@@ -1341,7 +1341,7 @@ fn key_file_problems_name_key_line_and_file() {
     let p = security_err(&with_security(&format!(
         "private_key_file = {ok:?}\npsk_file = {:?}\npeer_public_key = \"{}\"\n",
         dir.join("no.psk"),
-        crate::keys::PLACEHOLDER_PUBLIC_KEY
+        crate::config::keys::PLACEHOLDER_PUBLIC_KEY
     )));
     let got: Vec<_> = p
         .iter()
@@ -1371,7 +1371,7 @@ fn peer_key_must_be_base64_of_32_bytes_and_not_our_own() {
         "{}",
         p[0]
     );
-    let zeros = crate::keys::encode_key(&[0; 32]);
+    let zeros = crate::config::keys::encode_key(&[0; 32]);
     let p = invalid(&with_security(&format!("peer_public_key = \"{zeros}\"\n")));
     assert_only(&p, "security.peer_public_key", at(8));
     let dir = KeyDir::new("own");
@@ -1454,7 +1454,7 @@ fn example_configs_name_the_installed_key_and_a_placeholder() {
         );
         assert_eq!(
             sec.peer_public_key.as_deref(),
-            Some(crate::keys::PLACEHOLDER_PUBLIC_KEY)
+            Some(crate::config::keys::PLACEHOLDER_PUBLIC_KEY)
         );
         assert_eq!(
             (sec.rekey_interval, sec.rekey_after_packets),
@@ -1490,7 +1490,7 @@ fn tunnel_workers_are_counted_clamped_and_printed() {
     let c = PepdConfig::parse(&with("")).expect("default workers");
     assert_eq!(
         c.workers(),
-        crate::memory::worker_threads().clamp(1, MAX_WORKERS)
+        crate::config::budget::runtime_threads().clamp(1, MAX_WORKERS)
     );
     // 0 is refused, naming the key and its line.
     let e = PepdConfig::parse(&with("workers = 0")).unwrap_err();

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
@@ -302,6 +303,26 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+/// A duration as an operator writes it ("2m 30s").
+pub(crate) fn dur(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// "5.7 MiB": sizes computed from rates are rarely round, and exact bytes are noise here.
+pub(crate) fn approx(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (unit, name) in UNITS {
+        if bytes >= unit {
+            let tenths = (u128::from(bytes) * 10 + u128::from(unit) / 2) / u128::from(unit);
+            return match tenths % 10 {
+                0 => format!("{} {name}", tenths / 10),
+                t => format!("{}.{t} {name}", tenths / 10),
+            };
+        }
+    }
+    format!("{bytes} B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,5 +520,15 @@ mod tests {
         assert!(e.contains("expected a bit rate like"), "{e}");
         let e = holder("rate = 1\nsize = \"4Mb\"").unwrap_err();
         assert!(e.contains("expected a byte size like \"64MiB\""), "{e}");
+    }
+
+    #[test]
+    fn approx_rounds_to_a_tenth() {
+        assert_eq!(approx(0), "0 B");
+        assert_eq!(approx(1023), "1023 B");
+        assert_eq!(approx(1024), "1 KiB");
+        assert_eq!(approx(6_000_000), "5.7 MiB");
+        assert_eq!(approx(4 << 20), "4 MiB");
+        assert_eq!(approx(u64::MAX), "17179869184 GiB");
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::error::{sort_by_position, Position};
 use super::peers::{self, PeerEntry, MAX_NAME_LEN, MAX_PEERS};
-use super::report::approx;
+use super::units::approx;
 use super::{
     BitRate, Cidr, ConfigError, Diagnostic, PeerConfig, Peers, PepdConfig, SecurityMode, Side,
     SourceMap,
@@ -464,7 +464,7 @@ impl PepdConfig {
             peers::duplicates(entries.iter().map(|e| {
                 e.public_key
                     .as_deref()
-                    .and_then(|k| crate::keys::decode_key(k).ok())
+                    .and_then(|k| crate::config::keys::decode_key(k).ok())
             })),
         );
         also(
@@ -769,8 +769,8 @@ fn check_peer_address(c: &mut Checker<'_>, key: &str, addr: SocketAddr) {
 /// `pepd pubkey` prints it. The example's placeholder and our own key are refused when
 /// the keys are loaded (`security()`), so the examples parse.
 fn check_public_key(c: &mut Checker<'_>, key: &str, text: &str, whose: &str) {
-    match crate::keys::decode_key(text) {
-        Ok(k) if k == [0; crate::keys::KEY_LEN] => c.fail(
+    match crate::config::keys::decode_key(text) {
+        Ok(k) if k == [0; crate::config::keys::KEY_LEN] => c.fail(
             key,
             format!(
                 "is all zeros, which is no one's public key; use the output of `pepd pubkey` \

@@ -11,7 +11,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
-use super::{dropped_by_reason, merged, AssociationState};
+use super::{dropped_by_reason, merged};
+use crate::tunnel::conn::AssociationState;
 
 /// One configured peer at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -17,7 +17,7 @@ const HUB_SPOKE: &str = include_str!("../../../config/hub-spoke.toml");
 
 /// The public key of the private key `[n; 32]`, base64.
 fn key(n: u8) -> String {
-    crate::keys::encode_key(&pep_transport::security::public_key(&[n; 32]))
+    crate::config::keys::encode_key(&pep_transport::security::public_key(&[n; 32]))
 }
 
 /// A hub with two terminals, 14 lines: what a test appends starts on line 15.
@@ -93,7 +93,8 @@ fn addr(s: &str) -> SocketAddr {
 #[test]
 fn pair_form_normalises_to_one_peer_spec() {
     let t = PepdConfig::parse(TERMINAL).expect("terminal.toml");
-    let placeholder = crate::keys::decode_key(crate::keys::PLACEHOLDER_PUBLIC_KEY).ok();
+    let placeholder =
+        crate::config::keys::decode_key(crate::config::keys::PLACEHOLDER_PUBLIC_KEY).ok();
     assert_eq!(
         t.peer_specs(),
         [PeerSpec {
@@ -142,7 +143,7 @@ fn peer_list_parses_every_field() {
     assert_eq!(c.side(), Side::Hub);
     assert_eq!(c.tunnel_bind(), addr("198.18.0.1:7400"));
     assert_eq!(c.rules.table, "pepd");
-    let decode = |text: &str| crate::keys::decode_key(text).ok();
+    let decode = |text: &str| crate::config::keys::decode_key(text).ok();
     assert_eq!(
         c.peer_specs(),
         [
@@ -606,8 +607,8 @@ fn keys_of_the_list_are_checked_when_loaded() {
         .tempdir()
         .expect("temp dir");
     let path = dir.path().join("private.key");
-    let private = crate::keys::write_private_key(&path).expect("write key");
-    let own = crate::keys::encode_key(&pep_transport::security::public_key(&private));
+    let private = crate::config::keys::write_private_key(&path).expect("write key");
+    let own = crate::config::keys::encode_key(&pep_transport::security::public_key(&private));
     let text = with(&format!("[security]\nprivate_key_file = {path:?}\n")).replace(&key(2), &own);
     let c = PepdConfig::parse_named(&text, "test.toml").expect("parses");
     let Err(ConfigError::Invalid(ds)) = c.load_security() else {
@@ -667,11 +668,12 @@ fn keys_of_the_list_are_checked_when_loaded() {
 #[test]
 fn run_serves_every_peer_of_a_hub_and_needs_the_hubs_address_at_a_terminal() {
     let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
-    crate::daemon::check_servable(&c).expect("a hub with three peers, one without address");
-    assert_eq!(crate::tunnel::cid_len(&c), 2);
+    c.check_servable()
+        .expect("a hub with three peers, one without address");
+    assert_eq!(c.cid_len(), 2);
     let c = PepdConfig::parse(&two_peers()).expect("two peers");
-    crate::daemon::check_servable(&c).expect("b has no address: learned");
-    assert_eq!(crate::tunnel::cid_len(&c), 2);
+    c.check_servable().expect("b has no address: learned");
+    assert_eq!(c.cid_len(), 2);
     // A terminal in the list form: one entry, which must say where the hub is.
     let one = two_peers()
         .replace(
@@ -683,19 +685,19 @@ fn run_serves_every_peer_of_a_hub_and_needs_the_hubs_address_at_a_terminal() {
         )
         .replace("side = \"hub\"", "side = \"terminal\"");
     let c = PepdConfig::parse(&one).expect("one entry");
-    crate::daemon::check_servable(&c).expect("with its address");
-    assert_eq!(crate::tunnel::cid_len(&c), 0);
+    c.check_servable().expect("with its address");
+    assert_eq!(c.cid_len(), 0);
     let c = PepdConfig::parse(&one.replace("address = \"198.19.0.1:7400\"\n", "")).expect("ok");
     assert_eq!(
-        crate::daemon::check_servable(&c).unwrap_err().to_string(),
+        c.check_servable().unwrap_err().to_string(),
         "`peer[0].address` of peer a is not set: a terminal starts the association, so it \
          needs its hub's tunnel address (only a hub learns its peers' addresses)"
     );
     // The pair form, as always: no connection IDs at either end.
     for text in [TERMINAL, HUB] {
         let c = PepdConfig::parse(text).expect("pair");
-        crate::daemon::check_servable(&c).expect("served");
-        assert_eq!(crate::tunnel::cid_len(&c), 0);
+        c.check_servable().expect("served");
+        assert_eq!(c.cid_len(), 0);
     }
 }
 

@@ -1,0 +1,1048 @@
+//! What a reload changes and how each change takes effect: the half of SIGHUP that needs
+//! no running daemon.
+//!
+//! Every key of the schema is listed once, in [`compare`], with the setting it belongs
+//! to. Both configs are destructured there without `..`, so a new config field does not
+//! compile until it is given a setting, and the tests check that the keys listed are
+//! exactly those of a config that sets every key.
+
+use std::collections::BTreeSet;
+
+use crate::config::{
+    InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PeerConfig, PeerEntry,
+    Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig,
+    TransportConfig, TunnelConfig, UpstreamConfig,
+};
+
+/// Keys a reload applies to the running daemon, grouped as they are applied; in the
+/// order the reload applies and logs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LiveSetting {
+    LogLevel,
+    TxRate,
+    /// `transport.ack_every_packets` and `transport.ack_max_delay`, one ACK policy.
+    AckPolicy,
+    MaxFlows,
+    /// The send side at once; the receive window was advertised at the handshake.
+    MemoryBudget,
+    OverLimit,
+    StalledFlowTimeout,
+    Timeouts,
+    Upstream,
+    Shutdown,
+    /// `peer[].tx_rate`, `min_rate`, `weight` and `keepalive` of an entry that stays: its
+    /// MIR, CIR, share of the carrier and keepalive follow without touching its flows.
+    PeerRates,
+    /// `peer[].max_flows` of an entry that stays: new flows count against it at once; the
+    /// flows open above a lower one stay.
+    PeerMaxFlows,
+    /// `[[peer]]` entries added, removed or replaced (another key, address, subnets or
+    /// `rx_rate`): the peers that stay keep their flows.
+    Peers,
+}
+
+/// Keys read once at start: they wait for `systemctl restart pepd`. In log order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RestartSetting {
+    RxRateOrMtu,
+    FlowBuffer,
+    /// Every `[transport]` key but the ACK policy.
+    Transport,
+    /// `[peer]`, or a change between `[peer]` and `[[peer]]`: the pair's one peer is set
+    /// up once, at start.
+    Peer,
+    Tunnel,
+    Intercept,
+    Metrics,
+    /// Keys are read once at start; a changed file at the same path needs a restart too,
+    /// which no comparison of configs can see.
+    Security,
+}
+
+/// How a changed key takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Setting {
+    Live(LiveSetting),
+    Restart(RestartSetting),
+    /// `[rules]` is not the daemon's: it feeds `pepd nft-rules`, which pepd-rules.service
+    /// applies (`systemctl reload pepd-rules`). The daemon reads it only for the start-up
+    /// self-check, so neither a reload nor a restart of pepd changes what is intercepted.
+    RulesUnit,
+}
+
+impl LiveSetting {
+    /// How the reload log names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            LiveSetting::LogLevel => "log.level",
+            LiveSetting::TxRate => "link.tx_rate",
+            LiveSetting::AckPolicy => "transport.ack_*",
+            LiveSetting::MaxFlows => "limits.max_flows",
+            LiveSetting::MemoryBudget => {
+                "limits.memory_budget (send side; receive side after a restart)"
+            }
+            LiveSetting::OverLimit => "limits.over_limit",
+            LiveSetting::StalledFlowTimeout => "limits.stalled_flow_timeout",
+            LiveSetting::Timeouts => "timeouts",
+            LiveSetting::Upstream => "upstream",
+            LiveSetting::Shutdown => "shutdown",
+            LiveSetting::PeerRates => "peer[].tx_rate/min_rate/weight/keepalive",
+            LiveSetting::PeerMaxFlows => "peer[].max_flows",
+            LiveSetting::Peers => "peer[] entries added/removed/replaced",
+        }
+    }
+}
+
+impl RestartSetting {
+    /// How the reload log names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            RestartSetting::RxRateOrMtu => "link.rx_rate/mtu/frame_overhead",
+            RestartSetting::FlowBuffer => "limits.flow_buffer",
+            RestartSetting::Transport => {
+                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
+                 datagram_size)"
+            }
+            RestartSetting::Peer => "peer",
+            RestartSetting::Tunnel => "tunnel",
+            RestartSetting::Intercept => "intercept",
+            RestartSetting::Metrics => "metrics",
+            RestartSetting::Security => "security",
+        }
+    }
+}
+
+/// One key of the schema, compared between the running config and a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    /// Dotted, as written in the file: `transport.ack_max_delay`.
+    pub name: &'static str,
+    pub setting: Setting,
+    pub changed: bool,
+}
+
+/// The settings with at least one changed key, live ones first, each group in log order.
+pub fn changed_settings(running: &PepdConfig, new: &PepdConfig) -> BTreeSet<Setting> {
+    compare(running, new)
+        .into_iter()
+        .filter(|k| k.changed)
+        .map(|k| k.setting)
+        .collect()
+}
+
+/// Every key of the schema with its setting and whether `new` changes it.
+pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
+    use LiveSetting as L;
+    use RestartSetting as R;
+    use Setting::{Live, Restart, RulesUnit};
+
+    let PepdConfig {
+        log: LogConfig { level },
+        intercept: InterceptConfig { listen, own_mark },
+        rules:
+            RulesConfig {
+                interfaces,
+                ports,
+                bypass_subnets,
+                proxy_subnets,
+                tproxy_mark,
+                route_table,
+                fail,
+                table,
+            },
+        peer,
+        tunnel,
+        link:
+            LinkConfig {
+                tx_rate,
+                rx_rate,
+                mtu,
+                frame_overhead,
+            },
+        transport:
+            TransportConfig {
+                cc,
+                vegas_alpha,
+                vegas_beta,
+                vegas_gamma,
+                loss_default,
+                ack_every_packets,
+                ack_max_delay,
+                outage_limit,
+                keepalive,
+                pacing_burst,
+                datagram_size,
+            },
+        limits:
+            LimitsConfig {
+                max_flows,
+                over_limit,
+                flow_buffer,
+                memory_budget,
+                stalled_flow_timeout,
+            },
+        timeouts: TimeoutsConfig { connect, idle },
+        upstream: UpstreamConfig { transparent_source },
+        metrics: MetricsConfig {
+            listen: metrics_listen,
+        },
+        shutdown: ShutdownConfig { grace },
+        security:
+            SecuritySection {
+                mode,
+                private_key_file,
+                peer_public_key,
+                psk_file,
+                rekey_interval,
+                rekey_after_packets,
+                aead,
+            },
+        // Where keys were written, not a setting.
+        source_map: _,
+    } = new;
+    let r = running;
+    let mut keys = vec![
+        key("log.level", Live(L::LogLevel), *level != r.log.level),
+        key(
+            "intercept.listen",
+            Restart(R::Intercept),
+            *listen != r.intercept.listen,
+        ),
+        key(
+            "intercept.own_mark",
+            Restart(R::Intercept),
+            *own_mark != r.intercept.own_mark,
+        ),
+        key(
+            "rules.interfaces",
+            RulesUnit,
+            *interfaces != r.rules.interfaces,
+        ),
+        key("rules.ports", RulesUnit, *ports != r.rules.ports),
+        key(
+            "rules.bypass_subnets",
+            RulesUnit,
+            *bypass_subnets != r.rules.bypass_subnets,
+        ),
+        key(
+            "rules.proxy_subnets",
+            RulesUnit,
+            *proxy_subnets != r.rules.proxy_subnets,
+        ),
+        key(
+            "rules.tproxy_mark",
+            RulesUnit,
+            *tproxy_mark != r.rules.tproxy_mark,
+        ),
+        key(
+            "rules.route_table",
+            RulesUnit,
+            *route_table != r.rules.route_table,
+        ),
+        key("rules.fail", RulesUnit, *fail != r.rules.fail),
+        key("rules.table", RulesUnit, *table != r.rules.table),
+    ];
+    keys.extend(peer_keys(peer, &r.peer));
+    keys.extend(tunnel_keys(tunnel.as_ref(), r.tunnel.as_ref()));
+    keys.extend([
+        key("link.tx_rate", Live(L::TxRate), *tx_rate != r.link.tx_rate),
+        key(
+            "link.rx_rate",
+            Restart(R::RxRateOrMtu),
+            *rx_rate != r.link.rx_rate,
+        ),
+        key("link.mtu", Restart(R::RxRateOrMtu), *mtu != r.link.mtu),
+        key(
+            "link.frame_overhead",
+            Restart(R::RxRateOrMtu),
+            *frame_overhead != r.link.frame_overhead,
+        ),
+        key("transport.cc", Restart(R::Transport), *cc != r.transport.cc),
+        key(
+            "transport.vegas_alpha",
+            Restart(R::Transport),
+            *vegas_alpha != r.transport.vegas_alpha,
+        ),
+        key(
+            "transport.vegas_beta",
+            Restart(R::Transport),
+            *vegas_beta != r.transport.vegas_beta,
+        ),
+        key(
+            "transport.vegas_gamma",
+            Restart(R::Transport),
+            *vegas_gamma != r.transport.vegas_gamma,
+        ),
+        key(
+            "transport.loss_default",
+            Restart(R::Transport),
+            *loss_default != r.transport.loss_default,
+        ),
+        key(
+            "transport.ack_every_packets",
+            Live(L::AckPolicy),
+            *ack_every_packets != r.transport.ack_every_packets,
+        ),
+        key(
+            "transport.ack_max_delay",
+            Live(L::AckPolicy),
+            *ack_max_delay != r.transport.ack_max_delay,
+        ),
+        key(
+            "transport.outage_limit",
+            Restart(R::Transport),
+            *outage_limit != r.transport.outage_limit,
+        ),
+        key(
+            "transport.keepalive",
+            Restart(R::Transport),
+            *keepalive != r.transport.keepalive,
+        ),
+        key(
+            "transport.pacing_burst",
+            Restart(R::Transport),
+            *pacing_burst != r.transport.pacing_burst,
+        ),
+        key(
+            "transport.datagram_size",
+            Restart(R::Transport),
+            *datagram_size != r.transport.datagram_size,
+        ),
+        key(
+            "limits.max_flows",
+            Live(L::MaxFlows),
+            *max_flows != r.limits.max_flows,
+        ),
+        key(
+            "limits.over_limit",
+            Live(L::OverLimit),
+            *over_limit != r.limits.over_limit,
+        ),
+        key(
+            "limits.flow_buffer",
+            Restart(R::FlowBuffer),
+            *flow_buffer != r.limits.flow_buffer,
+        ),
+        key(
+            "limits.memory_budget",
+            Live(L::MemoryBudget),
+            *memory_budget != r.limits.memory_budget,
+        ),
+        key(
+            "limits.stalled_flow_timeout",
+            Live(L::StalledFlowTimeout),
+            *stalled_flow_timeout != r.limits.stalled_flow_timeout,
+        ),
+        key(
+            "timeouts.connect",
+            Live(L::Timeouts),
+            *connect != r.timeouts.connect,
+        ),
+        key("timeouts.idle", Live(L::Timeouts), *idle != r.timeouts.idle),
+        key(
+            "upstream.transparent_source",
+            Live(L::Upstream),
+            *transparent_source != r.upstream.transparent_source,
+        ),
+        key(
+            "metrics.listen",
+            Restart(R::Metrics),
+            *metrics_listen != r.metrics.listen,
+        ),
+        key(
+            "shutdown.grace",
+            Live(L::Shutdown),
+            *grace != r.shutdown.grace,
+        ),
+        key(
+            "security.mode",
+            Restart(R::Security),
+            *mode != r.security.mode,
+        ),
+        key(
+            "security.private_key_file",
+            Restart(R::Security),
+            *private_key_file != r.security.private_key_file,
+        ),
+        key(
+            "security.peer_public_key",
+            Restart(R::Security),
+            *peer_public_key != r.security.peer_public_key,
+        ),
+        key(
+            "security.psk_file",
+            Restart(R::Security),
+            *psk_file != r.security.psk_file,
+        ),
+        key(
+            "security.rekey_interval",
+            Restart(R::Security),
+            *rekey_interval != r.security.rekey_interval,
+        ),
+        key(
+            "security.rekey_after_packets",
+            Restart(R::Security),
+            *rekey_after_packets != r.security.rekey_after_packets,
+        ),
+        key(
+            "security.aead",
+            Restart(R::Security),
+            *aead != r.security.aead,
+        ),
+    ]);
+    keys
+}
+
+fn key(name: &'static str, setting: Setting, changed: bool) -> Key {
+    Key {
+        name,
+        setting,
+        changed,
+    }
+}
+
+/// The `[peer]` table's keys, or the `[[peer]]` fields: `peer[].name` is changed when any
+/// entry's name is, or an entry came or went. Compared with the running config's form;
+/// a change of form changes every key, and waits for a restart.
+fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
+    let peer = Setting::Restart(RestartSetting::Peer);
+    match new {
+        Peers::Pair(PeerConfig {
+            address,
+            bind,
+            side,
+        }) => {
+            let r = match running {
+                Peers::Pair(r) => Some(r),
+                Peers::List(_) => None,
+            };
+            vec![
+                key(
+                    "peer.address",
+                    peer,
+                    r.is_none_or(|r| *address != r.address),
+                ),
+                key("peer.bind", peer, r.is_none_or(|r| *bind != r.bind)),
+                key("peer.side", peer, r.is_none_or(|r| *side != r.side)),
+            ]
+        }
+        Peers::List(entries) => {
+            let (old, same_form): (&[PeerEntry], bool) = match running {
+                Peers::List(r) => (r, true),
+                Peers::Pair(_) => (&[], false),
+            };
+            let setting = |name| match same_form {
+                true => entry_setting(name),
+                false => peer,
+            };
+            let removed = old.len() > entries.len();
+            let mut keys: Vec<Key> = Vec::new();
+            for (i, entry) in entries.iter().enumerate() {
+                let changes = entry_changes(entry, old.get(i));
+                if keys.is_empty() {
+                    keys = changes
+                        .iter()
+                        .map(|&(name, changed)| key(name, setting(name), changed || removed))
+                        .collect();
+                } else {
+                    for (k, (_, changed)) in keys.iter_mut().zip(changes) {
+                        k.changed |= changed;
+                    }
+                }
+            }
+            keys
+        }
+    }
+}
+
+/// How a changed `[[peer]]` field takes effect: the rates on the running association; any
+/// other field makes the entry another peer, which replaces the running one (its flows
+/// reset) while the other peers carry on.
+fn entry_setting(name: &str) -> Setting {
+    match name {
+        "peer[].tx_rate" | "peer[].min_rate" | "peer[].weight" | "peer[].keepalive" => {
+            Setting::Live(LiveSetting::PeerRates)
+        }
+        "peer[].max_flows" => Setting::Live(LiveSetting::PeerMaxFlows),
+        _ => Setting::Live(LiveSetting::Peers),
+    }
+}
+
+/// Each field of a `[[peer]]` entry and whether it differs from the running entry at the
+/// same place (every field, for an entry that is new there).
+fn entry_changes(new: &PeerEntry, old: Option<&PeerEntry>) -> [(&'static str, bool); 10] {
+    let PeerEntry {
+        name,
+        public_key,
+        address,
+        subnets,
+        tx_rate,
+        rx_rate,
+        min_rate,
+        weight,
+        keepalive,
+        max_flows,
+    } = new;
+    [
+        ("peer[].name", old.is_none_or(|o| *name != o.name)),
+        (
+            "peer[].public_key",
+            old.is_none_or(|o| *public_key != o.public_key),
+        ),
+        ("peer[].address", old.is_none_or(|o| *address != o.address)),
+        ("peer[].subnets", old.is_none_or(|o| *subnets != o.subnets)),
+        ("peer[].tx_rate", old.is_none_or(|o| *tx_rate != o.tx_rate)),
+        ("peer[].rx_rate", old.is_none_or(|o| *rx_rate != o.rx_rate)),
+        (
+            "peer[].min_rate",
+            old.is_none_or(|o| *min_rate != o.min_rate),
+        ),
+        ("peer[].weight", old.is_none_or(|o| *weight != o.weight)),
+        (
+            "peer[].keepalive",
+            old.is_none_or(|o| *keepalive != o.keepalive),
+        ),
+        (
+            "peer[].max_flows",
+            old.is_none_or(|o| *max_flows != o.max_flows),
+        ),
+    ]
+}
+
+/// `[tunnel]`'s keys, when the new config has the section.
+fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Vec<Key> {
+    let tunnel = Setting::Restart(RestartSetting::Tunnel);
+    let Some(TunnelConfig {
+        side,
+        bind,
+        workers,
+    }) = new
+    else {
+        return Vec::new();
+    };
+    vec![
+        key(
+            "tunnel.side",
+            tunnel,
+            running.is_none_or(|r| *side != r.side),
+        ),
+        key(
+            "tunnel.bind",
+            tunnel,
+            running.is_none_or(|r| *bind != r.bind),
+        ),
+        key(
+            "tunnel.workers",
+            tunnel,
+            running.is_none_or(|r| *workers != r.workers),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{
+        example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, DatagramSizeName,
+        FailMode, LossDefault, OverLimit, SecurityMode, Side,
+    };
+
+    const HUB_SPOKE: &str = include_str!("../../../config/hub-spoke.toml");
+
+    fn every_key() -> PepdConfig {
+        PepdConfig::parse(&example_with_every_key()).expect("example with every key")
+    }
+
+    /// The `[peer]` table of a config in the pair form.
+    fn pair(c: &mut PepdConfig) -> &mut PeerConfig {
+        match &mut c.peer {
+            Peers::Pair(p) => p,
+            Peers::List(_) => panic!("not the pair form"),
+        }
+    }
+
+    /// The first `[[peer]]` entry of a config in the list form.
+    fn entry(c: &mut PepdConfig) -> &mut PeerEntry {
+        match &mut c.peer {
+            Peers::List(entries) => &mut entries[0],
+            Peers::Pair(_) => panic!("not the list form"),
+        }
+    }
+
+    /// "section.key" for every key `text` sets; "peer[].key" for the keys of `[[peer]]`
+    /// entries.
+    fn keys_in(text: &str) -> BTreeSet<String> {
+        let root = toml::de::DeTable::parse(text).expect("toml");
+        let mut keys = BTreeSet::new();
+        for (section, value) in root.get_ref() {
+            let tables = match value.get_ref() {
+                toml::de::DeValue::Array(entries) => entries
+                    .iter()
+                    .map(|e| (format!("{}[]", section.get_ref()), e.get_ref()))
+                    .collect(),
+                table => vec![(section.get_ref().to_string(), table)],
+            };
+            for (name, table) in tables {
+                let table = table.as_table().expect("sections only");
+                for key in table.keys() {
+                    keys.insert(format!("{name}.{}", key.get_ref()));
+                }
+            }
+        }
+        keys
+    }
+
+    fn names(keys: &[Key], pick: impl Fn(&Key) -> bool) -> Vec<&'static str> {
+        keys.iter().filter(|k| pick(k)).map(|k| k.name).collect()
+    }
+
+    #[test]
+    fn every_key_of_the_schema_is_listed_once() {
+        let c = every_key();
+        let keys = compare(&c, &c);
+        let listed = names(&keys, |_| true);
+        let unique: BTreeSet<String> = listed.iter().map(|n| (*n).to_owned()).collect();
+        assert_eq!(unique.len(), listed.len(), "a key listed twice: {listed:?}");
+        assert_eq!(unique, keys_in(&example_with_every_key()));
+        assert_eq!(names(&keys, |k| k.changed), Vec::<&str>::new());
+        assert!(changed_settings(&c, &c).is_empty());
+    }
+
+    #[test]
+    fn live_restart_and_rules_keys_as_documented() {
+        // docs/OPERATIONS.md, "Reload: SIGHUP", tells operators the same.
+        let c = every_key();
+        let keys = compare(&c, &c);
+        assert_eq!(
+            names(&keys, |k| matches!(k.setting, Setting::Live(_))),
+            [
+                "log.level",
+                "link.tx_rate",
+                "transport.ack_every_packets",
+                "transport.ack_max_delay",
+                "limits.max_flows",
+                "limits.over_limit",
+                "limits.memory_budget",
+                "limits.stalled_flow_timeout",
+                "timeouts.connect",
+                "timeouts.idle",
+                "upstream.transparent_source",
+                "shutdown.grace",
+            ]
+        );
+        assert_eq!(
+            names(&keys, |k| matches!(k.setting, Setting::Restart(_))),
+            [
+                "intercept.listen",
+                "intercept.own_mark",
+                "peer.address",
+                "peer.bind",
+                "peer.side",
+                "link.rx_rate",
+                "link.mtu",
+                "link.frame_overhead",
+                "transport.cc",
+                "transport.vegas_alpha",
+                "transport.vegas_beta",
+                "transport.vegas_gamma",
+                "transport.loss_default",
+                "transport.outage_limit",
+                "transport.keepalive",
+                "transport.pacing_burst",
+                "transport.datagram_size",
+                "limits.flow_buffer",
+                "metrics.listen",
+                "security.mode",
+                "security.private_key_file",
+                "security.peer_public_key",
+                "security.psk_file",
+                "security.rekey_interval",
+                "security.rekey_after_packets",
+                "security.aead",
+            ]
+        );
+        assert_eq!(
+            names(&keys, |k| k.setting == Setting::RulesUnit),
+            [
+                "rules.interfaces",
+                "rules.ports",
+                "rules.bypass_subnets",
+                "rules.proxy_subnets",
+                "rules.tproxy_mark",
+                "rules.route_table",
+                "rules.fail",
+                "rules.table",
+            ]
+        );
+    }
+
+    #[test]
+    fn every_key_of_the_list_form_is_listed_once_and_every_entry_key_applies_live() {
+        let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+        let keys = compare(&c, &c);
+        let listed = names(&keys, |_| true);
+        let unique: BTreeSet<String> = listed.iter().map(|n| (*n).to_owned()).collect();
+        assert_eq!(unique.len(), listed.len(), "a key listed twice: {listed:?}");
+        // The schema's keys, with the `[peer]` table's replaced by the entries' and `[tunnel]`.
+        let mut expected: BTreeSet<String> = keys_in(&example_with_every_key())
+            .into_iter()
+            .filter(|k| !k.starts_with("peer."))
+            .collect();
+        expected.extend(
+            keys_in(HUB_SPOKE)
+                .into_iter()
+                .filter(|k| k.starts_with("peer[].") || k.starts_with("tunnel.")),
+        );
+        assert_eq!(unique, expected);
+        assert_eq!(names(&keys, |k| k.changed), Vec::<&str>::new());
+        let peer = |k: &Key| k.name.starts_with("peer") || k.name.starts_with("tunnel");
+        assert_eq!(
+            names(&keys, peer),
+            [
+                "peer[].name",
+                "peer[].public_key",
+                "peer[].address",
+                "peer[].subnets",
+                "peer[].tx_rate",
+                "peer[].rx_rate",
+                "peer[].min_rate",
+                "peer[].weight",
+                "peer[].keepalive",
+                "peer[].max_flows",
+                "tunnel.side",
+                "tunnel.bind",
+                "tunnel.workers",
+            ]
+        );
+        let settings: BTreeSet<Setting> =
+            keys.iter().filter(|k| peer(k)).map(|k| k.setting).collect();
+        assert_eq!(
+            settings.into_iter().collect::<Vec<_>>(),
+            [
+                Setting::Live(LiveSetting::PeerRates),
+                Setting::Live(LiveSetting::PeerMaxFlows),
+                Setting::Live(LiveSetting::Peers),
+                Setting::Restart(RestartSetting::Tunnel),
+            ]
+        );
+        assert_eq!(RestartSetting::Tunnel.label(), "tunnel");
+        assert_eq!(
+            LiveSetting::Peers.label(),
+            "peer[] entries added/removed/replaced"
+        );
+    }
+
+    #[test]
+    fn an_entry_s_rates_apply_live_and_another_identity_replaces_the_peer() {
+        type Mutation = (&'static str, fn(&mut PepdConfig), Setting);
+        let live = Setting::Live(LiveSetting::PeerRates);
+        let replaced = Setting::Live(LiveSetting::Peers);
+        let mutations: Vec<Mutation> = vec![
+            ("peer[].tx_rate", |c| entry(c).tx_rate = None, live),
+            ("peer[].min_rate", |c| entry(c).min_rate = None, live),
+            ("peer[].weight", |c| entry(c).weight += 1, live),
+            ("peer[].name", |c| entry(c).name.push('x'), replaced),
+            (
+                "peer[].public_key",
+                |c| entry(c).public_key = None,
+                replaced,
+            ),
+            (
+                "peer[].subnets",
+                |c| {
+                    entry(c).subnets.pop();
+                },
+                replaced,
+            ),
+            ("peer[].rx_rate", |c| entry(c).rx_rate = None, replaced),
+            ("peer[].keepalive", |c| entry(c).keepalive = None, live),
+            (
+                "peer[].max_flows",
+                |c| entry(c).max_flows = None,
+                Setting::Live(LiveSetting::PeerMaxFlows),
+            ),
+        ];
+        let base = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+        for (name, mutate, setting) in mutations {
+            let mut new = base.clone();
+            mutate(&mut new);
+            assert_eq!(
+                changed_settings(&base, &new)
+                    .into_iter()
+                    .collect::<Vec<_>>(),
+                [setting],
+                "{name}"
+            );
+        }
+        // The pair's one peer, or a change between the forms, waits for a restart.
+        let pair = every_key();
+        assert!(changed_settings(&pair, &base).contains(&Setting::Restart(RestartSetting::Peer)));
+        assert!(changed_settings(&base, &pair).contains(&Setting::Restart(RestartSetting::Peer)));
+        assert!(!changed_settings(&pair, &base).contains(&Setting::Live(LiveSetting::Peers)));
+    }
+
+    #[test]
+    fn a_change_to_one_entry_field_is_seen_as_that_key_alone() {
+        type Mutation = (&'static str, fn(&mut PepdConfig));
+        let mutations: Vec<Mutation> = vec![
+            ("peer[].name", |c| entry(c).name.push('x')),
+            ("peer[].public_key", |c| entry(c).public_key = None),
+            ("peer[].address", |c| entry(c).address = None),
+            ("peer[].subnets", |c| {
+                entry(c).subnets.pop();
+            }),
+            ("peer[].tx_rate", |c| entry(c).tx_rate = None),
+            ("peer[].rx_rate", |c| entry(c).rx_rate = None),
+            ("peer[].min_rate", |c| entry(c).min_rate = None),
+            ("peer[].weight", |c| entry(c).weight += 1),
+            ("peer[].keepalive", |c| entry(c).keepalive = None),
+            ("peer[].max_flows", |c| entry(c).max_flows = None),
+            ("tunnel.side", |c| {
+                if let Some(t) = &mut c.tunnel {
+                    t.side = Side::Terminal;
+                }
+            }),
+            ("tunnel.bind", |c| {
+                if let Some(t) = &mut c.tunnel {
+                    t.bind = None;
+                }
+            }),
+        ];
+        let base = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+        for (name, mutate) in mutations {
+            let mut new = base.clone();
+            mutate(&mut new);
+            assert!(
+                new.peer != base.peer || new.tunnel != base.tunnel,
+                "{name}: the example must set it"
+            );
+            assert_eq!(names(&compare(&base, &new), |k| k.changed), [name]);
+        }
+        // An entry more or less changes every entry key; so does a change of form.
+        let mut fewer = base.clone();
+        if let Peers::List(entries) = &mut fewer.peer {
+            entries.pop();
+        }
+        let all_entry_keys = names(&compare(&base, &base), |k| k.name.starts_with("peer["));
+        assert_eq!(
+            names(&compare(&base, &fewer), |k| k.changed),
+            all_entry_keys
+        );
+        assert_eq!(
+            names(&compare(&fewer, &base), |k| k.changed),
+            [
+                "peer[].name",
+                "peer[].public_key",
+                "peer[].address",
+                "peer[].subnets",
+                "peer[].tx_rate",
+                "peer[].rx_rate",
+                "peer[].min_rate",
+                "peer[].weight",
+                "peer[].keepalive",
+                "peer[].max_flows"
+            ]
+        );
+        let pair = every_key();
+        assert_eq!(
+            names(&compare(&base, &pair), |k| k.name.starts_with("peer")),
+            ["peer.address", "peer.bind", "peer.side"]
+        );
+        assert!(compare(&base, &pair)
+            .iter()
+            .filter(|k| k.name.starts_with("peer"))
+            .all(|k| k.changed));
+        assert!(compare(&pair, &base)
+            .iter()
+            .filter(|k| k.name.starts_with("peer") || k.name.starts_with("tunnel"))
+            .all(|k| k.changed));
+    }
+
+    #[test]
+    fn a_change_to_one_key_is_seen_as_that_key_alone() {
+        type Mutation = (&'static str, fn(&mut PepdConfig));
+        let mutations: Vec<Mutation> = vec![
+            ("log.level", |c| c.log.level.push_str(",pepd=debug")),
+            ("intercept.listen", |c| {
+                c.intercept.listen.pop();
+            }),
+            ("intercept.own_mark", |c| c.intercept.own_mark += 1),
+            ("rules.interfaces", |c| {
+                c.rules.interfaces.push("lan1".into())
+            }),
+            ("rules.ports", |c| c.rules.ports.push(22)),
+            ("rules.bypass_subnets", |c| c.rules.bypass_subnets.clear()),
+            ("rules.proxy_subnets", |c| c.rules.proxy_subnets.clear()),
+            ("rules.tproxy_mark", |c| c.rules.tproxy_mark += 1),
+            ("rules.route_table", |c| c.rules.route_table += 1),
+            ("rules.fail", |c| c.rules.fail = FailMode::Closed),
+            ("rules.table", |c| c.rules.table.push_str("_b")),
+            ("peer.address", |c| pair(c).address.set_port(7401)),
+            ("peer.bind", |c| pair(c).bind = None),
+            ("peer.side", |c| pair(c).side = Side::Hub),
+            ("link.tx_rate", |c| {
+                c.link.tx_rate = BitRate(c.link.tx_rate.0 + 1)
+            }),
+            ("link.rx_rate", |c| {
+                c.link.rx_rate = BitRate(c.link.rx_rate.0 + 1)
+            }),
+            ("link.mtu", |c| c.link.mtu -= 1),
+            ("link.frame_overhead", |c| c.link.frame_overhead += 1),
+            ("transport.cc", |c| c.transport.cc = CcModeName::Vegas),
+            ("transport.vegas_alpha", |c| c.transport.vegas_alpha += 0.5),
+            ("transport.vegas_beta", |c| c.transport.vegas_beta += 0.5),
+            ("transport.vegas_gamma", |c| c.transport.vegas_gamma += 0.5),
+            ("transport.loss_default", |c| {
+                c.transport.loss_default = LossDefault::Congestion
+            }),
+            ("transport.ack_every_packets", |c| {
+                c.transport.ack_every_packets += 1
+            }),
+            ("transport.ack_max_delay", |c| {
+                c.transport.ack_max_delay += Duration::from_millis(1)
+            }),
+            ("transport.outage_limit", |c| {
+                c.transport.outage_limit += Duration::from_millis(1)
+            }),
+            ("transport.keepalive", |c| {
+                c.transport.keepalive += Duration::from_millis(1)
+            }),
+            ("transport.pacing_burst", |c| {
+                c.transport.pacing_burst += Duration::from_millis(1)
+            }),
+            ("transport.datagram_size", |c| {
+                c.transport.datagram_size = DatagramSizeName::Mtu
+            }),
+            ("limits.max_flows", |c| c.limits.max_flows += 1),
+            ("limits.over_limit", |c| {
+                c.limits.over_limit = OverLimit::Bypass
+            }),
+            ("limits.flow_buffer", |c| c.limits.flow_buffer = None),
+            ("limits.memory_budget", |c| {
+                c.limits.memory_budget = ByteSize(c.limits.memory_budget.0 + 1)
+            }),
+            ("limits.stalled_flow_timeout", |c| {
+                c.limits.stalled_flow_timeout += Duration::from_secs(1)
+            }),
+            ("timeouts.connect", |c| {
+                c.timeouts.connect += Duration::from_secs(1)
+            }),
+            ("timeouts.idle", |c| {
+                c.timeouts.idle += Duration::from_secs(1)
+            }),
+            ("upstream.transparent_source", |c| {
+                c.upstream.transparent_source = !c.upstream.transparent_source
+            }),
+            ("metrics.listen", |c| c.metrics.listen.set_port(9465)),
+            ("shutdown.grace", |c| {
+                c.shutdown.grace += Duration::from_secs(1)
+            }),
+            ("security.mode", |c| c.security.mode = SecurityMode::None),
+            ("security.private_key_file", |c| {
+                c.security.private_key_file = None
+            }),
+            ("security.peer_public_key", |c| {
+                c.security.peer_public_key = None
+            }),
+            ("security.psk_file", |c| c.security.psk_file = None),
+            ("security.rekey_interval", |c| {
+                c.security.rekey_interval += Duration::from_secs(1)
+            }),
+            ("security.rekey_after_packets", |c| {
+                c.security.rekey_after_packets += 1
+            }),
+            ("security.aead", |c| {
+                c.security.aead = AeadSetting::Aes256Gcm
+            }),
+        ];
+        let base = every_key();
+        let all = compare(&base, &base);
+        assert_eq!(
+            mutations.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
+            names(&all, |_| true),
+            "one mutation per key"
+        );
+        for (name, mutate) in mutations {
+            let mut new = base.clone();
+            mutate(&mut new);
+            assert_eq!(names(&compare(&base, &new), |k| k.changed), [name]);
+        }
+    }
+
+    #[test]
+    fn changes_come_grouped_as_applied_and_in_log_order() {
+        let base = every_key();
+        let mut new = base.clone();
+        new.rules.ports.push(22);
+        pair(&mut new).side = Side::Hub;
+        new.shutdown.grace += Duration::from_secs(1);
+        new.transport.ack_max_delay += Duration::from_millis(1);
+        new.transport.ack_every_packets += 1;
+        new.link.mtu -= 1;
+        new.link.rx_rate = BitRate(new.link.rx_rate.0 + 1);
+        new.log.level = "debug".into();
+        assert_eq!(
+            changed_settings(&base, &new)
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [
+                Setting::Live(LiveSetting::LogLevel),
+                Setting::Live(LiveSetting::AckPolicy),
+                Setting::Live(LiveSetting::Shutdown),
+                Setting::Restart(RestartSetting::RxRateOrMtu),
+                Setting::Restart(RestartSetting::Peer),
+                Setting::RulesUnit,
+            ]
+        );
+    }
+
+    #[test]
+    fn labels_in_the_reload_log() {
+        let c = every_key();
+        let settings: BTreeSet<Setting> = compare(&c, &c).iter().map(|k| k.setting).collect();
+        let live: Vec<&str> = settings
+            .iter()
+            .filter_map(|s| match s {
+                Setting::Live(l) => Some(l.label()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            live,
+            [
+                "log.level",
+                "link.tx_rate",
+                "transport.ack_*",
+                "limits.max_flows",
+                "limits.memory_budget (send side; receive side after a restart)",
+                "limits.over_limit",
+                "limits.stalled_flow_timeout",
+                "timeouts",
+                "upstream",
+                "shutdown",
+            ]
+        );
+        let restart: Vec<&str> = settings
+            .iter()
+            .filter_map(|s| match s {
+                Setting::Restart(r) => Some(r.label()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            restart,
+            [
+                "link.rx_rate/mtu/frame_overhead",
+                "limits.flow_buffer",
+                "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
+                 datagram_size)",
+                "peer",
+                "intercept",
+                "metrics",
+                "security",
+            ]
+        );
+    }
+}

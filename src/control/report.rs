@@ -1,0 +1,259 @@
+//! What `pepd check-config` prints: the effective settings, each as the daemon will use it.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::config::units::{approx, dur};
+use crate::config::{
+    AeadSetting, BitRate, CcModeName, FailMode, LossDefault, OverLimit, PeerSpec, Peers,
+    PepdConfig, SecurityMode, Side,
+};
+
+impl PepdConfig {
+    /// A short human summary of the effective settings, defaults filled in.
+    pub fn summary(&self) -> String {
+        let t = self.transport();
+        let mut s = String::new();
+        // Writing to a String cannot fail; the results are discarded for that reason.
+        let side = match self.side() {
+            Side::Terminal => "terminal (initiator)",
+            Side::Hub => "hub (responder)",
+        };
+        let _ = writeln!(s, "side:       {side}");
+        match &self.peer {
+            Peers::Pair(pair) => {
+                let _ = writeln!(
+                    s,
+                    "peer:       {} over UDP, tunnel bound to {}",
+                    pair.address,
+                    self.tunnel_bind()
+                );
+            }
+            Peers::List(entries) => {
+                let n = entries.len();
+                let _ = writeln!(
+                    s,
+                    "peers:      {n} `[[peer]]` {} over UDP, tunnel bound to {}",
+                    if n == 1 { "entry" } else { "entries" },
+                    self.tunnel_bind(),
+                );
+                for peer in self.peer_specs() {
+                    let _ = writeln!(s, "  {}", peer_line(&peer));
+                }
+                let workers = self.workers();
+                let _ = writeln!(
+                    s,
+                    "workers:    {workers} {}",
+                    if workers == 1 {
+                        "thread"
+                    } else {
+                        "threads, the associations spread over them by peer"
+                    }
+                );
+            }
+        }
+        let listen: Vec<String> = self
+            .intercept
+            .listen
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let _ = writeln!(
+            s,
+            "intercept:  {} (own mark {:#x})",
+            listen.join(", "),
+            self.intercept.own_mark
+        );
+        let _ = writeln!(s, "rules:      {}", self.rules_summary());
+        let _ = writeln!(
+            s,
+            "link:       tx {}, rx {}, MTU {} ({}-byte datagrams)",
+            self.link.tx_rate,
+            self.link.rx_rate,
+            t.mtu,
+            t.mtu.saturating_sub(t.wire_overhead)
+        );
+        let tr = &self.transport;
+        let cc = match tr.cc {
+            CcModeName::Adaptive => "adaptive".to_owned(),
+            CcModeName::Rate => "rate".to_owned(),
+            CcModeName::Vegas => format!(
+                "vegas (alpha {}, beta {}, gamma {})",
+                tr.vegas_alpha, tr.vegas_beta, tr.vegas_gamma
+            ),
+        };
+        let loss = match tr.loss_default {
+            LossDefault::Corruption => "corruption",
+            LossDefault::Congestion => "congestion",
+        };
+        let _ = writeln!(
+            s,
+            "transport:  cc {cc}, unexplained loss = {loss}, pacing burst {}",
+            dur(tr.pacing_burst)
+        );
+        let _ = writeln!(
+            s,
+            "acks:       every {} packets or {}",
+            tr.ack_every_packets,
+            dur(tr.ack_max_delay)
+        );
+        let buffer = match self.limits.flow_buffer {
+            Some(_) => "",
+            None => ", sized from the link rates",
+        };
+        let _ = writeln!(
+            s,
+            "windows:    flow {}, association {}, send buffer {}{buffer}",
+            approx(t.flow_window),
+            approx(t.assoc_window),
+            approx(t.send_buffer)
+        );
+        let over = match self.limits.over_limit {
+            OverLimit::Refuse => "refuse",
+            OverLimit::Bypass => "bypass",
+        };
+        let _ = writeln!(
+            s,
+            "limits:     {} flows (then {over}), memory budget {}",
+            self.limits.max_flows, self.limits.memory_budget
+        );
+        let m = self.memory_implied();
+        let _ =
+            writeln!(
+            s,
+            "memory:     fixed {} + {} per flow + payload (receive reserve {}, send up to {}): \
+             the budget carries {} idle flows; at most {} in use with {} flows, plus the \
+             process itself",
+            approx(m.fixed),
+            approx(crate::config::budget::PER_FLOW),
+            approx(m.receive_reserve),
+            approx(crate::config::budget::send_cap(self.limits.memory_budget.bytes())),
+            m.max_idle_flows,
+            approx(m.worst_case),
+            self.limits.max_flows
+        );
+        let never_or = |d: Duration| match d {
+            Duration::ZERO => "never".to_owned(),
+            d => dur(d),
+        };
+        let _ = writeln!(
+            s,
+            "timeouts:   connect {}, idle {}, stalled under contention {}, outage {}, \
+             keepalive {}",
+            dur(self.timeouts.connect),
+            never_or(self.timeouts.idle),
+            never_or(self.limits.stalled_flow_timeout),
+            dur(tr.outage_limit),
+            dur(tr.keepalive)
+        );
+        let source = if self.upstream.transparent_source {
+            "the client's address (transparent)"
+        } else {
+            "this gateway's address"
+        };
+        let _ = writeln!(s, "upstream:   connects from {source}");
+        let _ = writeln!(s, "security:   {}", self.security_summary());
+        let _ = writeln!(s, "log:        {}", self.log.level);
+        let _ = write!(s, "metrics:    {}", self.metrics.listen);
+        s
+    }
+
+    /// One line on how the tunnel is protected, e.g. "noise (peer key hSDw…), no psk;
+    /// rekey every 2m or 1073741824 packets".
+    fn security_summary(&self) -> String {
+        let sec = &self.security;
+        match sec.mode {
+            SecurityMode::None => "none: the tunnel is not authenticated or encrypted".to_owned(),
+            SecurityMode::Noise => {
+                let peer = match (&self.peer, &sec.peer_public_key) {
+                    (Peers::List(entries), _) => match entries.len() {
+                        1 => "1 peer key, in its `[[peer]]` entry".to_owned(),
+                        n => format!("{n} peer keys, one per `[[peer]]` entry"),
+                    },
+                    (Peers::Pair(_), Some(k)) => format!("peer key {}", k.trim()),
+                    (Peers::Pair(_), None) => "no peer key".to_owned(),
+                };
+                let psk = match &sec.psk_file {
+                    Some(p) => format!("psk from {}", p.display()),
+                    None => "no psk".to_owned(),
+                };
+                let aead = match sec.aead {
+                    AeadSetting::Auto => "AEAD chosen with the peer",
+                    AeadSetting::ChaCha20Poly1305 => "AEAD pinned to chacha20-poly1305",
+                    AeadSetting::Aes256Gcm => "AEAD pinned to aes-256-gcm",
+                };
+                format!(
+                    "noise IK ({peer}), {psk}; rekey every {} or {} packets; {aead}",
+                    dur(sec.rekey_interval),
+                    sec.rekey_after_packets
+                )
+            }
+        }
+    }
+
+    /// One line on what `pepd nft-rules` intercepts, e.g. "TCP from lan0 to ports 80, 443;
+    /// bypass 1 subnet; mark 0x1, table 100; fail open".
+    fn rules_summary(&self) -> String {
+        let r = &self.rules;
+        let list = |items: Vec<String>| items.join(", ");
+        let from = match r.interfaces.len() {
+            0 => "any interface".to_owned(),
+            _ => list(r.interfaces.clone()),
+        };
+        let ports = match r.ports.as_slice() {
+            [] => "any port".to_owned(),
+            [one] => format!("port {one}"),
+            many => format!(
+                "ports {}",
+                list(many.iter().map(ToString::to_string).collect())
+            ),
+        };
+        let to = match r.proxy_subnets.len() {
+            0 => String::new(),
+            _ => format!(
+                " in {}",
+                list(r.proxy_subnets.iter().map(ToString::to_string).collect())
+            ),
+        };
+        let bypass = match r.bypass_subnets.len() {
+            0 => String::new(),
+            n => format!("; bypass {n} subnet{}", if n == 1 { "" } else { "s" }),
+        };
+        let fail = match r.fail {
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+        };
+        // Named only when it is not the default, which every pair of gateways keeps.
+        let nft_table = match r.table.as_str() {
+            crate::config::DEFAULT_NFT_TABLE => String::new(),
+            name => format!("; nftables table inet {name}"),
+        };
+        format!(
+            "TCP from {from} to {ports}{to}{bypass}; mark {:#x}, table {}; fail {fail}{nft_table}",
+            r.tproxy_mark, r.route_table
+        )
+    }
+}
+
+/// One `[[peer]]` entry as `check-config` shows it, defaults filled in.
+fn peer_line(p: &PeerSpec) -> String {
+    let at = match p.address {
+        Some(a) => a.to_string(),
+        None => "address learned from its packets".to_owned(),
+    };
+    let subnets: Vec<String> = p.subnets.iter().map(ToString::to_string).collect();
+    let min = match p.min_bps {
+        0 => String::new(),
+        bps => format!("min {}, ", BitRate(bps)),
+    };
+    format!(
+        "{}: {at}; subnets {}; tx {} ({min}weight {}), rx {}; keepalive {}; max {} flows",
+        p.name,
+        subnets.join(", "),
+        BitRate(p.tx_bps),
+        p.weight,
+        BitRate(p.rx_bps),
+        dur(p.keepalive),
+        p.max_flows
+    )
+}

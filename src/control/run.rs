@@ -1,0 +1,276 @@
+//! `pepd run`: sockets, the association driver, the interception listeners and the relays,
+//! wired together on a tokio runtime; SIGHUP reloads, SIGTERM drains.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::config::{LoadedSecurity, PeerSpec, PepdConfig};
+use crate::control::reload::{self, LogReload};
+use crate::control::signals::{Signal, Signals};
+use crate::proxy::acceptor::UpstreamAcceptor;
+use crate::proxy::intercept::{accept_loop, Interception};
+use crate::proxy::live::{Live, LiveRef};
+use crate::proxy::tproxy;
+use crate::sys::notify::Notifier;
+use crate::tunnel::conn::AssociationState;
+use crate::tunnel::driver::FlowAcceptor;
+use crate::tunnel::gateway::Gateway;
+use crate::tunnel::sockets::tunnel_sockets;
+use crate::tunnel::spawn::start_drivers;
+
+/// The most peers the start-up line lists; a hub may have thousands of entries.
+const NAMES_SHOWN: usize = 5;
+
+pub struct Daemon {
+    pub path: PathBuf,
+    pub cfg: PepdConfig,
+    /// The keys, read (and their warnings logged) with the config at start; no local keys
+    /// with `security.mode = "none"`.
+    pub security: LoadedSecurity,
+    pub log_reload: LogReload,
+}
+
+impl Daemon {
+    pub async fn run(self) -> anyhow::Result<()> {
+        let Daemon {
+            path,
+            mut cfg,
+            security,
+            log_reload,
+        } = self;
+        let notifier = Notifier;
+        cfg.check_servable()?;
+        let workers = cfg.workers();
+        let seeds = (0..workers)
+            .map(|_| crate::config::keys::random_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .context("seeding ephemeral keys")?;
+        let tunnel = crate::tunnel::setup::build(&cfg, &security, fresh_epoch(), &seeds)?;
+        let gateway = tunnel.gateway.clone();
+        let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
+
+        let bind = cfg.tunnel_bind();
+        let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers)
+            .with_context(|| format!("tunnel socket on {bind}"))?;
+        let _claimed = crate::tunnel::steering::claim(bind)
+            .with_context(|| format!("tunnel socket on {bind}"))?;
+        let mut listeners = Vec::new();
+        for addr in &cfg.intercept.listen {
+            // A burst of `max_flows` new connections waits in the accept queue.
+            let l = tproxy::listen(*addr, cfg.limits.max_flows).with_context(|| {
+                format!(
+                    "TPROXY listener on {addr} (needs CAP_NET_ADMIN for IP_TRANSPARENT, \
+                     and the address family enabled)"
+                )
+            })?;
+            listeners.push(l);
+        }
+
+        let metrics_listener = TcpListener::bind(cfg.metrics.listen)
+            .await
+            .with_context(|| format!("metrics endpoint on {}", cfg.metrics.listen))?;
+
+        let (stop_driver, driver_stop_rx) = watch::channel(false);
+        let (stop_accepting, accept_stop_rx) = watch::channel(false);
+        let acceptor: Arc<dyn FlowAcceptor> = Arc::new(UpstreamAcceptor {
+            live: live.clone(),
+            gateway: gateway.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let driver_tasks =
+            start_drivers(tunnel, sockets, acceptor, notifier, driver_stop_rx.clone())?;
+        let mut running = driver_tasks.len();
+        let mut ended = watch_drivers(driver_tasks);
+        let ctx = Arc::new(Interception {
+            gateway: gateway.clone(),
+            live: live.clone(),
+        });
+        for l in listeners {
+            tokio::spawn(accept_loop(l, ctx.clone(), accept_stop_rx.clone()));
+        }
+        let mut signals = Signals::install().context("installing signal handlers")?;
+        let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+            .context("installing signal handlers")?;
+        tokio::spawn(log_stats_on_sigusr1(gateway.clone(), usr1));
+        let metrics_gateway = gateway.clone();
+        tokio::spawn(crate::metrics::serve(
+            metrics_listener,
+            Arc::new(move || crate::metrics::Snapshot::of(&metrics_gateway)),
+            driver_stop_rx.clone(),
+        ));
+        if let Some(period) = notifier.watchdog_period() {
+            tokio::spawn(watchdog(gateway.clone(), notifier, period));
+        }
+        let peers = peer_list(&gateway.peers.table().specs);
+        info!(
+            side = ?cfg.side(),
+            peer = %peers,
+            tunnel = %bind,
+            workers,
+            listen = ?cfg.intercept.listen,
+            metrics = %cfg.metrics.listen,
+            tx_rate_bps = cfg.link.tx_rate.bps(),
+            "pepd running"
+        );
+        notifier.ready(&format!("listening; association with {peers} connecting"));
+
+        let stop = loop {
+            tokio::select! {
+                signal = signals.next() => match signal {
+                    Signal::Hangup => {
+                        reload::apply(&path, &mut cfg, &security, &gateway, &live, &log_reload);
+                    }
+                    other => break Stop::Signal(other),
+                },
+                Some((worker, r)) = ended.recv() => break Stop::Worker(worker, r),
+            }
+        };
+        let mut result = Ok(());
+        match stop {
+            Stop::Signal(signal) => {
+                info!(?signal, grace = ?cfg.shutdown.grace, "stopping: no new connections, draining open flows");
+                notifier.stopping();
+                let _ = stop_accepting.send(true);
+                live.write().unwrap_or_else(|p| p.into_inner()).draining = true;
+                drain(&gateway, cfg.shutdown.grace, &notifier).await;
+            }
+            Stop::Worker(worker, r) => {
+                // Its associations are gone: without it the daemon would serve on for the
+                // other workers' peers alone, unnoticed, until the next restart.
+                let why = r
+                    .err()
+                    .unwrap_or_else(|| anyhow::anyhow!("it stopped unasked"));
+                let e = why.context(format!("tunnel worker {worker}"));
+                error!("{e:#}; stopping, so that the service manager starts pepd again");
+                notifier.stopping();
+                let _ = stop_accepting.send(true);
+                running -= 1;
+                result = Err(e);
+            }
+        }
+        let _ = stop_driver.send(true);
+        while running > 0 {
+            let Some((_, r)) = ended.recv().await else {
+                break;
+            };
+            running -= 1;
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        // Closing the associations reset what was left; let those relays send their RSTs.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while gateway.relays_active() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for link in &gateway.links() {
+            link.counters.set_state(AssociationState::Closed);
+        }
+        result
+    }
+}
+
+/// Why the daemon stops.
+enum Stop {
+    Signal(Signal),
+    /// A tunnel worker's driver ended, with how.
+    Worker(usize, anyhow::Result<()>),
+}
+
+/// Each driver's end as it happens, by worker, so that one that stops before it is told to
+/// is noticed at once.
+fn watch_drivers(
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+) -> tokio::sync::mpsc::UnboundedReceiver<(usize, anyhow::Result<()>)> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for (worker, task) in tasks.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = match task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e).context("tunnel socket failed"),
+                Err(e) => Err(anyhow::anyhow!("association driver panicked: {e}")),
+            };
+            let _ = tx.send((worker, r));
+        });
+    }
+    rx
+}
+
+/// The peers for the start-up line: the address of each (the name of one without), the
+/// first few of a long list.
+fn peer_list(specs: &[PeerSpec]) -> String {
+    let mut shown: Vec<String> = specs
+        .iter()
+        .take(NAMES_SHOWN)
+        .map(|p| p.address.map_or_else(|| p.name.clone(), |a| a.to_string()))
+        .collect();
+    if specs.len() > NAMES_SHOWN {
+        shown.push(format!("{} more", specs.len() - NAMES_SHOWN));
+    }
+    shown.join(", ")
+}
+
+/// Waits until every relay has finished or the grace period is over.
+async fn drain(gateway: &Gateway, grace: Duration, notifier: &Notifier) {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        let open = gateway.relays_active();
+        if open == 0 {
+            info!("all flows finished");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            warn!(open, "grace period over; resetting the flows still open");
+            return;
+        }
+        notifier.status(&format!("draining: {open} flows open"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Pings systemd's watchdog at half its period while the association lock is obtainable,
+/// so a deadlocked or wedged daemon gets restarted.
+async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
+    let mut tick = tokio::time::interval(period / 2);
+    loop {
+        tick.tick().await;
+        let gateway = gateway.clone();
+        let alive = tokio::task::spawn_blocking(move || {
+            for link in &gateway.links() {
+                drop(link.lock());
+            }
+        })
+        .await;
+        if alive.is_ok() {
+            notifier.watchdog();
+        }
+    }
+}
+
+/// SIGUSR1 logs the association's counters.
+async fn log_stats_on_sigusr1(gateway: Arc<Gateway>, mut usr1: tokio::signal::unix::Signal) {
+    while usr1.recv().await.is_some() {
+        for link in &gateway.links() {
+            if let Some((stats, _, _)) = link.stats() {
+                info!(peer = %link.name, ?stats, "association statistics");
+            }
+        }
+    }
+}
+
+/// An epoch that differs on every start, so the peer tells a restart from a late packet.
+/// It grows from one start to the next (nanoseconds of wall time), which lets the peer act
+/// on an authenticated handshake of a newer start at once (see the transport).
+fn fresh_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        .max(1)
+}

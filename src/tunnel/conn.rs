@@ -1,0 +1,727 @@
+//! One peer's association shared between the driver and the flow relays: one lock around
+//! the sans-IO core, a slot per live flow with the signal its relay waits on, this peer's
+//! share of the send buffers, and the gateway's memory account every link charges.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use pep_transport::{
+    Association, FlowError, FlowId, FlowMeta, OpenError, PeerId, ReadOutcome, ResetReason,
+};
+use tokio::sync::Notify;
+
+use crate::tunnel::memory::{FlowCharge, MemoryAccount};
+
+/// Where the association stands, as the `pepd_association_state` gauge shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AssociationState {
+    /// Handshaking, or re-establishing after the association was lost.
+    #[default]
+    Connecting,
+    Established,
+    /// Established, but the peer has stopped answering (satellite link outage).
+    Outage,
+    /// Shut down for good (the daemon is stopping).
+    Closed,
+}
+
+impl AssociationState {
+    /// Every state, in the order the gauge lists them: a query can rely on each label value
+    /// being present in every scrape.
+    pub const ALL: [AssociationState; 4] = [
+        AssociationState::Connecting,
+        AssociationState::Established,
+        AssociationState::Outage,
+        AssociationState::Closed,
+    ];
+
+    /// The `state` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            AssociationState::Connecting => "connecting",
+            AssociationState::Established => "established",
+            AssociationState::Outage => "outage",
+            AssociationState::Closed => "closed",
+        }
+    }
+}
+
+/// What a relay waits on: the driver pokes it when its flow becomes readable or writable,
+/// is reset, or is released.
+#[derive(Default)]
+pub struct FlowSignal {
+    pub notify: Notify,
+    reset: Mutex<Option<ResetReason>>,
+}
+
+impl FlowSignal {
+    pub fn reset_reason(&self) -> Option<ResetReason> {
+        *self.reset.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_reset(&self, reason: ResetReason) {
+        let mut r = self.reset.lock().unwrap_or_else(|p| p.into_inner());
+        r.get_or_insert(reason);
+    }
+}
+
+struct FlowSlot {
+    token: u64,
+    signal: Arc<FlowSignal>,
+}
+
+/// A relay's handle on its flow. The token tells this flow from a later one that reuses
+/// the id after the association restarted.
+pub struct FlowRef {
+    pub id: FlowId,
+    token: u64,
+    pub signal: Arc<FlowSignal>,
+}
+
+/// The flow is no longer in the association.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowGone {
+    Reset(ResetReason),
+    /// Released after a clean close in both directions.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenRefused {
+    FlowLimit,
+    /// `limits.max_flows` are open across the peers.
+    GatewayFlowLimit,
+    MemoryBudget,
+    /// The peer has not associated yet (its address is learned from its initiation).
+    NotAssociated,
+}
+
+pub struct LinkState {
+    /// `None` until the peer's first authenticated initiation for a peer whose address
+    /// is not configured (it is learned from that initiation).
+    pub assoc: Option<Association>,
+    flows: HashMap<FlowId, FlowSlot>,
+    next_token: u64,
+    /// Relays waiting for the global send budget.
+    budget_waiters: Vec<Arc<FlowSignal>>,
+    /// Some flow waits for its share of the contended send budget (the association wakes
+    /// each as its data is acknowledged, [`LinkState::lift_shares`] all once it is over).
+    share_waiting: bool,
+    /// The association's send buffers as last reported to the memory account.
+    send_reported: u64,
+    /// Relays whose client has taken nothing for `limits.stalled_flow_timeout`, waiting
+    /// for contention to reset their flow (see [`PeerLink::reset_if_stalled`]).
+    stalled: HashMap<FlowId, Arc<FlowSignal>>,
+}
+
+/// One peer of the gateway: its association behind a lock of its own, so relays of
+/// different peers never contend, and the flows relayed over it.
+pub struct PeerLink {
+    pub peer: PeerId,
+    /// The peer's name, for logs.
+    pub name: Arc<str>,
+    state: Mutex<LinkState>,
+    /// Wakes the driver (shared by every link of the gateway).
+    wake: Arc<Notify>,
+    /// Set by [`PeerLink::wake`] until the driver services the link.
+    queued: AtomicBool,
+    /// Relays of this link wait for budget (which another link's acknowledgements may free).
+    budget_waiting: AtomicBool,
+    /// This peer's share of the send side of the budget, so that one peer cannot take all
+    /// of it (the receive side is bounded by the windows we advertise); changes on reload.
+    send_budget: AtomicU64,
+    /// A reload's new `min_rate` and `weight` for the carrier scheduler, which the driver
+    /// owns: it takes them at its next refresh of the ceilings.
+    pending_share: Mutex<Option<ShareRates>>,
+    /// The `tx_rate` a reload set, 0 if none: an association made after the reload (a peer
+    /// whose address is learned) starts from it rather than from the config at start.
+    reloaded_tx_bps: AtomicU64,
+    /// The keepalive a reload set, likewise.
+    reloaded_keepalive: Mutex<Option<Duration>>,
+    /// The `max_flows` a reload set, 0 if none, likewise.
+    reloaded_max_flows: AtomicUsize,
+    /// The gateway's memory account, shared by every link: the budget is process-wide.
+    pub memory: Arc<MemoryAccount>,
+    pub counters: LinkCounters,
+}
+
+/// What a peer is guaranteed and how it shares the spare carrier; its MIR is its
+/// association's rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRates {
+    pub min_bps: u64,
+    pub weight: u32,
+}
+
+/// Relay-side counters of one link the metrics read.
+#[derive(Default)]
+pub struct LinkCounters {
+    pub flows_from_peer: AtomicU64,
+    /// Read from local TCP connections into flows.
+    pub bytes_to_peer: AtomicU64,
+    /// Written from flows to local TCP connections.
+    pub bytes_from_peer: AtomicU64,
+    /// Upstream connects that failed, by the reset they became.
+    pub connect_errors: ByReason,
+    /// Flows reset, by reason (either side's).
+    pub flow_resets: ByReason,
+    /// New flows either side opened that the memory budget had no room for.
+    pub flows_over_budget: AtomicU64,
+    /// New flows either side opened while `limits.max_flows` were open across the peers.
+    pub flows_over_gateway: AtomicU64,
+    /// Flows reset because their local TCP side took nothing for
+    /// `limits.stalled_flow_timeout` under contention (also in `flow_resets`).
+    pub flows_reset_stalled: AtomicU64,
+    /// Relays running (their TCP connection still open).
+    pub relays_active: AtomicU64,
+    /// Handshakes completed; every one after the first is a re-establishment.
+    pub associations_established: AtomicU64,
+    association_state: std::sync::atomic::AtomicU8,
+}
+
+impl LinkCounters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// Adds `from`'s counters to these (not the gauges: relays running, state).
+    pub fn add_totals(&self, from: &LinkCounters) {
+        let add = |to: &AtomicU64, from: &AtomicU64| Self::add(to, Self::get(from));
+        add(&self.flows_from_peer, &from.flows_from_peer);
+        add(&self.bytes_to_peer, &from.bytes_to_peer);
+        add(&self.bytes_from_peer, &from.bytes_from_peer);
+        add(&self.flows_over_budget, &from.flows_over_budget);
+        add(&self.flows_over_gateway, &from.flows_over_gateway);
+        add(&self.flows_reset_stalled, &from.flows_reset_stalled);
+        add(
+            &self.associations_established,
+            &from.associations_established,
+        );
+        self.connect_errors.add_counts(&from.connect_errors);
+        self.flow_resets.add_counts(&from.flow_resets);
+    }
+
+    pub fn set_state(&self, s: AssociationState) {
+        self.association_state.store(s as u8, Ordering::Relaxed);
+    }
+
+    pub fn state(&self) -> AssociationState {
+        let i = usize::from(self.association_state.load(Ordering::Relaxed));
+        AssociationState::ALL.get(i).copied().unwrap_or_default()
+    }
+}
+
+/// One counter per reset reason code the transport defines.
+#[derive(Default)]
+pub struct ByReason([AtomicU64; 10]);
+
+impl ByReason {
+    pub fn add(&self, reason: ResetReason) {
+        let i = usize::from(reason.code()).min(self.0.len() - 1);
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn add_counts(&self, from: &ByReason) {
+        for (to, from) in self.0.iter().zip(&from.0) {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// (label, count) for every known reason; unknown codes count as "other".
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        const LABELS: [&str; 10] = [
+            "aborted",
+            "refused",
+            "unreachable",
+            "timeout",
+            "peer_restart",
+            "outage_limit",
+            "resource_limit",
+            "protocol",
+            "closed",
+            "other",
+        ];
+        LABELS
+            .iter()
+            .zip(&self.0)
+            .map(|(l, c)| (*l, c.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+impl PeerLink {
+    /// `assoc`: made at start for a peer whose address is configured, else later by the
+    /// driver. `memory`: the gateway's. `wake`: the driver's.
+    pub fn new(
+        peer: PeerId,
+        name: &str,
+        assoc: Option<Association>,
+        send_budget: u64,
+        memory: Arc<MemoryAccount>,
+        wake: Arc<Notify>,
+    ) -> PeerLink {
+        PeerLink {
+            peer,
+            name: name.into(),
+            state: Mutex::new(LinkState {
+                assoc,
+                flows: HashMap::new(),
+                next_token: 0,
+                budget_waiters: Vec::new(),
+                share_waiting: false,
+                send_reported: 0,
+                stalled: HashMap::new(),
+            }),
+            wake,
+            queued: AtomicBool::new(false),
+            budget_waiting: AtomicBool::new(false),
+            send_budget: AtomicU64::new(send_budget),
+            pending_share: Mutex::new(None),
+            reloaded_tx_bps: AtomicU64::new(0),
+            reloaded_keepalive: Mutex::new(None),
+            reloaded_max_flows: AtomicUsize::new(0),
+            memory,
+            counters: LinkCounters::default(),
+        }
+    }
+
+    /// Has the driver give the carrier scheduler this peer's new CIR and weight.
+    pub fn set_share_rates(&self, rates: ShareRates) {
+        *self.pending_share.lock().unwrap_or_else(|p| p.into_inner()) = Some(rates);
+        self.wake();
+    }
+
+    /// The CIR and weight a reload set since the driver last looked, if any.
+    pub fn take_share_rates(&self) -> Option<ShareRates> {
+        self.pending_share
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Sets this peer's `tx_rate` as a reload changed it, on its association if it has one
+    /// and on the one made later if not.
+    pub fn set_tx_rate(&self, bps: u64) {
+        self.reloaded_tx_bps.store(bps, Ordering::Relaxed);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_rate(bps);
+        }
+        self.wake();
+    }
+
+    /// The `tx_rate` a reload set, if any.
+    fn reloaded_tx_rate(&self) -> Option<u64> {
+        Some(self.reloaded_tx_bps.load(Ordering::Relaxed)).filter(|&bps| bps > 0)
+    }
+
+    /// Sets this peer's keepalive as a reload changed it, as [`set_tx_rate`](Self::set_tx_rate).
+    pub fn set_keepalive(&self, interval: Duration) {
+        *self
+            .reloaded_keepalive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(interval);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_keepalive(interval);
+        }
+        self.wake();
+    }
+
+    /// Sets how many flows this peer may have open, as [`set_tx_rate`](Self::set_tx_rate):
+    /// flows open above it stay, new ones are refused until fewer are open.
+    pub fn set_max_flows(&self, max_flows: usize) {
+        self.reloaded_max_flows.store(max_flows, Ordering::Relaxed);
+        if let Some(a) = self.lock().assoc.as_mut() {
+            a.set_max_flows(max_flows);
+        }
+        self.wake();
+    }
+
+    /// What a reload set, on an association made since.
+    pub fn apply_reloaded(&self, assoc: &mut Association) {
+        match self.reloaded_max_flows.load(Ordering::Relaxed) {
+            0 => {}
+            max_flows => assoc.set_max_flows(max_flows),
+        }
+        if let Some(bps) = self.reloaded_tx_rate() {
+            assoc.set_rate(bps);
+        }
+        let keepalive = *self
+            .reloaded_keepalive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(interval) = keepalive {
+            assoc.set_keepalive(interval);
+        }
+    }
+
+    /// Asks the driver to service this link: something was queued or freed.
+    pub fn wake(&self) {
+        self.queued.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Whether relays of this link wait for budget to free.
+    pub fn waits_for_budget(&self) -> bool {
+        self.budget_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether the link asked to be serviced since the last call.
+    pub fn take_queued(&self) -> bool {
+        self.queued.swap(false, Ordering::AcqRel)
+    }
+
+    /// (transport stats, bytes buffered to send, bytes buffered received) of the
+    /// association, once there is one.
+    pub fn stats(&self) -> Option<(pep_transport::Stats, u64, u64)> {
+        let st = self.lock();
+        let a = st.assoc.as_ref()?;
+        Some((a.stats(), a.send_buffered(), a.recv_buffered()))
+    }
+
+    /// Where the association sends now, if it knows.
+    pub fn remote(&self) -> Option<std::net::SocketAddr> {
+        self.lock().assoc.as_ref().and_then(Association::remote)
+    }
+
+    pub fn send_budget(&self) -> u64 {
+        self.send_budget.load(Ordering::Relaxed)
+    }
+
+    pub fn set_send_budget(&self, bytes: u64) {
+        self.send_budget.store(bytes, Ordering::Relaxed);
+        self.wake();
+    }
+
+    /// Counts a flow against the gateway's budget for as long as the charge lives.
+    pub fn charge_flow(&self) -> FlowCharge {
+        self.memory.charge_flow()
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, LinkState> {
+        // A relay that panicked while holding the lock leaves a consistent association (its
+        // calls are all-or-nothing), so the poison is not worth taking the daemon down.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens a flow for an intercepted connection; `first` rides with the open. The flow
+    /// counts against the budget until the returned charge is dropped.
+    pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<(FlowRef, FlowCharge), OpenRefused> {
+        let mut st = self.lock();
+        if st.assoc.is_none() {
+            return Err(OpenRefused::NotAssociated);
+        }
+        if !st.admits_flow(self, first.len() as u64) {
+            LinkCounters::add(&self.counters.flows_over_budget, 1);
+            return Err(OpenRefused::MemoryBudget);
+        }
+        let Some(assoc) = st.assoc.as_mut() else {
+            return Err(OpenRefused::NotAssociated);
+        };
+        let id = assoc.open_flow(meta).map_err(|e| match e {
+            OpenError::TooManyFlows => OpenRefused::FlowLimit,
+        })?;
+        // A new flow's send buffer holds far more than one read.
+        let written = if first.is_empty() {
+            0
+        } else {
+            assoc.write(id, first).unwrap_or(0)
+        };
+        let flow = st.insert_slot(id);
+        st.report_send(&self.memory);
+        // Charged under the lock, so concurrent opens cannot all pass the check above.
+        let charge = self.charge_flow();
+        LinkCounters::add(&self.counters.bytes_to_peer, written as u64);
+        drop(st);
+        self.wake();
+        Ok((flow, charge))
+    }
+
+    /// Bytes a relay may hand to the flow now: its own room, within the global budget and,
+    /// while that is contended, within the flow's share of it.
+    pub fn write_room(&self, flow: &FlowRef) -> Result<usize, FlowGone> {
+        let mut st = self.lock();
+        let room = st.flow_assoc(flow)?.send_capacity(flow.id) as u64;
+        let left = st.send_room(self);
+        if left == 0 && room > 0 {
+            // Woken by the driver when acknowledgements free budget.
+            st.budget_waiters.push(flow.signal.clone());
+            self.budget_waiting.store(true, Ordering::Relaxed);
+            return Ok(0);
+        }
+        let share_left = st.share_left(self, flow);
+        if share_left == 0 && room > 0 {
+            if let Some(a) = st.assoc.as_mut() {
+                a.wait_for_share(flow.id);
+            }
+            st.share_waiting = true;
+            // Acknowledgements on another link may end the contention.
+            self.budget_waiting.store(true, Ordering::Relaxed);
+        }
+        Ok(room.min(left).min(share_left) as usize)
+    }
+
+    pub fn write(&self, flow: &FlowRef, data: &[u8]) -> Result<usize, FlowGone> {
+        let mut st = self.lock();
+        let n = st
+            .flow_assoc(flow)?
+            .write(flow.id, data)
+            .map_err(|e| gone(e, flow))?;
+        st.report_send(&self.memory);
+        drop(st);
+        self.wake();
+        Ok(n)
+    }
+
+    pub fn finish(&self, flow: &FlowRef) -> Result<(), FlowGone> {
+        let mut st = self.lock();
+        st.flow_assoc(flow)?
+            .finish(flow.id)
+            .map_err(|e| gone(e, flow))?;
+        drop(st);
+        self.wake();
+        Ok(())
+    }
+
+    pub fn read(&self, flow: &FlowRef, max: usize) -> Result<ReadOutcome, FlowGone> {
+        let mut st = self.lock();
+        let r = st
+            .flow_assoc(flow)?
+            .read(flow.id, max)
+            .map_err(|e| gone(e, flow))?;
+        drop(st);
+        if matches!(r, ReadOutcome::Data(_) | ReadOutcome::Finished) {
+            // Reading may have opened credit the peer is waiting for.
+            self.wake();
+        }
+        Ok(r)
+    }
+
+    /// Resets `flow`, whose TCP side has taken none of the bytes waiting for it for
+    /// `limits.stalled_flow_timeout`, with `resource_limit` if it holds what other flows
+    /// need now (see [`LinkState::contended`]), and says whether it did (the local TCP side
+    /// is the caller's to reset). If not, the relay is woken when that changes, and asks
+    /// again.
+    pub fn reset_if_stalled(&self, flow: &FlowRef) -> Result<bool, FlowGone> {
+        let mut st = self.lock();
+        st.check(flow)?;
+        if !st.contended(self) {
+            st.stalled.insert(flow.id, flow.signal.clone());
+            return Ok(false);
+        }
+        st.stalled.remove(&flow.id);
+        // Under the lock that saw the flow live: the peer's own reset cannot come between.
+        self.reset_locked(&mut st, flow, ResetReason::ResourceLimit);
+        LinkCounters::add(&self.counters.flows_reset_stalled, 1);
+        drop(st);
+        self.wake();
+        Ok(true)
+    }
+
+    /// Aborts the flow towards the peer (the local TCP side is the caller's to reset).
+    pub fn reset(&self, flow: &FlowRef, reason: ResetReason) {
+        let mut st = self.lock();
+        self.reset_locked(&mut st, flow, reason);
+        drop(st);
+        self.wake();
+    }
+
+    fn reset_locked(&self, st: &mut LinkState, flow: &FlowRef, reason: ResetReason) {
+        if st
+            .flow_assoc(flow)
+            .is_ok_and(|a| a.reset(flow.id, reason).is_ok())
+        {
+            self.counters.flow_resets.add(reason);
+        }
+        flow.signal.set_reset(reason);
+    }
+}
+
+fn gone(e: FlowError, flow: &FlowRef) -> FlowGone {
+    match e {
+        FlowError::Reset(r) => FlowGone::Reset(r),
+        FlowError::UnknownFlow | FlowError::Finished => flow
+            .signal
+            .reset_reason()
+            .map_or(FlowGone::Closed, FlowGone::Reset),
+    }
+}
+
+impl LinkState {
+    /// The association, for a flow that is still in it.
+    fn flow_assoc(&mut self, flow: &FlowRef) -> Result<&mut Association, FlowGone> {
+        self.check(flow)?;
+        self.assoc.as_mut().ok_or(FlowGone::Closed)
+    }
+
+    fn check(&self, flow: &FlowRef) -> Result<(), FlowGone> {
+        if let Some(r) = flow.signal.reset_reason() {
+            return Err(FlowGone::Reset(r));
+        }
+        match self.flows.get(&flow.id) {
+            Some(slot) if slot.token == flow.token => Ok(()),
+            _ => Err(FlowGone::Closed),
+        }
+    }
+
+    /// Registers the relay side of a flow the association knows.
+    pub fn insert_slot(&mut self, id: FlowId) -> FlowRef {
+        let token = self.next_token;
+        self.next_token += 1;
+        let signal = Arc::new(FlowSignal::default());
+        self.flows.insert(
+            id,
+            FlowSlot {
+                token,
+                signal: signal.clone(),
+            },
+        );
+        FlowRef { id, token, signal }
+    }
+
+    pub fn signal_flow(&self, id: FlowId) {
+        if let Some(slot) = self.flows.get(&id) {
+            slot.signal.notify.notify_one();
+        }
+    }
+
+    pub fn flow_reset(&self, id: FlowId, reason: ResetReason) {
+        if let Some(slot) = self.flows.get(&id) {
+            slot.signal.set_reset(reason);
+            slot.signal.notify.notify_one();
+        }
+    }
+
+    /// Ends every flow's relay with `reason`: the association that carried them is gone.
+    pub fn reset_all_flows(&mut self, reason: ResetReason) {
+        for (_, slot) in self.flows.drain() {
+            slot.signal.set_reset(reason);
+            slot.signal.notify.notify_one();
+        }
+        self.stalled.clear();
+        for s in self.budget_waiters.drain(..) {
+            s.notify.notify_one();
+        }
+    }
+
+    pub fn flow_closed(&mut self, id: FlowId) {
+        self.stalled.remove(&id);
+        if let Some(slot) = self.flows.remove(&id) {
+            slot.signal.notify.notify_one();
+        }
+    }
+
+    /// Whether flows whose client stopped reading hold what others need: more than half of
+    /// this peer's receive window is in use (every flow from the peer shares it), or the
+    /// gateway's budget has no room left for a new flow.
+    pub fn contended(&mut self, link: &PeerLink) -> bool {
+        let window = self
+            .assoc
+            .as_ref()
+            .is_some_and(Association::recv_window_contended);
+        self.report_send(&link.memory);
+        window || !link.memory.admits_flow(link.memory.send_buffered(), 0)
+    }
+
+    /// Wakes the relays waiting in [`PeerLink::reset_if_stalled`] once there is
+    /// contention (acknowledgements on another link change the budget too; this link's next
+    /// service, at the latest its keepalive, sees it).
+    pub fn wake_stalled(&mut self, link: &PeerLink) {
+        if self.stalled.is_empty() || !self.contended(link) {
+            return;
+        }
+        for (_, s) in self.stalled.drain() {
+            s.notify.notify_one();
+        }
+    }
+
+    /// Tells the memory account what the association buffers to send now (acknowledgements
+    /// free it, writes add to it, a new association starts empty); returns it.
+    pub fn report_send(&mut self, memory: &MemoryAccount) -> u64 {
+        let now = self.assoc.as_ref().map_or(0, Association::send_buffered);
+        memory.report_send(self.send_reported, now);
+        self.send_reported = now;
+        now
+    }
+
+    /// Bytes this link's send buffers may still take: within its peer's share, and what
+    /// the gateway's budget leaves with every link's buffers counted.
+    fn send_room(&mut self, link: &PeerLink) -> u64 {
+        let buffered = self.report_send(&link.memory);
+        let share = link.send_budget().saturating_sub(buffered);
+        share.min(link.memory.send_room(link.memory.send_buffered()))
+    }
+
+    /// What `flow` may still buffer to send within its share of the contended budget
+    /// (everything, while the budget is not contended).
+    fn share_left(&self, link: &PeerLink, flow: &FlowRef) -> u64 {
+        let Some(share) = link.memory.flow_share(link.memory.send_buffered()) else {
+            return u64::MAX;
+        };
+        let held = self
+            .assoc
+            .as_ref()
+            .map_or(0, |a| a.flow_send_buffered(flow.id));
+        share.saturating_sub(held)
+    }
+
+    /// Wakes every flow that waits for its share once the budget is no longer contended
+    /// (before the association's events are polled: the wake-ups are among them).
+    pub fn lift_shares(&mut self, link: &PeerLink) {
+        if !self.share_waiting {
+            return;
+        }
+        self.report_send(&link.memory);
+        if link
+            .memory
+            .flow_share(link.memory.send_buffered())
+            .is_some()
+        {
+            return;
+        }
+        if let Some(a) = self.assoc.as_mut() {
+            a.release_share_waits();
+        }
+        self.share_waiting = false;
+        if self.budget_waiters.is_empty() {
+            link.budget_waiting.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether one more flow, bringing `first` bytes to send, fits the peer's share and
+    /// the gateway's budget.
+    fn admits_flow(&mut self, link: &PeerLink, first: u64) -> bool {
+        let buffered = self.report_send(&link.memory);
+        link.memory.admits_flow(link.memory.send_buffered(), first)
+            && buffered + first <= link.send_budget()
+    }
+
+    /// Whether a flow the peer opened fits the budget (it is reset when not).
+    pub fn admits_peer_flow(&mut self, link: &PeerLink) -> bool {
+        self.admits_flow(link, 0)
+    }
+
+    /// Wakes relays that waited for budget, once a read's worth is free again.
+    pub fn wake_budget_waiters(&mut self, link: &PeerLink, chunk: u64) {
+        if self.budget_waiters.is_empty() {
+            self.report_send(&link.memory);
+            return;
+        }
+        let room = self.send_room(link);
+        let buffered = self.send_reported;
+        // With nothing left to acknowledge, no more will free up here: hand out what there is.
+        if room == 0 || (room < chunk && buffered > 0) {
+            return;
+        }
+        for s in self.budget_waiters.drain(..) {
+            s.notify.notify_one();
+        }
+        link.budget_waiting
+            .store(self.share_waiting, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,976 @@
+//! Drives the sans-IO associations: owns the tunnel socket and the endpoint in front of every
+//! association, feeds each datagram to the link the endpoint routes it to (locking only that
+//! link), runs the timers, sends what the associations produce in turn, and hands their
+//! events to the relays.
+
+mod reconfigure;
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pep_transport::security::AcceptedInitiation;
+use pep_transport::{
+    AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowId,
+    FlowMeta, PeerId, ResetReason, Role,
+};
+use quinn_udp::RecvMeta;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::sys::notify::Notifier;
+use crate::tunnel::carrier::CarrierShare;
+use crate::tunnel::conn::AssociationState;
+use crate::tunnel::conn::{FlowRef, LinkCounters, LinkState, PeerLink};
+use crate::tunnel::gateway::Gateway;
+use crate::tunnel::memory::FlowCharge;
+use crate::tunnel::peer_table::{PeerSettings, PeerTable};
+use crate::tunnel::workers::{owner, Handoff, Initiators, Place};
+
+use super::outbox::Outbox;
+use super::udp;
+pub use udp::TunnelSocket;
+
+pub use crate::config::budget::{BATCH, RECV_BUF};
+
+/// Opens the local end of a flow the peer started (connect upstream and relay). Called with
+/// no lock held, so it may use the link (reset the flow) right away.
+pub trait FlowAcceptor: Send + Sync + 'static {
+    /// `charge` counts the flow against the memory budget; the relay keeps it to its end.
+    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge);
+}
+
+/// Flows the peer opened, collected under the link lock (charged there, so that the next
+/// one is admitted against them) and accepted once it is released.
+type Accepts = Vec<(FlowRef, FlowMeta, FlowCharge)>;
+
+/// How a peer's association is made: at start for a peer whose address is configured, else
+/// by the driver on the peer's first authenticated initiation.
+#[derive(Clone)]
+pub struct AssocFactory {
+    /// Every configured peer's.
+    pub peers: HashMap<PeerId, PeerSettings>,
+    pub role: Role,
+    pub epoch: u64,
+}
+
+impl AssocFactory {
+    pub fn make(
+        &self,
+        endpoint: &mut Endpoint,
+        now: Instant,
+        peer: PeerId,
+    ) -> Result<(AssocHandle, Association), ConfigError> {
+        let Some(s) = self.peers.get(&peer) else {
+            return Err(ConfigError {
+                key: "peer",
+                why: "no settings for this peer",
+            });
+        };
+        endpoint.new_association(
+            now,
+            peer,
+            s.config.clone(),
+            self.role,
+            self.epoch,
+            s.security.clone(),
+        )
+    }
+
+    /// Every peer's transport settings.
+    pub fn configs(&self) -> impl Iterator<Item = &Config> + Clone {
+        self.peers.values().map(|s| &s.config)
+    }
+}
+
+/// A received datagram: `at` in buffer `buf`.
+struct ReceivedDatagram {
+    buf: usize,
+    /// Where in the buffer (one buffer may hold several coalesced datagrams).
+    at: Range<usize>,
+    from: SocketAddr,
+    /// When the kernel received it (see [`udp::ReceiveClock`]).
+    arrived: Instant,
+}
+
+/// A received datagram on its way to a link.
+enum Input {
+    Datagram(ReceivedDatagram),
+    /// One another worker read and handed over.
+    Copied {
+        from: SocketAddr,
+        bytes: Vec<u8>,
+        arrived: Instant,
+    },
+    Initiation {
+        from: SocketAddr,
+        accepted: AcceptedInitiation,
+    },
+}
+
+pub struct Driver {
+    gateway: Arc<Gateway>,
+    /// Which of the gateway's workers this driver is.
+    worker: usize,
+    /// The peers this driver serves (the ones its worker owns): of the gateway's table as
+    /// of the last change it applied. The vectors below go by place in it.
+    table: Arc<PeerTable>,
+    /// Every peer, as of the same change.
+    all: Arc<PeerTable>,
+    /// Where the initiations this worker handed to another came from: that worker's too.
+    initiators: Initiators,
+    socket: TunnelSocket,
+    endpoint: Endpoint,
+    factory: AssocFactory,
+    /// Addresses datagrams may come from; `None`: any, connection IDs and authentication
+    /// gate them.
+    allowed: Option<HashSet<SocketAddr>>,
+    acceptor: Arc<dyn FlowAcceptor>,
+    notifier: Notifier,
+    /// The peer of each association.
+    by_handle: HashMap<AssocHandle, PeerId>,
+    /// Each link's next timer, as of its last service.
+    deadlines: Vec<Option<Instant>>,
+    /// Where the next pass starts, so no link is always served first.
+    cursor: usize,
+    /// With `[[peer]]` entries: whose datagram goes next on the shared carrier. Without
+    /// (the pair), links take turns within each pass.
+    share: Option<CarrierShare>,
+}
+
+impl Driver {
+    /// Worker `worker`'s driver; the associations of its links made so far must come from
+    /// `endpoint`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gateway: Arc<Gateway>,
+        worker: usize,
+        socket: TunnelSocket,
+        endpoint: Endpoint,
+        factory: AssocFactory,
+        allowed: Option<HashSet<SocketAddr>>,
+        acceptor: Arc<dyn FlowAcceptor>,
+        notifier: Notifier,
+    ) -> Driver {
+        let all = gateway.peers.table();
+        let table = own_view(&all, worker, gateway.workers.count());
+        let by_handle = table
+            .links
+            .iter()
+            .filter_map(|l| Some((endpoint.association_of(l.peer)?, l.peer)))
+            .collect();
+        let deadlines = table
+            .links
+            .iter()
+            .map(|l| l.lock().assoc.as_ref().and_then(Association::poll_timeout))
+            .collect();
+        Driver {
+            initiators: Initiators::default(),
+            gateway,
+            worker,
+            table,
+            all,
+            socket,
+            endpoint,
+            factory,
+            allowed,
+            acceptor,
+            notifier,
+            by_handle,
+            deadlines,
+            cursor: 0,
+            share: None,
+        }
+    }
+
+    /// Shares the carrier between the links by `share` instead of turns within a pass.
+    pub fn with_share(mut self, share: Option<CarrierShare>) -> Driver {
+        self.share = share;
+        self
+    }
+
+    /// Runs until `stop` turns true, then closes every association with one CLOSE.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
+        let mut links = self.table.links.len();
+        let (buffers, size) = udp::receive_buffers(
+            BATCH,
+            RECV_BUF,
+            self.socket.gro_segments(),
+            self.endpoint.config().max_datagram,
+        );
+        let mut rx: Vec<Vec<u8>> = (0..buffers).map(|_| vec![0u8; size]).collect();
+        let mut meta = vec![RecvMeta::default(); quinn_udp::BATCH_SIZE];
+        // The filled buffers (by place in `rx`) with what the kernel said of them.
+        let mut received: Vec<(usize, RecvMeta)> = Vec::with_capacity(buffers);
+        let mut inputs: Vec<Vec<Input>> = (0..links).map(|_| Vec::new()).collect();
+        let mut more: Vec<bool> = vec![false; links];
+        let mut serviced: Vec<usize> = Vec::with_capacity(links);
+        let mut tx = Outbox::default();
+        let mut spare: Vec<Vec<u8>> = Vec::new();
+        let mut drop_log = crate::tunnel::droplog::DropLog::default();
+        let mut accepts: Accepts = Vec::new();
+        let workers = self.gateway.workers.count();
+        // A driver serves a worker that exists; the first's wake-up is only a fallback.
+        let workers_of = &self.gateway.workers;
+        let wake = workers_of.get(self.worker).map_or_else(
+            || workers_of.wake_of(pep_transport::PeerId(0)),
+            |w| w.wake.clone(),
+        );
+        let mut handed: Vec<Handoff> = Vec::new();
+        loop {
+            let deadline = self.next_deadline(Instant::now());
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = self.socket.readable() => r?,
+                _ = wake.notified() => {}
+                _ = sleep => {}
+                _ = stop.changed() => {
+                    if *stop.borrow() {
+                        self.close(&mut tx).await;
+                        return Ok(());
+                    }
+                }
+            }
+            if self.apply_peer_changes(Instant::now(), &mut tx) {
+                links = self.table.links.len();
+                inputs = (0..links).map(|_| Vec::new()).collect();
+                // A peer's first pass, or a pass more for the others: harmless.
+                more = vec![true; links];
+            }
+            received.clear();
+            let (mut filled, mut datagrams) = (0, 0);
+            while datagrams < BATCH && filled < rx.len() {
+                let n = match self.socket.try_recv(&mut rx[filled..], &mut meta) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // ICMP errors (peer port unreachable) surface here; the transport's
+                    // own timers deal with an unreachable peer.
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                    Err(e) => return Err(e),
+                };
+                for m in &meta[..n] {
+                    let count = udp::datagrams(m).count();
+                    if self.allowed.as_ref().is_none_or(|a| a.contains(&m.addr)) {
+                        received.push((filled, *m));
+                        datagrams += count;
+                    } else {
+                        LinkCounters::add(&self.gateway.counters.foreign_datagrams, count as u64);
+                        debug!(from = %m.addr, "datagram from an address that is not a peer's dropped");
+                    }
+                    filled += 1;
+                }
+            }
+            let clock = udp::ReceiveClock::now();
+            let now = clock.now_instant();
+            if let Some(w) = self.gateway.workers.get(self.worker) {
+                LinkCounters::add(&w.datagrams, datagrams as u64);
+            }
+            let (mut handed_more, mut screened) = (false, !received.is_empty());
+            if workers > 1 {
+                handed_more = self
+                    .gateway
+                    .workers
+                    .take_inbox(self.worker, &mut handed, BATCH);
+                screened |= !handed.is_empty();
+                for h in handed.drain(..) {
+                    self.take_handed(now, h, &mut inputs, &mut tx);
+                }
+            }
+            for &(i, m) in &received {
+                let arrived = clock.arrival(&m);
+                for at in udp::datagrams(&m) {
+                    let d = ReceivedDatagram {
+                        from: m.addr,
+                        buf: i,
+                        at: at.clone(),
+                        arrived,
+                    };
+                    self.route(now, d, &rx[i][at], &mut inputs, &mut tx);
+                }
+            }
+            // What another worker handed over counts here as well (an initiation from where
+            // one of this worker's peers is known: its drops are this endpoint's).
+            if screened {
+                self.gateway
+                    .counters
+                    .set_endpoint(self.worker, self.endpoint.stats());
+            }
+            if drop_log.is_due(now) {
+                let foreign = self
+                    .gateway
+                    .counters
+                    .foreign_datagrams
+                    .load(Ordering::Relaxed);
+                if let Some(s) = drop_log.summary(now, &self.gateway.stats().0, foreign) {
+                    warn!("dropped datagrams: {s}");
+                }
+            }
+            serviced.clear();
+            for k in 0..links {
+                let i = (self.cursor + k) % links;
+                let queued = self.table.links[i].take_queued();
+                let due = self.deadlines[i].is_some_and(|t| t <= now);
+                if queued || due || more[i] || !inputs[i].is_empty() {
+                    serviced.push(i);
+                }
+            }
+            self.cursor = (self.cursor + 1) % links.max(1);
+            // Sending takes turns: each link gets its share of a pass, and one with more
+            // to send is serviced again on the next.
+            let quota = (BATCH / serviced.len().max(1)).max(1);
+            let mut again = handed_more || datagrams >= BATCH || filled == rx.len();
+            let send_buffered = self.gateway.memory.send_buffered();
+            for &i in &serviced {
+                let r = Received {
+                    rx: &rx,
+                    inputs: &mut inputs[i],
+                };
+                more[i] = self.service(i, now, r, quota, &mut tx, &mut spare, &mut accepts);
+                again |= more[i];
+                self.accept_all(i, &mut accepts);
+            }
+            if self.share.is_some() {
+                again |= self.send_shared(&rx, &mut tx, &mut spare, &mut accepts);
+            }
+            if self.gateway.memory.send_buffered() < send_buffered {
+                // The budget is the gateway's: acknowledgements on one link may free what
+                // relays of another wait for, whichever worker serves it.
+                for l in self.all.links.iter().filter(|l| l.waits_for_budget()) {
+                    l.wake();
+                }
+            }
+            self.socket.send(&tx).await?;
+            tx.clear();
+            if again {
+                wake.notify_one();
+            }
+        }
+    }
+
+    /// When the loop must look again without a datagram or a wake-up. A link whose datagram
+    /// waits for the carrier is overdue while it has more to send (its pacer allows it):
+    /// its turn on the carrier is what it waits for, and the link is serviced when its
+    /// datagram leaves.
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let Some(share) = self.share.as_ref() else {
+            return self.deadlines.iter().flatten().min().copied();
+        };
+        let links = self
+            .deadlines
+            .iter()
+            .zip(&self.table.links)
+            .filter_map(|(d, l)| d.filter(|&d| d > now || !share.is_staged(l.peer)));
+        links.chain(share.poll_timeout(now)).min()
+    }
+
+    /// Where a datagram goes: to the worker whose shard its connection ID names if that is
+    /// another, else to the link the endpoint routes it to (see [`place`](Self::place)).
+    /// `datagram` is the contents of `d`.
+    fn route(
+        &mut self,
+        now: Instant,
+        d: ReceivedDatagram,
+        datagram: &[u8],
+        inputs: &mut [Vec<Input>],
+        tx: &mut Outbox,
+    ) {
+        if let Some(to) = self.elsewhere(datagram, d.from) {
+            let h = || Handoff::Datagram {
+                from: d.from,
+                bytes: datagram.to_vec(),
+                arrived: d.arrived,
+            };
+            self.gateway.workers.hand_off(self.worker, to, h);
+            return;
+        }
+        let event = self.endpoint.handle(now, d.from, datagram);
+        self.place(now, d.from, event, Input::Datagram(d), inputs, tx);
+    }
+
+    /// The other worker a datagram belongs to, if any (see [`crate::tunnel::workers::elsewhere`]).
+    fn elsewhere(&self, datagram: &[u8], from: SocketAddr) -> Option<usize> {
+        let cfg = self.endpoint.config();
+        let here = Place {
+            worker: self.worker,
+            workers: self.gateway.workers.count(),
+            cid_len: cfg.cid_len,
+            shard_bits: cfg.shard_bits,
+            max_datagram: cfg.max_datagram,
+        };
+        // The sender's peer: the one configured at its address, else the one of an
+        // initiation from it that this worker handed on.
+        here.elsewhere(datagram, from, |a| {
+            self.endpoint.peer_at(a).or_else(|| self.initiators.get(a))
+        })
+    }
+
+    /// What the endpoint made of a datagram from `from`: `routed` goes to the link it names;
+    /// an initiation to its peer's link, made now if it has no association yet, or to the
+    /// worker that owns the peer; a cookie the endpoint answers with joins `tx`.
+    fn place(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        event: Option<DatagramEvent>,
+        routed: Input,
+        inputs: &mut [Vec<Input>],
+        tx: &mut Outbox,
+    ) {
+        let link = match event {
+            None => return,
+            Some(DatagramEvent::Routed(h)) => {
+                let Some(link) = self.by_handle.get(&h).and_then(|&p| self.table.position(p))
+                else {
+                    return;
+                };
+                link
+            }
+            Some(DatagramEvent::Initiation {
+                peer,
+                handle,
+                accepted,
+            }) => {
+                let to = owner(peer, self.gateway.workers.count());
+                if to != self.worker {
+                    self.initiators.learn(from, peer);
+                    let h = || Handoff::Initiation {
+                        from,
+                        peer,
+                        accepted,
+                    };
+                    self.gateway.workers.hand_off(self.worker, to, h);
+                } else {
+                    self.initiation(now, from, peer, handle.is_some(), accepted, inputs);
+                }
+                return;
+            }
+            Some(DatagramEvent::Response {
+                destination,
+                datagram,
+            }) => {
+                tx.push(destination, &datagram, now);
+                return;
+            }
+        };
+        if let Some(queue) = inputs.get_mut(link) {
+            queue.push(routed);
+        }
+    }
+
+    /// An authenticated initiation of `peer`, for its link: its association is made now if
+    /// it has none (`associated` false).
+    fn initiation(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        peer: PeerId,
+        associated: bool,
+        accepted: AcceptedInitiation,
+        inputs: &mut [Vec<Input>],
+    ) {
+        let Some(link) = self.table.position(peer) else {
+            return;
+        };
+        if !associated && !self.associate(now, link, from) {
+            return;
+        }
+        if let Some(queue) = inputs.get_mut(link) {
+            queue.push(Input::Initiation { from, accepted });
+        }
+    }
+
+    /// What another worker handed over: a datagram for this worker's endpoint, or an
+    /// initiation it authenticated for a peer this worker owns.
+    fn take_handed(
+        &mut self,
+        now: Instant,
+        h: Handoff,
+        inputs: &mut [Vec<Input>],
+        tx: &mut Outbox,
+    ) {
+        match h {
+            Handoff::Datagram {
+                from,
+                bytes,
+                arrived,
+            } => {
+                let event = self.endpoint.handle(now, from, &bytes);
+                let copied = Input::Copied {
+                    from,
+                    bytes,
+                    arrived,
+                };
+                self.place(now, from, event, copied, inputs, tx);
+            }
+            Handoff::Initiation {
+                from,
+                peer,
+                accepted,
+            } => {
+                self.endpoint.adopt_initiation(peer, &accepted);
+                let associated = self.endpoint.association_of(peer).is_some();
+                self.initiation(now, from, peer, associated, accepted, inputs);
+            }
+        }
+    }
+
+    /// Makes the association of a peer whose address was not configured, on its first
+    /// authenticated initiation.
+    fn associate(&mut self, now: Instant, link: usize, from: SocketAddr) -> bool {
+        let Some(l) = self.table.links.get(link).cloned() else {
+            return false;
+        };
+        match self.factory.make(&mut self.endpoint, now, l.peer) {
+            Ok((handle, mut assoc)) => {
+                l.apply_reloaded(&mut assoc);
+                self.deadlines[link] = assoc.poll_timeout();
+                l.lock().assoc = Some(assoc);
+                self.by_handle.insert(handle, l.peer);
+                info!(peer = %l.name, %from, "association made on the peer's initiation");
+                true
+            }
+            Err(e) => {
+                warn!(peer = %l.name, %from, key = e.key, why = e.why, "cannot make the association");
+                false
+            }
+        }
+    }
+
+    /// One link's pass under its lock: its datagrams, its timer, up to `quota` datagrams
+    /// out, its events. True if it has more to send.
+    #[allow(clippy::too_many_arguments)]
+    fn service(
+        &mut self,
+        link: usize,
+        now: Instant,
+        received: Received<'_>,
+        quota: usize,
+        tx: &mut Outbox,
+        spare: &mut Vec<Vec<u8>>,
+        accepts: &mut Accepts,
+    ) -> bool {
+        let l = self.table.links[link].clone();
+        let mut st = l.lock();
+        let Some(assoc) = st.assoc.as_mut() else {
+            received.inputs.clear();
+            return false;
+        };
+        for input in received.inputs.drain(..) {
+            match input {
+                Input::Datagram(d) => {
+                    if let Some(bytes) = received.rx.get(d.buf).and_then(|b| b.get(d.at)) {
+                        assoc.handle_datagram_from(d.arrived, d.from, bytes);
+                    }
+                }
+                Input::Copied {
+                    from,
+                    bytes,
+                    arrived,
+                } => assoc.handle_datagram_from(arrived, from, &bytes),
+                Input::Initiation { from, accepted } => {
+                    assoc.accept_initiation(now, from, accepted)
+                }
+            }
+        }
+        if assoc.poll_timeout().is_some_and(|t| t <= now) {
+            assoc.handle_timeout(now);
+        }
+        let mut more = false;
+        if let Some(share) = self.share.as_mut() {
+            // One datagram waits for the carrier; the next is made once it has left, so
+            // the association's pacing sees the share it gets.
+            if !share.is_staged(l.peer) {
+                if let Some((to, buf)) = next_datagram(assoc, now, spare) {
+                    share.stage(now, l.peer, to, buf);
+                }
+            }
+        } else {
+            // All at one `now`: what the pacer lets go at once, which may leave as one
+            // segmented send (see `outbox`).
+            let mut buf = spare.pop().unwrap_or_default();
+            let mut sent = 0;
+            loop {
+                if sent == quota {
+                    more = true;
+                    break;
+                }
+                let Some(to) = assoc.poll_transmit_to(now, &mut buf) else {
+                    break;
+                };
+                tx.push(to, &buf, now);
+                sent += 1;
+            }
+            spare.push(buf);
+        }
+        st.lift_shares(&l);
+        while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
+            self.dispatch(&l, &mut st, ev, accepts);
+        }
+        st.wake_budget_waiters(&l, crate::config::budget::CHUNK as u64);
+        st.wake_stalled(&l);
+        self.deadlines[link] = st.assoc.as_ref().and_then(Association::poll_timeout);
+        more
+    }
+
+    /// Up to a batch of datagrams the carrier lets leave now, each link's next one made as
+    /// its previous leaves; and every [`crate::tunnel::carrier::REFRESH`] each association capped at
+    /// its allocation. True if more may leave at once.
+    fn send_shared(
+        &mut self,
+        rx: &[Vec<u8>],
+        tx: &mut Outbox,
+        spare: &mut Vec<Vec<u8>>,
+        accepts: &mut Accepts,
+    ) -> bool {
+        let now = Instant::now();
+        if self.share.as_ref().is_some_and(|s| s.refresh_due(now)) {
+            self.refresh_ceilings(now);
+        }
+        let mut none = Vec::new();
+        // One instant for the batch: what the carrier's and the peers' schedules let go at
+        // it (their burst allowance) leaves now, and a peer's turn, datagrams back to back to
+        // it, joins in one segmented send.
+        while tx.len() < BATCH {
+            let Some((peer, to, buf)) = self.share.as_mut().and_then(|s| s.next(now)) else {
+                return false;
+            };
+            tx.push(to, &buf, now);
+            spare.push(buf);
+            let Some(link) = self.table.position(peer) else {
+                continue;
+            };
+            let r = Received {
+                rx,
+                inputs: &mut none,
+            };
+            self.service(link, now, r, 1, tx, spare, accepts);
+            self.accept_all(link, accepts);
+        }
+        true
+    }
+
+    /// Each association's rate ceiling becomes its share of the carrier, at most its own
+    /// configured rate.
+    fn refresh_ceilings(&mut self, now: Instant) {
+        let Some(share) = self.share.as_mut() else {
+            return;
+        };
+        share.set_carrier(now, self.gateway.carrier_bps.load(Ordering::Relaxed));
+        for (i, l) in self.table.links.iter().enumerate() {
+            if let Some(r) = l.take_share_rates() {
+                share.set_share_rates(l.peer, r.min_bps, r.weight);
+            }
+            let mut st = l.lock();
+            let Some(assoc) = st.assoc.as_mut() else {
+                continue;
+            };
+            let ceiling = share.ceiling(l.peer, assoc.config().rate_bps);
+            assoc.set_rate_ceiling(ceiling);
+            self.deadlines[i] = assoc.poll_timeout();
+        }
+        share.refreshed(now);
+    }
+
+    fn accept_all(&self, link: usize, accepts: &mut Accepts) {
+        for (flow, meta, charge) in accepts.drain(..) {
+            self.acceptor
+                .accept(self.table.links[link].clone(), flow, meta, charge);
+        }
+    }
+
+    fn dispatch(&self, link: &PeerLink, st: &mut LinkState, ev: Event, accepts: &mut Accepts) {
+        let remote = st.assoc.as_ref().and_then(Association::remote);
+        // The address while known (the pair form always knows it), else the name.
+        let peer = remote.map_or_else(|| link.name.to_string(), |r| r.to_string());
+        let c = &link.counters;
+        match ev {
+            Event::Established => {
+                LinkCounters::add(&c.associations_established, 1);
+                c.set_state(AssociationState::Established);
+                let rtt = st.assoc.as_ref().map(|a| a.stats().rtt_smoothed);
+                info!(peer = %peer, name = %link.name, ?rtt, "association established");
+                self.notifier
+                    .status(&format!("association established with {peer}"));
+            }
+            Event::PeerRestarted => {
+                c.set_state(AssociationState::Connecting);
+                warn!(peer = %peer, name = %link.name, "peer gateway restarted; its flows were reset");
+            }
+            Event::FlowOpened { flow, meta } => {
+                debug!(flow, client = %meta.client, server = %meta.server, "flow opened by peer");
+                LinkCounters::add(&c.flows_from_peer, 1);
+                if !st.admits_peer_flow(link) {
+                    // The peer's client gets the reset, as it would from a full `max_flows`.
+                    debug!(flow, "memory budget reached; flow refused");
+                    LinkCounters::add(&c.flows_over_budget, 1);
+                    Self::refuse_peer_flow(link, st, flow);
+                    return;
+                }
+                let Some(slot) = self.gateway.take_flow_slot() else {
+                    debug!(flow, "limits.max_flows open across the peers; flow refused");
+                    LinkCounters::add(&c.flows_over_gateway, 1);
+                    Self::refuse_peer_flow(link, st, flow);
+                    return;
+                };
+                accepts.push((
+                    st.insert_slot(flow),
+                    meta,
+                    link.charge_flow().with_slot(slot),
+                ));
+            }
+            Event::FlowReadable { flow } | Event::FlowWritable { flow } => st.signal_flow(flow),
+            Event::FlowReset { flow, reason } => {
+                debug!(flow, ?reason, "flow reset");
+                c.flow_resets.add(reason);
+                st.flow_reset(flow, reason);
+            }
+            Event::FlowClosed { flow } => st.flow_closed(flow),
+            Event::OutageStarted => {
+                c.set_state(AssociationState::Outage);
+                warn!(peer = %peer, name = %link.name, "satellite link outage: no answer from the peer");
+                self.notifier.status("link outage");
+            }
+            Event::OutageEnded { duration } => {
+                c.set_state(AssociationState::Established);
+                info!(?duration, name = %link.name, "satellite link back");
+                self.notifier
+                    .status(&format!("association established with {peer}"));
+            }
+            Event::RemoteMoved { from, to } => {
+                info!(name = %link.name, %from, %to, "peer now sends from a new address; following it");
+            }
+            Event::AssociationLost { reason } => {
+                c.set_state(AssociationState::Connecting);
+                warn!(
+                    ?reason,
+                    name = %link.name,
+                    "association lost; every flow was reset; re-establishing"
+                );
+                self.notifier
+                    .status(&format!("association down ({reason:?}), re-establishing"));
+            }
+        }
+    }
+
+    /// Resets a flow the peer opened that a limit has no room for: its client gets the reset
+    /// it would from the peer's own full `max_flows`.
+    fn refuse_peer_flow(link: &PeerLink, st: &mut LinkState, flow: FlowId) {
+        let reset = st
+            .assoc
+            .as_mut()
+            .is_some_and(|a| a.reset(flow, ResetReason::ResourceLimit).is_ok());
+        if reset {
+            link.counters.flow_resets.add(ResetReason::ResourceLimit);
+        }
+    }
+
+    /// Tells every peer we are going (one best-effort CLOSE each).
+    async fn close(&mut self, tx: &mut Outbox) {
+        let now = Instant::now();
+        let mut accepts = Accepts::new();
+        for (i, l) in self.table.clone().links.iter().enumerate() {
+            {
+                let mut st = l.lock();
+                let Some(assoc) = st.assoc.as_mut() else {
+                    continue;
+                };
+                assoc.close(0, "gateway shutting down");
+                // Only the CLOSE: the HELLO of the fresh epoch that would follow it must
+                // not reach the peer from a gateway that is going away.
+                let mut buf = Vec::new();
+                if let Some(to) = assoc.poll_transmit_to(now, &mut buf) {
+                    tx.push(to, &buf, now);
+                }
+                while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
+                    self.dispatch(l, &mut st, ev, &mut accepts);
+                }
+            }
+            self.accept_all(i, &mut accepts);
+        }
+        let _ = self.socket.send(tx).await;
+    }
+}
+
+/// The peers of `all` worker `worker` of `workers` serves.
+fn own_view(all: &Arc<PeerTable>, worker: usize, workers: usize) -> Arc<PeerTable> {
+    if workers == 1 {
+        return all.clone();
+    }
+    Arc::new(all.of_worker(worker, workers))
+}
+
+/// The association's next datagram and where it goes, written into a spare buffer (one is
+/// made when none is left; an unused one goes back).
+fn next_datagram(
+    assoc: &mut Association,
+    now: Instant,
+    spare: &mut Vec<Vec<u8>>,
+) -> Option<(SocketAddr, Vec<u8>)> {
+    let mut buf = spare.pop().unwrap_or_default();
+    match assoc.poll_transmit_to(now, &mut buf) {
+        Some(to) => Some((to, buf)),
+        None => {
+            spare.push(buf);
+            None
+        }
+    }
+}
+
+/// The pass's receive buffers and one link's share of them.
+struct Received<'a> {
+    rx: &'a [Vec<u8>],
+    inputs: &'a mut Vec<Input>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use pep_transport::{EndpointConfig, PeerIdentity, ResetReason};
+    use tokio::sync::Notify;
+
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Resets every flow the peer opens from inside `accept`, which takes the link lock.
+    struct ResettingAcceptor {
+        accepted: Mutex<mpsc::Sender<FlowMeta>>,
+    }
+
+    impl FlowAcceptor for ResettingAcceptor {
+        fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, _: FlowCharge) {
+            link.reset(&flow, ResetReason::Refused);
+            let _ = self
+                .accepted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .send(meta);
+        }
+    }
+
+    fn meta() -> FlowMeta {
+        FlowMeta {
+            client: SocketAddr::from(([198, 18, 0, 2], 40000)),
+            server: SocketAddr::from(([198, 18, 1, 2], 80)),
+            dscp: 0,
+        }
+    }
+
+    #[test]
+    fn accept_may_take_the_link_lock() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let theirs = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        theirs
+            .set_read_timeout(Some(Duration::from_millis(5)))
+            .unwrap();
+        let (accepted_tx, accepted) = mpsc::channel();
+        let (stop, stop_rx) = watch::channel(false);
+        let cfg = Config::for_rate(10_000_000);
+        let ours = rt.block_on(async {
+            let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let ours = socket.local_addr().unwrap();
+            let mut endpoint = Endpoint::new(EndpointConfig::new(0), None, [7; 32]).unwrap();
+            let identity = PeerIdentity {
+                public_key: None,
+                address: Some(theirs.local_addr().unwrap()),
+            };
+            endpoint.set_peers([(PeerId(0), identity)]);
+            let settings = PeerSettings {
+                config: cfg.clone(),
+                security: None,
+            };
+            let factory = AssocFactory {
+                peers: [(PeerId(0), settings)].into_iter().collect(),
+                role: Role::Responder,
+                epoch: 1,
+            };
+            let (_, assoc) = factory
+                .make(&mut endpoint, Instant::now(), PeerId(0))
+                .unwrap();
+            let wake = Arc::new(Notify::new());
+            let memory = Arc::new(crate::tunnel::memory::MemoryAccount::new(1 << 30, 0, 0));
+            let link = PeerLink::new(
+                PeerId(0),
+                "peer",
+                Some(assoc),
+                1 << 20,
+                memory.clone(),
+                wake.clone(),
+            );
+            let gateway = Gateway::new(
+                PeerTable::new(vec![Arc::new(link)], Vec::new()),
+                0,
+                wake,
+                memory,
+                10_000,
+            );
+            let acceptor = Arc::new(ResettingAcceptor {
+                accepted: Mutex::new(accepted_tx),
+            });
+            let driver = Driver::new(
+                Arc::new(gateway),
+                0,
+                TunnelSocket::new(socket).unwrap(),
+                endpoint,
+                factory,
+                None,
+                acceptor,
+                Notifier,
+            );
+            tokio::spawn(driver.run(stop_rx));
+            ours
+        });
+
+        let mut peer = Association::new(cfg, Role::Initiator, 2, Instant::now()).unwrap();
+        let flow = peer.open_flow(meta()).unwrap();
+        peer.write(flow, b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buf = vec![0u8; 65_536];
+        let mut out = Vec::new();
+        let mut got = None;
+        let mut reset = None;
+        while Instant::now() < deadline && (got.is_none() || reset.is_none()) {
+            let now = Instant::now();
+            if peer.poll_timeout().is_some_and(|t| t <= now) {
+                peer.handle_timeout(now);
+            }
+            while peer.poll_transmit(now, &mut out) {
+                theirs.send_to(&out, ours).unwrap();
+            }
+            if let Ok((n, _)) = theirs.recv_from(&mut buf) {
+                peer.handle_datagram(Instant::now(), &buf[..n]);
+            }
+            while let Some(ev) = peer.poll_event() {
+                if let Event::FlowReset { flow: f, reason } = ev {
+                    assert_eq!(f, flow);
+                    reset = Some(reason);
+                }
+            }
+            if let Ok(m) = accepted.try_recv() {
+                got = Some(m);
+            }
+        }
+        let _ = stop.send(true);
+        rt.shutdown_timeout(Duration::from_secs(1));
+        assert_eq!(got, Some(meta()), "the acceptor ran within 5 s");
+        assert_eq!(
+            reset,
+            Some(ResetReason::Refused),
+            "its reset reached the peer"
+        );
+    }
+}
