@@ -83,7 +83,8 @@ pub use replay::REPLAY_WINDOW;
 use std::time::Instant;
 
 use crate::codec::{expand_truncated, Reader};
-use crate::packet::{decode_header, ConnectionId, Header, Hello, ShortHeader};
+use crate::ids::ConnectionId;
+use crate::packet::{decode_header, Header, Hello, ShortHeader};
 use aead::PacketKey;
 pub(crate) use cookie::{cookie_dcid, CookieJar};
 pub(crate) use handshake::{
