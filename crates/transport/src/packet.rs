@@ -3,7 +3,7 @@
 //! Layout: docs/PROTOCOL.md.
 
 use crate::codec::{put_uint, put_varint, DecodeError, Reader};
-use crate::frame::{decode_payload, Frame};
+use crate::frame::{decode_payload, Frame, ImplicitData};
 use crate::ids::ConnectionId;
 use crate::security::AeadOffer;
 
@@ -28,15 +28,6 @@ const IMPLICIT_DATA_BIT: u8 = 0x08;
 const IMPLICIT_OFFSET_LEN_SHIFT: u8 = 1;
 const IMPLICIT_OFFSET_LEN_MASK: u8 = 0x06;
 const IMPLICIT_FIN_BIT: u8 = 0x01;
-
-/// A packet whose payload is exactly one DATA frame carries that frame's flags in the header
-/// byte and omits the frame type and length: the "compressed" data packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImplicitData {
-    pub fin: bool,
-    /// Bytes of the truncated stream offset, 1..=4.
-    pub offset_len: usize,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShortHeader {
@@ -224,7 +215,7 @@ pub fn parse_packet_with_cid(
         Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply | Header::Cookie => {
             Vec::new()
         }
-        Header::Short(s) => decode_payload(r.rest(), s)?,
+        Header::Short(s) => decode_payload(r.rest(), s.implicit_data)?,
     };
     Ok((header, frames))
 }
