@@ -21,9 +21,8 @@ use crate::security::{
     cookie_dcid, init_mac1, init_mac1_ok, initiation_ephemeral, initiation_hello, parse_init,
     parse_reply, public_key, reply_mac1_ok, AcceptedInitiation, CookieJar, DropReason,
     EphemeralSource, HandshakeGuard, InitiationMemory, LocalIdentity, MacKeys, Responder,
-    SecurityConfig, SourceBudgets, TokenBucket, KEY_LEN,
+    SecurityConfig, SecurityCounts, SourceBudgets, TokenBucket, KEY_LEN,
 };
-use crate::stats::SecurityCounts;
 
 /// An association of one endpoint: the slot its connection ID names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -39,7 +39,8 @@ pub use pacer::Pacer;
 pub use sched::{
     allocations, CarrierScheduler, MemberId, MemberRates, ACTIVITY_WINDOW, DEMAND_HEADROOM,
 };
-pub use stats::{SecurityCounts, Stats};
+pub use security::SecurityCounts;
+pub use stats::Stats;
 
 /// Version carried in HELLO and in front of every handshake message; peers with another
 /// version do not associate. 2: connection IDs.

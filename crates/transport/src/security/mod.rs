@@ -2,10 +2,12 @@
 //! start and at every rekey, then ChaCha20-Poly1305 per packet with the packet number as
 //! nonce. Layout and rules: docs/PROTOCOL.md, "Security".
 
+mod counts;
 mod keys;
 
 use std::time::Duration;
 
+pub use counts::SecurityCounts;
 pub use keys::{private_key_from_random, public_key, KEY_LEN};
 
 /// What a gateway needs to authenticate its peer and protect the tunnel.
@@ -126,7 +128,7 @@ pub(crate) enum DropReason {
 }
 
 impl DropReason {
-    pub(crate) fn count(self, c: &mut crate::stats::SecurityCounts) {
+    pub(crate) fn count(self, c: &mut SecurityCounts) {
         let n = match self {
             DropReason::Unauthenticated => &mut c.unauthenticated,
             DropReason::Replayed => &mut c.replayed,
