@@ -5,7 +5,6 @@
 use crate::codec::{put_uint, put_varint, DecodeError, Reader};
 use crate::frame::{decode_payload, Frame, ImplicitData};
 use crate::ids::ConnectionId;
-use crate::security::AeadOffer;
 
 /// First-byte flag: long header (handshake) when set.
 pub const LONG_HEADER_BIT: u8 = 0x80;
@@ -157,6 +156,57 @@ impl Hello {
         // Trailing bytes are reserved for future parameters and ignored.
         r.rest();
         Ok(hello)
+    }
+}
+
+/// Most AEAD identifiers an offer carries; longer offers are refused as malformed.
+pub const MAX_OFFERED: usize = 8;
+
+/// The AEADs a HELLO's sender accepts, as identifiers, most preferred first. Identifiers
+/// this build does not know are kept (a newer peer may offer them). What each one names and
+/// which AEAD two offers settle on is the security layer's (`security::negotiate`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AeadOffer {
+    ids: [u8; MAX_OFFERED],
+    len: u8,
+}
+
+impl AeadOffer {
+    /// `ids`: 1..=[`MAX_OFFERED`] identifiers, most preferred first.
+    pub(crate) fn from_ids(ids: &[u8]) -> Self {
+        debug_assert!((1..=MAX_OFFERED).contains(&ids.len()));
+        let len = ids.len().min(MAX_OFFERED);
+        let mut offer = AeadOffer {
+            ids: [0; MAX_OFFERED],
+            len: len as u8,
+        };
+        offer.ids[..len].copy_from_slice(&ids[..len]);
+        offer
+    }
+
+    pub(crate) fn ids(&self) -> &[u8] {
+        &self.ids[..usize::from(self.len)]
+    }
+
+    /// `u8 count | count × u8 identifier`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.len);
+        out.extend_from_slice(self.ids());
+    }
+
+    pub fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let len = usize::from(r.u8()?);
+        if len == 0 || len > MAX_OFFERED {
+            return Err(DecodeError::Invalid("AEAD offer length"));
+        }
+        let mut ids = [0u8; MAX_OFFERED];
+        for slot in &mut ids[..len] {
+            *slot = r.u8()?;
+        }
+        Ok(AeadOffer {
+            ids,
+            len: len as u8,
+        })
     }
 }
 

@@ -73,13 +73,14 @@ mod macs;
 mod negotiate;
 mod replay;
 
+pub use crate::packet::{AeadOffer, MAX_OFFERED};
 pub use aead::{PacketProtection, TAG_LEN};
 pub use cookie::COOKIE_SECRET_LIFETIME;
 pub use limiter::{
     InitiationMemory, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST,
     PER_SOURCE_PER_SECOND, RECENT_INITIATIONS,
 };
-pub use negotiate::{hardware_aes, negotiate, AeadOffer, MAX_OFFERED};
+pub use negotiate::{hardware_aes, negotiate};
 pub use replay::REPLAY_WINDOW;
 
 use std::time::Instant;
