@@ -12,22 +12,17 @@ use std::time::{Duration, Instant};
 
 use crate::association::{Association, EndpointRouting, Role};
 use crate::config::{Config, ConfigError};
+use crate::ids::{ConnectionId, PeerId};
 use crate::packet::{
-    ConnectionId, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT,
-    LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_HELLO,
+    LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
+    LONG_TYPE_HELLO,
 };
 use crate::security::{
     cookie_dcid, init_mac1, init_mac1_ok, initiation_ephemeral, initiation_hello, parse_init,
     parse_reply, public_key, reply_mac1_ok, AcceptedInitiation, CookieJar, DropReason,
     EphemeralSource, HandshakeGuard, InitiationMemory, LocalIdentity, MacKeys, Responder,
-    SecurityConfig, SourceBudgets, TokenBucket, KEY_LEN,
+    SecurityConfig, SecurityCounts, SourceBudgets, TokenBucket, KEY_LEN,
 };
-use crate::stats::SecurityCounts;
-
-/// A configured peer, named by the caller: it keeps its id while it stays configured, and a
-/// removed peer's id is never given to another, so nothing keyed by it shifts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PeerId(pub u32);
 
 /// An association of one endpoint: the slot its connection ID names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -4,10 +4,6 @@
 use crate::frame::{FlowMeta, ResetReason};
 use crate::stream::{RecvStream, SendStream};
 
-/// Identifies a flow within an association. Even ids are opened by the initiator role, odd by
-/// the responder, so both sides can open flows without coordination.
-pub type FlowId = u64;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenState {
     /// Opened by the peer: nothing to send.

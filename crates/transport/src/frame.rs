@@ -4,7 +4,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 
 use crate::codec::{expand_truncated, put_uint, put_varint, varint_len, DecodeError, Reader};
-use crate::packet::ShortHeader;
 
 pub const TYPE_PADDING: u8 = 0x00;
 pub const TYPE_PING: u8 = 0x01;
@@ -282,17 +281,26 @@ impl Frame<'_> {
     }
 }
 
+/// A packet whose payload is exactly one DATA frame carries that frame's flags in the header
+/// byte and omits the frame type and length: the "compressed" data packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImplicitData {
+    pub fin: bool,
+    /// Bytes of the truncated stream offset, 1..=4.
+    pub offset_len: usize,
+}
+
 /// Decodes a short packet's whole (already unprotected) payload with the receive path's
-/// rules: an implicit-data header means the payload is that one DATA frame; otherwise at
-/// least one frame, each complete. Everything is parsed before anything is applied, so a
+/// rules: implicit data from the header means the payload is that one DATA frame; otherwise
+/// at least one frame, each complete. Everything is parsed before anything is applied, so a
 /// packet that fails here changes no state. Public so fuzzers and tests reach exactly the
 /// parser hostile datagrams reach.
 pub fn decode_payload<'a>(
     payload: &'a [u8],
-    header: &ShortHeader,
+    implicit_data: Option<ImplicitData>,
 ) -> Result<Vec<Frame<'a>>, DecodeError> {
     let mut r = Reader::new(payload);
-    if let Some(d) = header.implicit_data {
+    if let Some(d) = implicit_data {
         return Ok(vec![Frame::decode_implicit_data(
             &mut r,
             d.fin,

@@ -14,6 +14,7 @@ pub mod datagram_size;
 pub mod endpoint;
 mod flow;
 pub mod frame;
+pub mod ids;
 pub mod loss;
 mod pacer;
 pub mod packet;
@@ -28,17 +29,18 @@ mod stream;
 pub use association::{Association, Event, FlowError, LostReason, OpenError, ReadOutcome, Role};
 pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, SizeMode, VegasParams};
 pub use endpoint::{
-    AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerId, PeerIdentity,
+    AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerIdentity,
     PeerTableError, RemovedPeer, ENDPOINT_HANDSHAKES_PER_SECOND, ENDPOINT_HANDSHAKE_BURST,
 };
-pub use flow::FlowId;
 pub use frame::{FlowMeta, ResetReason};
+pub use ids::{FlowId, PeerId};
 pub use loss::LossCounts;
 pub use pacer::Pacer;
 pub use sched::{
     allocations, CarrierScheduler, MemberId, MemberRates, ACTIVITY_WINDOW, DEMAND_HEADROOM,
 };
-pub use stats::{SecurityCounts, Stats};
+pub use security::SecurityCounts;
+pub use stats::Stats;
 
 /// Version carried in HELLO and in front of every handshake message; peers with another
 /// version do not associate. 2: connection IDs.

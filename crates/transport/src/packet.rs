@@ -3,8 +3,8 @@
 //! Layout: docs/PROTOCOL.md.
 
 use crate::codec::{put_uint, put_varint, DecodeError, Reader};
-use crate::frame::{decode_payload, Frame};
-use crate::security::AeadOffer;
+use crate::frame::{decode_payload, Frame, ImplicitData};
+use crate::ids::ConnectionId;
 
 /// First-byte flag: long header (handshake) when set.
 pub const LONG_HEADER_BIT: u8 = 0x80;
@@ -27,82 +27,6 @@ const IMPLICIT_DATA_BIT: u8 = 0x08;
 const IMPLICIT_OFFSET_LEN_SHIFT: u8 = 1;
 const IMPLICIT_OFFSET_LEN_MASK: u8 = 0x06;
 const IMPLICIT_FIN_BIT: u8 = 0x01;
-
-/// Longest connection ID the wire format can carry.
-pub const MAX_CID_LEN: usize = 8;
-
-/// A connection ID: chosen by the receiver of the packets that carry it, so it can find the
-/// association before it knows the sender. Zero bytes at a gateway with one peer.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct ConnectionId {
-    len: u8,
-    bytes: [u8; MAX_CID_LEN],
-}
-
-impl ConnectionId {
-    pub const EMPTY: ConnectionId = ConnectionId {
-        len: 0,
-        bytes: [0; MAX_CID_LEN],
-    };
-
-    /// `None` if `bytes` is longer than [`MAX_CID_LEN`].
-    pub fn new(bytes: &[u8]) -> Option<Self> {
-        let mut cid = ConnectionId::EMPTY;
-        cid.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
-        cid.len = bytes.len() as u8;
-        Some(cid)
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
-
-    pub fn len(&self) -> usize {
-        usize::from(self.len)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Reads a connection ID of a length the reader already knows (a short header's DCID).
-    pub fn read(r: &mut Reader<'_>, len: usize) -> Result<Self, DecodeError> {
-        if len > MAX_CID_LEN {
-            return Err(DecodeError::Invalid("connection ID too long"));
-        }
-        ConnectionId::new(r.bytes(len)?).ok_or(DecodeError::Invalid("connection ID too long"))
-    }
-
-    /// Reads a length-prefixed connection ID (HELLO, INIT).
-    pub fn read_prefixed(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let len = usize::from(r.u8()?);
-        Self::read(r, len)
-    }
-
-    pub fn write_prefixed(&self, out: &mut Vec<u8>) {
-        out.push(self.len);
-        out.extend_from_slice(self.as_slice());
-    }
-}
-
-impl std::fmt::Debug for ConnectionId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "cid:")?;
-        for b in self.as_slice() {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-/// A packet whose payload is exactly one DATA frame carries that frame's flags in the header
-/// byte and omits the frame type and length: the "compressed" data packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImplicitData {
-    pub fin: bool,
-    /// Bytes of the truncated stream offset, 1..=4.
-    pub offset_len: usize,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShortHeader {
@@ -235,6 +159,57 @@ impl Hello {
     }
 }
 
+/// Most AEAD identifiers an offer carries; longer offers are refused as malformed.
+pub const MAX_OFFERED: usize = 8;
+
+/// The AEADs a HELLO's sender accepts, as identifiers, most preferred first. Identifiers
+/// this build does not know are kept (a newer peer may offer them). What each one names and
+/// which AEAD two offers settle on is the security layer's (`security::negotiate`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AeadOffer {
+    ids: [u8; MAX_OFFERED],
+    len: u8,
+}
+
+impl AeadOffer {
+    /// `ids`: 1..=[`MAX_OFFERED`] identifiers, most preferred first.
+    pub(crate) fn from_ids(ids: &[u8]) -> Self {
+        debug_assert!((1..=MAX_OFFERED).contains(&ids.len()));
+        let len = ids.len().min(MAX_OFFERED);
+        let mut offer = AeadOffer {
+            ids: [0; MAX_OFFERED],
+            len: len as u8,
+        };
+        offer.ids[..len].copy_from_slice(&ids[..len]);
+        offer
+    }
+
+    pub(crate) fn ids(&self) -> &[u8] {
+        &self.ids[..usize::from(self.len)]
+    }
+
+    /// `u8 count | count × u8 identifier`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.len);
+        out.extend_from_slice(self.ids());
+    }
+
+    pub fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let len = usize::from(r.u8()?);
+        if len == 0 || len > MAX_OFFERED {
+            return Err(DecodeError::Invalid("AEAD offer length"));
+        }
+        let mut ids = [0u8; MAX_OFFERED];
+        for slot in &mut ids[..len] {
+            *slot = r.u8()?;
+        }
+        Ok(AeadOffer {
+            ids,
+            len: len as u8,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Header {
     Short(ShortHeader),
@@ -290,7 +265,7 @@ pub fn parse_packet_with_cid(
         Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply | Header::Cookie => {
             Vec::new()
         }
-        Header::Short(s) => decode_payload(r.rest(), s)?,
+        Header::Short(s) => decode_payload(r.rest(), s.implicit_data)?,
     };
     Ok((header, frames))
 }

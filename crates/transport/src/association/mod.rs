@@ -16,14 +16,13 @@ use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController, S
 use crate::codec::{expand_truncated, truncation_len, Reader};
 use crate::config::{Config, ConfigError, LossCause};
 use crate::datagram_size::{DatagramSizer, HEADER};
-use crate::endpoint::PeerId;
-use crate::flow::{Flow, FlowId, OpenState, ResetState};
-use crate::frame::{self, AckFrame, FlowMeta, Frame, ResetReason};
+use crate::flow::{Flow, OpenState, ResetState};
+use crate::frame::{self, AckFrame, FlowMeta, Frame, ImplicitData, ResetReason};
+use crate::ids::{ConnectionId, FlowId, PeerId};
 use crate::loss::LossClassifier;
 use crate::pacer::Pacer;
 use crate::packet::{
-    decode_header, decode_header_with_cid, ConnectionId, Header, Hello, HelloParams, ImplicitData,
-    ShortHeader,
+    decode_header, decode_header_with_cid, Header, Hello, HelloParams, ShortHeader,
 };
 use crate::range_set::RangeSet;
 use crate::rtt::RttEstimator;

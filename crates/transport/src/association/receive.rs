@@ -723,5 +723,5 @@ pub(super) fn parse_frames<'a>(
     header: ShortHeader,
 ) -> Result<Vec<Frame<'a>>, crate::codec::DecodeError> {
     // One decoder for the receive path and the fuzz targets.
-    frame::decode_payload(payload, &header)
+    frame::decode_payload(payload, header.implicit_data)
 }

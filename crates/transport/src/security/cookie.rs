@@ -15,7 +15,8 @@ use rand_chacha::ChaCha20Rng;
 use super::handshake::versioned_body;
 use super::macs::{self, init_mac2_ok, MacKeys, Tag, MAC_LEN};
 use super::KEY_LEN;
-use crate::packet::{ConnectionId, LONG_HEADER_BIT, LONG_TYPE_COOKIE};
+use crate::ids::ConnectionId;
+use crate::packet::{LONG_HEADER_BIT, LONG_TYPE_COOKIE};
 use crate::PROTOCOL_VERSION;
 
 /// How long a cookie secret is used for new cookies; cookies under the one before are still

@@ -13,9 +13,9 @@ use super::aead::{PacketKey, PacketProtection};
 use super::macs::{INIT_MACS, REPLY_MACS};
 use super::{LocalIdentity, KEY_LEN};
 use crate::codec::Reader;
+use crate::ids::ConnectionId;
 use crate::packet::{
-    ConnectionId, HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT,
-    LONG_TYPE_HANDSHAKE_REPLY,
+    HANDSHAKE_HEADER_LEN, LONG_HEADER_BIT, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
 };
 use crate::PROTOCOL_VERSION;
 

@@ -2,10 +2,12 @@
 //! start and at every rekey, then ChaCha20-Poly1305 per packet with the packet number as
 //! nonce. Layout and rules: docs/PROTOCOL.md, "Security".
 
+mod counts;
 mod keys;
 
 use std::time::Duration;
 
+pub use counts::SecurityCounts;
 pub use keys::{private_key_from_random, public_key, KEY_LEN};
 
 /// What a gateway needs to authenticate its peer and protect the tunnel.
@@ -71,19 +73,21 @@ mod macs;
 mod negotiate;
 mod replay;
 
+pub use crate::packet::{AeadOffer, MAX_OFFERED};
 pub use aead::{PacketProtection, TAG_LEN};
 pub use cookie::COOKIE_SECRET_LIFETIME;
 pub use limiter::{
     InitiationMemory, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST,
     PER_SOURCE_PER_SECOND, RECENT_INITIATIONS,
 };
-pub use negotiate::{hardware_aes, negotiate, AeadOffer, MAX_OFFERED};
+pub use negotiate::{hardware_aes, negotiate};
 pub use replay::REPLAY_WINDOW;
 
 use std::time::Instant;
 
 use crate::codec::{expand_truncated, Reader};
-use crate::packet::{decode_header, ConnectionId, Header, Hello, ShortHeader};
+use crate::ids::ConnectionId;
+use crate::packet::{decode_header, Header, Hello, ShortHeader};
 use aead::PacketKey;
 pub(crate) use cookie::{cookie_dcid, CookieJar};
 pub(crate) use handshake::{
@@ -125,7 +129,7 @@ pub(crate) enum DropReason {
 }
 
 impl DropReason {
-    pub(crate) fn count(self, c: &mut crate::stats::SecurityCounts) {
+    pub(crate) fn count(self, c: &mut SecurityCounts) {
         let n = match self {
             DropReason::Unauthenticated => &mut c.unauthenticated,
             DropReason::Replayed => &mut c.replayed,

@@ -6,10 +6,7 @@
 use std::fmt;
 
 use super::aead::PacketProtection;
-use crate::codec::{DecodeError, Reader};
-
-/// Most AEAD identifiers an offer carries; longer offers are refused as malformed.
-pub const MAX_OFFERED: usize = 8;
+use crate::packet::{AeadOffer, MAX_OFFERED};
 
 const ID_CHACHA20_POLY1305: u8 = 1;
 const ID_AES_256_GCM: u8 = 2;
@@ -46,14 +43,8 @@ impl fmt::Display for PacketProtection {
     }
 }
 
-/// The AEADs one side accepts, most preferred first. Identifiers this build does not know
-/// are kept (a newer peer may offer them) and never chosen.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AeadOffer {
-    ids: [u8; MAX_OFFERED],
-    len: u8,
-}
-
+// An offer keeps identifiers this build does not know (a newer peer may offer them); they
+// have no rank, so they are never chosen.
 impl AeadOffer {
     /// Both AEADs, AES-256-GCM first only where this CPU has AES instructions (without
     /// them it is several times slower than ChaCha20-Poly1305).
@@ -87,40 +78,12 @@ impl AeadOffer {
         for (slot, p) in ids.iter_mut().zip(preference) {
             *slot = p.id();
         }
-        AeadOffer {
-            ids,
-            len: preference.len() as u8,
-        }
-    }
-
-    fn ids(&self) -> &[u8] {
-        &self.ids[..usize::from(self.len)]
+        AeadOffer::from_ids(&ids[..preference.len()])
     }
 
     /// Rank of `p` in this offer (0 = most preferred), if offered.
     fn rank(&self, p: PacketProtection) -> Option<usize> {
         self.ids().iter().position(|&id| id == p.id())
-    }
-
-    /// `u8 count | count × u8 identifier`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        out.push(self.len);
-        out.extend_from_slice(self.ids());
-    }
-
-    pub fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let len = usize::from(r.u8()?);
-        if len == 0 || len > MAX_OFFERED {
-            return Err(DecodeError::Invalid("AEAD offer length"));
-        }
-        let mut ids = [0u8; MAX_OFFERED];
-        for slot in &mut ids[..len] {
-            *slot = r.u8()?;
-        }
-        Ok(AeadOffer {
-            ids,
-            len: len as u8,
-        })
     }
 }
 
@@ -177,6 +140,7 @@ pub fn hardware_aes() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::Reader;
     use PacketProtection::{Aes256Gcm as Aes, ChaCha20Poly1305 as ChaCha};
 
     fn both_ways(a: AeadOffer, b: AeadOffer) -> Option<PacketProtection> {
