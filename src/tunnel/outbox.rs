@@ -61,6 +61,10 @@ impl Outbox {
         self.datagrams.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.datagrams.is_empty()
+    }
+
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.datagrams.clear();
