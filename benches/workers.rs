@@ -91,8 +91,8 @@ struct MemorySource {
 impl pepd::tunnel::driver::FlowAcceptor for MemorySource {
     fn accept(
         &self,
-        link: Arc<pepd::tunnel::conn::PeerLink>,
-        flow: pepd::tunnel::conn::FlowRef,
+        peer: Arc<pepd::tunnel::peer::Peer>,
+        flow: pepd::tunnel::peer::FlowRef,
         _: FlowMeta,
         charge: pepd::tunnel::memory::FlowCharge,
     ) {
@@ -100,12 +100,12 @@ impl pepd::tunnel::driver::FlowAcceptor for MemorySource {
             let _charge = charge;
             let buf = vec![0x5a; 64 * 1024];
             loop {
-                match link.write_room(&flow) {
+                match peer.write_room(&flow) {
                     Err(_) => return,
                     // The driver's notify_one leaves a permit if it comes first.
                     Ok(0) => flow.signal.notify.notified().await,
                     Ok(room) => {
-                        if link.write(&flow, &buf[..room.min(buf.len())]).is_err() {
+                        if peer.write(&flow, &buf[..room.min(buf.len())]).is_err() {
                             return;
                         }
                     }
@@ -204,7 +204,7 @@ fn hub_config(
 ) -> String {
     let mut c = format!(
         "[tunnel]\nside = \"hub\"\nbind = \"127.0.0.1:0\"\nworkers = {workers}\n\n\
-         [link]\ntx_rate = {rate_bps}\nrx_rate = {rate_bps}\n\n\
+         [peer]\ntx_rate = {rate_bps}\nrx_rate = {rate_bps}\n\n\
          [intercept]\nlisten = [\"127.0.0.1:1\"]\n\n[limits]\nmemory_budget = \"2GiB\"\n\n\
          [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
          [security]\nprivate_key_file = {key_file:?}\n"

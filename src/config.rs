@@ -176,7 +176,7 @@ pub enum Side {
 /// The `[peer]` table of a pair of gateways.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct PeerConfig {
+pub struct PairConfig {
     /// The peer gateway's tunnel address (UDP).
     pub address: SocketAddr,
     /// Local tunnel address; defaults to the unspecified address of the peer's family on

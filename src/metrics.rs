@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::tunnel::conn::AssociationState;
+use crate::tunnel::peer::AssociationState;
 
 use pep_transport::security::PacketProtection;
 use prometheus_client::collector::Collector;
@@ -557,7 +557,7 @@ impl Collector for SnapshotCollector {
             "Flows holding their share of a contended send budget, not reading from their \
              TCP side until the peer acknowledges some of it",
             None,
-            st.flows_waiting_for_share,
+            st.flows_waiting_for_quota,
         )?;
         peers::encode(e, &s.peers)
     }

@@ -5,13 +5,13 @@
 //! [`driver::FlowAcceptor`].
 
 pub mod carrier;
-pub mod conn;
 pub mod driver;
 mod droplog;
 pub mod flowcount;
 pub mod gateway;
 pub mod memory;
 pub mod outbox;
+pub mod peer;
 pub mod peer_table;
 pub mod routes;
 pub mod setup;

@@ -27,8 +27,8 @@ pub const CHUNK: usize = 64 * 1024;
 /// (about 2.5 KiB); the rest is headroom for allocator rounding and map growth.
 pub const PER_FLOW: u64 = 4 * 1024;
 
-/// Read buffer each runtime worker thread lends to the relays it runs (CHUNK).
-pub const SCRATCH_PER_WORKER: u64 = CHUNK as u64;
+/// Read buffer each runtime thread lends to the relays it runs (CHUNK).
+pub const SCRATCH_PER_RUNTIME_THREAD: u64 = CHUNK as u64;
 
 /// The driver's receive batch (64 datagrams of up to 64 KiB each; with GRO fewer, larger
 /// buffers in no more memory, each holding a coalesced batch).
@@ -39,9 +39,9 @@ pub const DAEMON_STATE: u64 = 256 * 1024;
 
 /// The part of the budget that does not depend on the traffic: the driver's batches
 /// (receive, and up to twice a batch of `mtu`-sized datagrams to send), one scratch buffer
-/// per worker thread and the daemon's state.
+/// per runtime thread and the daemon's state.
 pub fn fixed(mtu: usize, workers: usize) -> u64 {
-    driver_buffers(mtu) + SCRATCH_PER_WORKER * workers as u64 + DAEMON_STATE
+    driver_buffers(mtu) + SCRATCH_PER_RUNTIME_THREAD * workers as u64 + DAEMON_STATE
 }
 
 /// The daemon's fixed memory with `drivers` drivers (a hub's `tunnel.workers`, 1 otherwise),
@@ -93,7 +93,7 @@ pub fn implied(budget: u64, receive_reserve: u64, fixed: u64, max_flows: u64) ->
 
 impl PepdConfig {
     /// What the limits imply for memory on this host (the fixed part counts one read
-    /// buffer per CPU, as the daemon's runtime has one worker thread each).
+    /// buffer per CPU, as the daemon's runtime has one thread each).
     pub fn memory_implied(&self) -> Implied {
         let t = self.transport();
         implied(

@@ -11,7 +11,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{BitRate, Cidr, PeerConfig, PepdConfig, Side, DEFAULT_TUNNEL_PORT};
+use super::{BitRate, Cidr, PairConfig, PepdConfig, Side, DEFAULT_TUNNEL_PORT};
 use crate::config::keys::KEY_LEN;
 
 /// Most `[[peer]]` entries one gateway takes: a hub's connection IDs have room for 8 × 8192
@@ -29,7 +29,7 @@ pub const MAX_NAME_LEN: usize = 32;
 pub enum Peers {
     /// `[peer]`: side and bind in the table, the key in `security.peer_public_key`, the
     /// rates in `[link]`.
-    Pair(PeerConfig),
+    Pair(PairConfig),
     /// `[[peer]]`: side and bind in `[tunnel]`, everything else per entry.
     List(Vec<PeerEntry>),
 }
@@ -120,7 +120,7 @@ impl<'de> Visitor<'de> for PeersVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Peers, A::Error> {
-        PeerConfig::deserialize(MapAccessDeserializer::new(map)).map(Peers::Pair)
+        PairConfig::deserialize(MapAccessDeserializer::new(map)).map(Peers::Pair)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Peers, A::Error> {

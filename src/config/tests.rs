@@ -14,7 +14,7 @@ const HUB_SPOKE: &str = include_str!("../../config/hub-spoke.toml");
 
 /// The `[peer]` table of a config in the pair form.
 #[track_caller]
-fn pair(c: &PepdConfig) -> &PeerConfig {
+fn pair(c: &PepdConfig) -> &PairConfig {
     match &c.peer {
         Peers::Pair(p) => p,
         Peers::List(_) => panic!("not the pair form"),

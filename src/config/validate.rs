@@ -11,7 +11,7 @@ use super::error::{sort_by_position, Position};
 use super::peers::{self, PeerEntry, MAX_NAME_LEN, MAX_PEERS};
 use super::units::approx;
 use super::{
-    BitRate, Cidr, ConfigError, Diagnostic, PeerConfig, Peers, PepdConfig, SecurityMode, Side,
+    BitRate, Cidr, ConfigError, Diagnostic, PairConfig, Peers, PepdConfig, SecurityMode, Side,
     SourceMap,
 };
 
@@ -228,7 +228,7 @@ impl PepdConfig {
         );
     }
 
-    fn check_peer(&self, pair: &PeerConfig, c: &mut Checker<'_>) {
+    fn check_peer(&self, pair: &PairConfig, c: &mut Checker<'_>) {
         let addr = pair.address;
         check_peer_address(c, "peer.address", addr);
         if let Some(bind) = pair.bind {

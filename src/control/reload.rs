@@ -11,8 +11,8 @@ use tracing::{info, warn};
 
 use crate::config::{LoadedSecurity, PeerEntry, Peers, PepdConfig};
 use crate::proxy::live::{Live, LiveRef};
-use crate::tunnel::conn::{PeerLink, ShareRates};
 use crate::tunnel::gateway::Gateway;
+use crate::tunnel::peer::{Peer, ShareRates};
 use crate::tunnel::peer_table::{PeerChange, PeerTable};
 use changes::{LiveSetting, Setting};
 
@@ -97,9 +97,9 @@ fn apply_live(
             // Each peer's own `tx_rate` caps it; the `[peer]` table's is `link.tx_rate`. A
             // peer the reload removes keeps its rate to its end.
             let specs = new.peer_specs();
-            for link in &gateway.links() {
-                let spec = specs.iter().find(|p| *p.name == *link.name);
-                link.set_tx_rate(spec.map_or(new.link.tx_rate.bps(), |p| p.tx_bps));
+            for peer in &gateway.peers() {
+                let spec = specs.iter().find(|p| *p.name == *peer.name);
+                peer.set_tx_rate(spec.map_or(new.link.tx_rate.bps(), |p| p.tx_bps));
             }
             // With `[[peer]]` entries the driver shares the new carrier from its next
             // refresh of the ceilings.
@@ -110,8 +110,8 @@ fn apply_live(
         }
         LiveSetting::AckPolicy => {
             let ack = new.transport().ack;
-            for link in &gateway.links() {
-                with_assoc(link, |a| a.set_ack_policy(ack));
+            for peer in &gateway.peers() {
+                with_assoc(peer, |a| a.set_ack_policy(ack));
             }
             running.transport.ack_every_packets = new.transport.ack_every_packets;
             running.transport.ack_max_delay = new.transport.ack_max_delay;
@@ -128,9 +128,9 @@ fn apply_live(
             }
             // A peer's own `max_flows` stays below the gateway's; the others follow it.
             let specs = new.peer_specs();
-            for link in &gateway.links() {
-                let spec = specs.iter().find(|p| *p.name == *link.name);
-                link.set_max_flows(spec.map_or(served, |p| p.max_flows.min(served)));
+            for peer in &gateway.peers() {
+                let spec = specs.iter().find(|p| *p.name == *peer.name);
+                peer.set_max_flows(spec.map_or(served, |p| p.max_flows.min(served)));
             }
             gateway.open_flows.set_max(served);
             running.limits.max_flows = served;
@@ -141,10 +141,10 @@ fn apply_live(
             // One budget for the gateway; each peer's share of the send side follows it.
             let budget = new.limits.memory_budget.bytes();
             gateway.memory.set_budget(budget);
-            let links = gateway.links();
-            let share = crate::tunnel::memory::peer_send_share(budget, links.len());
-            for link in &links {
-                link.set_send_budget(share);
+            let peers = gateway.peers();
+            let share = crate::tunnel::memory::peer_send_quota(budget, peers.len());
+            for peer in &peers {
+                peer.set_send_budget(share);
             }
             running.limits.memory_budget = new.limits.memory_budget;
         }
@@ -184,54 +184,54 @@ fn apply_peers(
     };
     let table = gateway.peers.table();
     let specs = new.peer_specs();
-    let mut links = Vec::with_capacity(specs.len());
+    let mut peers = Vec::with_capacity(specs.len());
     let mut kept: HashSet<PeerId> = HashSet::new();
     let mut added = Vec::new();
     for (entry, spec) in entries.iter().zip(&specs) {
         let running_entry = old.iter().find(|o| o.name == entry.name);
-        let link = table.links.iter().find(|l| *l.name == entry.name);
-        match (running_entry, link) {
-            (Some(o), Some(link)) if same_peer(o, entry) => {
+        let peer = table.peers.iter().find(|l| *l.name == entry.name);
+        match (running_entry, peer) {
+            (Some(o), Some(peer)) if same_peer(o, entry) => {
                 if rates_changed(o, entry) {
-                    link.set_tx_rate(spec.tx_bps);
-                    link.set_keepalive(spec.keepalive);
-                    link.set_share_rates(ShareRates {
+                    peer.set_tx_rate(spec.tx_bps);
+                    peer.set_keepalive(spec.keepalive);
+                    peer.set_share_rates(ShareRates {
                         min_bps: spec.min_bps,
                         weight: spec.weight,
                     });
                 }
                 if o.max_flows != entry.max_flows {
-                    link.set_max_flows(spec.max_flows.min(running.limits.max_flows));
+                    peer.set_max_flows(spec.max_flows.min(running.limits.max_flows));
                 }
-                kept.insert(link.peer);
-                links.push(link.clone());
+                kept.insert(peer.id);
+                peers.push(peer.clone());
             }
             _ => {
                 let id = gateway.peers.fresh_id();
                 let peer = crate::tunnel::setup::new_peer(running, security, spec, id, gateway);
-                links.push(peer.link.clone());
+                peers.push(peer.peer.clone());
                 added.push(peer);
             }
         }
     }
-    let removed: Vec<Arc<PeerLink>> = table
-        .links
+    let removed: Vec<Arc<Peer>> = table
+        .peers
         .iter()
-        .filter(|l| !kept.contains(&l.peer))
+        .filter(|l| !kept.contains(&l.id))
         .cloned()
         .collect();
     if !added.is_empty() || !removed.is_empty() {
-        let names = |links: &mut dyn Iterator<Item = &Arc<PeerLink>>| -> Vec<String> {
-            links.map(|l| l.name.to_string()).collect()
+        let names = |peers: &mut dyn Iterator<Item = &Arc<Peer>>| -> Vec<String> {
+            peers.map(|l| l.name.to_string()).collect()
         };
         info!(
-            added = ?names(&mut added.iter().map(|p| &p.link)),
+            added = ?names(&mut added.iter().map(|p| &p.peer)),
             removed = ?names(&mut removed.iter()),
             "peers changed; the others' flows carry on"
         );
         gateway
             .peers
-            .replace(PeerTable::new(links, specs), PeerChange { removed, added });
+            .replace(PeerTable::new(peers, specs), PeerChange { removed, added });
         gateway.workers.wake_all();
     }
     running.peer = new.peer.clone();
@@ -252,12 +252,12 @@ fn rates_changed(old: &PeerEntry, new: &PeerEntry) -> bool {
         || old.keepalive != new.keepalive
 }
 
-/// Changes a link's association, if it has one yet, and has the driver look at it again.
-fn with_assoc(link: &PeerLink, f: impl FnOnce(&mut pep_transport::Association)) {
-    if let Some(a) = link.lock().assoc.as_mut() {
+/// Changes a peer's association, if it has one yet, and has the driver look at it again.
+fn with_assoc(peer: &Peer, f: impl FnOnce(&mut pep_transport::Association)) {
+    if let Some(a) = peer.lock().assoc.as_mut() {
         f(a);
     }
-    link.wake();
+    peer.wake();
 }
 
 #[cfg(test)]
@@ -273,9 +273,9 @@ mod tests {
     fn names_and_ids(gateway: &Gateway) -> Vec<(String, u32)> {
         let table = gateway.peers.table();
         table
-            .links
+            .peers
             .iter()
-            .map(|l| (l.name.to_string(), l.peer.0))
+            .map(|l| (l.name.to_string(), l.id.0))
             .collect()
     }
 
@@ -326,7 +326,7 @@ mod tests {
         let (changes, table) = gateway.peers.take_changes(0).expect("a change");
         assert_eq!(changes.len(), 1);
         let removed: Vec<&str> = changes[0].removed.iter().map(|l| &*l.name).collect();
-        let added: Vec<&str> = changes[0].added.iter().map(|p| &*p.link.name).collect();
+        let added: Vec<&str> = changes[0].added.iter().map(|p| &*p.peer.name).collect();
         assert_eq!(removed, ["ship-7", "cell-12"]);
         assert_eq!(added, ["cell-12", "buoy-1"]);
         let route = |ip: &str| table.routes.lookup(ip.parse().expect("ip"));
@@ -347,9 +347,9 @@ mod tests {
     fn a_peer_s_max_flows_applies_to_its_running_association() {
         let (start, security, gateway) = hub_spoke();
         let max_flows = |name: &str| {
-            let link = gateway.links().into_iter().find(|l| *l.name == *name);
-            let link = link.expect("the peer");
-            let st = link.lock();
+            let peer = gateway.peers().into_iter().find(|l| *l.name == *name);
+            let peer = peer.expect("the peer");
+            let st = peer.lock();
             st.assoc.as_ref().map(|a| a.config().max_flows)
         };
         // rig-3 sets its own; cell-12 takes `limits.max_flows`; ship-7 has no association

@@ -18,9 +18,9 @@ use crate::proxy::intercept::{accept_loop, Interception};
 use crate::proxy::live::{Live, LiveRef};
 use crate::proxy::tproxy;
 use crate::sys::notify::Notifier;
-use crate::tunnel::conn::AssociationState;
 use crate::tunnel::driver::FlowAcceptor;
 use crate::tunnel::gateway::Gateway;
+use crate::tunnel::peer::AssociationState;
 use crate::tunnel::sockets::tunnel_sockets;
 use crate::tunnel::spawn::start_drivers;
 
@@ -169,8 +169,8 @@ impl Daemon {
         while gateway.relays_active() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        for link in &gateway.links() {
-            link.counters.set_state(AssociationState::Closed);
+        for peer in &gateway.peers() {
+            peer.counters.set_state(AssociationState::Closed);
         }
         result
     }
@@ -243,8 +243,8 @@ async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
         tick.tick().await;
         let gateway = gateway.clone();
         let alive = tokio::task::spawn_blocking(move || {
-            for link in &gateway.links() {
-                drop(link.lock());
+            for peer in &gateway.peers() {
+                drop(peer.lock());
             }
         })
         .await;
@@ -257,9 +257,9 @@ async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
 /// SIGUSR1 logs the association's counters.
 async fn log_stats_on_sigusr1(gateway: Arc<Gateway>, mut usr1: tokio::signal::unix::Signal) {
     while usr1.recv().await.is_some() {
-        for link in &gateway.links() {
-            if let Some((stats, _, _)) = link.stats() {
-                info!(peer = %link.name, ?stats, "association statistics");
+        for peer in &gateway.peers() {
+            if let Some((stats, _, _)) = peer.stats() {
+                info!(peer = %peer.name, ?stats, "association statistics");
             }
         }
     }

@@ -12,7 +12,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
 use super::{dropped_by_reason, merged};
-use crate::tunnel::conn::AssociationState;
+use crate::tunnel::peer::AssociationState;
 
 /// One configured peer at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -4,8 +4,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::tunnel::conn::{AssociationState, LinkCounters, PeerLink};
 use crate::tunnel::gateway::Gateway;
+use crate::tunnel::peer::{AssociationState, Peer, PeerCounters};
 use crate::tunnel::workers::owner;
 
 use super::PeerSnapshot;
@@ -92,17 +92,17 @@ impl Snapshot {
     /// What the metrics endpoint serves at this instant.
     pub fn of(gateway: &Gateway) -> Snapshot {
         let (stats, send, recv) = gateway.stats();
-        let links = gateway.links();
-        let counters: Vec<&LinkCounters> = links
+        let peers = gateway.peers();
+        let counters: Vec<&PeerCounters> = peers
             .iter()
             .map(|l| &l.counters)
             .chain([gateway.retired_counters()])
             .collect();
-        let get = LinkCounters::get;
-        let sum = |f: fn(&LinkCounters) -> &AtomicU64| -> u64 {
+        let get = PeerCounters::get;
+        let sum = |f: fn(&PeerCounters) -> &AtomicU64| -> u64 {
             counters.iter().map(|c| get(f(c))).sum()
         };
-        let by_reason = |f: fn(&LinkCounters) -> Vec<(&'static str, u64)>| {
+        let by_reason = |f: fn(&PeerCounters) -> Vec<(&'static str, u64)>| {
             let mut total: Vec<(&'static str, u64)> = Vec::new();
             for c in &counters {
                 for (i, (label, n)) in f(c).into_iter().enumerate() {
@@ -117,8 +117,8 @@ impl Snapshot {
         let c = &gateway.counters;
         Snapshot {
             stats,
-            associations: links.iter().map(|l| l.counters.state()).collect(),
-            association_restarts: links
+            associations: peers.iter().map(|l| l.counters.state()).collect(),
+            association_restarts: peers
                 .iter()
                 .map(|l| get(&l.counters.associations_established).saturating_sub(1))
                 .sum::<u64>()
@@ -147,23 +147,23 @@ impl Snapshot {
             memory_budget_bytes: gateway.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             cookies_sent: c.endpoints().iter().map(|e| e.cookies_sent).sum(),
-            workers: worker_snapshots(gateway, &links),
+            workers: worker_snapshots(gateway, &peers),
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
-            peers: links.iter().map(|l| peer_snapshot(l)).collect(),
+            peers: peers.iter().map(|l| peer_snapshot(l)).collect(),
         }
     }
 }
 
-/// Each worker's associations (of `links`) and datagrams.
-fn worker_snapshots(gateway: &Gateway, links: &[Arc<PeerLink>]) -> Vec<WorkerSnapshot> {
+/// Each worker's associations (of `peers`) and datagrams.
+fn worker_snapshots(gateway: &Gateway, peers: &[Arc<Peer>]) -> Vec<WorkerSnapshot> {
     let count = gateway.workers.count();
     let mut held = vec![0u64; count];
-    for l in links {
+    for l in peers {
         if l.lock().assoc.is_some() {
-            held[owner(l.peer, count)] += 1;
+            held[owner(l.id, count)] += 1;
         }
     }
-    let get = LinkCounters::get;
+    let get = PeerCounters::get;
     gateway
         .workers
         .iter()
@@ -177,15 +177,15 @@ fn worker_snapshots(gateway: &Gateway, links: &[Arc<PeerLink>]) -> Vec<WorkerSna
         .collect()
 }
 
-/// One link's own series.
-fn peer_snapshot(link: &PeerLink) -> PeerSnapshot {
-    let c = &link.counters;
-    let get = LinkCounters::get;
+/// One peer's own series.
+fn peer_snapshot(peer: &Peer) -> PeerSnapshot {
+    let c = &peer.counters;
+    let get = PeerCounters::get;
     PeerSnapshot {
-        name: link.name.to_string(),
+        name: peer.name.to_string(),
         state: c.state(),
-        endpoint: link.remote(),
-        stats: link.stats().map(|(s, _, _)| s).unwrap_or_default(),
+        endpoint: peer.remote(),
+        stats: peer.stats().map(|(s, _, _)| s).unwrap_or_default(),
         flows_active: get(&c.relays_active),
         bytes_to_peer_total: get(&c.bytes_to_peer),
         bytes_from_peer_total: get(&c.bytes_from_peer),

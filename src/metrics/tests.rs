@@ -70,7 +70,7 @@ fn sample() -> Snapshot {
             probes_sent: 116,
             outages: 117,
             flows_open: 118,
-            flows_waiting_for_share: 164,
+            flows_waiting_for_quota: 164,
             flows_opened_total: 119,
             // Only in the per-peer series, where it names whose `max_flows` was full.
             flows_over_limit: 0,

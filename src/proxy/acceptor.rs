@@ -17,10 +17,10 @@ use crate::proxy::relay::{log_end, Relay};
 use crate::proxy::upstream;
 #[cfg(test)]
 use crate::proxy::upstream::UpstreamOptions;
-use crate::tunnel::conn::{FlowRef, LinkCounters, PeerLink};
 use crate::tunnel::driver::FlowAcceptor;
 use crate::tunnel::gateway::Gateway;
 use crate::tunnel::memory::FlowCharge;
+use crate::tunnel::peer::{FlowRef, Peer, PeerCounters};
 
 /// Connects flows the peer opened to their destination.
 pub struct UpstreamAcceptor {
@@ -36,44 +36,38 @@ impl UpstreamAcceptor {
     /// inbound check), to a destination no other peer is reached through, so one terminal
     /// cannot use the hub as a relay into another's LAN. The pair's one peer holds every
     /// address, so this never refuses there.
-    fn may_open(&self, link: &PeerLink, meta: &FlowMeta) -> bool {
+    fn may_open(&self, peer: &Peer, meta: &FlowMeta) -> bool {
         let table = self.gateway.peers.table();
         let routes = &table.routes;
-        let peer = link.peer;
+        let peer = peer.id;
         routes.admits(peer, meta.client.ip())
             && routes.lookup(meta.server.ip()).is_none_or(|p| p == peer)
     }
 }
 
 impl FlowAcceptor for UpstreamAcceptor {
-    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge) {
+    fn accept(&self, peer: Arc<Peer>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge) {
         let live = live::read(&self.live);
         if live.draining {
-            link.reset(&flow, ResetReason::ResourceLimit);
+            peer.reset(&flow, ResetReason::ResourceLimit);
             return;
         }
-        if !self.may_open(&link, &meta) {
+        if !self.may_open(&peer, &meta) {
             let c = &self.gateway.counters;
-            LinkCounters::add(&c.flows_refused, 1);
-            LinkCounters::add(&c.flows_isolated, 1);
-            warn!(peer = %link.name, client = %meta.client, server = %meta.server,
+            PeerCounters::add(&c.flows_refused, 1);
+            PeerCounters::add(&c.flows_isolated, 1);
+            warn!(peer = %peer.name, client = %meta.client, server = %meta.server,
                 "flow refused: the peer may not open it (isolation)");
-            link.reset(&flow, ResetReason::Refused);
+            peer.reset(&flow, ResetReason::Refused);
             return;
         }
         self.runtime
-            .spawn(from_peer(link, flow, meta, live, charge));
+            .spawn(from_peer(peer, flow, meta, live, charge));
     }
 }
 
 /// A flow the peer opened: the connect to its destination, then the relay.
-async fn from_peer(
-    link: Arc<PeerLink>,
-    flow: FlowRef,
-    meta: FlowMeta,
-    live: Live,
-    charge: FlowCharge,
-) {
+async fn from_peer(peer: Arc<Peer>, flow: FlowRef, meta: FlowMeta, live: Live, charge: FlowCharge) {
     let connected = tokio::select! {
         r = upstream::connect(&meta, &live.upstream) => r,
         // The client may give up (reset) while the connect is still pending.
@@ -82,7 +76,7 @@ async fn from_peer(
     match connected {
         Ok(tcp) => {
             let relay = Relay {
-                link,
+                peer,
                 flow,
                 tcp,
                 idle_timeout: live.idle,
@@ -95,10 +89,10 @@ async fn from_peer(
             log_end(id, meta.client, meta.server, end);
         }
         Err(f) => {
-            link.counters.connect_errors.add(f.reason);
+            peer.counters.connect_errors.add(f.reason);
             debug!(server = %meta.server, error = %f.error, reason = ?f.reason,
                 "upstream connect failed");
-            link.reset(&flow, f.reason);
+            peer.reset(&flow, f.reason);
         }
     }
 }
@@ -115,7 +109,7 @@ async fn wait_reset(flow: &FlowRef) {
 /// Each kind of flow task, not started, to weigh for the per-flow cost (memory.rs).
 #[cfg(test)]
 pub(crate) fn flow_tasks(
-    link: Arc<PeerLink>,
+    peer: Arc<Peer>,
     flow: FlowRef,
     tcp: tokio::net::TcpStream,
 ) -> (
@@ -140,10 +134,10 @@ pub(crate) fn flow_tasks(
         dscp: 0,
     };
     let gateway = Gateway::new(
-        crate::tunnel::peer_table::PeerTable::new(vec![link.clone()], Vec::new()),
+        crate::tunnel::peer_table::PeerTable::new(vec![peer.clone()], Vec::new()),
         0,
         Arc::new(tokio::sync::Notify::new()),
-        link.memory.clone(),
+        peer.memory.clone(),
         1,
     );
     let ctx = Arc::new(crate::proxy::intercept::Interception {
@@ -156,7 +150,7 @@ pub(crate) fn flow_tasks(
         server: meta.server,
         dscp: 0,
     };
-    let charge = link.charge_flow();
-    let peer = from_peer(link, flow, meta, live, charge);
+    let charge = peer.charge_flow();
+    let peer = from_peer(peer, flow, meta, live, charge);
     (crate::proxy::intercept::intercepted(ctx, conn), peer)
 }

@@ -14,8 +14,8 @@ use crate::proxy::bypass;
 use crate::proxy::live::{self, Live, LiveRef};
 use crate::proxy::relay::{abort_tcp, log_end, Relay};
 use crate::proxy::tproxy::{self, Intercepted};
-use crate::tunnel::conn::{LinkCounters, OpenRefused};
 use crate::tunnel::gateway::{Gateway, GatewayCounters};
+use crate::tunnel::peer::{OpenRefused, PeerCounters};
 
 /// How long an accepted connection may take to send its first bytes and still have them
 /// ride with the flow's open (clients that speak first do so within a LAN round trip).
@@ -45,12 +45,12 @@ pub async fn accept_loop(l: TcpListener, ctx: Arc<Interception>, mut stop: watch
                     tokio::spawn(intercepted(ctx.clone(), conn));
                 }
                 Err(e) => {
-                    LinkCounters::add(&ctx.gateway.counters.inspect_errors, 1);
+                    PeerCounters::add(&ctx.gateway.counters.inspect_errors, 1);
                     debug!(error = %e, "accepted connection vanished");
                 }
             },
             Err(e) => {
-                LinkCounters::add(&ctx.gateway.counters.accept_errors, 1);
+                PeerCounters::add(&ctx.gateway.counters.accept_errors, 1);
                 // Out of descriptors or memory: back off instead of spinning.
                 warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -67,7 +67,7 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
         dscp,
     } = conn;
     let counters = &ctx.gateway.counters;
-    LinkCounters::add(&counters.flows_intercepted, 1);
+    PeerCounters::add(&counters.flows_intercepted, 1);
     let _ = tcp.set_nodelay(true);
     let readable = tokio::time::timeout(FIRST_BYTES_WAIT, tcp.readable())
         .await
@@ -78,7 +78,7 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
         dscp,
     };
     let live = live::read(&ctx.live);
-    let link = ctx.gateway.route(server.ip());
+    let peer = ctx.gateway.route(server.ip());
     // The first bytes are read into this thread's scratch buffer and, from there, into the
     // flow's open, with no await between: nothing of them stays with the connection. Only
     // a connection the peers do not take keeps a copy, for the bypass to send.
@@ -90,14 +90,14 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
             Some(Err(_)) | None => (0, false),
         };
         let first = &buf[..first_len];
-        let opened = match link {
-            Some(link) => match ctx.gateway.take_flow_slot() {
-                Some(slot) => match link.open(meta, first) {
-                    Ok((flow, charge)) => Ok((link, flow, charge.with_slot(slot))),
+        let opened = match peer {
+            Some(peer) => match ctx.gateway.take_flow_slot() {
+                Some(slot) => match peer.open(meta, first) {
+                    Ok((flow, charge)) => Ok((peer, flow, charge.with_slot(slot))),
                     Err(why) => Err((Some(why), first.to_vec())),
                 },
                 None => {
-                    LinkCounters::add(&link.counters.flows_over_gateway, 1);
+                    PeerCounters::add(&peer.counters.flows_over_gateway, 1);
                     Err((Some(OpenRefused::GatewayFlowLimit), first.to_vec()))
                 }
             },
@@ -105,10 +105,10 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
         };
         (opened, client_done)
     });
-    let (link, flow, charge) = match opened {
+    let (peer, flow, charge) = match opened {
         Ok(opened) => opened,
         Err((None, first)) => {
-            LinkCounters::add(&counters.flows_unrouted, 1);
+            PeerCounters::add(&counters.flows_unrouted, 1);
             fail(
                 counters,
                 &live,
@@ -125,12 +125,12 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
             return;
         }
     };
-    debug!(flow = flow.id, %client, %server, dscp, peer = %link.name, "intercepted; flow opened");
+    debug!(flow = flow.id, %client, %server, dscp, peer = %peer.name, "intercepted; flow opened");
     if client_done {
-        let _ = link.finish(&flow);
+        let _ = peer.finish(&flow);
     }
     let relay = Relay {
-        link,
+        peer,
         flow,
         tcp,
         idle_timeout: live.idle,
@@ -153,12 +153,12 @@ async fn over_limit(
 ) {
     match live.over_limit {
         OverLimit::Refuse => {
-            LinkCounters::add(&counters.flows_refused, 1);
+            PeerCounters::add(&counters.flows_refused, 1);
             warn!(client = %meta.client, server = %meta.server, ?why, "connection refused");
             abort_tcp(tcp);
         }
         OverLimit::Bypass => {
-            LinkCounters::add(&counters.flows_bypassed, 1);
+            PeerCounters::add(&counters.flows_bypassed, 1);
             debug!(client = %meta.client, server = %meta.server, ?why, "relayed unproxied");
             bypass::run(tcp, meta, first, &live.upstream).await;
         }
@@ -177,12 +177,12 @@ async fn fail(
 ) {
     match live.fail {
         FailMode::Closed => {
-            LinkCounters::add(&counters.flows_refused, 1);
+            PeerCounters::add(&counters.flows_refused, 1);
             debug!(client = %meta.client, server = %meta.server, why, "connection refused");
             abort_tcp(tcp);
         }
         FailMode::Open => {
-            LinkCounters::add(&counters.flows_bypassed, 1);
+            PeerCounters::add(&counters.flows_bypassed, 1);
             debug!(client = %meta.client, server = %meta.server, why, "relayed unproxied");
             bypass::run(tcp, meta, first, &live.upstream).await;
         }

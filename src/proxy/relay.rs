@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::proxy::scratch;
-use crate::tunnel::conn::{FlowGone, FlowRef, LinkCounters, PeerLink};
 use crate::tunnel::memory::FlowCharge;
+use crate::tunnel::peer::{FlowGone, FlowRef, Peer, PeerCounters};
 
 use crate::config::budget::CHUNK;
 
@@ -36,7 +36,7 @@ pub enum RelayEnd {
 }
 
 pub struct Relay {
-    pub link: Arc<PeerLink>,
+    pub peer: Arc<Peer>,
     pub flow: FlowRef,
     pub tcp: TcpStream,
     pub idle_timeout: Option<Duration>,
@@ -52,7 +52,7 @@ pub struct Relay {
 impl Relay {
     pub async fn run(self) -> RelayEnd {
         let Relay {
-            link,
+            peer,
             flow,
             tcp,
             idle_timeout,
@@ -60,9 +60,9 @@ impl Relay {
             tcp_read_done,
             charge,
         } = self;
-        let _active = ActiveRelay::new(&link);
+        let _active = ActiveRelay::new(&peer);
         let mut st = Pump {
-            link: &link,
+            peer: &peer,
             flow: &flow,
             tcp: &tcp,
             reading_tcp: !tcp_read_done,
@@ -84,12 +84,12 @@ impl Relay {
 }
 
 /// Counts a relay as active for as long as it lives (what a drain waits for).
-struct ActiveRelay<'a>(&'a PeerLink);
+struct ActiveRelay<'a>(&'a Peer);
 
 impl<'a> ActiveRelay<'a> {
-    fn new(link: &'a PeerLink) -> Self {
-        LinkCounters::add(&link.counters.relays_active, 1);
-        ActiveRelay(link)
+    fn new(peer: &'a Peer) -> Self {
+        PeerCounters::add(&peer.counters.relays_active, 1);
+        ActiveRelay(peer)
     }
 }
 
@@ -109,7 +109,7 @@ pub fn abort_tcp(tcp: TcpStream) {
 }
 
 struct Pump<'a> {
-    link: &'a PeerLink,
+    peer: &'a Peer,
     flow: &'a FlowRef,
     tcp: &'a TcpStream,
     /// The TCP side has not sent FIN yet.
@@ -129,7 +129,7 @@ struct Pump<'a> {
 impl Drop for Pump<'_> {
     fn drop(&mut self) {
         let held: usize = self.pending.iter().map(Bytes::len).sum();
-        self.link.memory.release(held as u64);
+        self.peer.memory.release(held as u64);
     }
 }
 
@@ -145,7 +145,7 @@ impl Pump<'_> {
             }
             let stall_end = self.stalled_since.zip(stalled_timeout).map(|(s, t)| s + t);
             if stall_end.is_some_and(|d| Instant::now() >= d) {
-                match self.link.reset_if_stalled(self.flow) {
+                match self.peer.reset_if_stalled(self.flow) {
                     Ok(false) => {}
                     Ok(true) => {
                         debug!(flow = self.flow.id, "TCP side stalled under contention");
@@ -163,7 +163,7 @@ impl Pump<'_> {
                 return RelayEnd::Closed;
             }
             let idle_deadline = idle_timeout.map(|t| self.last_activity + t);
-            // Past its end, a stall waits for the link to say contention came.
+            // Past its end, a stall waits for the peer to say contention came.
             let stall_end = stall_end.filter(|&d| Instant::now() < d);
             let timer = idle_deadline.into_iter().chain(stall_end).min();
             let timer_due = async {
@@ -222,7 +222,7 @@ impl Pump<'_> {
             };
             match outcome {
                 Ok(ReadOutcome::Data(b)) => {
-                    self.link.memory.hold(b.len() as u64);
+                    self.peer.memory.hold(b.len() as u64);
                     self.pending.push_back(b);
                 }
                 Ok(ReadOutcome::Blocked) => return Ok(()),
@@ -247,13 +247,13 @@ impl Pump<'_> {
     fn take_from_flow(&mut self) -> Option<Result<ReadOutcome, FlowGone>> {
         let mut taken = 0;
         while taken < CHUNK && self.pending.len() < WRITE_PIECES {
-            match self.link.read(self.flow, CHUNK - taken) {
+            match self.peer.read(self.flow, CHUNK - taken) {
                 Ok(ReadOutcome::Data(b)) => {
                     if self.pending.is_empty() {
                         self.pending.reserve(WRITE_PIECES);
                     }
                     taken += b.len();
-                    self.link.memory.hold(b.len() as u64);
+                    self.peer.memory.hold(b.len() as u64);
                     self.pending.push_back(b);
                 }
                 Ok(ReadOutcome::Blocked) if taken > 0 => break,
@@ -276,8 +276,8 @@ impl Pump<'_> {
         let count = self.pending.len().min(WRITE_PIECES);
         let n = self.tcp.try_write_vectored(&slices[..count])?;
         self.last_activity = Instant::now();
-        LinkCounters::add(&self.link.counters.bytes_from_peer, n as u64);
-        self.link.memory.release(n as u64);
+        PeerCounters::add(&self.peer.counters.bytes_from_peer, n as u64);
+        self.peer.memory.release(n as u64);
         let mut left = n;
         while let Some(front) = self.pending.front_mut() {
             if front.len() > left {
@@ -298,7 +298,7 @@ impl Pump<'_> {
     /// room left (0: wait for the flow to drain).
     fn tcp_to_flow(&mut self) -> Result<usize, RelayEnd> {
         while self.reading_tcp {
-            let room = match self.link.write_room(self.flow) {
+            let room = match self.peer.write_room(self.flow) {
                 Ok(r) => r,
                 Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
                 Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
@@ -312,7 +312,7 @@ impl Pump<'_> {
             let read = scratch::with(|buf| {
                 let r = self.tcp.try_read(&mut buf[..want]);
                 let written = match r {
-                    Ok(n) if n > 0 => Some(self.link.write(self.flow, &buf[..n])),
+                    Ok(n) if n > 0 => Some(self.peer.write(self.flow, &buf[..n])),
                     _ => None,
                 };
                 (r, written)
@@ -320,7 +320,7 @@ impl Pump<'_> {
             match read {
                 (Ok(0), _) => {
                     self.reading_tcp = false;
-                    match self.link.finish(self.flow) {
+                    match self.peer.finish(self.flow) {
                         Ok(()) => {}
                         Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
                         Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
@@ -328,7 +328,7 @@ impl Pump<'_> {
                 }
                 (Ok(n), written) => {
                     self.last_activity = Instant::now();
-                    LinkCounters::add(&self.link.counters.bytes_to_peer, n as u64);
+                    PeerCounters::add(&self.peer.counters.bytes_to_peer, n as u64);
                     match written {
                         // The room was checked under the same budget a moment ago and only
                         // this relay writes to the flow, so all of it fits.
@@ -347,7 +347,7 @@ impl Pump<'_> {
     }
 
     fn local_reset(&self, reason: ResetReason) -> RelayEnd {
-        self.link.reset(self.flow, reason);
+        self.peer.reset(self.flow, reason);
         RelayEnd::ResetLocally(reason)
     }
 }

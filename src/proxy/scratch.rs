@@ -1,6 +1,6 @@
 //! One read buffer per thread, lent to whatever reads a socket there without awaiting before
 //! it has passed the bytes on: so 10,000 idle relays hold no buffer, and the runtime's few
-//! worker threads one each.
+//! threads one each.
 
 use std::cell::RefCell;
 

@@ -106,7 +106,7 @@ fn least_part(mtu: usize, carrier_bps: u64) -> u64 {
     per_refresh.min(carrier_bps)
 }
 
-/// A datagram produced by a link's association, waiting for its turn on the carrier.
+/// A datagram produced by a peer's association, waiting for its turn on the carrier.
 struct Staged {
     to: SocketAddr,
     buf: Vec<u8>,

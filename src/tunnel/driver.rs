@@ -1,6 +1,6 @@
 //! Drives the sans-IO associations: owns the tunnel socket and the endpoint in front of every
-//! association, feeds each datagram to the link the endpoint routes it to (locking only that
-//! link), runs the timers, sends what the associations produce in turn, and hands their
+//! association, feeds each datagram to the peer the endpoint routes it to (locking only that
+//! peer), runs the timers, sends what the associations produce in turn, and hands their
 //! events to the relays.
 
 mod reconfigure;
@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use pep_transport::security::AcceptedInitiation;
 use pep_transport::{
-    AssocHandle, Association, Config, ConfigError, DatagramEvent, Endpoint, Event, FlowId,
-    FlowMeta, PeerId, ResetReason, Role,
+    AssocHandle, Association, Config, DatagramEvent, Endpoint, Event, FlowId, FlowMeta,
+    InvalidConfig, PeerId, ResetReason, Role,
 };
 use quinn_udp::RecvMeta;
 use tokio::sync::watch;
@@ -24,10 +24,10 @@ use tracing::{debug, info, warn};
 
 use crate::sys::notify::Notifier;
 use crate::tunnel::carrier::CarrierShare;
-use crate::tunnel::conn::AssociationState;
-use crate::tunnel::conn::{FlowRef, LinkCounters, LinkState, PeerLink};
 use crate::tunnel::gateway::Gateway;
 use crate::tunnel::memory::FlowCharge;
+use crate::tunnel::peer::AssociationState;
+use crate::tunnel::peer::{FlowRef, Peer, PeerCounters, PeerState};
 use crate::tunnel::peer_table::{PeerSettings, PeerTable};
 use crate::tunnel::workers::{owner, Handoff, Initiators, Place};
 
@@ -38,13 +38,13 @@ pub use udp::TunnelSocket;
 pub use crate::config::budget::{BATCH, RECV_BUF};
 
 /// Opens the local end of a flow the peer started (connect upstream and relay). Called with
-/// no lock held, so it may use the link (reset the flow) right away.
+/// no lock held, so it may use the peer (reset the flow) right away.
 pub trait FlowAcceptor: Send + Sync + 'static {
     /// `charge` counts the flow against the memory budget; the relay keeps it to its end.
-    fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge);
+    fn accept(&self, peer: Arc<Peer>, flow: FlowRef, meta: FlowMeta, charge: FlowCharge);
 }
 
-/// Flows the peer opened, collected under the link lock (charged there, so that the next
+/// Flows the peer opened, collected under the peer lock (charged there, so that the next
 /// one is admitted against them) and accepted once it is released.
 type Accepts = Vec<(FlowRef, FlowMeta, FlowCharge)>;
 
@@ -64,9 +64,9 @@ impl AssocFactory {
         endpoint: &mut Endpoint,
         now: Instant,
         peer: PeerId,
-    ) -> Result<(AssocHandle, Association), ConfigError> {
+    ) -> Result<(AssocHandle, Association), InvalidConfig> {
         let Some(s) = self.peers.get(&peer) else {
-            return Err(ConfigError {
+            return Err(InvalidConfig {
                 key: "peer",
                 why: "no settings for this peer",
             });
@@ -97,7 +97,7 @@ struct ReceivedDatagram {
     arrived: Instant,
 }
 
-/// A received datagram on its way to a link.
+/// A received datagram on its way to a peer.
 enum Input {
     Datagram(ReceivedDatagram),
     /// One another worker read and handed over.
@@ -133,17 +133,17 @@ pub struct Driver {
     notifier: Notifier,
     /// The peer of each association.
     by_handle: HashMap<AssocHandle, PeerId>,
-    /// Each link's next timer, as of its last service.
+    /// Each peer's next timer, as of its last service.
     deadlines: Vec<Option<Instant>>,
-    /// Where the next pass starts, so no link is always served first.
+    /// Where the next pass starts, so no peer is always served first.
     cursor: usize,
     /// With `[[peer]]` entries: whose datagram goes next on the shared carrier. Without
-    /// (the pair), links take turns within each pass.
+    /// (the pair), peers take turns within each pass.
     share: Option<CarrierShare>,
 }
 
 impl Driver {
-    /// Worker `worker`'s driver; the associations of its links made so far must come from
+    /// Worker `worker`'s driver; the associations of its peers made so far must come from
     /// `endpoint`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -159,12 +159,12 @@ impl Driver {
         let all = gateway.peers.table();
         let table = own_view(&all, worker, gateway.workers.count());
         let by_handle = table
-            .links
+            .peers
             .iter()
-            .filter_map(|l| Some((endpoint.association_of(l.peer)?, l.peer)))
+            .filter_map(|l| Some((endpoint.association_of(l.id)?, l.id)))
             .collect();
         let deadlines = table
-            .links
+            .peers
             .iter()
             .map(|l| l.lock().assoc.as_ref().and_then(Association::poll_timeout))
             .collect();
@@ -187,7 +187,7 @@ impl Driver {
         }
     }
 
-    /// Shares the carrier between the links by `share` instead of turns within a pass.
+    /// Shares the carrier between the peers by `share` instead of turns within a pass.
     pub fn with_share(mut self, share: Option<CarrierShare>) -> Driver {
         self.share = share;
         self
@@ -195,7 +195,7 @@ impl Driver {
 
     /// Runs until `stop` turns true, then closes every association with one CLOSE.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
-        let mut links = self.table.links.len();
+        let mut peers = self.table.peers.len();
         let (buffers, size) = udp::receive_buffers(
             BATCH,
             RECV_BUF,
@@ -206,9 +206,9 @@ impl Driver {
         let mut meta = vec![RecvMeta::default(); quinn_udp::BATCH_SIZE];
         // The filled buffers (by place in `rx`) with what the kernel said of them.
         let mut received: Vec<(usize, RecvMeta)> = Vec::with_capacity(buffers);
-        let mut inputs: Vec<Vec<Input>> = (0..links).map(|_| Vec::new()).collect();
-        let mut more: Vec<bool> = vec![false; links];
-        let mut serviced: Vec<usize> = Vec::with_capacity(links);
+        let mut inputs: Vec<Vec<Input>> = (0..peers).map(|_| Vec::new()).collect();
+        let mut more: Vec<bool> = vec![false; peers];
+        let mut serviced: Vec<usize> = Vec::with_capacity(peers);
         let mut tx = Outbox::default();
         let mut spare: Vec<Vec<u8>> = Vec::new();
         let mut drop_log = crate::tunnel::droplog::DropLog::default();
@@ -241,10 +241,10 @@ impl Driver {
                 }
             }
             if self.apply_peer_changes(Instant::now(), &mut tx) {
-                links = self.table.links.len();
-                inputs = (0..links).map(|_| Vec::new()).collect();
+                peers = self.table.peers.len();
+                inputs = (0..peers).map(|_| Vec::new()).collect();
                 // A peer's first pass, or a pass more for the others: harmless.
-                more = vec![true; links];
+                more = vec![true; peers];
             }
             received.clear();
             let (mut filled, mut datagrams) = (0, 0);
@@ -263,7 +263,7 @@ impl Driver {
                         received.push((filled, *m));
                         datagrams += count;
                     } else {
-                        LinkCounters::add(&self.gateway.counters.foreign_datagrams, count as u64);
+                        PeerCounters::add(&self.gateway.counters.foreign_datagrams, count as u64);
                         debug!(from = %m.addr, "datagram from an address that is not a peer's dropped");
                     }
                     filled += 1;
@@ -272,7 +272,7 @@ impl Driver {
             let clock = udp::ReceiveClock::now();
             let now = clock.now_instant();
             if let Some(w) = self.gateway.workers.get(self.worker) {
-                LinkCounters::add(&w.datagrams, datagrams as u64);
+                PeerCounters::add(&w.datagrams, datagrams as u64);
             }
             let (mut handed_more, mut screened) = (false, !received.is_empty());
             if workers > 1 {
@@ -315,16 +315,16 @@ impl Driver {
                 }
             }
             serviced.clear();
-            for k in 0..links {
-                let i = (self.cursor + k) % links;
-                let queued = self.table.links[i].take_queued();
+            for k in 0..peers {
+                let i = (self.cursor + k) % peers;
+                let queued = self.table.peers[i].take_queued();
                 let due = self.deadlines[i].is_some_and(|t| t <= now);
                 if queued || due || more[i] || !inputs[i].is_empty() {
                     serviced.push(i);
                 }
             }
-            self.cursor = (self.cursor + 1) % links.max(1);
-            // Sending takes turns: each link gets its share of a pass, and one with more
+            self.cursor = (self.cursor + 1) % peers.max(1);
+            // Sending takes turns: each peer gets its share of a pass, and one with more
             // to send is serviced again on the next.
             let quota = (BATCH / serviced.len().max(1)).max(1);
             let mut again = handed_more || datagrams >= BATCH || filled == rx.len();
@@ -342,9 +342,9 @@ impl Driver {
                 again |= self.send_shared(&rx, &mut tx, &mut spare, &mut accepts);
             }
             if self.gateway.memory.send_buffered() < send_buffered {
-                // The budget is the gateway's: acknowledgements on one link may free what
+                // The budget is the gateway's: acknowledgements from one peer may free what
                 // relays of another wait for, whichever worker serves it.
-                for l in self.all.links.iter().filter(|l| l.waits_for_budget()) {
+                for l in self.all.peers.iter().filter(|l| l.waits_for_budget()) {
                     l.wake();
                 }
             }
@@ -356,24 +356,24 @@ impl Driver {
         }
     }
 
-    /// When the loop must look again without a datagram or a wake-up. A link whose datagram
+    /// When the loop must look again without a datagram or a wake-up. A peer whose datagram
     /// waits for the carrier is overdue while it has more to send (its pacer allows it):
-    /// its turn on the carrier is what it waits for, and the link is serviced when its
+    /// its turn on the carrier is what it waits for, and the peer is serviced when its
     /// datagram leaves.
     fn next_deadline(&self, now: Instant) -> Option<Instant> {
         let Some(share) = self.share.as_ref() else {
             return self.deadlines.iter().flatten().min().copied();
         };
-        let links = self
+        let peers = self
             .deadlines
             .iter()
-            .zip(&self.table.links)
-            .filter_map(|(d, l)| d.filter(|&d| d > now || !share.is_staged(l.peer)));
-        links.chain(share.poll_timeout(now)).min()
+            .zip(&self.table.peers)
+            .filter_map(|(d, l)| d.filter(|&d| d > now || !share.is_staged(l.id)));
+        peers.chain(share.poll_timeout(now)).min()
     }
 
     /// Where a datagram goes: to the worker whose shard its connection ID names if that is
-    /// another, else to the link the endpoint routes it to (see [`place`](Self::place)).
+    /// another, else to the peer the endpoint routes it to (see [`place`](Self::place)).
     /// `datagram` is the contents of `d`.
     fn route(
         &mut self,
@@ -413,8 +413,8 @@ impl Driver {
         })
     }
 
-    /// What the endpoint made of a datagram from `from`: `routed` goes to the link it names;
-    /// an initiation to its peer's link, made now if it has no association yet, or to the
+    /// What the endpoint made of a datagram from `from`: `routed` goes to the peer it names;
+    /// an initiation to its peer, made now if it has no association yet, or to the
     /// worker that owns the peer; a cookie the endpoint answers with joins `tx`.
     fn place(
         &mut self,
@@ -425,14 +425,14 @@ impl Driver {
         inputs: &mut [Vec<Input>],
         tx: &mut Outbox,
     ) {
-        let link = match event {
+        let peer = match event {
             None => return,
             Some(DatagramEvent::Routed(h)) => {
-                let Some(link) = self.by_handle.get(&h).and_then(|&p| self.table.position(p))
+                let Some(peer) = self.by_handle.get(&h).and_then(|&p| self.table.position(p))
                 else {
                     return;
                 };
-                link
+                peer
             }
             Some(DatagramEvent::Initiation {
                 peer,
@@ -461,12 +461,12 @@ impl Driver {
                 return;
             }
         };
-        if let Some(queue) = inputs.get_mut(link) {
+        if let Some(queue) = inputs.get_mut(peer) {
             queue.push(routed);
         }
     }
 
-    /// An authenticated initiation of `peer`, for its link: its association is made now if
+    /// An authenticated initiation of `peer`: its association is made now if
     /// it has none (`associated` false).
     fn initiation(
         &mut self,
@@ -477,13 +477,13 @@ impl Driver {
         accepted: AcceptedInitiation,
         inputs: &mut [Vec<Input>],
     ) {
-        let Some(link) = self.table.position(peer) else {
+        let Some(peer) = self.table.position(peer) else {
             return;
         };
-        if !associated && !self.associate(now, link, from) {
+        if !associated && !self.associate(now, peer, from) {
             return;
         }
-        if let Some(queue) = inputs.get_mut(link) {
+        if let Some(queue) = inputs.get_mut(peer) {
             queue.push(Input::Initiation { from, accepted });
         }
     }
@@ -525,16 +525,16 @@ impl Driver {
 
     /// Makes the association of a peer whose address was not configured, on its first
     /// authenticated initiation.
-    fn associate(&mut self, now: Instant, link: usize, from: SocketAddr) -> bool {
-        let Some(l) = self.table.links.get(link).cloned() else {
+    fn associate(&mut self, now: Instant, peer: usize, from: SocketAddr) -> bool {
+        let Some(l) = self.table.peers.get(peer).cloned() else {
             return false;
         };
-        match self.factory.make(&mut self.endpoint, now, l.peer) {
+        match self.factory.make(&mut self.endpoint, now, l.id) {
             Ok((handle, mut assoc)) => {
                 l.apply_reloaded(&mut assoc);
-                self.deadlines[link] = assoc.poll_timeout();
+                self.deadlines[peer] = assoc.poll_timeout();
                 l.lock().assoc = Some(assoc);
-                self.by_handle.insert(handle, l.peer);
+                self.by_handle.insert(handle, l.id);
                 info!(peer = %l.name, %from, "association made on the peer's initiation");
                 true
             }
@@ -545,12 +545,12 @@ impl Driver {
         }
     }
 
-    /// One link's pass under its lock: its datagrams, its timer, up to `quota` datagrams
+    /// One peer's pass under its lock: its datagrams, its timer, up to `quota` datagrams
     /// out, its events. True if it has more to send.
     #[allow(clippy::too_many_arguments)]
     fn service(
         &mut self,
-        link: usize,
+        peer: usize,
         now: Instant,
         received: Received<'_>,
         quota: usize,
@@ -558,7 +558,7 @@ impl Driver {
         spare: &mut Vec<Vec<u8>>,
         accepts: &mut Accepts,
     ) -> bool {
-        let l = self.table.links[link].clone();
+        let l = self.table.peers[peer].clone();
         let mut st = l.lock();
         let Some(assoc) = st.assoc.as_mut() else {
             received.inputs.clear();
@@ -588,9 +588,9 @@ impl Driver {
         if let Some(share) = self.share.as_mut() {
             // One datagram waits for the carrier; the next is made once it has left, so
             // the association's pacing sees the share it gets.
-            if !share.is_staged(l.peer) {
+            if !share.is_staged(l.id) {
                 if let Some((to, buf)) = next_datagram(assoc, now, spare) {
-                    share.stage(now, l.peer, to, buf);
+                    share.stage(now, l.id, to, buf);
                 }
             }
         } else {
@@ -611,17 +611,17 @@ impl Driver {
             }
             spare.push(buf);
         }
-        st.lift_shares(&l);
+        st.lift_quotas(&l);
         while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
             self.dispatch(&l, &mut st, ev, accepts);
         }
         st.wake_budget_waiters(&l, crate::config::budget::CHUNK as u64);
         st.wake_stalled(&l);
-        self.deadlines[link] = st.assoc.as_ref().and_then(Association::poll_timeout);
+        self.deadlines[peer] = st.assoc.as_ref().and_then(Association::poll_timeout);
         more
     }
 
-    /// Up to a batch of datagrams the carrier lets leave now, each link's next one made as
+    /// Up to a batch of datagrams the carrier lets leave now, each peer's next one made as
     /// its previous leaves; and every [`crate::tunnel::carrier::REFRESH`] each association capped at
     /// its allocation. True if more may leave at once.
     fn send_shared(
@@ -645,15 +645,15 @@ impl Driver {
             };
             tx.push(to, &buf, now);
             spare.push(buf);
-            let Some(link) = self.table.position(peer) else {
+            let Some(peer) = self.table.position(peer) else {
                 continue;
             };
             let r = Received {
                 rx,
                 inputs: &mut none,
             };
-            self.service(link, now, r, 1, tx, spare, accepts);
-            self.accept_all(link, accepts);
+            self.service(peer, now, r, 1, tx, spare, accepts);
+            self.accept_all(peer, accepts);
         }
         true
     }
@@ -665,66 +665,66 @@ impl Driver {
             return;
         };
         share.set_carrier(now, self.gateway.carrier_bps.load(Ordering::Relaxed));
-        for (i, l) in self.table.links.iter().enumerate() {
+        for (i, l) in self.table.peers.iter().enumerate() {
             if let Some(r) = l.take_share_rates() {
-                share.set_share_rates(l.peer, r.min_bps, r.weight);
+                share.set_share_rates(l.id, r.min_bps, r.weight);
             }
             let mut st = l.lock();
             let Some(assoc) = st.assoc.as_mut() else {
                 continue;
             };
-            let ceiling = share.ceiling(l.peer, assoc.config().rate_bps);
+            let ceiling = share.ceiling(l.id, assoc.config().rate_bps);
             assoc.set_rate_ceiling(ceiling);
             self.deadlines[i] = assoc.poll_timeout();
         }
         share.refreshed(now);
     }
 
-    fn accept_all(&self, link: usize, accepts: &mut Accepts) {
+    fn accept_all(&self, peer: usize, accepts: &mut Accepts) {
         for (flow, meta, charge) in accepts.drain(..) {
             self.acceptor
-                .accept(self.table.links[link].clone(), flow, meta, charge);
+                .accept(self.table.peers[peer].clone(), flow, meta, charge);
         }
     }
 
-    fn dispatch(&self, link: &PeerLink, st: &mut LinkState, ev: Event, accepts: &mut Accepts) {
+    fn dispatch(&self, peer: &Peer, st: &mut PeerState, ev: Event, accepts: &mut Accepts) {
         let remote = st.assoc.as_ref().and_then(Association::remote);
         // The address while known (the pair form always knows it), else the name.
-        let peer = remote.map_or_else(|| link.name.to_string(), |r| r.to_string());
-        let c = &link.counters;
+        let at = remote.map_or_else(|| peer.name.to_string(), |r| r.to_string());
+        let c = &peer.counters;
         match ev {
             Event::Established => {
-                LinkCounters::add(&c.associations_established, 1);
+                PeerCounters::add(&c.associations_established, 1);
                 c.set_state(AssociationState::Established);
                 let rtt = st.assoc.as_ref().map(|a| a.stats().rtt_smoothed);
-                info!(peer = %peer, name = %link.name, ?rtt, "association established");
+                info!(peer = %at, name = %peer.name, ?rtt, "association established");
                 self.notifier
-                    .status(&format!("association established with {peer}"));
+                    .status(&format!("association established with {at}"));
             }
             Event::PeerRestarted => {
                 c.set_state(AssociationState::Connecting);
-                warn!(peer = %peer, name = %link.name, "peer gateway restarted; its flows were reset");
+                warn!(peer = %at, name = %peer.name, "peer gateway restarted; its flows were reset");
             }
             Event::FlowOpened { flow, meta } => {
                 debug!(flow, client = %meta.client, server = %meta.server, "flow opened by peer");
-                LinkCounters::add(&c.flows_from_peer, 1);
-                if !st.admits_peer_flow(link) {
+                PeerCounters::add(&c.flows_from_peer, 1);
+                if !st.admits_peer_flow(peer) {
                     // The peer's client gets the reset, as it would from a full `max_flows`.
                     debug!(flow, "memory budget reached; flow refused");
-                    LinkCounters::add(&c.flows_over_budget, 1);
-                    Self::refuse_peer_flow(link, st, flow);
+                    PeerCounters::add(&c.flows_over_budget, 1);
+                    Self::refuse_peer_flow(peer, st, flow);
                     return;
                 }
                 let Some(slot) = self.gateway.take_flow_slot() else {
                     debug!(flow, "limits.max_flows open across the peers; flow refused");
-                    LinkCounters::add(&c.flows_over_gateway, 1);
-                    Self::refuse_peer_flow(link, st, flow);
+                    PeerCounters::add(&c.flows_over_gateway, 1);
+                    Self::refuse_peer_flow(peer, st, flow);
                     return;
                 };
                 accepts.push((
                     st.insert_slot(flow),
                     meta,
-                    link.charge_flow().with_slot(slot),
+                    peer.charge_flow().with_slot(slot),
                 ));
             }
             Event::FlowReadable { flow } | Event::FlowWritable { flow } => st.signal_flow(flow),
@@ -736,23 +736,23 @@ impl Driver {
             Event::FlowClosed { flow } => st.flow_closed(flow),
             Event::OutageStarted => {
                 c.set_state(AssociationState::Outage);
-                warn!(peer = %peer, name = %link.name, "satellite link outage: no answer from the peer");
+                warn!(peer = %at, name = %peer.name, "satellite link outage: no answer from the peer");
                 self.notifier.status("link outage");
             }
             Event::OutageEnded { duration } => {
                 c.set_state(AssociationState::Established);
-                info!(?duration, name = %link.name, "satellite link back");
+                info!(?duration, name = %peer.name, "satellite link back");
                 self.notifier
-                    .status(&format!("association established with {peer}"));
+                    .status(&format!("association established with {at}"));
             }
             Event::RemoteMoved { from, to } => {
-                info!(name = %link.name, %from, %to, "peer now sends from a new address; following it");
+                info!(name = %peer.name, %from, %to, "peer now sends from a new address; following it");
             }
             Event::AssociationLost { reason } => {
                 c.set_state(AssociationState::Connecting);
                 warn!(
                     ?reason,
-                    name = %link.name,
+                    name = %peer.name,
                     "association lost; every flow was reset; re-establishing"
                 );
                 self.notifier
@@ -763,13 +763,13 @@ impl Driver {
 
     /// Resets a flow the peer opened that a limit has no room for: its client gets the reset
     /// it would from the peer's own full `max_flows`.
-    fn refuse_peer_flow(link: &PeerLink, st: &mut LinkState, flow: FlowId) {
+    fn refuse_peer_flow(peer: &Peer, st: &mut PeerState, flow: FlowId) {
         let reset = st
             .assoc
             .as_mut()
             .is_some_and(|a| a.reset(flow, ResetReason::ResourceLimit).is_ok());
         if reset {
-            link.counters.flow_resets.add(ResetReason::ResourceLimit);
+            peer.counters.flow_resets.add(ResetReason::ResourceLimit);
         }
     }
 
@@ -777,7 +777,7 @@ impl Driver {
     async fn close(&mut self, tx: &mut Outbox) {
         let now = Instant::now();
         let mut accepts = Accepts::new();
-        for (i, l) in self.table.clone().links.iter().enumerate() {
+        for (i, l) in self.table.clone().peers.iter().enumerate() {
             {
                 let mut st = l.lock();
                 let Some(assoc) = st.assoc.as_mut() else {
@@ -825,7 +825,7 @@ fn next_datagram(
     }
 }
 
-/// The pass's receive buffers and one link's share of them.
+/// The pass's receive buffers and one peer's share of them.
 struct Received<'a> {
     rx: &'a [Vec<u8>],
     inputs: &'a mut Vec<Input>,
@@ -842,14 +842,14 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    /// Resets every flow the peer opens from inside `accept`, which takes the link lock.
+    /// Resets every flow the peer opens from inside `accept`, which takes the peer lock.
     struct ResettingAcceptor {
         accepted: Mutex<mpsc::Sender<FlowMeta>>,
     }
 
     impl FlowAcceptor for ResettingAcceptor {
-        fn accept(&self, link: Arc<PeerLink>, flow: FlowRef, meta: FlowMeta, _: FlowCharge) {
-            link.reset(&flow, ResetReason::Refused);
+        fn accept(&self, peer: Arc<Peer>, flow: FlowRef, meta: FlowMeta, _: FlowCharge) {
+            peer.reset(&flow, ResetReason::Refused);
             let _ = self
                 .accepted
                 .lock()
@@ -903,7 +903,7 @@ mod tests {
                 .unwrap();
             let wake = Arc::new(Notify::new());
             let memory = Arc::new(crate::tunnel::memory::MemoryAccount::new(1 << 30, 0, 0));
-            let link = PeerLink::new(
+            let peer = Peer::new(
                 PeerId(0),
                 "peer",
                 Some(assoc),
@@ -912,7 +912,7 @@ mod tests {
                 wake.clone(),
             );
             let gateway = Gateway::new(
-                PeerTable::new(vec![Arc::new(link)], Vec::new()),
+                PeerTable::new(vec![Arc::new(peer)], Vec::new()),
                 0,
                 wake,
                 memory,

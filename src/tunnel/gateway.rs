@@ -1,5 +1,5 @@
-//! The gateway's peers: one [`PeerLink`] per configured peer, the route table that picks the
-//! link an intercepted connection goes to, the counters that belong to no single peer, and
+//! The gateway's peers: one [`Peer`] per configured peer, the route table that picks the
+//! peer an intercepted connection goes to, the counters that belong to no single peer, and
 //! what the metrics report (today's series, summed over the peers).
 
 use std::sync::atomic::AtomicU64;
@@ -9,9 +9,9 @@ use pep_transport::{EndpointStats, Stats};
 #[cfg(test)]
 use tokio::sync::Notify;
 
-use crate::tunnel::conn::{LinkCounters, PeerLink};
 use crate::tunnel::flowcount::{OpenFlow, OpenFlows};
 use crate::tunnel::memory::MemoryAccount;
+use crate::tunnel::peer::{Peer, PeerCounters};
 use crate::tunnel::peer_table::{PeerSet, PeerTable};
 use crate::tunnel::workers::Workers;
 
@@ -22,10 +22,10 @@ pub struct Gateway {
     /// `[link] tx_rate`, which a reload may change: with `[[peer]]` entries the carrier the
     /// peers share.
     pub carrier_bps: AtomicU64,
-    /// The workers the peers are spread over (one for a pair and a terminal); each link
+    /// The workers the peers are spread over (one for a pair and a terminal); each peer
     /// holds its owner's wake-up.
     pub workers: Workers,
-    /// The memory budget and what counts against it: one for the gateway, every link holds
+    /// The memory budget and what counts against it: one for the gateway, every peer holds
     /// it, as `limits.memory_budget` is the process's.
     pub memory: Arc<MemoryAccount>,
     /// The flows open with every peer, which `limits.max_flows` bounds.
@@ -37,7 +37,7 @@ pub struct Gateway {
 
 #[derive(Default)]
 struct Retired {
-    counters: LinkCounters,
+    counters: PeerCounters,
     /// Counters only: a removed association has no path gauges.
     stats: Mutex<Stats>,
     restarts: AtomicU64,
@@ -121,11 +121,11 @@ impl Gateway {
 
     /// Keeps what a removed peer counted in the gateway's totals; `stats`: its
     /// association's last, if it had one.
-    pub fn retire(&self, link: &PeerLink, stats: Option<Stats>) {
-        let get = LinkCounters::get;
-        let c = &link.counters;
+    pub fn retire(&self, peer: &Peer, stats: Option<Stats>) {
+        let get = PeerCounters::get;
+        let c = &peer.counters;
         self.retired.counters.add_totals(c);
-        LinkCounters::add(
+        PeerCounters::add(
             &self.retired.restarts,
             get(&c.associations_established).saturating_sub(1),
         );
@@ -138,7 +138,7 @@ impl Gateway {
     /// A place for one more flow, either side's, or `None` while `limits.max_flows` are open
     /// across the peers.
     pub fn take_flow_slot(&self) -> Option<OpenFlow> {
-        if self.peers.table().links.len() > 1 {
+        if self.peers.table().peers.len() > 1 {
             return self.open_flows.try_take();
         }
         // One peer's own limit, never above the gateway's, bounds the total already. Its
@@ -148,22 +148,22 @@ impl Gateway {
     }
 
     /// The peers now.
-    pub fn links(&self) -> Vec<Arc<PeerLink>> {
-        self.peers.table().links.clone()
+    pub fn peers(&self) -> Vec<Arc<Peer>> {
+        self.peers.table().peers.clone()
     }
 
-    /// The link an intercepted connection to `server` goes to, if any.
-    pub fn route(&self, server: std::net::IpAddr) -> Option<Arc<PeerLink>> {
+    /// The peer an intercepted connection to `server` goes to, if any.
+    pub fn route(&self, server: std::net::IpAddr) -> Option<Arc<Peer>> {
         self.peers.table().route(server).cloned()
     }
 
-    /// Relays running over every link (what a drain waits for).
+    /// Relays running over every peer (what a drain waits for).
     pub fn relays_active(&self) -> u64 {
         self.peers
             .table()
-            .links
+            .peers
             .iter()
-            .map(|l| LinkCounters::get(&l.counters.relays_active))
+            .map(|l| PeerCounters::get(&l.counters.relays_active))
             .sum()
     }
 
@@ -172,8 +172,8 @@ impl Gateway {
     pub fn stats(&self) -> (Stats, u64, u64) {
         let mut total: Option<Stats> = None;
         let (mut send, mut recv) = (0, 0);
-        for link in &self.peers.table().links {
-            let Some((s, sent, received)) = link.stats() else {
+        for peer in &self.peers.table().peers {
+            let Some((s, sent, received)) = peer.stats() else {
                 continue;
             };
             send += sent;
@@ -195,13 +195,13 @@ impl Gateway {
     }
 
     /// What the peers a reload removed had counted.
-    pub fn retired_counters(&self) -> &LinkCounters {
+    pub fn retired_counters(&self) -> &PeerCounters {
         &self.retired.counters
     }
 
     /// Restarts of the associations of the peers a reload removed.
     pub fn retired_restarts(&self) -> u64 {
-        LinkCounters::get(&self.retired.restarts)
+        PeerCounters::get(&self.retired.restarts)
     }
 }
 
@@ -290,7 +290,7 @@ fn add_stats(t: &mut Stats, s: &Stats) {
     t.probes_sent += s.probes_sent;
     t.outages += s.outages;
     t.flows_open += s.flows_open;
-    t.flows_waiting_for_share += s.flows_waiting_for_share;
+    t.flows_waiting_for_quota += s.flows_waiting_for_quota;
     t.flows_opened_total += s.flows_opened_total;
     t.flows_over_limit += s.flows_over_limit;
     t.flows_reset += s.flows_reset;
@@ -313,8 +313,8 @@ mod tests {
 
     use super::*;
 
-    fn link(id: u32, name: &str, memory: &Arc<MemoryAccount>, wake: &Arc<Notify>) -> Arc<PeerLink> {
-        let l = PeerLink::new(
+    fn peer(id: u32, name: &str, memory: &Arc<MemoryAccount>, wake: &Arc<Notify>) -> Arc<Peer> {
+        let l = Peer::new(
             pep_transport::PeerId(id),
             name,
             None,
@@ -329,11 +329,11 @@ mod tests {
     fn a_removed_peer_s_counts_stay_in_the_totals_and_its_series_go() {
         let memory = Arc::new(MemoryAccount::new(1 << 30, 0, 0));
         let wake = Arc::new(Notify::new());
-        let (a, b) = (link(0, "a", &memory, &wake), link(1, "b", &memory, &wake));
+        let (a, b) = (peer(0, "a", &memory, &wake), peer(1, "b", &memory, &wake));
         for (l, n) in [(&a, 3), (&b, 5)] {
-            LinkCounters::add(&l.counters.bytes_to_peer, 1000 * n);
-            LinkCounters::add(&l.counters.flows_from_peer, n);
-            LinkCounters::add(&l.counters.associations_established, n);
+            PeerCounters::add(&l.counters.bytes_to_peer, 1000 * n);
+            PeerCounters::add(&l.counters.flows_from_peer, n);
+            PeerCounters::add(&l.counters.associations_established, n);
             l.counters
                 .flow_resets
                 .add(pep_transport::ResetReason::Aborted);
@@ -381,7 +381,7 @@ mod tests {
     fn max_flows_bounds_every_peer_s_flows_together_and_one_peer_s_own_bound_it_alone() {
         let memory = Arc::new(MemoryAccount::new(1 << 30, 0, 0));
         let wake = Arc::new(Notify::new());
-        let (a, b) = (link(0, "a", &memory, &wake), link(1, "b", &memory, &wake));
+        let (a, b) = (peer(0, "a", &memory, &wake), peer(1, "b", &memory, &wake));
         let gateway = Gateway::new(
             PeerTable::new(vec![a.clone(), b.clone()], Vec::new()),
             0,
@@ -391,7 +391,7 @@ mod tests {
         );
         // As the driver and the interception take them: a flow each side opened, each
         // slot riding with the flow's memory charge.
-        let charge = |l: &PeerLink| Some(l.charge_flow().with_slot(gateway.take_flow_slot()?));
+        let charge = |l: &Peer| Some(l.charge_flow().with_slot(gateway.take_flow_slot()?));
         let mut open: Vec<FlowCharge> =
             [&a, &b, &a].into_iter().filter_map(|l| charge(l)).collect();
         assert_eq!(open.len(), 3);

@@ -9,12 +9,12 @@ use crate::tunnel::flowcount::OpenFlow;
 
 /// The least a flow's share of a contended send pool comes to: a few datagrams, so that a
 /// flow that moves does not go out in slivers however many flows are open.
-pub const SHARE_FLOOR: u64 = 4 * 1024;
+pub const QUOTA_FLOOR: u64 = 4 * 1024;
 
 /// The running count, one per gateway: the budget is the process's, whatever the number
 /// of peers. Flows and relay-held bytes are tracked here; the transport's send buffers are
-/// counted by each association, and each link reports its own into `send_buffered` so that
-/// a link admits against what every link buffers.
+/// counted by each association, and each peer reports its own into `send_buffered` so that
+/// a peer admits against what every peer buffers.
 #[derive(Debug)]
 pub struct MemoryAccount {
     budget: AtomicU64,
@@ -24,7 +24,7 @@ pub struct MemoryAccount {
     flows: AtomicU64,
     /// Payload taken out of the transport and not yet written to TCP.
     held: AtomicU64,
-    /// Every link's send buffers, as each last reported them.
+    /// Every peer's send buffers, as each last reported them.
     send_buffered: AtomicU64,
 }
 
@@ -60,12 +60,12 @@ impl MemoryAccount {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Every link's send buffers, as last reported with [`MemoryAccount::report_send`].
+    /// Every peer's send buffers, as last reported with [`MemoryAccount::report_send`].
     pub fn send_buffered(&self) -> u64 {
         self.send_buffered.load(Ordering::Relaxed)
     }
 
-    /// A link's send buffers went from `was` to `now` bytes.
+    /// A peer's send buffers went from `was` to `now` bytes.
     pub fn report_send(&self, was: u64, now: u64) {
         if now >= was {
             self.send_buffered.fetch_add(now - was, Ordering::Relaxed);
@@ -102,11 +102,11 @@ impl MemoryAccount {
     /// The most one flow may buffer to send while the send buffers hold `send_buffered`:
     /// `None` while they fill less than half the pool (a flow takes what is free), then
     /// a quarter of the pool split over the open flows, and never less than
-    /// [`SHARE_FLOOR`]. Flows over it wait, so that flows whose clients stopped reading
+    /// [`QUOTA_FLOOR`]. Flows over it wait, so that flows whose clients stopped reading
     /// cannot take what the pool has left from flows that move or are still to come.
-    pub fn flow_share(&self, send_buffered: u64) -> Option<u64> {
+    pub fn flow_quota(&self, send_buffered: u64) -> Option<u64> {
         let pool = self.send_pool();
-        (send_buffered > pool / 2).then(|| (pool / 4 / self.flows().max(1)).max(SHARE_FLOOR))
+        (send_buffered > pool / 2).then(|| (pool / 4 / self.flows().max(1)).max(QUOTA_FLOOR))
     }
 
     /// Whether one more flow, bringing `first` bytes to send, fits.
@@ -155,7 +155,7 @@ impl Drop for FlowCharge {
 }
 
 /// A peer's share of the send side of `budget` when `peers` share it.
-pub fn peer_send_share(budget: u64, peers: usize) -> u64 {
+pub fn peer_send_quota(budget: u64, peers: usize) -> u64 {
     send_cap(budget) / peers.max(1) as u64
 }
 

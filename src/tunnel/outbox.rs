@@ -1,7 +1,7 @@
 //! The datagrams a pass sends, end to end in one buffer, so that a run of them to one peer
 //! leaves in one segmented (GSO) send without a second copy.
 //!
-//! Only datagrams released at the same instant join a run. Within a pass a link's
+//! Only datagrams released at the same instant join a run. Within a pass a peer's
 //! association is polled with one `now` until its pacer holds the next datagram back, so a
 //! run is at most what that pacer let go at once (its burst allowance); the datagrams left
 //! back to back before batching too, one `sendto` after another. At a hub the carrier

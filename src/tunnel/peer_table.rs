@@ -1,4 +1,4 @@
-//! The gateway's running set of peers: the table relays and the metrics read (links, specs,
+//! The gateway's running set of peers: the table relays and the metrics read (peers, specs,
 //! routes, by stable id), and the changes a reload hands the driver, which owns the endpoint
 //! and the carrier scheduler and applies them there.
 
@@ -11,61 +11,61 @@ use pep_transport::security::SecurityConfig;
 use pep_transport::{Config, PeerId, PeerIdentity};
 
 use crate::config::PeerSpec;
-use crate::tunnel::conn::PeerLink;
+use crate::tunnel::peer::Peer;
 use crate::tunnel::routes::Routes;
 
 /// The peers at one instant, in the config's order. A reload replaces the whole table; a
 /// holder of the old one sees a consistent set until it looks again.
 pub struct PeerTable {
-    pub links: Vec<Arc<PeerLink>>,
-    /// By place, as `links`.
+    pub peers: Vec<Arc<Peer>>,
+    /// By place, as `peers`.
     pub specs: Vec<PeerSpec>,
     pub routes: Routes,
     position: HashMap<PeerId, usize>,
 }
 
 impl PeerTable {
-    /// `specs[i]` is `links[i]`'s.
-    pub fn new(links: Vec<Arc<PeerLink>>, specs: Vec<PeerSpec>) -> PeerTable {
-        let routes = Routes::new(links.iter().map(|l| l.peer).zip(&specs));
-        let position = links.iter().enumerate().map(|(i, l)| (l.peer, i)).collect();
+    /// `specs[i]` is `peers[i]`'s.
+    pub fn new(peers: Vec<Arc<Peer>>, specs: Vec<PeerSpec>) -> PeerTable {
+        let routes = Routes::new(peers.iter().map(|l| l.id).zip(&specs));
+        let position = peers.iter().enumerate().map(|(i, l)| (l.id, i)).collect();
         PeerTable {
-            links,
+            peers,
             specs,
             routes,
             position,
         }
     }
 
-    /// Where peer `id` is in `links`, while it is configured.
+    /// Where peer `id` is in `peers`, while it is configured.
     pub fn position(&self, id: PeerId) -> Option<usize> {
         self.position.get(&id).copied()
     }
 
-    pub fn link(&self, id: PeerId) -> Option<&Arc<PeerLink>> {
-        self.links.get(self.position(id)?)
+    pub fn peer(&self, id: PeerId) -> Option<&Arc<Peer>> {
+        self.peers.get(self.position(id)?)
     }
 
-    /// The link an intercepted connection to `server` goes to, if any.
-    pub fn route(&self, server: IpAddr) -> Option<&Arc<PeerLink>> {
-        self.link(self.routes.lookup(server)?)
+    /// The peer an intercepted connection to `server` goes to, if any.
+    pub fn route(&self, server: IpAddr) -> Option<&Arc<Peer>> {
+        self.peer(self.routes.lookup(server)?)
     }
 
     /// The peers worker `worker` of `workers` serves (all of them with one worker).
     pub fn of_worker(&self, worker: usize, workers: usize) -> PeerTable {
-        let (links, specs) = self
-            .links
+        let (peers, specs) = self
+            .peers
             .iter()
             .zip(&self.specs)
-            .filter(|(l, _)| crate::tunnel::workers::owner(l.peer, workers) == worker)
+            .filter(|(l, _)| crate::tunnel::workers::owner(l.id, workers) == worker)
             .map(|(l, s)| (l.clone(), s.clone()))
             .unzip();
-        PeerTable::new(links, specs)
+        PeerTable::new(peers, specs)
     }
 
     /// The id after every peer's here, for the peers a reload adds.
     fn next_id(&self) -> u32 {
-        self.links.iter().map(|l| l.peer.0 + 1).max().unwrap_or(0)
+        self.peers.iter().map(|l| l.id.0 + 1).max().unwrap_or(0)
     }
 }
 
@@ -77,10 +77,10 @@ pub struct PeerSettings {
     pub security: Option<SecurityConfig>,
 }
 
-/// A peer a reload added: its link is in the new table already, without an association.
+/// A peer a reload added: its [`Peer`] is in the new table already, without an association.
 #[derive(Clone)]
 pub struct NewPeer {
-    pub link: Arc<PeerLink>,
+    pub peer: Arc<Peer>,
     pub spec: PeerSpec,
     pub identity: PeerIdentity,
     pub settings: PeerSettings,
@@ -92,7 +92,7 @@ pub struct NewPeer {
 /// the endpoint and the scheduler (their flows reset) and the ones to put in.
 #[derive(Clone)]
 pub struct PeerChange {
-    pub removed: Vec<Arc<PeerLink>>,
+    pub removed: Vec<Arc<Peer>>,
     pub added: Vec<NewPeer>,
 }
 

@@ -1,5 +1,5 @@
 //! The tunnel end of `pepd run`, built from the config: the endpoint in front of every
-//! association, one link per peer (with its association made up front when the peer's
+//! association, one [`Peer`] per configured peer (with its association made up front when the peer's
 //! address is configured), the route table, and the addresses the socket takes datagrams
 //! from.
 
@@ -15,10 +15,10 @@ use tokio::sync::Notify;
 
 use crate::config::{LoadedSecurity, PeerSpec, Peers, PepdConfig};
 use crate::tunnel::carrier::CarrierShare;
-use crate::tunnel::conn::PeerLink;
 use crate::tunnel::driver::AssocFactory;
 use crate::tunnel::gateway::Gateway;
-use crate::tunnel::memory::{peer_send_share, receive_reserve, MemoryAccount};
+use crate::tunnel::memory::{peer_send_quota, receive_reserve, MemoryAccount};
+use crate::tunnel::peer::Peer;
 use crate::tunnel::peer_table::{NewPeer, PeerSettings, PeerTable};
 
 pub struct Tunnel {
@@ -94,7 +94,7 @@ pub fn build(
         // One replay memory for all workers: a captured initiation sent to each worker's
         // socket in turn is refused by every one after the first.
         if let Some(first) = endpoints.first() {
-            endpoint.share_initiations(first.initiations());
+            endpoint.use_initiation_memory(first.initiations());
         }
         endpoints.push(endpoint);
     }
@@ -102,9 +102,9 @@ pub fn build(
     let worker_set = crate::tunnel::workers::Workers::new(workers, wake);
     let memory = Arc::new(gateway_memory(cfg, settings.iter().map(|s| &s.config)));
     // Each peer's relays buffer at most their share of the send half of the budget.
-    let send_budget = peer_send_share(cfg.limits.memory_budget.bytes(), specs.len());
+    let send_budget = peer_send_quota(cfg.limits.memory_budget.bytes(), specs.len());
     let now = Instant::now();
-    let mut links = Vec::with_capacity(specs.len());
+    let mut peers = Vec::with_capacity(specs.len());
     for (&id, spec) in ids.iter().zip(&specs) {
         let endpoint = &mut endpoints[crate::tunnel::workers::owner(id, workers)];
         let assoc = match spec.address {
@@ -117,7 +117,7 @@ pub fn build(
             }
             None => None,
         };
-        links.push(Arc::new(PeerLink::new(
+        peers.push(Arc::new(Peer::new(
             id,
             &spec.name,
             assoc,
@@ -163,7 +163,7 @@ pub fn build(
         })
         .collect();
     let gateway = Gateway::on_workers(
-        PeerTable::new(links, specs),
+        PeerTable::new(peers, specs),
         cfg.link.tx_rate.bps(),
         worker_set,
         memory,
@@ -202,7 +202,7 @@ pub fn carrier_overhead(settings: &PeerSettings) -> usize {
     settings.config.wire_overhead.saturating_sub(tag)
 }
 
-/// A peer a reload adds, as `build` makes one at start: its link (no association yet; the
+/// A peer a reload adds, as `build` makes one at start: its [`Peer`] (no association yet; the
 /// driver makes it) and what the driver needs to make it.
 pub fn new_peer(
     cfg: &PepdConfig,
@@ -212,7 +212,7 @@ pub fn new_peer(
     gateway: &Gateway,
 ) -> NewPeer {
     let settings = peer_settings(cfg, security, spec);
-    let link = PeerLink::new(
+    let peer = Peer::new(
         id,
         &spec.name,
         None,
@@ -222,7 +222,7 @@ pub fn new_peer(
         gateway.workers.wake_of(id),
     );
     NewPeer {
-        link: Arc::new(link),
+        peer: Arc::new(peer),
         spec: spec.clone(),
         identity: identity(spec, security.local.is_some()),
         carrier_overhead: carrier_overhead(&settings),

@@ -75,7 +75,7 @@ impl DriverParts {
 
 /// Runs a worker's driver on a thread of its own, on a current-thread runtime: its socket,
 /// endpoint and associations are that thread's alone, and it shares nothing with the
-/// relays' runtime but the links' locks and wake-ups. The task returned ends with it.
+/// relays' runtime but the peers' locks and wake-ups. The task returned ends with it.
 fn spawn_worker(
     parts: DriverParts,
     socket: std::net::UdpSocket,

@@ -114,7 +114,7 @@ pub enum Handoff {
 #[derive(Default)]
 pub struct Worker {
     inbox: Mutex<VecDeque<Handoff>>,
-    /// Wakes the worker's loop; its links hold it too.
+    /// Wakes the worker's loop; its peers hold it too.
     pub wake: Arc<Notify>,
     /// Datagrams its socket read.
     pub datagrams: AtomicU64,

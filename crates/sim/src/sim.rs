@@ -224,7 +224,7 @@ fn interactive_index(sc: &Scenario) -> usize {
 }
 
 impl Simulation {
-    pub fn new(sc: Scenario) -> Result<Self, pep_transport::ConfigError> {
+    pub fn new(sc: Scenario) -> Result<Self, pep_transport::InvalidConfig> {
         let base = Instant::now();
         let mut nodes = Vec::new();
         for pair in 0..sc.associations {

@@ -159,57 +159,60 @@ impl Config {
         }
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         if self.rate_bps < 8_000 {
-            return Err(ConfigError::new("rate_bps", "must be at least 8000"));
+            return Err(InvalidConfig::new("rate_bps", "must be at least 8000"));
         }
         if self.mtu < self.wire_overhead + 128 || self.mtu > 65_535 {
-            return Err(ConfigError::new(
+            return Err(InvalidConfig::new(
                 "mtu",
                 "must leave at least 128 bytes after wire_overhead and be at most 65535",
             ));
         }
         if self.frame_overhead > 1024 {
-            return Err(ConfigError::new(
+            return Err(InvalidConfig::new(
                 "frame_overhead",
                 "must be at most 1024 bytes",
             ));
         }
         if let SizeMode::Fixed(n) = self.datagram_size {
             if n < 128 {
-                return Err(ConfigError::new(
+                return Err(InvalidConfig::new(
                     "datagram_size",
                     "a fixed size must be at least 128 bytes",
                 ));
             }
         }
         if self.flow_window < 16 * 1024 || self.flow_window > 1 << 30 {
-            return Err(ConfigError::new("flow_window", "must be 16 KiB to 1 GiB"));
+            return Err(InvalidConfig::new("flow_window", "must be 16 KiB to 1 GiB"));
         }
         if self.assoc_window < self.flow_window {
-            return Err(ConfigError::new(
+            return Err(InvalidConfig::new(
                 "assoc_window",
                 "must be at least flow_window",
             ));
         }
         if self.send_buffer < 16 * 1024 {
-            return Err(ConfigError::new("send_buffer", "must be at least 16 KiB"));
+            return Err(InvalidConfig::new("send_buffer", "must be at least 16 KiB"));
         }
         if self.ack.every_packets == 0 {
-            return Err(ConfigError::new("ack.every_packets", "must be at least 1"));
+            return Err(InvalidConfig::new(
+                "ack.every_packets",
+                "must be at least 1",
+            ));
         }
         if self.ack.max_ranges < 2 {
-            return Err(ConfigError::new("ack.max_ranges", "must be at least 2"));
+            return Err(InvalidConfig::new("ack.max_ranges", "must be at least 2"));
         }
         let v = self.vegas;
         if !(v.alpha > 0.0 && v.alpha <= v.beta && v.gamma > 0.0) {
-            return Err(ConfigError::new(
+            return Err(InvalidConfig::new(
                 "vegas",
                 "need 0 < alpha <= beta and gamma > 0",
             ));
         }
         if self.max_flows == 0 {
-            return Err(ConfigError::new("max_flows", "must be at least 1"));
+            return Err(InvalidConfig::new("max_flows", "must be at least 1"));
         }
         Ok(())
     }
@@ -222,13 +225,13 @@ impl Config {
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[error("invalid transport setting `{key}`: {why}")]
-pub struct ConfigError {
+pub struct InvalidConfig {
     pub key: &'static str,
     pub why: &'static str,
 }
 
-impl ConfigError {
+impl InvalidConfig {
     pub(crate) fn new(key: &'static str, why: &'static str) -> Self {
-        ConfigError { key, why }
+        InvalidConfig { key, why }
     }
 }

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::association::{Association, EndpointRouting, Role};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, InvalidConfig};
 use crate::ids::{ConnectionId, PeerId};
 use crate::packet::{
     LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
@@ -78,21 +78,21 @@ impl EndpointConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), InvalidConfig> {
         if !matches!(self.cid_len, 0 | 2) {
-            return Err(ConfigError::new("endpoint.cid_len", "must be 0 or 2"));
+            return Err(InvalidConfig::new("endpoint.cid_len", "must be 0 or 2"));
         }
         if self.shard_bits > 3 || (self.cid_len == 0 && self.shard_bits > 0) {
-            return Err(ConfigError::new(
+            return Err(InvalidConfig::new(
                 "endpoint.shard_bits",
                 "at most 3, and 0 without connection IDs",
             ));
         }
         if u32::from(self.shard) >= 1 << self.shard_bits {
-            return Err(ConfigError::new("endpoint.shard", "beyond 2^shard_bits"));
+            return Err(InvalidConfig::new("endpoint.shard", "beyond 2^shard_bits"));
         }
         if self.handshakes_per_second == 0 || self.handshake_burst == 0 {
-            return Err(ConfigError::new(
+            return Err(InvalidConfig::new(
                 "endpoint.handshakes",
                 "rate and burst must be positive",
             ));
@@ -225,7 +225,7 @@ impl Endpoint {
         cfg: EndpointConfig,
         local: Option<LocalIdentity>,
         rng_seed: [u8; 32],
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidConfig> {
         cfg.validate()?;
         let guard = HandshakeGuard::new(cfg.handshakes_per_second, cfg.handshake_burst);
         let verified = TokenBucket::new(cfg.handshakes_per_second, cfg.handshake_burst);
@@ -350,7 +350,7 @@ impl Endpoint {
     /// Refuses as replays the initiations `memory` holds, and adds those it authenticates
     /// there: endpoints in one process that share it (a hub's, one per worker) each refuse
     /// an initiation any of them authenticated, not once each.
-    pub fn share_initiations(&mut self, memory: InitiationMemory) {
+    pub fn use_initiation_memory(&mut self, memory: InitiationMemory) {
         self.guard.recent = memory;
     }
 
@@ -435,22 +435,22 @@ impl Endpoint {
         role: Role,
         epoch: u64,
         security: Option<SecurityConfig>,
-    ) -> Result<(AssocHandle, Association), ConfigError> {
+    ) -> Result<(AssocHandle, Association), InvalidConfig> {
         let Some(identity) = self.peers.get(&peer) else {
-            return Err(ConfigError::new("peer", "not among the endpoint's peers"));
+            return Err(InvalidConfig::new("peer", "not among the endpoint's peers"));
         };
         if self.by_peer.contains_key(&peer) {
-            return Err(ConfigError::new("peer", "already has an association"));
+            return Err(InvalidConfig::new("peer", "already has an association"));
         }
         if security.is_some() != self.local.is_some() {
-            return Err(ConfigError::new(
+            return Err(InvalidConfig::new(
                 "security",
                 "the association and its endpoint must agree on security",
             ));
         }
         if let (Some(sec), Some(key)) = (&security, identity.public_key) {
             if sec.peer_public_key != key {
-                return Err(ConfigError::new(
+                return Err(InvalidConfig::new(
                     "security.peer_public_key",
                     "not the key the endpoint has for this peer",
                 ));
@@ -458,7 +458,7 @@ impl Endpoint {
         }
         let remote = identity.address;
         let Some(slot) = self.free_slot() else {
-            return Err(ConfigError::new("endpoint", "no free connection ID"));
+            return Err(InvalidConfig::new("endpoint", "no free connection ID"));
         };
         let seed = self.source.seed();
         let assoc = Association::for_endpoint(
@@ -729,7 +729,7 @@ mod tests {
         e: &mut Endpoint,
         now: Instant,
         p: u32,
-    ) -> Result<(AssocHandle, Association), ConfigError> {
+    ) -> Result<(AssocHandle, Association), InvalidConfig> {
         let cfg = Config::for_rate(1_000_000);
         e.new_association(now, PeerId(p), cfg, Role::Responder, 1, None)
     }

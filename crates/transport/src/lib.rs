@@ -27,7 +27,7 @@ pub mod stats;
 mod stream;
 
 pub use association::{Association, Event, FlowError, LostReason, OpenError, ReadOutcome, Role};
-pub use config::{AckPolicy, CcMode, Config, ConfigError, LossCause, SizeMode, VegasParams};
+pub use config::{AckPolicy, CcMode, Config, InvalidConfig, LossCause, SizeMode, VegasParams};
 pub use endpoint::{
     AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerIdentity,
     PeerTableError, RemovedPeer, ENDPOINT_HANDSHAKES_PER_SECOND, ENDPOINT_HANDSHAKE_BURST,

@@ -50,7 +50,7 @@ pub struct Stats {
     pub flows_open: u64,
     /// Open flows whose application holds back writes until its data is acknowledged
     /// ([`Association::wait_for_share`](crate::Association::wait_for_share)).
-    pub flows_waiting_for_share: u64,
+    pub flows_waiting_for_quota: u64,
     pub flows_opened_total: u64,
     /// Flows refused because `max_flows` were open: opens by the application (refused with
     /// [`OpenError::TooManyFlows`](crate::OpenError::TooManyFlows)) and by the peer (reset

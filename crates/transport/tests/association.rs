@@ -525,7 +525,7 @@ fn a_flow_waiting_for_its_share_is_told_when_its_data_is_acknowledged() {
     let g = n.open(0, 1010, pattern(10, 50_000), false);
     n.ends[0].wait_for_share(f);
     n.ends[0].wait_for_share(g);
-    assert_eq!(n.ends[0].stats().flows_waiting_for_share, 2);
+    assert_eq!(n.ends[0].stats().flows_waiting_for_quota, 2);
     let writable = |n: &Net, flow: FlowId| {
         n.apps[0]
             .events
@@ -537,7 +537,7 @@ fn a_flow_waiting_for_its_share_is_told_when_its_data_is_acknowledged() {
     // acknowledged as well), once each.
     assert!(n.run_until(Duration::from_secs(5), |n| n.ends[0]
         .stats()
-        .flows_waiting_for_share
+        .flows_waiting_for_quota
         == 0));
     assert_eq!((writable(&n, f), writable(&n, g)), (1, 1));
     // Lifted together: one event for each flow still waiting, none for the others.
@@ -545,7 +545,7 @@ fn a_flow_waiting_for_its_share_is_told_when_its_data_is_acknowledged() {
     n.ends[0].release_share_waits();
     n.apps[0].drain_events(&mut n.ends[0]);
     assert_eq!((writable(&n, f), writable(&n, g)), (2, 1));
-    assert_eq!(n.ends[0].stats().flows_waiting_for_share, 0);
+    assert_eq!(n.ends[0].stats().flows_waiting_for_quota, 0);
     assert!(n.run_until(Duration::from_secs(5), |n| n.apps[1]
         .flows
         .get(&g)

@@ -452,7 +452,7 @@ fn a_replay_to_another_worker_s_endpoint_is_refused() {
         .map(|seed| hub_endpoint(&layout, seed))
         .collect();
     for w in &mut workers {
-        w.share_initiations(owner.endpoint.initiations());
+        w.use_initiation_memory(owner.endpoint.initiations());
     }
     let Some(DatagramEvent::Initiation {
         peer,

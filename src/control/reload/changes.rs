@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use crate::config::{
-    InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PeerConfig, PeerEntry,
+    InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PairConfig, PeerEntry,
     Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig,
     TransportConfig, TunnelConfig, UpstreamConfig,
 };
@@ -407,7 +407,7 @@ fn key(name: &'static str, setting: Setting, changed: bool) -> Key {
 fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
     let peer = Setting::Restart(RestartSetting::Peer);
     match new {
-        Peers::Pair(PeerConfig {
+        Peers::Pair(PairConfig {
             address,
             bind,
             side,
@@ -556,7 +556,7 @@ mod tests {
     }
 
     /// The `[peer]` table of a config in the pair form.
-    fn pair(c: &mut PepdConfig) -> &mut PeerConfig {
+    fn pair(c: &mut PepdConfig) -> &mut PairConfig {
         match &mut c.peer {
             Peers::Pair(p) => p,
             Peers::List(_) => panic!("not the pair form"),

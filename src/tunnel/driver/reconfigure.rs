@@ -10,9 +10,9 @@ use pep_transport::{Association, Event, PeerId, ResetReason};
 use tracing::{info, warn};
 
 use super::Driver;
-use crate::tunnel::conn::AssociationState;
-use crate::tunnel::conn::PeerLink;
 use crate::tunnel::outbox::Outbox;
+use crate::tunnel::peer::AssociationState;
+use crate::tunnel::peer::Peer;
 use crate::tunnel::peer_table::NewPeer;
 
 /// Why a removed peer's flows end: its clients see a reset, as for a failed connect.
@@ -27,8 +27,8 @@ impl Driver {
         };
         let table = super::own_view(&all, self.worker, self.gateway.workers.count());
         for change in changes {
-            for link in &change.removed {
-                self.remove_peer(now, link, tx);
+            for peer in &change.removed {
+                self.remove_peer(now, peer, tx);
             }
             for peer in change.added {
                 self.add_peer(now, peer);
@@ -36,15 +36,15 @@ impl Driver {
         }
         let deadlines: HashMap<PeerId, Option<Instant>> = self
             .table
-            .links
+            .peers
             .iter()
             .zip(&self.deadlines)
-            .map(|(l, d)| (l.peer, *d))
+            .map(|(l, d)| (l.id, *d))
             .collect();
         self.deadlines = table
-            .links
+            .peers
             .iter()
-            .map(|l| match deadlines.get(&l.peer) {
+            .map(|l| match deadlines.get(&l.id) {
                 Some(d) => *d,
                 None => l.lock().assoc.as_ref().and_then(Association::poll_timeout),
             })
@@ -56,8 +56,8 @@ impl Driver {
         // The budget is the gateway's: each peer's share of it follows the number of peers.
         let memory = &self.gateway.memory;
         let budget = memory.budget();
-        let share = crate::tunnel::memory::peer_send_share(budget, all.links.len());
-        for l in &table.links {
+        let share = crate::tunnel::memory::peer_send_quota(budget, all.peers.len());
+        for l in &table.peers {
             l.set_send_budget(share);
         }
         memory.set_receive_reserve(crate::tunnel::memory::receive_reserve(
@@ -77,8 +77,8 @@ impl Driver {
 
     /// Takes the peer out of the endpoint and the carrier, closes its association (one
     /// CLOSE tells the peer) and resets its flows.
-    fn remove_peer(&mut self, now: Instant, link: &Arc<PeerLink>, tx: &mut Outbox) {
-        let id = link.peer;
+    fn remove_peer(&mut self, now: Instant, peer: &Arc<Peer>, tx: &mut Outbox) {
+        let id = peer.id;
         if let Some(handle) = self.endpoint.remove_peer(id).and_then(|r| r.association) {
             self.by_handle.remove(&handle);
         }
@@ -90,7 +90,7 @@ impl Driver {
             // Every endpoint forgets the peer; its owner closes the association.
             return;
         }
-        let mut st = link.lock();
+        let mut st = peer.lock();
         let mut last_stats = None;
         if let Some(mut assoc) = st.assoc.take() {
             assoc.close(0, "peer removed from the configuration");
@@ -100,7 +100,7 @@ impl Driver {
             }
             while let Some(ev) = assoc.poll_event() {
                 if let Event::FlowReset { flow, reason } = ev {
-                    link.counters.flow_resets.add(reason);
+                    peer.counters.flow_resets.add(reason);
                     st.flow_reset(flow, reason);
                 }
             }
@@ -108,26 +108,26 @@ impl Driver {
         }
         // Flows the association no longer had a record of end too: nothing carries them.
         st.reset_all_flows(REMOVED);
-        st.report_send(&link.memory);
+        st.report_send(&peer.memory);
         drop(st);
-        link.counters.set_state(AssociationState::Closed);
-        self.gateway.retire(link, last_stats);
-        info!(peer = %link.name, "peer removed: its association is closed and its flows reset");
+        peer.counters.set_state(AssociationState::Closed);
+        self.gateway.retire(peer, last_stats);
+        info!(peer = %peer.name, "peer removed: its association is closed and its flows reset");
     }
 
     /// Puts the peer into the endpoint and the carrier, and makes its association now if
     /// its address is configured (else on its first initiation).
     fn add_peer(&mut self, now: Instant, peer: NewPeer) {
         let NewPeer {
-            link,
+            peer,
             spec,
             identity,
             settings,
             carrier_overhead,
         } = peer;
-        let id = link.peer;
+        let id = peer.id;
         if let Err(e) = self.endpoint.add_peer(id, identity) {
-            warn!(peer = %link.name, error = %e, "peer not added");
+            warn!(peer = %peer.name, error = %e, "peer not added");
             return;
         }
         self.factory.peers.insert(id, settings);
@@ -142,15 +142,15 @@ impl Driver {
         if spec.address.is_some() {
             match self.factory.make(&mut self.endpoint, now, id) {
                 Ok((handle, assoc)) => {
-                    link.lock().assoc = Some(assoc);
+                    peer.lock().assoc = Some(assoc);
                     self.by_handle.insert(handle, id);
                 }
                 Err(e) => {
-                    warn!(peer = %link.name, key = e.key, why = e.why, "cannot make the association");
+                    warn!(peer = %peer.name, key = e.key, why = e.why, "cannot make the association");
                 }
             }
         }
-        link.wake();
-        info!(peer = %link.name, "peer added");
+        peer.wake();
+        info!(peer = %peer.name, "peer added");
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use pep_transport::{Association, FlowMeta, Role};
 
 use super::*;
-use crate::tunnel::conn::{OpenRefused, PeerLink};
+use crate::tunnel::peer::{OpenRefused, Peer};
 
 /// Counts what the current thread has allocated and not freed, so a test can weigh the
 /// structures it builds while others run in parallel.
@@ -70,17 +70,17 @@ fn the_account_adds_flows_held_bytes_and_payload() {
     assert_eq!(m.send_room(0), 0);
 }
 
-/// A gateway's one link, with the whole send side of the budget as its share.
-fn hub(budget: u64, receive_reserve: u64, fixed: u64) -> PeerLink {
+/// A gateway's one peer, with the whole send side of the budget as its share.
+fn hub(budget: u64, receive_reserve: u64, fixed: u64) -> Peer {
     let memory = Arc::new(MemoryAccount::new(budget, receive_reserve, fixed));
     link_on(&memory, send_cap(budget))
 }
 
-/// A link of a gateway whose account is `memory`, with `share` of the send side.
-fn link_on(memory: &Arc<MemoryAccount>, share: u64) -> PeerLink {
+/// A peer of a gateway whose account is `memory`, with `share` of the send side.
+fn link_on(memory: &Arc<MemoryAccount>, share: u64) -> Peer {
     let cfg = pep_transport::Config::for_rate(10_000_000);
     let assoc = Association::new(cfg, Role::Initiator, 1, Instant::now()).expect("association");
-    PeerLink::new(
+    Peer::new(
         pep_transport::PeerId(0),
         "peer",
         Some(assoc),
@@ -146,7 +146,7 @@ fn the_links_of_a_gateway_share_its_one_budget() {
     // Room for exactly three flows, whichever peers they go to.
     let budget = MIB + 3 * PER_FLOW;
     let memory = Arc::new(MemoryAccount::new(budget, MIB, 0));
-    let share = crate::tunnel::memory::peer_send_share(budget, 2);
+    let share = crate::tunnel::memory::peer_send_quota(budget, 2);
     let (a, b) = (link_on(&memory, share), link_on(&memory, share));
     let mut open = vec![
         a.open(meta(1), &[]).expect("fits"),
@@ -161,10 +161,10 @@ fn the_links_of_a_gateway_share_its_one_budget() {
     open.push(b.open(meta(6), &[]).expect("room again"));
     assert_eq!(memory.flows(), 3);
 
-    // Bytes one link buffers to send leave less for the other.
+    // Bytes one peer buffers to send leave less for the other.
     let budget = MIB + 2 * PER_FLOW + 10_000;
     let memory = Arc::new(MemoryAccount::new(budget, MIB, 0));
-    let share = crate::tunnel::memory::peer_send_share(budget, 2);
+    let share = crate::tunnel::memory::peer_send_quota(budget, 2);
     let (a, b) = (link_on(&memory, share), link_on(&memory, share));
     let (fa, _ca) = a.open(meta(1), &[7u8; 6000]).expect("fits");
     let (fb, _cb) = b.open(meta(2), &[]).expect("fits");
@@ -181,11 +181,11 @@ fn a_peer_buffers_no_more_than_its_share() {
     let budget = 64 * MIB;
     let memory = Arc::new(MemoryAccount::new(budget, 0, 0));
     // A share below what the flow itself could take.
-    let link = link_on(&memory, 5000);
-    let (flow, _charge) = link.open(meta(1), &[7u8; 3000]).expect("fits");
-    assert_eq!(link.write_room(&flow).expect("room"), 2000);
+    let peer = link_on(&memory, 5000);
+    let (flow, _charge) = peer.open(meta(1), &[7u8; 3000]).expect("fits");
+    assert_eq!(peer.write_room(&flow).expect("room"), 2000);
     assert_eq!(
-        link.open(meta(2), &[0u8; 2001]).err(),
+        peer.open(meta(2), &[0u8; 2001]).err(),
         Some(OpenRefused::MemoryBudget)
     );
     assert!(memory.send_room(memory.send_buffered()) > 2000);
@@ -215,9 +215,9 @@ fn per_flow_cost_is_covered() {
         let before = live_bytes();
         let tcp = tokio::net::TcpStream::from_std(sock.into()).expect("tcp");
         let registration = live_bytes() - before;
-        let link = Arc::new(self::hub(64 * MIB, MIB, 0));
-        let (flow, _charge) = link.open(meta(1), &[]).expect("fits");
-        let (intercepted, peer) = crate::proxy::acceptor::flow_tasks(link.clone(), flow, tcp);
+        let peer = Arc::new(self::hub(64 * MIB, MIB, 0));
+        let (flow, _charge) = peer.open(meta(1), &[]).expect("fits");
+        let (intercepted, peer) = crate::proxy::acceptor::flow_tasks(peer.clone(), flow, tcp);
         let sizes = [size_of_val(&intercepted), size_of_val(&peer)];
         // Spawned, weighed and aborted before they run (this runtime runs them only when
         // the test yields).
@@ -254,14 +254,14 @@ fn past_half_the_send_pool_each_flow_gets_a_share() {
     assert_eq!(m.send_pool(), pool);
     assert_eq!(m.send_room(1000), pool - 1000);
     // Up to half the pool, a flow takes what is free.
-    assert_eq!(m.flow_share(0), None);
-    assert_eq!(m.flow_share(pool / 2), None);
+    assert_eq!(m.flow_quota(0), None);
+    assert_eq!(m.flow_quota(pool / 2), None);
     // Past it, a quarter of the pool split over the four flows.
-    assert_eq!(m.flow_share(pool / 2 + 1), Some(pool / 16));
+    assert_eq!(m.flow_quota(pool / 2 + 1), Some(pool / 16));
     assert_eq!(pool / 16, 326_656);
     // Never less than the floor, however many flows.
     let many: Vec<FlowCharge> = (0..1000).map(|_| m.charge_flow()).collect();
-    assert_eq!(m.flow_share(m.send_pool()), Some(SHARE_FLOOR));
+    assert_eq!(m.flow_quota(m.send_pool()), Some(QUOTA_FLOOR));
     drop((charges, many));
 }
 
@@ -279,12 +279,12 @@ fn a_flow_over_its_share_waits_until_the_contention_ends() {
     assert_eq!(hub.write(&a, &big).expect("write"), big.len());
     let share = MIB / 4 / 2;
     assert_eq!(
-        hub.memory.flow_share(hub.memory.send_buffered()),
+        hub.memory.flow_quota(hub.memory.send_buffered()),
         Some(share)
     );
     assert_eq!(hub.write_room(&a).expect("room"), 0);
     assert_eq!(
-        hub.stats().expect("association").0.flows_waiting_for_share,
+        hub.stats().expect("association").0.flows_waiting_for_quota,
         1
     );
     // `b` still gets its share of what is left, not all of it.
@@ -295,14 +295,14 @@ fn a_flow_over_its_share_waits_until_the_contention_ends() {
     );
     assert_eq!(hub.write_room(&b).expect("room"), 0);
     assert_eq!(
-        hub.stats().expect("association").0.flows_waiting_for_share,
+        hub.stats().expect("association").0.flows_waiting_for_quota,
         2
     );
     assert!(hub.waits_for_budget());
     // A larger budget ends the contention: both are woken and write again.
     hub.memory.set_budget(64 * MIB);
     let mut st = hub.lock();
-    st.lift_shares(&hub);
+    st.lift_quotas(&hub);
     let mut woken = Vec::new();
     while let Some(ev) = st.assoc.as_mut().and_then(Association::poll_event) {
         if let pep_transport::Event::FlowWritable { flow } = ev {
@@ -312,7 +312,7 @@ fn a_flow_over_its_share_waits_until_the_contention_ends() {
     drop(st);
     assert_eq!(woken, vec![a.id, b.id]);
     assert_eq!(
-        hub.stats().expect("association").0.flows_waiting_for_share,
+        hub.stats().expect("association").0.flows_waiting_for_quota,
         0
     );
     assert!(!hub.waits_for_budget());
@@ -321,7 +321,7 @@ fn a_flow_over_its_share_waits_until_the_contention_ends() {
 }
 
 /// Whether `flow`'s relay has a wake-up waiting.
-fn woken(flow: &crate::tunnel::conn::FlowRef) -> bool {
+fn woken(flow: &crate::tunnel::peer::FlowRef) -> bool {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -334,13 +334,13 @@ fn woken(flow: &crate::tunnel::conn::FlowRef) -> bool {
 
 #[test]
 fn a_stalled_flow_is_reset_only_while_the_budget_is_contended() {
-    use crate::tunnel::conn::{FlowGone, LinkCounters};
+    use crate::tunnel::peer::{FlowGone, PeerCounters};
     use pep_transport::ResetReason;
     let fixed = 64 * 1024;
     let hub = hub(MIB + fixed + 4 * PER_FLOW, MIB, fixed);
     let (a, _ca) = hub.open(meta(1), &[]).expect("fits");
     let (b, _cb) = hub.open(meta(2), &[]).expect("fits");
-    let stalled_resets = || LinkCounters::get(&hub.counters.flows_reset_stalled);
+    let stalled_resets = || PeerCounters::get(&hub.counters.flows_reset_stalled);
     // With room for another flow, a flow whose client stopped reading stays, and its relay
     // waits for contention.
     assert_eq!(hub.reset_if_stalled(&a), Ok(false));

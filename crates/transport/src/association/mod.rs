@@ -14,7 +14,7 @@ use thiserror::Error;
 use crate::ack::AckTracker;
 use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController, SentInfo};
 use crate::codec::{expand_truncated, truncation_len, Reader};
-use crate::config::{Config, ConfigError, LossCause};
+use crate::config::{Config, InvalidConfig, LossCause};
 use crate::datagram_size::{DatagramSizer, HEADER};
 use crate::flow::{Flow, OpenState, ResetState};
 use crate::frame::{self, AckFrame, FlowMeta, Frame, ImplicitData, ResetReason};
@@ -263,7 +263,7 @@ impl Association {
     /// `epoch`: a random non-zero number chosen by the caller for this start of the gateway.
     /// An association without security: plaintext HELLO, no packet protection. Only for
     /// links already protected below us.
-    pub fn new(cfg: Config, role: Role, epoch: u64, now: Instant) -> Result<Self, ConfigError> {
+    pub fn new(cfg: Config, role: Role, epoch: u64, now: Instant) -> Result<Self, InvalidConfig> {
         Self::build(cfg, role, epoch, now, None)
     }
 
@@ -277,7 +277,7 @@ impl Association {
         now: Instant,
         security: SecurityConfig,
         rng_seed: [u8; 32],
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidConfig> {
         check_rekey(&security)?;
         let guard = Box::new(HandshakeGuard::standalone());
         let sec = Security::new(security, rng_seed, Some(guard));
@@ -293,7 +293,7 @@ impl Association {
         now: Instant,
         security: Option<(SecurityConfig, [u8; 32])>,
         routing: EndpointRouting,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidConfig> {
         let security = match security {
             Some((sec, seed)) => {
                 check_rekey(&sec)?;
@@ -314,7 +314,7 @@ impl Association {
         epoch: u64,
         now: Instant,
         security: Option<Box<Security>>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidConfig> {
         cfg.validate()?;
         let epoch = epoch.max(1);
         // The AEAD tag is in every protected datagram and is not payload.
@@ -460,7 +460,7 @@ impl Association {
         s.corruption_by_size = self.sizer.class_losses();
         s.bytes_in_flight = self.sent.bytes_in_flight();
         s.flows_open = self.flows.len() as u64;
-        s.flows_waiting_for_share = self.flows_waiting_for_share();
+        s.flows_waiting_for_quota = self.flows_waiting_for_quota();
         s.aead = self.security.as_ref().and_then(|sec| sec.protection());
         s
     }
@@ -615,7 +615,7 @@ impl Association {
     }
 
     /// Flows whose writes wait for their share (see [`wait_for_share`](Self::wait_for_share)).
-    pub fn flows_waiting_for_share(&self) -> u64 {
+    pub fn flows_waiting_for_quota(&self) -> u64 {
         self.flows.values().filter(|f| f.share_blocked).count() as u64
     }
 
@@ -784,9 +784,9 @@ impl Association {
     }
 }
 
-fn check_rekey(security: &SecurityConfig) -> Result<(), ConfigError> {
+fn check_rekey(security: &SecurityConfig) -> Result<(), InvalidConfig> {
     if security.rekey_after_packets == 0 || security.rekey_interval.is_zero() {
-        return Err(ConfigError::new(
+        return Err(InvalidConfig::new(
             "security.rekey",
             "rekey interval and packet count must be positive",
         ));

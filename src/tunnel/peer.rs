@@ -1,6 +1,6 @@
 //! One peer's association shared between the driver and the flow relays: one lock around
 //! the sans-IO core, a slot per live flow with the signal its relay waits on, this peer's
-//! share of the send buffers, and the gateway's memory account every link charges.
+//! share of the send buffers, and the gateway's memory account every peer charges.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -98,7 +98,7 @@ pub enum OpenRefused {
     NotAssociated,
 }
 
-pub struct LinkState {
+pub struct PeerState {
     /// `None` until the peer's first authenticated initiation for a peer whose address
     /// is not configured (it is learned from that initiation).
     pub assoc: Option<Association>,
@@ -107,27 +107,27 @@ pub struct LinkState {
     /// Relays waiting for the global send budget.
     budget_waiters: Vec<Arc<FlowSignal>>,
     /// Some flow waits for its share of the contended send budget (the association wakes
-    /// each as its data is acknowledged, [`LinkState::lift_shares`] all once it is over).
-    share_waiting: bool,
+    /// each as its data is acknowledged, [`PeerState::lift_quotas`] all once it is over).
+    quota_waiting: bool,
     /// The association's send buffers as last reported to the memory account.
     send_reported: u64,
     /// Relays whose client has taken nothing for `limits.stalled_flow_timeout`, waiting
-    /// for contention to reset their flow (see [`PeerLink::reset_if_stalled`]).
+    /// for contention to reset their flow (see [`Peer::reset_if_stalled`]).
     stalled: HashMap<FlowId, Arc<FlowSignal>>,
 }
 
 /// One peer of the gateway: its association behind a lock of its own, so relays of
 /// different peers never contend, and the flows relayed over it.
-pub struct PeerLink {
-    pub peer: PeerId,
+pub struct Peer {
+    pub id: PeerId,
     /// The peer's name, for logs.
     pub name: Arc<str>,
-    state: Mutex<LinkState>,
-    /// Wakes the driver (shared by every link of the gateway).
+    state: Mutex<PeerState>,
+    /// Wakes the driver (shared by every peer of the gateway).
     wake: Arc<Notify>,
-    /// Set by [`PeerLink::wake`] until the driver services the link.
+    /// Set by [`Peer::wake`] until the driver services the peer.
     queued: AtomicBool,
-    /// Relays of this link wait for budget (which another link's acknowledgements may free).
+    /// Relays of this peer wait for budget (which another peer's acknowledgements may free).
     budget_waiting: AtomicBool,
     /// This peer's share of the send side of the budget, so that one peer cannot take all
     /// of it (the receive side is bounded by the windows we advertise); changes on reload.
@@ -142,9 +142,9 @@ pub struct PeerLink {
     reloaded_keepalive: Mutex<Option<Duration>>,
     /// The `max_flows` a reload set, 0 if none, likewise.
     reloaded_max_flows: AtomicUsize,
-    /// The gateway's memory account, shared by every link: the budget is process-wide.
+    /// The gateway's memory account, shared by every peer: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
-    pub counters: LinkCounters,
+    pub counters: PeerCounters,
 }
 
 /// What a peer is guaranteed and how it shares the spare carrier; its MIR is its
@@ -155,9 +155,9 @@ pub struct ShareRates {
     pub weight: u32,
 }
 
-/// Relay-side counters of one link the metrics read.
+/// Relay-side counters of one peer the metrics read.
 #[derive(Default)]
-pub struct LinkCounters {
+pub struct PeerCounters {
     pub flows_from_peer: AtomicU64,
     /// Read from local TCP connections into flows.
     pub bytes_to_peer: AtomicU64,
@@ -181,7 +181,7 @@ pub struct LinkCounters {
     association_state: std::sync::atomic::AtomicU8,
 }
 
-impl LinkCounters {
+impl PeerCounters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
@@ -191,7 +191,7 @@ impl LinkCounters {
     }
 
     /// Adds `from`'s counters to these (not the gauges: relays running, state).
-    pub fn add_totals(&self, from: &LinkCounters) {
+    pub fn add_totals(&self, from: &PeerCounters) {
         let add = |to: &AtomicU64, from: &AtomicU64| Self::add(to, Self::get(from));
         add(&self.flows_from_peer, &from.flows_from_peer);
         add(&self.bytes_to_peer, &from.bytes_to_peer);
@@ -255,26 +255,26 @@ impl ByReason {
     }
 }
 
-impl PeerLink {
+impl Peer {
     /// `assoc`: made at start for a peer whose address is configured, else later by the
     /// driver. `memory`: the gateway's. `wake`: the driver's.
     pub fn new(
-        peer: PeerId,
+        id: PeerId,
         name: &str,
         assoc: Option<Association>,
         send_budget: u64,
         memory: Arc<MemoryAccount>,
         wake: Arc<Notify>,
-    ) -> PeerLink {
-        PeerLink {
-            peer,
+    ) -> Peer {
+        Peer {
+            id,
             name: name.into(),
-            state: Mutex::new(LinkState {
+            state: Mutex::new(PeerState {
                 assoc,
                 flows: HashMap::new(),
                 next_token: 0,
                 budget_waiters: Vec::new(),
-                share_waiting: false,
+                quota_waiting: false,
                 send_reported: 0,
                 stalled: HashMap::new(),
             }),
@@ -287,7 +287,7 @@ impl PeerLink {
             reloaded_keepalive: Mutex::new(None),
             reloaded_max_flows: AtomicUsize::new(0),
             memory,
-            counters: LinkCounters::default(),
+            counters: PeerCounters::default(),
         }
     }
 
@@ -360,18 +360,18 @@ impl PeerLink {
         }
     }
 
-    /// Asks the driver to service this link: something was queued or freed.
+    /// Asks the driver to service this peer: something was queued or freed.
     pub fn wake(&self) {
         self.queued.store(true, Ordering::Release);
         self.wake.notify_one();
     }
 
-    /// Whether relays of this link wait for budget to free.
+    /// Whether relays of this peer wait for budget to free.
     pub fn waits_for_budget(&self) -> bool {
         self.budget_waiting.load(Ordering::Relaxed)
     }
 
-    /// Whether the link asked to be serviced since the last call.
+    /// Whether the peer asked to be serviced since the last call.
     pub fn take_queued(&self) -> bool {
         self.queued.swap(false, Ordering::AcqRel)
     }
@@ -403,7 +403,7 @@ impl PeerLink {
         self.memory.charge_flow()
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, LinkState> {
+    pub fn lock(&self) -> MutexGuard<'_, PeerState> {
         // A relay that panicked while holding the lock leaves a consistent association (its
         // calls are all-or-nothing), so the poison is not worth taking the daemon down.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -417,7 +417,7 @@ impl PeerLink {
             return Err(OpenRefused::NotAssociated);
         }
         if !st.admits_flow(self, first.len() as u64) {
-            LinkCounters::add(&self.counters.flows_over_budget, 1);
+            PeerCounters::add(&self.counters.flows_over_budget, 1);
             return Err(OpenRefused::MemoryBudget);
         }
         let Some(assoc) = st.assoc.as_mut() else {
@@ -436,7 +436,7 @@ impl PeerLink {
         st.report_send(&self.memory);
         // Charged under the lock, so concurrent opens cannot all pass the check above.
         let charge = self.charge_flow();
-        LinkCounters::add(&self.counters.bytes_to_peer, written as u64);
+        PeerCounters::add(&self.counters.bytes_to_peer, written as u64);
         drop(st);
         self.wake();
         Ok((flow, charge))
@@ -459,8 +459,8 @@ impl PeerLink {
             if let Some(a) = st.assoc.as_mut() {
                 a.wait_for_share(flow.id);
             }
-            st.share_waiting = true;
-            // Acknowledgements on another link may end the contention.
+            st.quota_waiting = true;
+            // Acknowledgements from another peer may end the contention.
             self.budget_waiting.store(true, Ordering::Relaxed);
         }
         Ok(room.min(left).min(share_left) as usize)
@@ -504,7 +504,7 @@ impl PeerLink {
 
     /// Resets `flow`, whose TCP side has taken none of the bytes waiting for it for
     /// `limits.stalled_flow_timeout`, with `resource_limit` if it holds what other flows
-    /// need now (see [`LinkState::contended`]), and says whether it did (the local TCP side
+    /// need now (see [`PeerState::contended`]), and says whether it did (the local TCP side
     /// is the caller's to reset). If not, the relay is woken when that changes, and asks
     /// again.
     pub fn reset_if_stalled(&self, flow: &FlowRef) -> Result<bool, FlowGone> {
@@ -517,7 +517,7 @@ impl PeerLink {
         st.stalled.remove(&flow.id);
         // Under the lock that saw the flow live: the peer's own reset cannot come between.
         self.reset_locked(&mut st, flow, ResetReason::ResourceLimit);
-        LinkCounters::add(&self.counters.flows_reset_stalled, 1);
+        PeerCounters::add(&self.counters.flows_reset_stalled, 1);
         drop(st);
         self.wake();
         Ok(true)
@@ -531,7 +531,7 @@ impl PeerLink {
         self.wake();
     }
 
-    fn reset_locked(&self, st: &mut LinkState, flow: &FlowRef, reason: ResetReason) {
+    fn reset_locked(&self, st: &mut PeerState, flow: &FlowRef, reason: ResetReason) {
         if st
             .flow_assoc(flow)
             .is_ok_and(|a| a.reset(flow.id, reason).is_ok())
@@ -552,7 +552,7 @@ fn gone(e: FlowError, flow: &FlowRef) -> FlowGone {
     }
 }
 
-impl LinkState {
+impl PeerState {
     /// The association, for a flow that is still in it.
     fn flow_assoc(&mut self, flow: &FlowRef) -> Result<&mut Association, FlowGone> {
         self.check(flow)?;
@@ -619,20 +619,20 @@ impl LinkState {
     /// Whether flows whose client stopped reading hold what others need: more than half of
     /// this peer's receive window is in use (every flow from the peer shares it), or the
     /// gateway's budget has no room left for a new flow.
-    pub fn contended(&mut self, link: &PeerLink) -> bool {
+    pub fn contended(&mut self, peer: &Peer) -> bool {
         let window = self
             .assoc
             .as_ref()
             .is_some_and(Association::recv_window_contended);
-        self.report_send(&link.memory);
-        window || !link.memory.admits_flow(link.memory.send_buffered(), 0)
+        self.report_send(&peer.memory);
+        window || !peer.memory.admits_flow(peer.memory.send_buffered(), 0)
     }
 
-    /// Wakes the relays waiting in [`PeerLink::reset_if_stalled`] once there is
-    /// contention (acknowledgements on another link change the budget too; this link's next
+    /// Wakes the relays waiting in [`Peer::reset_if_stalled`] once there is
+    /// contention (acknowledgements from another peer change the budget too; this peer's next
     /// service, at the latest its keepalive, sees it).
-    pub fn wake_stalled(&mut self, link: &PeerLink) {
-        if self.stalled.is_empty() || !self.contended(link) {
+    pub fn wake_stalled(&mut self, peer: &Peer) {
+        if self.stalled.is_empty() || !self.contended(peer) {
             return;
         }
         for (_, s) in self.stalled.drain() {
@@ -649,18 +649,18 @@ impl LinkState {
         now
     }
 
-    /// Bytes this link's send buffers may still take: within its peer's share, and what
-    /// the gateway's budget leaves with every link's buffers counted.
-    fn send_room(&mut self, link: &PeerLink) -> u64 {
-        let buffered = self.report_send(&link.memory);
-        let share = link.send_budget().saturating_sub(buffered);
-        share.min(link.memory.send_room(link.memory.send_buffered()))
+    /// Bytes this peer's send buffers may still take: within its send quota, and what
+    /// the gateway's budget leaves with every peer's buffers counted.
+    fn send_room(&mut self, peer: &Peer) -> u64 {
+        let buffered = self.report_send(&peer.memory);
+        let share = peer.send_budget().saturating_sub(buffered);
+        share.min(peer.memory.send_room(peer.memory.send_buffered()))
     }
 
     /// What `flow` may still buffer to send within its share of the contended budget
     /// (everything, while the budget is not contended).
-    fn share_left(&self, link: &PeerLink, flow: &FlowRef) -> u64 {
-        let Some(share) = link.memory.flow_share(link.memory.send_buffered()) else {
+    fn share_left(&self, peer: &Peer, flow: &FlowRef) -> u64 {
+        let Some(share) = peer.memory.flow_quota(peer.memory.send_buffered()) else {
             return u64::MAX;
         };
         let held = self
@@ -672,14 +672,14 @@ impl LinkState {
 
     /// Wakes every flow that waits for its share once the budget is no longer contended
     /// (before the association's events are polled: the wake-ups are among them).
-    pub fn lift_shares(&mut self, link: &PeerLink) {
-        if !self.share_waiting {
+    pub fn lift_quotas(&mut self, peer: &Peer) {
+        if !self.quota_waiting {
             return;
         }
-        self.report_send(&link.memory);
-        if link
+        self.report_send(&peer.memory);
+        if peer
             .memory
-            .flow_share(link.memory.send_buffered())
+            .flow_quota(peer.memory.send_buffered())
             .is_some()
         {
             return;
@@ -687,32 +687,32 @@ impl LinkState {
         if let Some(a) = self.assoc.as_mut() {
             a.release_share_waits();
         }
-        self.share_waiting = false;
+        self.quota_waiting = false;
         if self.budget_waiters.is_empty() {
-            link.budget_waiting.store(false, Ordering::Relaxed);
+            peer.budget_waiting.store(false, Ordering::Relaxed);
         }
     }
 
     /// Whether one more flow, bringing `first` bytes to send, fits the peer's share and
     /// the gateway's budget.
-    fn admits_flow(&mut self, link: &PeerLink, first: u64) -> bool {
-        let buffered = self.report_send(&link.memory);
-        link.memory.admits_flow(link.memory.send_buffered(), first)
-            && buffered + first <= link.send_budget()
+    fn admits_flow(&mut self, peer: &Peer, first: u64) -> bool {
+        let buffered = self.report_send(&peer.memory);
+        peer.memory.admits_flow(peer.memory.send_buffered(), first)
+            && buffered + first <= peer.send_budget()
     }
 
     /// Whether a flow the peer opened fits the budget (it is reset when not).
-    pub fn admits_peer_flow(&mut self, link: &PeerLink) -> bool {
-        self.admits_flow(link, 0)
+    pub fn admits_peer_flow(&mut self, peer: &Peer) -> bool {
+        self.admits_flow(peer, 0)
     }
 
     /// Wakes relays that waited for budget, once a read's worth is free again.
-    pub fn wake_budget_waiters(&mut self, link: &PeerLink, chunk: u64) {
+    pub fn wake_budget_waiters(&mut self, peer: &Peer, chunk: u64) {
         if self.budget_waiters.is_empty() {
-            self.report_send(&link.memory);
+            self.report_send(&peer.memory);
             return;
         }
-        let room = self.send_room(link);
+        let room = self.send_room(peer);
         let buffered = self.send_reported;
         // With nothing left to acknowledge, no more will free up here: hand out what there is.
         if room == 0 || (room < chunk && buffered > 0) {
@@ -721,7 +721,7 @@ impl LinkState {
         for s in self.budget_waiters.drain(..) {
             s.notify.notify_one();
         }
-        link.budget_waiting
-            .store(self.share_waiting, Ordering::Relaxed);
+        peer.budget_waiting
+            .store(self.quota_waiting, Ordering::Relaxed);
     }
 }
