@@ -36,7 +36,8 @@ pub use frame::{FlowMeta, ResetReason};
 pub use loss::LossCounts;
 pub use pacer::Pacer;
 pub use sched::{
-    allocations, CarrierScheduler, MemberId, MemberRates, ACTIVITY_WINDOW, DEMAND_HEADROOM,
+    allocations, CarrierScheduler, Counted, MemberId, MemberRates, Shares, ACTIVITY_WINDOW,
+    DEMAND_HEADROOM,
 };
 pub use stats::{SecurityCounts, Stats};
 
