@@ -6,8 +6,10 @@
 //! finding the share as a queue in front of the carrier.
 //!
 //! A hub whose peers spread over workers has one [`CarrierShare`] per worker, each over its
-//! own peers, on its part of the carrier ([`split`]); a pacer all of them book
-//! ([`SharedCarrier`]) keeps their sum at the carrier while the parts follow the demand.
+//! own peers. Every peer's share, its ceiling, is what one scheduler over all the peers
+//! would allocate it ([`split`]), whichever worker serves it; a worker schedules its peers
+//! on their shares added up, and a pacer all of them book ([`SharedCarrier`]) keeps the
+//! workers' sum at the carrier while the shares follow the demand.
 
 mod split;
 
@@ -16,32 +18,26 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pep_transport::{CarrierScheduler, MemberId, MemberRates, Pacer, PeerId};
+use pep_transport::{CarrierScheduler, Counted, MemberId, MemberRates, Pacer, PeerId, Shares};
 
 use crate::config::PeerSpec;
-pub use split::Demand;
 
-// A member that staged a datagram within the scheduler's activity window counts in its
-// worker's demand, and a worker tells the others its active peers need up to the scheduler's
-// headroom times what they sent lately: the split between workers follows the same rules as
-// the split between members.
-use pep_transport::{ACTIVITY_WINDOW as ACTIVE, DEMAND_HEADROOM};
+// A member that staged a datagram within the scheduler's activity window is not new to the
+// carrier: one that was not has its worker's part follow at once.
+use pep_transport::ACTIVITY_WINDOW as ACTIVE;
 
 /// The carrier as the workers share it: one pacer every datagram of every worker is
-/// booked on, and each worker's demand as it last published it.
+/// booked on, and the members each worker last published.
 pub struct SharedCarrier {
     pacer: Mutex<Pacer>,
-    /// By worker: its active peers' demand, and when the last of them stops counting as
-    /// active unless it sends again. A worker's loop may sleep long after its last send
-    /// (a keepalive), so what it published expires by itself.
-    demand: Mutex<Vec<(Demand, Instant)>>,
+    board: Mutex<split::Board>,
 }
 
 impl SharedCarrier {
     pub fn new(carrier_bps: u64, mtu: usize, burst: Duration, workers: usize) -> Arc<Self> {
         Arc::new(SharedCarrier {
             pacer: Mutex::new(Pacer::new(carrier_bps, mtu).with_burst(burst)),
-            demand: Mutex::new(vec![(Demand::default(), Instant::now()); workers.max(1)]),
+            board: Mutex::new(split::Board::new(workers)),
         })
     }
 
@@ -49,46 +45,29 @@ impl SharedCarrier {
         self.pacer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Publishes `worker`'s demand at `now` (`told`, valid until `until`) and returns its
-    /// part of `carrier_bps`, as it sees its own demand: `own` (its active peers' MIRs), or
-    /// `idle` (every peer's) while none is active.
-    fn part(
+    /// Publishes `worker`'s members that count at `now` (`own`) and returns the shares of
+    /// `carrier_bps` between every worker's; `counting` is scratch space.
+    fn shares(
         &self,
         now: Instant,
         worker: usize,
-        (told, until): (Demand, Instant),
-        own: Demand,
-        idle: Demand,
+        own: &[Counted],
         carrier_bps: u64,
-    ) -> u64 {
+        counting: &mut Vec<MemberRates>,
+    ) -> Shares {
         {
             let mut p = self.pacer();
             if p.rate_bps() != carrier_bps {
                 p.set_rate(carrier_bps);
             }
         }
-        let mut d = self.demand.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = d.get_mut(worker) {
-            *slot = (told, until);
+        {
+            let mut board = self.board.lock().unwrap_or_else(|p| p.into_inner());
+            board.publish(worker, own);
+            board.counting(now, counting);
         }
-        let mut view: Vec<Demand> = d
-            .iter()
-            .map(|&(demand, until)| {
-                if until > now {
-                    demand
-                } else {
-                    Demand::default()
-                }
-            })
-            .collect();
-        // A worker takes what its peers may use: one speeding up is not held to what it
-        // told the others, and one none of whose peers is active counts as if all were, so
-        // the first of them to wake up is not held to nothing until the next refresh. The
-        // shared pacer keeps the sum to the carrier meanwhile.
-        if let Some(slot) = view.get_mut(worker) {
-            *slot = if own.weight == 0 { idle } else { own };
-        }
-        split::part(carrier_bps, &view, worker)
+        // The water-filling sorts: outside the lock the other workers take.
+        Shares::of(carrier_bps, counting)
     }
 }
 
@@ -122,40 +101,6 @@ struct Member {
     staged: Option<Staged>,
     /// When it last staged a datagram.
     active_at: Option<Instant>,
-    /// What it staged lately, for what its worker tells the others it needs.
-    recent: Recent,
-}
-
-/// Bytes staged in the current and the previous [`ACTIVE`] window.
-#[derive(Default)]
-struct Recent {
-    since: Option<Instant>,
-    now: u64,
-    before: u64,
-}
-
-impl Recent {
-    fn add(&mut self, at: Instant, bytes: usize) {
-        match self.since {
-            Some(t) if at.saturating_duration_since(t) < ACTIVE => {}
-            Some(t) if at.saturating_duration_since(t) < 2 * ACTIVE => {
-                self.before = self.now;
-                self.now = 0;
-                self.since = Some(t + ACTIVE);
-            }
-            _ => {
-                self.before = 0;
-                self.now = 0;
-                self.since = Some(at);
-            }
-        }
-        self.now += bytes as u64;
-    }
-
-    /// The rate of the busier window, in bit/s.
-    fn rate_bps(&self) -> u64 {
-        self.now.max(self.before).saturating_mul(8 * 1000) / ACTIVE.as_millis() as u64
-    }
 }
 
 pub struct CarrierShare {
@@ -170,6 +115,13 @@ pub struct CarrierShare {
     carrier_bps: u64,
     /// The largest datagram, which sets a worker's least part ([`least_part`]).
     mtu: usize,
+    /// On a worker: the shares between all workers' members as last computed, which set
+    /// its peers' ceilings.
+    shares: Option<Shares>,
+    /// Scratch for [`follow_demand`](Self::follow_demand): this worker's members that count,
+    /// and every worker's.
+    counted: Vec<Counted>,
+    counting: Vec<MemberRates>,
 }
 
 impl CarrierShare {
@@ -187,6 +139,9 @@ impl CarrierShare {
             shared: None,
             carrier_bps,
             mtu,
+            shares: None,
+            counted: Vec::new(),
+            counting: Vec::new(),
         }
     }
 
@@ -215,7 +170,6 @@ impl CarrierShare {
                 overhead,
                 staged: None,
                 active_at: None,
-                recent: Recent::default(),
             },
         );
         // The others' allocations follow at the next refresh.
@@ -246,12 +200,11 @@ impl CarrierShare {
             .active_at
             .is_none_or(|t| now.saturating_duration_since(t) > ACTIVE);
         m.active_at = Some(now);
-        m.recent.add(now, buf.len() + m.overhead);
         m.staged = Some(Staged { to, buf });
         self.sched.wake(m.id);
         if woke && self.shared.is_some() {
-            // Its worker's part follows at once, the others' at their next refresh; the
-            // ceilings keep their own pace.
+            // Its worker's part follows at once (with its share in it), the others' at
+            // their next refresh; the ceilings keep their own pace.
             self.follow_demand(now);
         }
     }
@@ -312,9 +265,16 @@ impl CarrierShare {
         let carrier_bps = self.carrier_bps;
         let rate = match &self.shared {
             Some((carrier, worker)) => {
-                let (told, own, all) = self.demand(now);
-                let part = carrier.part(now, *worker, told, own, all, carrier_bps);
-                part.max(least_part(self.mtu, carrier_bps))
+                self.sched.counted(now, &mut self.counted);
+                let shares =
+                    carrier.shares(now, *worker, &self.counted, carrier_bps, &mut self.counting);
+                self.shares = Some(shares);
+                let (members, peer_of) = (&self.members, &self.peer_of);
+                let own = self
+                    .counted
+                    .iter()
+                    .filter_map(|c| Some(&members.get(peer_of.get(&c.id)?)?.rates));
+                split::part(&shares, carrier_bps, own).max(least_part(self.mtu, carrier_bps))
             }
             None => carrier_bps,
         };
@@ -323,32 +283,9 @@ impl CarrierShare {
         }
     }
 
-    /// What the members active at `now` need of the carrier, as the other workers are told
-    /// (each at most [`DEMAND_HEADROOM`] times what it sent lately, so a peer that only
-    /// sends keepalives takes nothing from another worker's), and until when the last of
-    /// them stays active; what they may take as this worker sees it (their MIRs); and what
-    /// all its members would.
-    fn demand(&self, now: Instant) -> ((Demand, Instant), Demand, Demand) {
-        let mut told = Demand::default();
-        let mut own = Demand::default();
-        let mut until = now;
-        let mut all = Demand::default();
-        for m in self.members.values() {
-            all.add(&m.rates);
-            if let Some(end) = m.active_at.map(|t| t + ACTIVE).filter(|&end| end > now) {
-                own.add(&m.rates);
-                let mut needs = m.rates;
-                let lately = m.recent.rate_bps().saturating_mul(DEMAND_HEADROOM);
-                needs.mir_bps = needs.mir_bps.min(lately.max(needs.cir_bps));
-                told.add(&needs);
-                until = until.max(end);
-            }
-        }
-        ((told, until), own, all)
-    }
-
-    /// `peer`'s ceiling now: its allocation, at most `mir_bps` (its association's configured
-    /// rate, which a reload may have changed since the scheduler last heard of it).
+    /// `peer`'s ceiling now: its allocation (on a worker, its share between all workers'
+    /// members), at most `mir_bps` (its association's configured rate, which a reload may
+    /// have changed since the scheduler last heard of it).
     pub fn ceiling(&mut self, peer: PeerId, mir_bps: u64) -> u64 {
         let Some(m) = self.members.get_mut(&peer) else {
             return mir_bps;
@@ -357,7 +294,10 @@ impl CarrierShare {
             m.rates.mir_bps = mir_bps;
             self.sched.set_rates(m.id, m.rates);
         }
-        self.sched.allocation(m.id).min(mir_bps)
+        match &self.shares {
+            Some(shares) => shares.allocation(&m.rates).min(mir_bps),
+            None => self.sched.allocation(m.id).min(mir_bps),
+        }
     }
 
     /// `peer`'s CIR and weight as a reload changed them; its flows carry on.
@@ -512,38 +452,332 @@ mod tests {
     }
 
     #[test]
-    fn busy_workers_split_the_carrier_by_their_peers_weights_and_keepalives_take_nothing() {
-        let to = SocketAddr::from(([198, 18, 0, 2], 7400));
-        let carrier = SharedCarrier::new(100 * M, 1500, Duration::from_millis(1), 2);
-        let (mut a, mut b) = (worker(&carrier, 0, 1), worker(&carrier, 1, 3));
-        let t = Instant::now();
-        let mut now = t;
-        // Both stage a datagram every 100 µs (80 Mbit/s each) for 200 ms.
-        for k in 0..2000u32 {
-            now = t + Duration::from_micros(100) * k;
-            a.stage(now, PeerId(0), to, vec![0; 1000]);
-            b.stage(now, PeerId(1), to, vec![0; 1000]);
-            a.next(now);
-            b.next(now);
-        }
-        b.set_carrier(now, 100 * M);
-        a.set_carrier(now, 100 * M);
-        b.set_carrier(now, 100 * M);
-        assert_eq!(a.sched.carrier_bps(), 25 * M);
-        assert_eq!(b.sched.carrier_bps(), 75 * M);
+    fn busy_peers_on_two_workers_split_by_weight_and_keepalives_take_nothing() {
+        // 1 : 3, then the second sends a 1000-byte datagram a second.
+        let terminals = [
+            terminal(0, 1, 0, 100 * M, BUSY),
+            terminal(1, 3, 0, 100 * M, BUSY),
+        ];
+        on_any_workers(
+            100 * M,
+            &terminals,
+            Duration::from_millis(1500),
+            &[(1, Some(8_000))],
+        );
+    }
 
-        // Worker 1's peer goes quiet but for one 100-byte keepalive: 4 kbit/s over the
-        // window, 8 kbit/s with the headroom; worker 0 gets the rest.
-        let later = now + Duration::from_millis(300);
-        b.stage(later, PeerId(1), to, vec![0; 100]);
-        b.next(later);
-        busy(&mut a, 0, later, 100);
-        let at = later + Duration::from_millis(10);
-        b.set_carrier(at, 100 * M);
-        a.set_carrier(at, 100 * M);
-        assert_eq!(a.sched.carrier_bps(), 100 * M - 8_000);
-        // Once the keepalive is 200 ms old, worker 1 has nothing active: all of it.
-        a.set_carrier(later + Duration::from_millis(201), 100 * M);
-        assert_eq!(a.sched.carrier_bps(), 100 * M);
+    /// A terminal of a simulated hub: where it is served, its rates, and what its clients
+    /// offer.
+    #[derive(Clone, Debug)]
+    struct Terminal {
+        worker: usize,
+        weight: u32,
+        cir: u64,
+        mir: u64,
+        /// In bit/s; `None`: as much as it may (a bulk download).
+        offered: Option<u64>,
+    }
+
+    const BUSY: Option<u64> = None;
+    const IDLE: Option<u64> = Some(0);
+
+    fn terminal(worker: usize, weight: u32, cir: u64, mir: u64, offered: Option<u64>) -> Terminal {
+        Terminal {
+            worker,
+            weight,
+            cir,
+            mir,
+            offered,
+        }
+    }
+
+    /// A hub's carrier on a simulated clock, as the tunnel and the driver use it: a share per
+    /// worker (one plain share for one worker), each peer's ceiling refreshed when due, and
+    /// each terminal's association a source of 1000-byte datagrams paced at the lesser of
+    /// its ceiling and what its clients offer, one staged at a time, the next made as the
+    /// last leaves.
+    struct Hub {
+        carrier_bps: u64,
+        shares: Vec<CarrierShare>,
+        terminals: Vec<Terminal>,
+        sources: Vec<Pacer>,
+        ceilings: Vec<u64>,
+        sent: Vec<u64>,
+        now: Instant,
+        steps: usize,
+        /// The worker that sent last.
+        turn: usize,
+    }
+
+    impl Hub {
+        fn new(carrier_bps: u64, workers: usize, terminals: &[Terminal]) -> Hub {
+            let burst = Duration::from_millis(1);
+            let carrier = SharedCarrier::new(carrier_bps, 1500, burst, workers);
+            let mut shares: Vec<CarrierShare> = (0..workers)
+                .map(|w| {
+                    let s = CarrierShare::new(carrier_bps, 1500, burst);
+                    if workers > 1 {
+                        s.on_worker(carrier.clone(), w)
+                    } else {
+                        s
+                    }
+                })
+                .collect();
+            let terminals: Vec<Terminal> = terminals
+                .iter()
+                .map(|t| Terminal {
+                    worker: t.worker % workers,
+                    ..t.clone()
+                })
+                .collect();
+            for (i, t) in terminals.iter().enumerate() {
+                let spec = PeerSpec {
+                    min_bps: t.cir,
+                    tx_bps: t.mir,
+                    ..spec(t.weight)
+                };
+                shares[t.worker].add(PeerId(i as u32), &spec, 0);
+            }
+            Hub {
+                carrier_bps,
+                shares,
+                sources: terminals
+                    .iter()
+                    .map(|t| Pacer::new(t.mir, 1000).with_burst(burst))
+                    .collect(),
+                ceilings: terminals.iter().map(|t| t.mir).collect(),
+                sent: vec![0; terminals.len()],
+                terminals,
+                now: Instant::now(),
+                steps: 0,
+                turn: 0,
+            }
+        }
+
+        fn set_offered(&mut self, i: usize, offered: Option<u64>) {
+            self.terminals[i].offered = offered;
+            self.pace(i);
+        }
+
+        fn pace(&mut self, i: usize) {
+            let (ceiling, offered) = (self.ceilings[i], self.terminals[i].offered);
+            self.sources[i].set_rate(offered.map_or(ceiling, |o| o.min(ceiling)).max(1));
+        }
+
+        /// Terminal `i`'s next datagram, if its clients offer one and its pacing lets it go.
+        fn produce(&mut self, i: usize) {
+            let now = self.now;
+            let t = &self.terminals[i];
+            let share = &mut self.shares[t.worker];
+            if t.offered == IDLE
+                || share.is_staged(PeerId(i as u32))
+                || self.sources[i].delay_until(now).is_some()
+            {
+                return;
+            }
+            self.sources[i].on_sent(now, 1000);
+            let to = SocketAddr::from(([198, 18, 0, 2], 7400));
+            share.stage(now, PeerId(i as u32), to, vec![0; 1000]);
+        }
+
+        /// `d` of 100 µs steps; the workers take turns a datagram each at the shared pacer.
+        fn run(&mut self, d: Duration) {
+            let step = Duration::from_micros(100);
+            let end = self.now + d;
+            while self.now < end {
+                let now = self.now;
+                for w in 0..self.shares.len() {
+                    if !self.shares[w].refresh_due(now) {
+                        continue;
+                    }
+                    self.shares[w].set_carrier(now, self.carrier_bps);
+                    for i in 0..self.terminals.len() {
+                        if self.terminals[i].worker == w {
+                            let mir = self.terminals[i].mir;
+                            self.ceilings[i] = self.shares[w].ceiling(PeerId(i as u32), mir);
+                            self.pace(i);
+                        }
+                    }
+                    self.shares[w].refreshed(now);
+                }
+                for i in 0..self.terminals.len() {
+                    self.produce(i);
+                }
+                // Round robin from the worker after the last that sent.
+                let workers = self.shares.len();
+                let mut idle = 0;
+                while idle < workers {
+                    self.turn = (self.turn + 1) % workers;
+                    match self.shares[self.turn].next(now) {
+                        Some((peer, _, buf)) => {
+                            self.sent[peer.0 as usize] += buf.len() as u64;
+                            self.produce(peer.0 as usize);
+                            idle = 0;
+                        }
+                        None => idle += 1,
+                    }
+                }
+                self.now += step;
+                self.steps += 1;
+            }
+        }
+
+        /// Each terminal's rate over `d` of running, in bit/s.
+        fn rates(&mut self, d: Duration) -> Vec<u64> {
+            self.sent.iter_mut().for_each(|s| *s = 0);
+            self.run(d);
+            let ms = d.as_millis() as u64;
+            self.sent.iter().map(|&b| b * 8 * 1000 / ms).collect()
+        }
+    }
+
+    /// What the scheduler's water-filling over all `terminals` on one carrier gives each:
+    /// every active one counts at its MIR or, when its clients offer less, at twice that
+    /// (at least a 1500-byte datagram per 100 ms period, never below its CIR); one whose
+    /// clients offer less than its share sends what they offer.
+    fn water_filling(carrier_bps: u64, terminals: &[Terminal]) -> Vec<u64> {
+        let counted: Vec<MemberRates> = terminals
+            .iter()
+            .map(|t| MemberRates {
+                cir_bps: t.cir,
+                mir_bps: match t.offered {
+                    None => t.mir,
+                    Some(o) => t.mir.min((2 * o).max(120_000)).max(t.cir),
+                },
+                weight: t.weight,
+            })
+            .collect();
+        let active: Vec<MemberRates> = counted
+            .iter()
+            .zip(terminals)
+            .filter(|(_, t)| t.offered != IDLE)
+            .map(|(c, _)| *c)
+            .collect();
+        let mut shares = pep_transport::allocations(carrier_bps, &active).into_iter();
+        terminals
+            .iter()
+            .map(|t| match t.offered {
+                IDLE => 0,
+                None => shares.next().unwrap_or(0),
+                Some(o) => o.min(shares.next().unwrap_or(0)),
+            })
+            .collect()
+    }
+
+    /// Each terminal's rate within 2 % of `expected`, or of one datagram a second (a light
+    /// one's datagrams fall into a second of measuring one more or less).
+    fn assert_within_2_percent(what: &str, rates: &[u64], expected: &[u64]) {
+        for (i, (&r, &e)) in rates.iter().zip(expected).enumerate() {
+            assert!(
+                r.abs_diff(e) <= (e / 50).max(8_000),
+                "{what}: terminal {i} at {r} bit/s, expected {e}\n{rates:?}\n{expected:?}"
+            );
+        }
+    }
+
+    /// The hub on 1, 2, 4 and 8 workers (terminal `i` on its worker modulo the workers): over
+    /// a second after `warmup`, every terminal's rate within 2 % of the water-filling and of
+    /// what it gets on one worker; then `change` (terminal, offered) and the same again.
+    fn on_any_workers(
+        carrier_bps: u64,
+        terminals: &[Terminal],
+        warmup: Duration,
+        change: &[(usize, Option<u64>)],
+    ) {
+        let second = Duration::from_secs(1);
+        let mut changed = terminals.to_vec();
+        for &(i, offered) in change {
+            changed[i].offered = offered;
+        }
+        let expected = [
+            water_filling(carrier_bps, terminals),
+            water_filling(carrier_bps, &changed),
+        ];
+        let mut single: Vec<Vec<u64>> = Vec::new();
+        for workers in [1, 2, 4, 8] {
+            let mut hub = Hub::new(carrier_bps, workers, terminals);
+            hub.run(warmup);
+            let mut rates = vec![hub.rates(second)];
+            for &(i, offered) in change {
+                hub.set_offered(i, offered);
+            }
+            hub.run(warmup);
+            rates.push(hub.rates(second));
+            for (phase, r) in rates.iter().enumerate() {
+                let what = format!("{workers} workers, phase {phase}");
+                assert_within_2_percent(&what, r, &expected[phase]);
+                if let Some(one) = single.get(phase) {
+                    assert_within_2_percent(&format!("{what} against one"), r, one);
+                }
+            }
+            if workers == 1 {
+                single = rates;
+            }
+        }
+    }
+
+    #[test]
+    fn the_testbed_hub_s_downloads_get_their_weights_shares_on_any_number_of_workers() {
+        // As `pep-testbed hub --terminals 8 --download 1,4,6 --requests 2`: a 20 Mbit/s
+        // carrier, terminals 1, 4 and 6 downloading (0, 3 and 5 here), 2 a 1000-byte
+        // response every 200 ms, the others idle; weights all 1, then 4's 2.
+        for weight in [1, 2] {
+            let mut terminals = vec![terminal(0, 1, 0, 20 * M, IDLE); 8];
+            for (i, t) in terminals.iter_mut().enumerate() {
+                t.worker = i;
+            }
+            terminals[1].offered = Some(40_000);
+            for i in [0, 3, 5] {
+                terminals[i].offered = BUSY;
+            }
+            terminals[3].weight = weight;
+            // Then 4 stops and 7 downloads.
+            on_any_workers(
+                20 * M,
+                &terminals,
+                Duration::from_millis(1500),
+                &[(3, IDLE), (6, BUSY)],
+            );
+        }
+    }
+
+    #[test]
+    fn twenty_four_terminals_on_eight_workers_get_what_one_scheduler_gives_each() {
+        // Unevenly: a busy one alone on worker 0, three busy on 1, light and busy ones with
+        // CIRs and MIRs, idle ones alone on 3, weights 1 and 2; 100 Mbit/s.
+        let terminals = [
+            terminal(0, 1, 0, 100 * M, BUSY),
+            terminal(1, 2, 0, 100 * M, BUSY),
+            terminal(1, 1, 0, 100 * M, BUSY),
+            terminal(1, 1, 10 * M, 100 * M, BUSY),
+            terminal(2, 2, 0, 100 * M, Some(M)),
+            terminal(2, 1, 0, 100 * M, Some(2 * M)),
+            terminal(2, 1, 0, 100 * M, IDLE),
+            terminal(2, 2, 5 * M, 100 * M, BUSY),
+            terminal(3, 1, 0, 100 * M, IDLE),
+            terminal(3, 2, 0, 100 * M, IDLE),
+            terminal(3, 1, 2 * M, 100 * M, IDLE),
+            terminal(3, 1, 0, 100 * M, IDLE),
+            terminal(4, 1, 0, 100 * M, Some(M / 2)),
+            terminal(4, 1, 0, 4 * M, BUSY),
+            terminal(4, 1, 0, 100 * M, BUSY),
+            terminal(5, 1, 2 * M, 100 * M, Some(2 * M)),
+            terminal(5, 2, 0, 100 * M, IDLE),
+            terminal(5, 2, 0, 100 * M, Some(3 * M / 2)),
+            terminal(6, 1, 0, 100 * M, BUSY),
+            terminal(6, 2, 0, 100 * M, BUSY),
+            terminal(6, 1, 0, 100 * M, Some(M / 5)),
+            terminal(7, 1, 0, 100 * M, IDLE),
+            terminal(7, 2, 0, 9 * M, BUSY),
+            terminal(7, 1, 0, 100 * M, Some(M)),
+        ];
+        // Then the lone busy one stops, an idle one with a CIR downloads, a light one
+        // downloads and a busy one of the three goes light.
+        on_any_workers(
+            100 * M,
+            &terminals,
+            Duration::from_millis(1500),
+            &[(0, IDLE), (10, BUSY), (5, BUSY), (1, Some(M))],
+        );
     }
 }

@@ -37,7 +37,8 @@ pub use ids::{FlowId, PeerId};
 pub use loss::LossCounts;
 pub use pacer::Pacer;
 pub use sched::{
-    allocations, CarrierScheduler, MemberId, MemberRates, ACTIVITY_WINDOW, DEMAND_HEADROOM,
+    allocations, CarrierScheduler, Counted, MemberId, MemberRates, Shares, ACTIVITY_WINDOW,
+    DEMAND_HEADROOM,
 };
 pub use security::SecurityCounts;
 pub use stats::Stats;

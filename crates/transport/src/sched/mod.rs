@@ -72,12 +72,48 @@ impl MemberRates {
 /// share a capped member cannot use going to the others. CIRs above the carrier (which
 /// configuration refuses) give each its CIR.
 pub fn allocations(carrier_bps: u64, members: &[MemberRates]) -> Vec<u64> {
-    let normalised: Vec<MemberRates> = members.iter().map(|r| r.normalised()).collect();
-    let level = share::water_level(carrier_bps, &mut normalised.clone());
-    normalised
-        .iter()
-        .map(|r| share::allocation(r, level, carrier_bps))
-        .collect()
+    let shares = Shares::of(carrier_bps, &mut members.to_vec());
+    members.iter().map(|r| shares.allocation(r)).collect()
+}
+
+/// A carrier shared by the scheduler's rule between the members that count towards it (its
+/// water level), as [`allocations`] shares it: what any member may use at that level, also
+/// one that counted at less than its own rates (as [`CarrierScheduler`] counts a member
+/// within its demand, [`Counted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shares {
+    level: WaterLevel,
+    carrier_bps: u64,
+}
+
+impl Shares {
+    /// `carrier_bps` shared between `counted`, each at the rates it counts with. Reorders
+    /// `counted` (and gives each a weight of at least 1 and a MIR of at least its CIR).
+    pub fn of(carrier_bps: u64, counted: &mut [MemberRates]) -> Shares {
+        for r in counted.iter_mut() {
+            *r = r.normalised();
+        }
+        Shares {
+            level: share::water_level(carrier_bps, counted),
+            carrier_bps,
+        }
+    }
+
+    /// What a member with `rates` may use: its CIR plus its weighted share at the level, at
+    /// most its MIR.
+    pub fn allocation(&self, rates: &MemberRates) -> u64 {
+        share::allocation(&rates.normalised(), self.level, self.carrier_bps)
+    }
+}
+
+/// A member as it counts towards the allocations at one instant ([`CarrierScheduler::counted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub id: MemberId,
+    /// Its rates with the MIR it counts at: within [`DEMAND_HEADROOM`] times its demand.
+    pub rates: MemberRates,
+    /// Until when it counts unless it has data or sends again.
+    pub until: Instant,
 }
 
 /// One member of a [`CarrierScheduler`]. Never reused: an id of a removed member stays
@@ -520,6 +556,52 @@ impl CarrierScheduler {
         self.period_start = Some(now);
     }
 
+    /// Each member that counts towards the allocations at `now` (see
+    /// [`allocation`](Self::allocation)), with the rates it counts at and until when; into
+    /// `out`, which is cleared first. The refresh period ends first if it is due, as when
+    /// the allocations are refreshed.
+    pub fn counted(&mut self, now: Instant, out: &mut Vec<Counted>) {
+        self.observe(now);
+        out.clear();
+        let floor_bps = self.demand_floor_bps();
+        out.extend(self.members.iter().filter_map(|(slot, m)| {
+            let until = if m.backlogged {
+                now + ACTIVITY_WINDOW
+            } else {
+                m.last_sent
+                    .map(|t| t + ACTIVITY_WINDOW)
+                    .filter(|&until| until > now)?
+            };
+            Some(Counted {
+                id: m.id(slot),
+                rates: Self::counted_rates(m, Some(now), floor_bps),
+                until,
+            })
+        }));
+    }
+
+    /// The least demand a member counts at: one MTU a refresh period.
+    fn demand_floor_bps(&self) -> u64 {
+        u64::try_from((self.mtu as u128) * 8 * 1_000_000_000 / ALLOCATION_REFRESH.as_nanos().max(1))
+            .unwrap_or(u64::MAX)
+    }
+
+    /// `m`'s rates with its MIR at most [`DEMAND_HEADROOM`] times its demand (at least
+    /// `floor_bps`, never below its CIR); before any time was seen, its rates.
+    fn counted_rates(m: &Member, now: Option<Instant>, floor_bps: u64) -> MemberRates {
+        match m.demand_bps.filter(|_| now.is_some()) {
+            Some(d) => MemberRates {
+                mir_bps: m
+                    .rates
+                    .mir_bps
+                    .min(d.saturating_mul(DEMAND_HEADROOM).max(floor_bps))
+                    .max(m.rates.cir_bps),
+                ..m.rates
+            },
+            None => m.rates,
+        }
+    }
+
     /// The water level of the members with data or seen sending within [`ACTIVITY_WINDOW`]
     /// of `now`, each counted at its MIR or at [`DEMAND_HEADROOM`] times its demand (at least
     /// a datagram per refresh period), whichever is less; before any time was seen, the
@@ -530,28 +612,14 @@ impl CarrierScheduler {
                 || matches!((now, m.last_sent), (Some(now), Some(t))
                     if now.saturating_duration_since(t) < ACTIVITY_WINDOW)
         };
-        let floor_bps = u64::try_from(
-            (self.mtu as u128) * 8 * 1_000_000_000 / ALLOCATION_REFRESH.as_nanos().max(1),
-        )
-        .unwrap_or(u64::MAX);
-        let counted = |m: &Member| match m.demand_bps.filter(|_| now.is_some()) {
-            Some(d) => MemberRates {
-                mir_bps: m
-                    .rates
-                    .mir_bps
-                    .min(d.saturating_mul(DEMAND_HEADROOM).max(floor_bps))
-                    .max(m.rates.cir_bps),
-                ..m.rates
-            },
-            None => m.rates,
-        };
+        let floor_bps = self.demand_floor_bps();
         scratch.clear();
         scratch.extend(
             self.members
                 .iter()
                 .map(|(_, m)| m)
                 .filter(|m| recently(m))
-                .map(counted),
+                .map(|m| Self::counted_rates(m, now, floor_bps)),
         );
         share::water_level(self.carrier.rate_bps(), scratch)
     }

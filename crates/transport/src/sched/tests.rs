@@ -569,3 +569,46 @@ fn a_member_sending_little_leaves_the_rest_to_a_busy_one() {
     assert_eq!(run.sched.allocation(a), 10_000_000);
     assert_eq!(run.sched.allocation(b), 10_000_000);
 }
+
+#[test]
+fn the_counted_members_make_the_allocations_as_shares_between_them() {
+    let mut sched = CarrierScheduler::new(20_000_000, 1500);
+    let a = sched.add_member(rates(0, 20_000_000, 1));
+    let b = sched.add_member(rates(0, 20_000_000, 1));
+    let mut run = Run::new(sched);
+    let ms = Duration::from_millis;
+    // As above: A always has data, B 1000 bytes every 200 ms.
+    for k in 0..10 {
+        run.sched.wake(b);
+        run.until(ms(200 * k + 1), |m| Some(if m == a { 1500 } else { 1000 }));
+        run.until(ms(200 * (k + 1)), |m| (m == a).then_some(1500));
+    }
+    run.sched.wake(b);
+    run.until(ms(2001), |m| Some(if m == a { 1500 } else { 1000 }));
+    run.until(ms(2050), |m| (m == a).then_some(1500));
+    let now = run.now;
+    let mut counted = Vec::new();
+    run.sched.counted(now, &mut counted);
+    let [ca, cb] = counted[..] else {
+        panic!("{counted:?}");
+    };
+    assert_eq!((ca.id, cb.id), (a, b));
+    // A has data: it counts for a window from now, at its MIR (it sent at its share).
+    assert_eq!(ca.until, now + ACTIVITY_WINDOW);
+    assert_eq!(ca.rates, rates(0, 20_000_000, 1));
+    // B counts at twice the 1000 bytes it sent in its last period, or at a datagram a
+    // period after one it sent nothing in, until a window after its last.
+    assert!([120_000, 160_000].contains(&cb.rates.mir_bps), "{cb:?}");
+    assert!(cb.until > now && cb.until < now + ACTIVITY_WINDOW);
+    let mut of = vec![ca.rates, cb.rates];
+    let shares = Shares::of(20_000_000, &mut of);
+    for id in [a, b] {
+        let own = shares.allocation(&rates(0, 20_000_000, 1));
+        assert_eq!(own, run.sched.allocation(id));
+    }
+    assert_eq!(shares.allocation(&cb.rates), cb.rates.mir_bps);
+    // Past B's window only A counts.
+    run.until(cb.until - run.t0 + ms(1), |m| (m == a).then_some(1500));
+    run.sched.counted(run.now, &mut counted);
+    assert_eq!(counted.iter().map(|c| c.id).collect::<Vec<_>>(), [a]);
+}
