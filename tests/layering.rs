@@ -1,6 +1,7 @@
 //! The layering docs/ARCHITECTURE.md draws, checked from the source text: each room of the
 //! daemon imports only the rooms below it, config imports nothing above it, and neither the
-//! rooms' modules nor the transport crate's top-level modules import each other in a circle.
+//! rooms' modules nor the transport crate's top-level modules import each other in a circle;
+//! and the names the glossary retired stay retired.
 //!
 //! Test code (`tests.rs` files and the `mod tests` at the end of a file) is left out: it
 //! builds fixtures from whatever it needs and is no part of the daemon's structure.
@@ -94,6 +95,95 @@ fn no_circle_among_the_transport_s_modules() {
         circles.is_empty(),
         "top-level modules of pep-transport that import each other in a circle: {circles:?}"
     );
+}
+
+/// Names that meant a second thing beside their glossary meaning (docs/ARCHITECTURE.md,
+/// "Words"), with the name that replaced them: none may come back.
+const RETIRED: &[(&str, &str)] = &[
+    ("PeerLink", "Peer: a link is the satellite hop"),
+    ("LinkState", "PeerState"),
+    ("LinkCounters", "PeerCounters"),
+    ("PeerConfig", "PairConfig: the pair's `[peer]` table"),
+    (
+        "peer_send_share",
+        "peer_send_quota: a share is a portion of the carrier",
+    ),
+    ("flow_share", "flow_quota"),
+    ("SHARE_FLOOR", "QUOTA_FLOOR"),
+    ("share_waiting", "quota_waiting"),
+    ("lift_shares", "lift_quotas"),
+    ("wait_for_share", "wait_for_quota"),
+    ("release_share_waits", "release_quota_waits"),
+    ("flows_waiting_for_share", "flows_waiting_for_quota"),
+    ("share_blocked", "quota_blocked"),
+    ("share_initiations", "use_initiation_memory"),
+    (
+        "SCRATCH_PER_WORKER",
+        "SCRATCH_PER_RUNTIME_THREAD: a worker is a tunnel thread",
+    ),
+    ("budget::worker_threads", "budget::runtime_threads"),
+    (
+        "pep_transport::ConfigError",
+        "pep_transport::InvalidConfig: ConfigError is the config file's",
+    ),
+];
+
+#[test]
+fn retired_words_stay_retired() {
+    let mut files = Vec::new();
+    for dir in [
+        "src",
+        "benches",
+        "tests",
+        "crates",
+        "fuzz/fuzz_targets",
+        "docs",
+    ] {
+        walk_all(&root().join(dir), &mut files);
+    }
+    files.push(root().join("README.md"));
+    let me = root().join("tests/layering.rs");
+    let mut found = Vec::new();
+    for path in files.iter().filter(|p| **p != me) {
+        let Ok(text) = fs::read_to_string(path) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            for (old, new) in RETIRED {
+                let hit = line.match_indices(old).any(|(at, _)| {
+                    let before = line[..at].chars().next_back();
+                    let after = line[at + old.len()..].chars().next();
+                    !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                        && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                });
+                if hit {
+                    found.push(format!("{}:{}: `{old}` (now {new})", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "retired names in use:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Every Rust and Markdown file under `dir`, build output left out.
+fn walk_all(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n != "target") {
+                walk_all(&p, out);
+            }
+        } else if p.extension().is_some_and(|x| x == "rs" || x == "md") {
+            out.push(p);
+        }
+    }
 }
 
 #[test]

@@ -61,7 +61,7 @@ pub fn runtime_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// The send buffers' share of the budget: half, the other half bounding the receive
+/// The send buffers' part of the budget: half, the other half bounding the receive
 /// window (config.rs sizes the association window within it).
 pub fn send_cap(budget: u64) -> u64 {
     budget / 2
@@ -76,7 +76,7 @@ pub struct Implied {
     /// Flows the budget carries when none of them has anything buffered to send.
     pub max_idle_flows: u64,
     /// Memory with `max_flows` flows and every buffer full: the budget, or less when the
-    /// flows, the send share and the receive reserve together cannot reach it.
+    /// flows, the send half and the receive reserve together cannot reach it.
     pub worst_case: u64,
 }
 
@@ -132,7 +132,7 @@ mod tests {
             4_779_520 + 67_108_864 + 268_435_456 + 40_960_000
         );
         assert_eq!(m.worst_case, 381_283_840);
-        // A budget that cannot reach its send share with the flows counted is the bound.
+        // A budget that cannot reach its send half with the flows counted is the bound.
         let small = implied(16 * MIB, 8 * MIB, fixed(1500, 2), 10_000);
         assert_eq!(
             small.max_idle_flows,

@@ -138,13 +138,13 @@ fn apply_live(
         LiveSetting::MemoryBudget => {
             // The send side follows at once; the receive window was advertised at the
             // handshake and changes with the next association.
-            // One budget for the gateway; each peer's share of the send side follows it.
+            // One budget for the gateway; each peer's quota of the send side follows it.
             let budget = new.limits.memory_budget.bytes();
             gateway.memory.set_budget(budget);
             let peers = gateway.peers();
-            let share = crate::tunnel::memory::peer_send_quota(budget, peers.len());
+            let quota = crate::tunnel::memory::peer_send_quota(budget, peers.len());
             for peer in &peers {
-                peer.set_send_budget(share);
+                peer.set_send_budget(quota);
             }
             running.limits.memory_budget = new.limits.memory_budget;
         }

@@ -45,7 +45,7 @@ pub struct Relay {
     pub stalled_timeout: Option<Duration>,
     /// The TCP side already sent FIN (and the flow was finished).
     pub tcp_read_done: bool,
-    /// The flow's share of the memory budget, returned when the relay ends.
+    /// The flow's part of the memory budget, returned when the relay ends.
     pub charge: FlowCharge,
 }
 

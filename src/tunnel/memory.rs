@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::config::budget::{send_cap, PER_FLOW};
 use crate::tunnel::flowcount::OpenFlow;
 
-/// The least a flow's share of a contended send pool comes to: a few datagrams, so that a
+/// The least a flow's quota of a contended send pool comes to: a few datagrams, so that a
 /// flow that moves does not go out in slivers however many flows are open.
 pub const QUOTA_FLOOR: u64 = 4 * 1024;
 
@@ -85,7 +85,7 @@ impl MemoryAccount {
     }
 
     /// What the send buffers may hold in all: what the budget leaves after the overhead and
-    /// the receive reserve, within the send side's share.
+    /// the receive reserve, within the send side's quota.
     pub fn send_pool(&self) -> u64 {
         let budget = self.budget();
         budget
@@ -132,7 +132,7 @@ impl MemoryAccount {
     }
 }
 
-/// One flow's share of [`PER_FLOW`], returned when the flow's task ends, and with it the
+/// One flow's part of [`PER_FLOW`], returned when the flow's task ends, and with it the
 /// flow's place among the gateway's open flows.
 #[derive(Debug)]
 pub struct FlowCharge {
@@ -154,14 +154,14 @@ impl Drop for FlowCharge {
     }
 }
 
-/// A peer's share of the send side of `budget` when `peers` share it.
+/// A peer's quota of the send side of `budget` when `peers` divide it.
 pub fn peer_send_quota(budget: u64, peers: usize) -> u64 {
     send_cap(budget) / peers.max(1) as u64
 }
 
 /// What the receive side holds of `budget` for the associations of `configs`: each window
 /// is sized within the receive half of the budget (config.rs), and their sum is held to
-/// that half too, so that the send side keeps its share however many peers there are.
+/// that half too, so that the send side keeps its half however many peers there are.
 pub fn receive_reserve<'a>(
     budget: u64,
     configs: impl Iterator<Item = &'a pep_transport::Config>,

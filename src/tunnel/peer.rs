@@ -1,6 +1,6 @@
 //! One peer's association shared between the driver and the flow relays: one lock around
 //! the sans-IO core, a slot per live flow with the signal its relay waits on, this peer's
-//! share of the send buffers, and the gateway's memory account every peer charges.
+//! quota of the send buffers, and the gateway's memory account every peer charges.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -106,7 +106,7 @@ pub struct PeerState {
     next_token: u64,
     /// Relays waiting for the global send budget.
     budget_waiters: Vec<Arc<FlowSignal>>,
-    /// Some flow waits for its share of the contended send budget (the association wakes
+    /// Some flow waits for its quota of the contended send budget (the association wakes
     /// each as its data is acknowledged, [`PeerState::lift_quotas`] all once it is over).
     quota_waiting: bool,
     /// The association's send buffers as last reported to the memory account.
@@ -129,7 +129,7 @@ pub struct Peer {
     queued: AtomicBool,
     /// Relays of this peer wait for budget (which another peer's acknowledgements may free).
     budget_waiting: AtomicBool,
-    /// This peer's share of the send side of the budget, so that one peer cannot take all
+    /// This peer's quota of the send side of the budget, so that one peer cannot take all
     /// of it (the receive side is bounded by the windows we advertise); changes on reload.
     send_budget: AtomicU64,
     /// A reload's new `min_rate` and `weight` for the carrier scheduler, which the driver
@@ -443,7 +443,7 @@ impl Peer {
     }
 
     /// Bytes a relay may hand to the flow now: its own room, within the global budget and,
-    /// while that is contended, within the flow's share of it.
+    /// while that is contended, within the flow's quota of it.
     pub fn write_room(&self, flow: &FlowRef) -> Result<usize, FlowGone> {
         let mut st = self.lock();
         let room = st.flow_assoc(flow)?.send_capacity(flow.id) as u64;
@@ -454,16 +454,16 @@ impl Peer {
             self.budget_waiting.store(true, Ordering::Relaxed);
             return Ok(0);
         }
-        let share_left = st.share_left(self, flow);
-        if share_left == 0 && room > 0 {
+        let quota_left = st.quota_left(self, flow);
+        if quota_left == 0 && room > 0 {
             if let Some(a) = st.assoc.as_mut() {
-                a.wait_for_share(flow.id);
+                a.wait_for_quota(flow.id);
             }
             st.quota_waiting = true;
             // Acknowledgements from another peer may end the contention.
             self.budget_waiting.store(true, Ordering::Relaxed);
         }
-        Ok(room.min(left).min(share_left) as usize)
+        Ok(room.min(left).min(quota_left) as usize)
     }
 
     pub fn write(&self, flow: &FlowRef, data: &[u8]) -> Result<usize, FlowGone> {
@@ -653,24 +653,24 @@ impl PeerState {
     /// the gateway's budget leaves with every peer's buffers counted.
     fn send_room(&mut self, peer: &Peer) -> u64 {
         let buffered = self.report_send(&peer.memory);
-        let share = peer.send_budget().saturating_sub(buffered);
-        share.min(peer.memory.send_room(peer.memory.send_buffered()))
+        let quota = peer.send_budget().saturating_sub(buffered);
+        quota.min(peer.memory.send_room(peer.memory.send_buffered()))
     }
 
-    /// What `flow` may still buffer to send within its share of the contended budget
+    /// What `flow` may still buffer to send within its quota of the contended budget
     /// (everything, while the budget is not contended).
-    fn share_left(&self, peer: &Peer, flow: &FlowRef) -> u64 {
-        let Some(share) = peer.memory.flow_quota(peer.memory.send_buffered()) else {
+    fn quota_left(&self, peer: &Peer, flow: &FlowRef) -> u64 {
+        let Some(quota) = peer.memory.flow_quota(peer.memory.send_buffered()) else {
             return u64::MAX;
         };
         let held = self
             .assoc
             .as_ref()
             .map_or(0, |a| a.flow_send_buffered(flow.id));
-        share.saturating_sub(held)
+        quota.saturating_sub(held)
     }
 
-    /// Wakes every flow that waits for its share once the budget is no longer contended
+    /// Wakes every flow that waits for its quota once the budget is no longer contended
     /// (before the association's events are polled: the wake-ups are among them).
     pub fn lift_quotas(&mut self, peer: &Peer) {
         if !self.quota_waiting {
@@ -685,7 +685,7 @@ impl PeerState {
             return;
         }
         if let Some(a) = self.assoc.as_mut() {
-            a.release_share_waits();
+            a.release_quota_waits();
         }
         self.quota_waiting = false;
         if self.budget_waiters.is_empty() {
@@ -693,7 +693,7 @@ impl PeerState {
         }
     }
 
-    /// Whether one more flow, bringing `first` bytes to send, fits the peer's share and
+    /// Whether one more flow, bringing `first` bytes to send, fits the peer's quota and
     /// the gateway's budget.
     fn admits_flow(&mut self, peer: &Peer, first: u64) -> bool {
         let buffered = self.report_send(&peer.memory);

@@ -101,7 +101,7 @@ pub fn build(
     let wake = Arc::new(Notify::new());
     let worker_set = crate::tunnel::workers::Workers::new(workers, wake);
     let memory = Arc::new(gateway_memory(cfg, settings.iter().map(|s| &s.config)));
-    // Each peer's relays buffer at most their share of the send half of the budget.
+    // Each peer's relays buffer at most their quota of the send half of the budget.
     let send_budget = peer_send_quota(cfg.limits.memory_budget.bytes(), specs.len());
     let now = Instant::now();
     let mut peers = Vec::with_capacity(specs.len());
@@ -216,7 +216,7 @@ pub fn new_peer(
         id,
         &spec.name,
         None,
-        // The driver shares the budget anew once the peer is in.
+        // The driver divides the budget anew once the peer is in.
         0,
         gateway.memory.clone(),
         gateway.workers.wake_of(id),

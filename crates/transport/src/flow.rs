@@ -43,7 +43,7 @@ pub struct Flow {
     pub write_blocked: bool,
     /// The application holds back writes until acknowledgements shrink what the flow
     /// buffers (its share of a memory budget the transport does not see).
-    pub share_blocked: bool,
+    pub quota_blocked: bool,
     /// Since when the receive side has had a gap at an unchanged cumulative point.
     pub gap_since: Option<(u64, std::time::Instant)>,
     pub stream_snack_due: bool,
@@ -69,7 +69,7 @@ impl Flow {
             in_control_queue: false,
             readable_signaled: false,
             write_blocked: false,
-            share_blocked: false,
+            quota_blocked: false,
             gap_since: None,
             stream_snack_due: false,
         }

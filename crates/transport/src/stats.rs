@@ -49,7 +49,7 @@ pub struct Stats {
     pub outages: u64,
     pub flows_open: u64,
     /// Open flows whose application holds back writes until its data is acknowledged
-    /// ([`Association::wait_for_share`](crate::Association::wait_for_share)).
+    /// ([`Association::wait_for_quota`](crate::Association::wait_for_quota)).
     pub flows_waiting_for_quota: u64,
     pub flows_opened_total: u64,
     /// Flows refused because `max_flows` were open: opens by the application (refused with

@@ -523,8 +523,8 @@ fn a_flow_waiting_for_its_share_is_told_when_its_data_is_acknowledged() {
     let mut n = net(Faults::default(), 9);
     let f = n.open(0, 1009, pattern(9, 50_000), false);
     let g = n.open(0, 1010, pattern(10, 50_000), false);
-    n.ends[0].wait_for_share(f);
-    n.ends[0].wait_for_share(g);
+    n.ends[0].wait_for_quota(f);
+    n.ends[0].wait_for_quota(g);
     assert_eq!(n.ends[0].stats().flows_waiting_for_quota, 2);
     let writable = |n: &Net, flow: FlowId| {
         n.apps[0]
@@ -541,8 +541,8 @@ fn a_flow_waiting_for_its_share_is_told_when_its_data_is_acknowledged() {
         == 0));
     assert_eq!((writable(&n, f), writable(&n, g)), (1, 1));
     // Lifted together: one event for each flow still waiting, none for the others.
-    n.ends[0].wait_for_share(f);
-    n.ends[0].release_share_waits();
+    n.ends[0].wait_for_quota(f);
+    n.ends[0].release_quota_waits();
     n.apps[0].drain_events(&mut n.ends[0]);
     assert_eq!((writable(&n, f), writable(&n, g)), (2, 1));
     assert_eq!(n.ends[0].stats().flows_waiting_for_quota, 0);

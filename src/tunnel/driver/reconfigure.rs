@@ -1,5 +1,5 @@
 //! The driver's half of a reload that adds or removes peers: the endpoint's peer table,
-//! the associations, the carrier scheduler's members and each peer's share of the memory
+//! the associations, the carrier scheduler's members and each peer's quota of the memory
 //! budget follow the gateway's new table, and nothing of the peers that stay is touched.
 
 use std::collections::HashMap;
@@ -53,12 +53,12 @@ impl Driver {
             // Any peer's datagram may reach any worker's socket (and be handed on).
             *allowed = all.specs.iter().filter_map(|p| p.address).collect();
         }
-        // The budget is the gateway's: each peer's share of it follows the number of peers.
+        // The budget is the gateway's: each peer's quota of it follows the number of peers.
         let memory = &self.gateway.memory;
         let budget = memory.budget();
-        let share = crate::tunnel::memory::peer_send_quota(budget, all.peers.len());
+        let quota = crate::tunnel::memory::peer_send_quota(budget, all.peers.len());
         for l in &table.peers {
-            l.set_send_budget(share);
+            l.set_send_budget(quota);
         }
         memory.set_receive_reserve(crate::tunnel::memory::receive_reserve(
             budget,

@@ -48,7 +48,7 @@ const MIB: u64 = 1 << 20;
 fn the_account_adds_flows_held_bytes_and_payload() {
     let m = Arc::new(MemoryAccount::new(10 * MIB, 4 * MIB, MIB));
     assert_eq!(m.accounted(0, 0), MIB);
-    // The send share is half the budget, 5 MiB, and 10 − 4 − 1 MiB leaves 5 MiB too.
+    // The send quota is half the budget, 5 MiB, and 10 − 4 − 1 MiB leaves 5 MiB too.
     assert_eq!(m.send_room(0), 5 * MIB);
     let charges: Vec<FlowCharge> = (0..3).map(|_| m.charge_flow()).collect();
     assert_eq!(m.flows(), 3);
@@ -70,21 +70,21 @@ fn the_account_adds_flows_held_bytes_and_payload() {
     assert_eq!(m.send_room(0), 0);
 }
 
-/// A gateway's one peer, with the whole send side of the budget as its share.
+/// A gateway's one peer, with the whole send side of the budget as its quota.
 fn hub(budget: u64, receive_reserve: u64, fixed: u64) -> Peer {
     let memory = Arc::new(MemoryAccount::new(budget, receive_reserve, fixed));
-    link_on(&memory, send_cap(budget))
+    peer_on(&memory, send_cap(budget))
 }
 
-/// A peer of a gateway whose account is `memory`, with `share` of the send side.
-fn link_on(memory: &Arc<MemoryAccount>, share: u64) -> Peer {
+/// A peer of a gateway whose account is `memory`, with `quota` of the send side.
+fn peer_on(memory: &Arc<MemoryAccount>, quota: u64) -> Peer {
     let cfg = pep_transport::Config::for_rate(10_000_000);
     let assoc = Association::new(cfg, Role::Initiator, 1, Instant::now()).expect("association");
     Peer::new(
         pep_transport::PeerId(0),
         "peer",
         Some(assoc),
-        share,
+        quota,
         memory.clone(),
         Arc::new(tokio::sync::Notify::new()),
     )
@@ -112,7 +112,7 @@ fn flows_past_the_budget_are_refused_until_one_ends() {
         Some(OpenRefused::MemoryBudget)
     );
     assert_eq!(hub.memory.accounted(0, 0), budget - MIB);
-    // The flow's end returns its share.
+    // The flow's end returns its quota.
     drop(open.pop());
     assert_eq!(hub.memory.flows(), 2);
     // First bytes count too: one byte more than the room left is refused.
@@ -142,12 +142,12 @@ fn relays_stop_reading_once_buffered_payload_fills_the_budget() {
 }
 
 #[test]
-fn the_links_of_a_gateway_share_its_one_budget() {
+fn the_peers_of_a_gateway_divide_its_one_budget() {
     // Room for exactly three flows, whichever peers they go to.
     let budget = MIB + 3 * PER_FLOW;
     let memory = Arc::new(MemoryAccount::new(budget, MIB, 0));
-    let share = crate::tunnel::memory::peer_send_quota(budget, 2);
-    let (a, b) = (link_on(&memory, share), link_on(&memory, share));
+    let quota = crate::tunnel::memory::peer_send_quota(budget, 2);
+    let (a, b) = (peer_on(&memory, quota), peer_on(&memory, quota));
     let mut open = vec![
         a.open(meta(1), &[]).expect("fits"),
         a.open(meta(2), &[]).expect("fits"),
@@ -164,8 +164,8 @@ fn the_links_of_a_gateway_share_its_one_budget() {
     // Bytes one peer buffers to send leave less for the other.
     let budget = MIB + 2 * PER_FLOW + 10_000;
     let memory = Arc::new(MemoryAccount::new(budget, MIB, 0));
-    let share = crate::tunnel::memory::peer_send_quota(budget, 2);
-    let (a, b) = (link_on(&memory, share), link_on(&memory, share));
+    let quota = crate::tunnel::memory::peer_send_quota(budget, 2);
+    let (a, b) = (peer_on(&memory, quota), peer_on(&memory, quota));
     let (fa, _ca) = a.open(meta(1), &[7u8; 6000]).expect("fits");
     let (fb, _cb) = b.open(meta(2), &[]).expect("fits");
     assert_eq!(memory.send_buffered(), 6000);
@@ -177,11 +177,11 @@ fn the_links_of_a_gateway_share_its_one_budget() {
 }
 
 #[test]
-fn a_peer_buffers_no_more_than_its_share() {
+fn a_peer_buffers_no_more_than_its_quota() {
     let budget = 64 * MIB;
     let memory = Arc::new(MemoryAccount::new(budget, 0, 0));
-    // A share below what the flow itself could take.
-    let peer = link_on(&memory, 5000);
+    // A quota below what the flow itself could take.
+    let peer = peer_on(&memory, 5000);
     let (flow, _charge) = peer.open(meta(1), &[7u8; 3000]).expect("fits");
     assert_eq!(peer.write_room(&flow).expect("room"), 2000);
     assert_eq!(
@@ -245,7 +245,7 @@ fn per_flow_cost_is_covered() {
 }
 
 #[test]
-fn past_half_the_send_pool_each_flow_gets_a_share() {
+fn past_half_the_send_pool_each_flow_gets_a_quota() {
     // The pool is what 10 MiB leaves after a 4 MiB reserve, 1 MiB of fixed costs and the
     // flows: under the send cap of 5 MiB.
     let m = Arc::new(MemoryAccount::new(10 * MIB, 4 * MIB, MIB));
@@ -266,32 +266,32 @@ fn past_half_the_send_pool_each_flow_gets_a_share() {
 }
 
 #[test]
-fn a_flow_over_its_share_waits_until_the_contention_ends() {
+fn a_flow_over_its_quota_waits_until_the_contention_ends() {
     // A 1 MiB pool (the reserve and fixed costs take the rest, the flows' own cost too).
     let budget = 4 * MIB + 2 * PER_FLOW;
     let hub = hub(budget, 3 * MIB, 0);
     let (a, _ca) = hub.open(meta(1), &[]).expect("fits");
     let (b, _cb) = hub.open(meta(2), &[]).expect("fits");
     assert_eq!(hub.memory.send_pool(), MIB);
-    // Alone past half the pool, `a` may write what is free, then holds more than its share.
+    // Alone past half the pool, `a` may write what is free, then holds more than its quota.
     let big = vec![7u8; (MIB / 2 + 1) as usize];
     assert_eq!(hub.write_room(&a).expect("room"), MIB as usize);
     assert_eq!(hub.write(&a, &big).expect("write"), big.len());
-    let share = MIB / 4 / 2;
+    let quota = MIB / 4 / 2;
     assert_eq!(
         hub.memory.flow_quota(hub.memory.send_buffered()),
-        Some(share)
+        Some(quota)
     );
     assert_eq!(hub.write_room(&a).expect("room"), 0);
     assert_eq!(
         hub.stats().expect("association").0.flows_waiting_for_quota,
         1
     );
-    // `b` still gets its share of what is left, not all of it.
-    assert_eq!(hub.write_room(&b).expect("room"), share as usize);
+    // `b` still gets its quota of what is left, not all of it.
+    assert_eq!(hub.write_room(&b).expect("room"), quota as usize);
     assert_eq!(
-        hub.write(&b, &vec![1u8; share as usize]).expect("write"),
-        share as usize
+        hub.write(&b, &vec![1u8; quota as usize]).expect("write"),
+        quota as usize
     );
     assert_eq!(hub.write_room(&b).expect("room"), 0);
     assert_eq!(

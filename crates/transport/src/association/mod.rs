@@ -596,27 +596,27 @@ impl Association {
 
     /// The application holds back writes to `flow` until what it buffers shrinks: a
     /// `FlowWritable` event follows the next acknowledgement of its data, or
-    /// [`release_share_waits`](Self::release_share_waits).
-    pub fn wait_for_share(&mut self, flow: FlowId) {
+    /// [`release_quota_waits`](Self::release_quota_waits).
+    pub fn wait_for_quota(&mut self, flow: FlowId) {
         if let Some(f) = self.flows.get_mut(&flow) {
-            f.share_blocked = true;
+            f.quota_blocked = true;
         }
     }
 
-    /// Ends every [`wait_for_share`](Self::wait_for_share) with a `FlowWritable` event (the
-    /// shares are lifted).
-    pub fn release_share_waits(&mut self) {
-        for (&flow, f) in self.flows.iter_mut().filter(|(_, f)| f.share_blocked) {
-            f.share_blocked = false;
+    /// Ends every [`wait_for_quota`](Self::wait_for_quota) with a `FlowWritable` event (the
+    /// quotas are lifted).
+    pub fn release_quota_waits(&mut self) {
+        for (&flow, f) in self.flows.iter_mut().filter(|(_, f)| f.quota_blocked) {
+            f.quota_blocked = false;
             if f.reset.is_none() {
                 self.events.push_back(Event::FlowWritable { flow });
             }
         }
     }
 
-    /// Flows whose writes wait for their share (see [`wait_for_share`](Self::wait_for_share)).
+    /// Flows whose writes wait for their quota (see [`wait_for_quota`](Self::wait_for_quota)).
     pub fn flows_waiting_for_quota(&self) -> u64 {
-        self.flows.values().filter(|f| f.share_blocked).count() as u64
+        self.flows.values().filter(|f| f.quota_blocked).count() as u64
     }
 
     /// Bytes `write` would accept now, without asking for a `FlowWritable` event.

@@ -103,9 +103,9 @@ impl Association {
                     f.send.on_acked(offset, len as usize, fin);
                     let freed = f.send.acked_base() - before;
                     self.stats.stream_bytes_acked += freed;
-                    let share_freed = f.share_blocked && freed > 0;
+                    let share_freed = f.quota_blocked && freed > 0;
                     if share_freed {
-                        f.share_blocked = false;
+                        f.quota_blocked = false;
                     }
                     if f.write_blocked && f.send.has_room() && f.reset.is_none() {
                         f.write_blocked = false;
