@@ -1,5 +1,6 @@
-//! `pepd run`: sockets, the association driver, the interception listeners and the relays,
-//! wired together on a tokio runtime; SIGHUP reloads, SIGTERM drains.
+//! `pepd run`: the tunnel and its workers, the interception listeners and the metrics
+//! endpoint started from the config on a tokio runtime; SIGHUP reloads, SIGTERM drains, and
+//! a worker that stops unasked stops the daemon.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};

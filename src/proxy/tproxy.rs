@@ -1,4 +1,4 @@
-//! Interception: TPROXY listeners and what an accepted connection tells us (the original
+//! TPROXY listeners, and what an accepted connection tells us (the original
 //! destination is the accepted socket's local address; the client's DSCP is in its SYN).
 
 use std::io;

@@ -1,10 +1,10 @@
-//! The workers' tunnel sockets: one per worker on the same address (`SO_REUSEPORT`), with a
-//! classic BPF program on the group that hands each short packet to the socket its
-//! connection ID's shard bits name, and so each REPLY or COOKIE to the hub's own
+//! Steering between the workers' tunnel sockets, one per worker on the same address
+//! (`SO_REUSEPORT`): a classic BPF program on the group hands each short packet to the
+//! socket its connection ID's shard bits name, and so each REPLY or COOKIE to the hub's own
 //! initiations. The kernel numbers a group's sockets in the order they were bound, so
 //! socket *i* is worker *i*'s. Initiations, HELLOs, and anything too short for the program
 //! to read, go by the kernel's hash of the addresses; what lands on the wrong worker is
-//! handed on in user space (super::workers::Workers::hand_off), so steering is a saving, never a
+//! handed on in user space (`Workers::hand_off`), so steering is a saving, never a
 //! condition of correctness.
 
 use std::io;
