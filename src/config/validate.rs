@@ -7,11 +7,13 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ipnet::IpNet;
+
 use super::error::{sort_by_position, Position};
 use super::peers::{self, PeerEntry, MAX_NAME_LEN, MAX_PEERS};
 use super::units::approx;
 use super::{
-    BitRate, Cidr, ConfigError, Diagnostic, PairConfig, Peers, PepdConfig, SecurityMode, Side,
+    cidr, BitRate, ConfigError, Diagnostic, PairConfig, Peers, PepdConfig, SecurityMode, Side,
     SourceMap,
 };
 
@@ -178,14 +180,16 @@ impl PepdConfig {
         ] {
             for (i, subnet) in subnets.iter().enumerate() {
                 c.check(
-                    !subnet.has_host_bits(),
+                    !cidr::has_host_bits(subnet),
                     &format!("{list}[{i}]"),
                     host_bits(subnet),
                 );
             }
         }
         let listened = |v4: bool| self.intercept.listen.iter().any(|a| a.is_ipv4() == v4);
-        if !r.proxy_subnets.is_empty() && !r.proxy_subnets.iter().any(|c| listened(c.is_ipv4())) {
+        if !r.proxy_subnets.is_empty()
+            && !r.proxy_subnets.iter().any(|n| listened(n.addr().is_ipv4()))
+        {
             c.fail(
                 "rules.proxy_subnets",
                 "lists no subnet of an address family `intercept.listen` has a listener for, \
@@ -361,12 +365,9 @@ impl PepdConfig {
         }
         for (k, subnet) in e.subnets.iter().enumerate() {
             let at = format!("peer[{i}].subnets[{k}]");
-            if subnet.has_host_bits() {
+            if cidr::has_host_bits(subnet) {
                 c.fail(&at, host_bits(subnet));
-            } else if e.subnets[..k]
-                .iter()
-                .any(|s| s.network() == subnet.network() && s.prefix == subnet.prefix)
-            {
+            } else if e.subnets[..k].iter().any(|s| s.trunc() == subnet.trunc()) {
                 c.fail(&at, format!("({subnet}) is listed twice"));
             }
         }
@@ -802,11 +803,10 @@ fn check_keepalive(c: &mut Checker<'_>, key: &str, keepalive: Duration, outage_l
     }
 }
 
-fn host_bits(subnet: &Cidr) -> String {
+fn host_bits(subnet: &IpNet) -> String {
     format!(
-        "({subnet}) has bits set after the prefix: write {}/{}",
-        subnet.network(),
-        subnet.prefix
+        "({subnet}) has bits set after the prefix: write {}",
+        subnet.trunc()
     )
 }
 
