@@ -10,6 +10,7 @@ use ipnet::IpNet;
 use pep_transport::security::{AeadOffer, PacketProtection};
 use serde::Deserialize;
 
+mod bounds;
 pub mod budget;
 mod cidr;
 mod error;
