@@ -6,9 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use pep_transport::security::{AeadOffer, PacketProtection};
 use serde::Deserialize;
 
+mod bounds;
 pub mod budget;
 mod cidr;
 mod error;
@@ -21,7 +23,7 @@ pub(crate) mod units;
 mod validate;
 mod warnings;
 
-pub use cidr::{Cidr, CidrError};
+pub use cidr::{parse_subnet, CidrError};
 pub use error::{ConfigError, Diagnostic};
 pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, MAX_WORKERS, PAIR_PEER_NAME};
 pub use security::{LoadedSecurity, LocalKeys};
@@ -129,9 +131,11 @@ pub struct RulesConfig {
     /// TCP destination ports to intercept. Empty: every port.
     pub ports: Vec<u16>,
     /// Destinations and sources never intercepted.
-    pub bypass_subnets: Vec<Cidr>,
+    #[serde(deserialize_with = "cidr::subnets")]
+    pub bypass_subnets: Vec<IpNet>,
     /// If not empty, only connections to these destinations are intercepted.
-    pub proxy_subnets: Vec<Cidr>,
+    #[serde(deserialize_with = "cidr::subnets")]
+    pub proxy_subnets: Vec<IpNet>,
     /// Firewall mark the rules put on intercepted packets; the policy-routing rule sends
     /// packets with it to `route_table`.
     pub tproxy_mark: u32,

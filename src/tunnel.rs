@@ -18,5 +18,6 @@ pub mod setup;
 pub mod sockets;
 pub mod spawn;
 pub mod steering;
+pub mod totals;
 pub mod udp;
 pub mod workers;

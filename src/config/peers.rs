@@ -11,7 +11,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{BitRate, Cidr, PairConfig, PepdConfig, Side, DEFAULT_TUNNEL_PORT};
+use super::{cidr, BitRate, PairConfig, PepdConfig, Side, DEFAULT_TUNNEL_PORT};
 use crate::config::keys::KEY_LEN;
 
 /// Most `[[peer]]` entries one gateway takes: a hub's connection IDs have room for 8 × 8192
@@ -45,7 +45,8 @@ pub struct PeerEntry {
     /// Its tunnel address (UDP); a terminal behind NAT has none, the hub learns it.
     pub address: Option<SocketAddr>,
     /// The prefixes reached through this peer.
-    pub subnets: Vec<Cidr>,
+    #[serde(deserialize_with = "cidr::subnets")]
+    pub subnets: Vec<IpNet>,
     /// Most this gateway sends to it (MIR); default `link.tx_rate`.
     pub tx_rate: Option<BitRate>,
     /// What it sends to us; sizes the receive windows. Default `link.rx_rate`.
@@ -196,7 +197,7 @@ impl PepdConfig {
                     name: e.name.clone(),
                     public_key: decode(e.public_key.as_ref()),
                     address: e.address,
-                    subnets: e.subnets.iter().filter_map(network).collect(),
+                    subnets: e.subnets.iter().map(IpNet::trunc).collect(),
                     tx_bps: e.tx_rate.unwrap_or(self.link.tx_rate).bps(),
                     rx_bps: e.rx_rate.unwrap_or(self.link.rx_rate).bps(),
                     min_bps: e.min_rate.map_or(0, BitRate::bps),
@@ -286,11 +287,6 @@ impl PepdConfig {
     }
 }
 
-/// The prefix a subnet names, host bits cleared.
-fn network(cidr: &Cidr) -> Option<IpNet> {
-    IpNet::new(cidr.addr, cidr.prefix).ok().map(|n| n.trunc())
-}
-
 /// Whether `name` can name a peer: 1 to 32 of `A-Z a-z 0-9 . _ -`, safe in a metric label
 /// and a log line as it is.
 pub(super) fn is_valid_name(name: &str) -> bool {
@@ -317,7 +313,11 @@ pub(super) fn subnets_of(entries: &[PeerEntry]) -> Vec<SubnetAt> {
             e.subnets
                 .iter()
                 .enumerate()
-                .filter_map(move |(index, c)| network(c).map(|net| SubnetAt { peer, index, net }))
+                .map(move |(index, net)| SubnetAt {
+                    peer,
+                    index,
+                    net: net.trunc(),
+                })
         })
         .collect()
 }

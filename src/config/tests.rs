@@ -1030,10 +1030,7 @@ fn rules_defaults_and_example() {
     assert_eq!(t.rules.interfaces, ["lan0"]);
     assert_eq!(
         t.rules.bypass_subnets,
-        [Cidr {
-            addr: "198.19.255.0".parse().expect("addr"),
-            prefix: 24
-        }]
+        ["198.19.255.0/24".parse::<ipnet::IpNet>().expect("subnet")]
     );
     let c = PepdConfig::parse(&min_with(
         "[rules]\ninterfaces = [\"lan0\", \"vlan*\"]\nports = [80, 443]\n\

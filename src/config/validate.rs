@@ -7,16 +7,19 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ipnet::IpNet;
+
+use super::bounds::{Bounded, Bounds};
 use super::error::{sort_by_position, Position};
 use super::peers::{self, PeerEntry, MAX_NAME_LEN, MAX_PEERS};
 use super::units::approx;
 use super::{
-    BitRate, Cidr, ConfigError, Diagnostic, PairConfig, Peers, PepdConfig, SecurityMode, Side,
-    SourceMap,
+    cidr, BitRate, ByteSize, ConfigError, Diagnostic, PairConfig, Peers, PepdConfig, SecurityMode,
+    Side, SourceMap,
 };
 
-const MIN_RATE_BPS: u64 = 8_000;
-const MAX_RATE_BPS: u64 = 100_000_000_000;
+const MIN_RATE: BitRate = BitRate(8_000);
+const MAX_RATE: BitRate = BitRate(100_000_000_000);
 const MIN_MTU: usize = 576;
 const MIN_MTU_V6: usize = 1280;
 const MAX_MTU: usize = 9000;
@@ -27,10 +30,10 @@ const MAX_ACK_DELAY: Duration = Duration::from_secs(1);
 const MIN_OUTAGE_LIMIT: Duration = Duration::from_secs(1);
 const MAX_PACING_BURST: Duration = Duration::from_millis(100);
 const MAX_FLOWS: usize = 1_000_000;
-const MIN_FLOW_BUFFER: u64 = 64 << 10;
+const MIN_FLOW_BUFFER: ByteSize = ByteSize(64 << 10);
 /// The transport's receive window limit.
-const MAX_FLOW_BUFFER: u64 = 1 << 30;
-const MIN_MEMORY_BUDGET: u64 = 1 << 20;
+const MAX_FLOW_BUFFER: ByteSize = ByteSize(1 << 30);
+const MIN_MEMORY_BUDGET: ByteSize = ByteSize(1 << 20);
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Short enough for tests to watch several rekeys; below 10 s is warned about.
 const MIN_REKEY_INTERVAL: Duration = Duration::from_secs(1);
@@ -56,6 +59,30 @@ impl Checker<'_> {
         if !ok {
             self.fail(key, why);
         }
+    }
+
+    /// Reports `key` unless `value` lies in `range` (`a..=b`, `a..` or `..=b`), as "must be
+    /// 1 to 1000, not 0", "must be at least 1s, not 500ms" or "must be at most 1s, not 2s".
+    /// True if it does.
+    fn range<T: Bounded>(&mut self, key: &str, value: T, range: impl Into<Bounds<T>>) -> bool {
+        self.range_in(key, value, range, "")
+    }
+
+    /// As [`range`](Self::range), with the limits' `unit` written after them (" bytes").
+    fn range_in<T: Bounded>(
+        &mut self,
+        key: &str,
+        value: T,
+        range: impl Into<Bounds<T>>,
+        unit: &str,
+    ) -> bool {
+        let bounds = range.into();
+        let ok = bounds.contains(value);
+        if !ok {
+            let value = value.show();
+            self.fail(key, format!("must be {bounds}{unit}, not {value}"));
+        }
+        ok
     }
 
     /// A problem with `key` shown at `position`: for a key the file leaves out but must
@@ -178,14 +205,16 @@ impl PepdConfig {
         ] {
             for (i, subnet) in subnets.iter().enumerate() {
                 c.check(
-                    !subnet.has_host_bits(),
+                    !cidr::has_host_bits(subnet),
                     &format!("{list}[{i}]"),
                     host_bits(subnet),
                 );
             }
         }
         let listened = |v4: bool| self.intercept.listen.iter().any(|a| a.is_ipv4() == v4);
-        if !r.proxy_subnets.is_empty() && !r.proxy_subnets.iter().any(|c| listened(c.is_ipv4())) {
+        if !r.proxy_subnets.is_empty()
+            && !r.proxy_subnets.iter().any(|n| listened(n.addr().is_ipv4()))
+        {
             c.fail(
                 "rules.proxy_subnets",
                 "lists no subnet of an address family `intercept.listen` has a listener for, \
@@ -361,22 +390,14 @@ impl PepdConfig {
         }
         for (k, subnet) in e.subnets.iter().enumerate() {
             let at = format!("peer[{i}].subnets[{k}]");
-            if subnet.has_host_bits() {
+            if cidr::has_host_bits(subnet) {
                 c.fail(&at, host_bits(subnet));
-            } else if e.subnets[..k]
-                .iter()
-                .any(|s| s.network() == subnet.network() && s.prefix == subnet.prefix)
-            {
+            } else if e.subnets[..k].iter().any(|s| s.trunc() == subnet.trunc()) {
                 c.fail(&at, format!("({subnet}) is listed twice"));
             }
         }
         self.check_entry_rates(i, e, c);
-        if !(1..=MAX_WEIGHT).contains(&e.weight) {
-            c.fail(
-                &key("weight"),
-                format!("must be 1 to {MAX_WEIGHT}, not {}", e.weight),
-            );
-        }
+        c.range(&key("weight"), e.weight, 1..=MAX_WEIGHT);
         if let Some(keepalive) = e.keepalive {
             check_keepalive(c, &key("keepalive"), keepalive, self.transport.outage_limit);
         }
@@ -401,11 +422,7 @@ impl PepdConfig {
             ("min_rate", e.min_rate),
         ] {
             if let Some(rate) = rate {
-                c.check(
-                    rate_in_range(rate),
-                    &key(field),
-                    format!("must be 8 kbit/s to 100 Gbit/s, not {rate}"),
-                );
+                c.range(&key(field), rate, MIN_RATE..=MAX_RATE);
             }
         }
         let link = self.link.tx_rate;
@@ -535,30 +552,23 @@ impl PepdConfig {
             ("link.tx_rate", self.link.tx_rate),
             ("link.rx_rate", self.link.rx_rate),
         ] {
-            c.check(
-                rate_in_range(rate),
-                key,
-                format!("must be 8 kbit/s to 100 Gbit/s, not {rate}"),
-            );
+            c.range(key, rate, MIN_RATE..=MAX_RATE);
         }
         let mtu = self.link.mtu;
-        let v6 = self.tunnel_is_ipv6();
-        if !(MIN_MTU..=MAX_MTU).contains(&mtu) {
-            c.fail(
-                "link.mtu",
-                format!("must be {MIN_MTU} to {MAX_MTU} bytes, not {mtu}"),
-            );
-        } else if v6 && mtu < MIN_MTU_V6 {
+        if c.range_in("link.mtu", mtu, MIN_MTU..=MAX_MTU, " bytes")
+            && self.tunnel_is_ipv6()
+            && mtu < MIN_MTU_V6
+        {
             c.fail(
                 "link.mtu",
                 format!("must be at least {MIN_MTU_V6} bytes with an IPv6 peer, not {mtu}"),
             );
         }
-        let frame = self.link.frame_overhead;
-        c.check(
-            frame <= MAX_FRAME_OVERHEAD,
+        c.range_in(
             "link.frame_overhead",
-            format!("must be at most {MAX_FRAME_OVERHEAD} bytes, not {frame}"),
+            self.link.frame_overhead,
+            ..=MAX_FRAME_OVERHEAD,
+            " bytes",
         );
     }
 
@@ -569,21 +579,13 @@ impl PepdConfig {
             "transport.ack_every_packets",
             "must be at least 1",
         );
-        c.check(
-            t.ack_max_delay <= MAX_ACK_DELAY,
-            "transport.ack_max_delay",
-            format!("must be at most 1s, not {}", ms(t.ack_max_delay)),
-        );
-        c.check(
-            t.outage_limit >= MIN_OUTAGE_LIMIT,
-            "transport.outage_limit",
-            format!("must be at least 1s, not {}", ms(t.outage_limit)),
-        );
+        c.range("transport.ack_max_delay", t.ack_max_delay, ..=MAX_ACK_DELAY);
+        c.range("transport.outage_limit", t.outage_limit, MIN_OUTAGE_LIMIT..);
         check_keepalive(c, "transport.keepalive", t.keepalive, t.outage_limit);
-        c.check(
-            t.pacing_burst <= MAX_PACING_BURST,
+        c.range(
             "transport.pacing_burst",
-            format!("must be at most 100ms, not {}", ms(t.pacing_burst)),
+            t.pacing_burst,
+            ..=MAX_PACING_BURST,
         );
         self.check_vegas(c);
     }
@@ -591,21 +593,17 @@ impl PepdConfig {
     fn check_vegas(&self, c: &mut Checker<'_>) {
         let t = &self.transport;
         let positive = |v: f64| v.is_finite() && v > 0.0;
-        c.check(
-            positive(t.vegas_alpha),
-            "transport.vegas_alpha",
-            format!("must be a positive number, not {}", t.vegas_alpha),
-        );
-        c.check(
-            positive(t.vegas_beta),
-            "transport.vegas_beta",
-            format!("must be a positive number, not {}", t.vegas_beta),
-        );
-        c.check(
-            positive(t.vegas_gamma),
-            "transport.vegas_gamma",
-            format!("must be a positive number, not {}", t.vegas_gamma),
-        );
+        for (key, value) in [
+            ("transport.vegas_alpha", t.vegas_alpha),
+            ("transport.vegas_beta", t.vegas_beta),
+            ("transport.vegas_gamma", t.vegas_gamma),
+        ] {
+            c.check(
+                positive(value),
+                key,
+                format!("must be a positive number, not {value}"),
+            );
+        }
         if positive(t.vegas_alpha) && positive(t.vegas_beta) && t.vegas_alpha >= t.vegas_beta {
             // Blame the one the operator wrote; beta if both.
             if c.map.contains("transport.vegas_beta") {
@@ -632,27 +630,11 @@ impl PepdConfig {
 
     fn check_limits(&self, c: &mut Checker<'_>) {
         let l = &self.limits;
-        c.check(
-            (1..=MAX_FLOWS).contains(&l.max_flows),
-            "limits.max_flows",
-            format!("must be 1 to 1000000, not {}", l.max_flows),
-        );
-        let mut buffer_ok = true;
-        if let Some(b) = l.flow_buffer {
-            buffer_ok = (MIN_FLOW_BUFFER..=MAX_FLOW_BUFFER).contains(&b.bytes());
-            c.check(
-                buffer_ok,
-                "limits.flow_buffer",
-                format!("must be 64 KiB to 1 GiB, not {b}"),
-            );
-        }
-        let budget = l.memory_budget;
-        if budget.bytes() < MIN_MEMORY_BUDGET {
-            c.fail(
-                "limits.memory_budget",
-                format!("must be at least 1 MiB, not {budget}"),
-            );
-        } else if buffer_ok {
+        c.range("limits.max_flows", l.max_flows, 1..=MAX_FLOWS);
+        let buffer_ok = l
+            .flow_buffer
+            .is_none_or(|b| c.range("limits.flow_buffer", b, MIN_FLOW_BUFFER..=MAX_FLOW_BUFFER));
+        if c.range("limits.memory_budget", l.memory_budget, MIN_MEMORY_BUDGET..) && buffer_ok {
             self.check_budget_holds_a_flow(c);
         }
     }
@@ -695,11 +677,10 @@ impl PepdConfig {
     }
 
     fn check_timeouts(&self, c: &mut Checker<'_>) {
-        let connect = self.timeouts.connect;
-        c.check(
-            connect >= MIN_CONNECT_TIMEOUT,
+        c.range(
             "timeouts.connect",
-            format!("must be at least 100ms, not {}", ms(connect)),
+            self.timeouts.connect,
+            MIN_CONNECT_TIMEOUT..,
         );
     }
 }
@@ -710,18 +691,15 @@ impl PepdConfig {
     /// everything else (e.g. by `pepd nft-rules`) on a host that holds no keys.
     fn check_security(&self, c: &mut Checker<'_>) {
         let s = &self.security;
-        c.check(
-            (MIN_REKEY_INTERVAL..=MAX_REKEY_INTERVAL).contains(&s.rekey_interval),
+        c.range(
             "security.rekey_interval",
-            format!("must be 1s to 24h, not {}", ms(s.rekey_interval)),
+            s.rekey_interval,
+            MIN_REKEY_INTERVAL..=MAX_REKEY_INTERVAL,
         );
-        c.check(
-            s.rekey_after_packets >= MIN_REKEY_PACKETS,
+        c.range(
             "security.rekey_after_packets",
-            format!(
-                "must be at least {MIN_REKEY_PACKETS}, not {}",
-                s.rekey_after_packets
-            ),
+            s.rekey_after_packets,
+            MIN_REKEY_PACKETS..,
         );
         if let Some(key) = &s.peer_public_key {
             check_public_key(c, "security.peer_public_key", key, "the other gateway");
@@ -802,11 +780,10 @@ fn check_keepalive(c: &mut Checker<'_>, key: &str, keepalive: Duration, outage_l
     }
 }
 
-fn host_bits(subnet: &Cidr) -> String {
+fn host_bits(subnet: &IpNet) -> String {
     format!(
-        "({subnet}) has bits set after the prefix: write {}/{}",
-        subnet.network(),
-        subnet.prefix
+        "({subnet}) has bits set after the prefix: write {}",
+        subnet.trunc()
     )
 }
 
@@ -841,7 +818,7 @@ fn check_interface_name(name: &str) -> Result<(), &'static str> {
 }
 
 fn rate_in_range(rate: BitRate) -> bool {
-    (MIN_RATE_BPS..=MAX_RATE_BPS).contains(&rate.bps())
+    (MIN_RATE..=MAX_RATE).contains(&rate)
 }
 
 /// The config key behind a `pep_transport::Config` field, for the backstop check.

@@ -15,7 +15,9 @@
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 
-use crate::config::{Cidr, FailMode, PepdConfig};
+use ipnet::IpNet;
+
+use crate::config::{FailMode, PepdConfig};
 
 /// An address family pepd intercepts, i.e. one it has a listener for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +72,8 @@ impl Family {
         }
     }
 
-    fn holds(self, cidr: &Cidr) -> bool {
-        cidr.is_ipv4() == (self == Family::V4)
+    fn holds(self, subnet: &IpNet) -> bool {
+        subnet.addr().is_ipv4() == (self == Family::V4)
     }
 }
 

@@ -1,14 +1,13 @@
 //! What the daemon reports at one instant, collected from the gateway's peers, workers and
 //! counters: each scrape takes a fresh one.
 
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::tunnel::gateway::Gateway;
 use crate::tunnel::peer::{AssociationState, Peer, PeerCounters};
 use crate::tunnel::workers::owner;
-
-use super::PeerSnapshot;
 
 /// Relay-side counters: the TCP half of the daemon.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -86,6 +85,31 @@ pub struct WorkerSnapshot {
     pub handed_off: u64,
     /// Handoffs to it dropped because its inbox was full.
     pub inbox_dropped: u64,
+}
+
+/// One configured peer at one instant.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeerSnapshot {
+    /// Its configured name: the `peer` label.
+    pub name: String,
+    pub state: AssociationState,
+    /// Where its association sends now: configured, learned from its initiation, or moved
+    /// by roaming. `None` before a peer without a configured address has associated.
+    pub endpoint: Option<SocketAddr>,
+    /// Its association's counters (all zero while it has none).
+    pub stats: pep_transport::Stats,
+    /// Flows with a live local TCP connection.
+    pub flows_active: u64,
+    pub bytes_to_peer_total: u64,
+    pub bytes_from_peer_total: u64,
+    /// Flows reset, by reason (either side's).
+    pub flow_resets: Vec<(&'static str, u64)>,
+    /// New flows, either side's, the memory budget had no room for.
+    pub flows_over_budget: u64,
+    /// New flows, either side's, refused while `limits.max_flows` were open across the peers.
+    pub flows_over_gateway: u64,
+    /// Flows with this peer reset because their local TCP side stalled under contention.
+    pub flows_reset_stalled: u64,
 }
 
 impl Snapshot {

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use super::http::{serve_with, Limits};
 use super::*;
+use crate::tunnel::peer::AssociationState;
 
 /// Every field distinct, so a value read from the wrong field cannot pass by accident.
 fn sample() -> Snapshot {

@@ -19,11 +19,12 @@ use pep_transport::{
     InvalidConfig, PeerId, ResetReason, Role,
 };
 use quinn_udp::RecvMeta;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tracing::{debug, info, warn};
 
 use crate::sys::notify::Notifier;
 use crate::tunnel::carrier::CarrierShare;
+use crate::tunnel::droplog::DropLog;
 use crate::tunnel::gateway::Gateway;
 use crate::tunnel::memory::FlowCharge;
 use crate::tunnel::peer::AssociationState;
@@ -193,166 +194,222 @@ impl Driver {
         self
     }
 
-    /// Runs until `stop` turns true, then closes every association with one CLOSE.
+    /// Runs until `stop` turns true, then closes every association with one CLOSE. Each
+    /// pass: wait, receive a batch, route it to the peers, service the peers that have
+    /// something to do, send what they made.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> io::Result<()> {
-        let mut peers = self.table.peers.len();
+        let mut b = self.pass_buffers();
+        let wake = self.own_wake();
+        loop {
+            if self.wait(&wake, &mut stop).await? {
+                self.close(&mut b.tx).await;
+                return Ok(());
+            }
+            if self.apply_peer_changes(Instant::now(), &mut b.tx) {
+                b.peers_changed(self.table.peers.len());
+            }
+            let batch = self.receive(&mut b)?;
+            let clock = udp::ReceiveClock::now();
+            let now = clock.now_instant();
+            let handed_more = self.route_received(now, &clock, &mut b);
+            self.log_drops(now, &mut b.drop_log);
+            self.choose_serviced(now, &mut b);
+            let mut again = handed_more || batch.datagrams >= BATCH || batch.filled == b.rx.len();
+            let send_buffered = self.gateway.memory.send_buffered();
+            again |= self.service_chosen(now, &mut b);
+            if self.share.is_some() {
+                again |= self.send_shared(&b.rx, &mut b.tx, &mut b.spare, &mut b.accepts);
+            }
+            if self.gateway.memory.send_buffered() < send_buffered {
+                self.wake_budget_waiters();
+            }
+            self.socket.send(&b.tx).await?;
+            b.tx.clear();
+            if again {
+                wake.notify_one();
+            }
+        }
+    }
+
+    /// The buffers a pass works in, made once for the driver's life.
+    fn pass_buffers(&self) -> PassBuffers {
+        let peers = self.table.peers.len();
         let (buffers, size) = udp::receive_buffers(
             BATCH,
             RECV_BUF,
             self.socket.gro_segments(),
             self.endpoint.config().max_datagram,
         );
-        let mut rx: Vec<Vec<u8>> = (0..buffers).map(|_| vec![0u8; size]).collect();
-        let mut meta = vec![RecvMeta::default(); quinn_udp::BATCH_SIZE];
-        // The filled buffers (by place in `rx`) with what the kernel said of them.
-        let mut received: Vec<(usize, RecvMeta)> = Vec::with_capacity(buffers);
-        let mut inputs: Vec<Vec<Input>> = (0..peers).map(|_| Vec::new()).collect();
-        let mut more: Vec<bool> = vec![false; peers];
-        let mut serviced: Vec<usize> = Vec::with_capacity(peers);
-        let mut tx = Outbox::default();
-        let mut spare: Vec<Vec<u8>> = Vec::new();
-        let mut drop_log = crate::tunnel::droplog::DropLog::default();
-        let mut accepts: Accepts = Vec::new();
-        let workers = self.gateway.workers.count();
-        // A driver serves a worker that exists; the first's wake-up is only a fallback.
-        let workers_of = &self.gateway.workers;
-        let wake = workers_of.get(self.worker).map_or_else(
-            || workers_of.wake_of(pep_transport::PeerId(0)),
+        PassBuffers {
+            rx: (0..buffers).map(|_| vec![0u8; size]).collect(),
+            meta: vec![RecvMeta::default(); quinn_udp::BATCH_SIZE],
+            received: Vec::with_capacity(buffers),
+            inputs: (0..peers).map(|_| Vec::new()).collect(),
+            more: vec![false; peers],
+            serviced: Vec::with_capacity(peers),
+            tx: Outbox::default(),
+            spare: Vec::new(),
+            accepts: Vec::new(),
+            handed: Vec::new(),
+            drop_log: DropLog::default(),
+        }
+    }
+
+    /// This worker's wake-up. A driver serves a worker that exists; the first's wake-up is
+    /// only a fallback.
+    fn own_wake(&self) -> Arc<Notify> {
+        let workers = &self.gateway.workers;
+        workers.get(self.worker).map_or_else(
+            || workers.wake_of(pep_transport::PeerId(0)),
             |w| w.wake.clone(),
-        );
-        let mut handed: Vec<Handoff> = Vec::new();
-        loop {
-            let deadline = self.next_deadline(Instant::now());
-            let sleep = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
+        )
+    }
+
+    /// Waits for a datagram, a wake-up, the next deadline or `stop`. True once `stop` has
+    /// turned true.
+    async fn wait(&mut self, wake: &Notify, stop: &mut watch::Receiver<bool>) -> io::Result<bool> {
+        let deadline = self.next_deadline(Instant::now());
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = self.socket.readable() => r?,
+            _ = wake.notified() => {}
+            _ = sleep => {}
+            _ = stop.changed() => return Ok(*stop.borrow()),
+        }
+        Ok(false)
+    }
+
+    /// Reads up to a batch of datagrams into the receive buffers; those from an address no
+    /// peer may send from are dropped and counted.
+    fn receive(&mut self, b: &mut PassBuffers) -> io::Result<Batch> {
+        b.received.clear();
+        let (mut filled, mut datagrams) = (0, 0);
+        while datagrams < BATCH && filled < b.rx.len() {
+            let n = match self.socket.try_recv(&mut b.rx[filled..], &mut b.meta) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // ICMP errors (peer port unreachable) surface here; the transport's
+                // own timers deal with an unreachable peer.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(e) => return Err(e),
             };
-            tokio::select! {
-                r = self.socket.readable() => r?,
-                _ = wake.notified() => {}
-                _ = sleep => {}
-                _ = stop.changed() => {
-                    if *stop.borrow() {
-                        self.close(&mut tx).await;
-                        return Ok(());
-                    }
+            for m in &b.meta[..n] {
+                let count = udp::datagrams(m).count();
+                if self.allowed.as_ref().is_none_or(|a| a.contains(&m.addr)) {
+                    b.received.push((filled, *m));
+                    datagrams += count;
+                } else {
+                    PeerCounters::add(&self.gateway.counters.foreign_datagrams, count as u64);
+                    debug!(from = %m.addr, "datagram from an address that is not a peer's dropped");
                 }
+                filled += 1;
             }
-            if self.apply_peer_changes(Instant::now(), &mut tx) {
-                peers = self.table.peers.len();
-                inputs = (0..peers).map(|_| Vec::new()).collect();
-                // A peer's first pass, or a pass more for the others: harmless.
-                more = vec![true; peers];
+        }
+        if let Some(w) = self.gateway.workers.get(self.worker) {
+            PeerCounters::add(&w.datagrams, datagrams as u64);
+        }
+        Ok(Batch { filled, datagrams })
+    }
+
+    /// Routes what other workers handed over and the batch just read to the peers' inputs.
+    /// True if more handoffs wait than a batch took.
+    fn route_received(
+        &mut self,
+        now: Instant,
+        clock: &udp::ReceiveClock,
+        b: &mut PassBuffers,
+    ) -> bool {
+        let (mut handed_more, mut screened) = (false, !b.received.is_empty());
+        if self.gateway.workers.count() > 1 {
+            handed_more = self
+                .gateway
+                .workers
+                .take_inbox(self.worker, &mut b.handed, BATCH);
+            screened |= !b.handed.is_empty();
+            for h in b.handed.drain(..) {
+                self.take_handed(now, h, &mut b.inputs, &mut b.tx);
             }
-            received.clear();
-            let (mut filled, mut datagrams) = (0, 0);
-            while datagrams < BATCH && filled < rx.len() {
-                let n = match self.socket.try_recv(&mut rx[filled..], &mut meta) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    // ICMP errors (peer port unreachable) surface here; the transport's
-                    // own timers deal with an unreachable peer.
-                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-                    Err(e) => return Err(e),
+        }
+        for &(i, m) in &b.received {
+            let arrived = clock.arrival(&m);
+            for at in udp::datagrams(&m) {
+                let d = ReceivedDatagram {
+                    from: m.addr,
+                    buf: i,
+                    at: at.clone(),
+                    arrived,
                 };
-                for m in &meta[..n] {
-                    let count = udp::datagrams(m).count();
-                    if self.allowed.as_ref().is_none_or(|a| a.contains(&m.addr)) {
-                        received.push((filled, *m));
-                        datagrams += count;
-                    } else {
-                        PeerCounters::add(&self.gateway.counters.foreign_datagrams, count as u64);
-                        debug!(from = %m.addr, "datagram from an address that is not a peer's dropped");
-                    }
-                    filled += 1;
-                }
+                self.route(now, d, &b.rx[i][at], &mut b.inputs, &mut b.tx);
             }
-            let clock = udp::ReceiveClock::now();
-            let now = clock.now_instant();
-            if let Some(w) = self.gateway.workers.get(self.worker) {
-                PeerCounters::add(&w.datagrams, datagrams as u64);
+        }
+        // What another worker handed over counts here as well (an initiation from where
+        // one of this worker's peers is known: its drops are this endpoint's).
+        if screened {
+            self.gateway
+                .counters
+                .set_endpoint(self.worker, self.endpoint.stats());
+        }
+        handed_more
+    }
+
+    /// A summary of the datagrams dropped, when one is due.
+    fn log_drops(&self, now: Instant, drop_log: &mut DropLog) {
+        if !drop_log.is_due(now) {
+            return;
+        }
+        let foreign = self
+            .gateway
+            .counters
+            .foreign_datagrams
+            .load(Ordering::Relaxed);
+        if let Some(s) = drop_log.summary(now, &self.gateway.stats().0, foreign) {
+            warn!("dropped datagrams: {s}");
+        }
+    }
+
+    /// The peers this pass services, from the cursor on: woken, due, with input, or with
+    /// more to send since the last pass.
+    fn choose_serviced(&mut self, now: Instant, b: &mut PassBuffers) {
+        let peers = self.table.peers.len();
+        b.serviced.clear();
+        for k in 0..peers {
+            let i = (self.cursor + k) % peers;
+            let queued = self.table.peers[i].take_queued();
+            let due = self.deadlines[i].is_some_and(|t| t <= now);
+            if queued || due || b.more[i] || !b.inputs[i].is_empty() {
+                b.serviced.push(i);
             }
-            let (mut handed_more, mut screened) = (false, !received.is_empty());
-            if workers > 1 {
-                handed_more = self
-                    .gateway
-                    .workers
-                    .take_inbox(self.worker, &mut handed, BATCH);
-                screened |= !handed.is_empty();
-                for h in handed.drain(..) {
-                    self.take_handed(now, h, &mut inputs, &mut tx);
-                }
-            }
-            for &(i, m) in &received {
-                let arrived = clock.arrival(&m);
-                for at in udp::datagrams(&m) {
-                    let d = ReceivedDatagram {
-                        from: m.addr,
-                        buf: i,
-                        at: at.clone(),
-                        arrived,
-                    };
-                    self.route(now, d, &rx[i][at], &mut inputs, &mut tx);
-                }
-            }
-            // What another worker handed over counts here as well (an initiation from where
-            // one of this worker's peers is known: its drops are this endpoint's).
-            if screened {
-                self.gateway
-                    .counters
-                    .set_endpoint(self.worker, self.endpoint.stats());
-            }
-            if drop_log.is_due(now) {
-                let foreign = self
-                    .gateway
-                    .counters
-                    .foreign_datagrams
-                    .load(Ordering::Relaxed);
-                if let Some(s) = drop_log.summary(now, &self.gateway.stats().0, foreign) {
-                    warn!("dropped datagrams: {s}");
-                }
-            }
-            serviced.clear();
-            for k in 0..peers {
-                let i = (self.cursor + k) % peers;
-                let queued = self.table.peers[i].take_queued();
-                let due = self.deadlines[i].is_some_and(|t| t <= now);
-                if queued || due || more[i] || !inputs[i].is_empty() {
-                    serviced.push(i);
-                }
-            }
-            self.cursor = (self.cursor + 1) % peers.max(1);
-            // Sending takes turns: each peer gets its share of a pass, and one with more
-            // to send is serviced again on the next.
-            let quota = (BATCH / serviced.len().max(1)).max(1);
-            let mut again = handed_more || datagrams >= BATCH || filled == rx.len();
-            let send_buffered = self.gateway.memory.send_buffered();
-            for &i in &serviced {
-                let r = Received {
-                    rx: &rx,
-                    inputs: &mut inputs[i],
-                };
-                more[i] = self.service(i, now, r, quota, &mut tx, &mut spare, &mut accepts);
-                again |= more[i];
-                self.accept_all(i, &mut accepts);
-            }
-            if self.share.is_some() {
-                again |= self.send_shared(&rx, &mut tx, &mut spare, &mut accepts);
-            }
-            if self.gateway.memory.send_buffered() < send_buffered {
-                // The budget is the gateway's: acknowledgements from one peer may free what
-                // relays of another wait for, whichever worker serves it.
-                for l in self.all.peers.iter().filter(|l| l.waits_for_budget()) {
-                    l.wake();
-                }
-            }
-            self.socket.send(&tx).await?;
-            tx.clear();
-            if again {
-                wake.notify_one();
-            }
+        }
+        self.cursor = (self.cursor + 1) % peers.max(1);
+    }
+
+    /// Services the chosen peers. Sending takes turns: each peer gets its share of a pass,
+    /// and one with more to send is serviced again on the next. True if one has more.
+    fn service_chosen(&mut self, now: Instant, b: &mut PassBuffers) -> bool {
+        let quota = (BATCH / b.serviced.len().max(1)).max(1);
+        let mut again = false;
+        for &i in &b.serviced {
+            let r = Received {
+                rx: &b.rx,
+                inputs: &mut b.inputs[i],
+            };
+            b.more[i] = self.service(i, now, r, quota, &mut b.tx, &mut b.spare, &mut b.accepts);
+            again |= b.more[i];
+            self.accept_all(i, &mut b.accepts);
+        }
+        again
+    }
+
+    /// The budget is the gateway's: acknowledgements from one peer may free what relays of
+    /// another wait for, whichever worker serves it.
+    fn wake_budget_waiters(&self) {
+        for l in self.all.peers.iter().filter(|l| l.waits_for_budget()) {
+            l.wake();
         }
     }
 
@@ -823,6 +880,44 @@ fn next_datagram(
             None
         }
     }
+}
+
+/// What a pass works in, kept from one pass to the next.
+struct PassBuffers {
+    /// The receive buffers.
+    rx: Vec<Vec<u8>>,
+    /// What the kernel says of each buffer a read fills.
+    meta: Vec<RecvMeta>,
+    /// The filled buffers (by place in `rx`) with what the kernel said of them.
+    received: Vec<(usize, RecvMeta)>,
+    /// Each peer's datagrams and initiations to handle, by place in the driver's table.
+    inputs: Vec<Vec<Input>>,
+    /// Each peer had more to send at the end of its last service.
+    more: Vec<bool>,
+    /// The peers this pass services, in order.
+    serviced: Vec<usize>,
+    tx: Outbox,
+    /// Send buffers to reuse.
+    spare: Vec<Vec<u8>>,
+    accepts: Accepts,
+    /// What other workers handed over.
+    handed: Vec<Handoff>,
+    drop_log: DropLog,
+}
+
+impl PassBuffers {
+    /// The driver's table now has `peers` peers, in a new order.
+    fn peers_changed(&mut self, peers: usize) {
+        self.inputs = (0..peers).map(|_| Vec::new()).collect();
+        // A peer's first pass, or a pass more for the others: harmless.
+        self.more = vec![true; peers];
+    }
+}
+
+/// How much a read took: buffers filled and datagrams in them.
+struct Batch {
+    filled: usize,
+    datagrams: usize,
 }
 
 /// The pass's receive buffers and one peer's share of them.

@@ -1,6 +1,6 @@
 //! The gateway's peers: one [`Peer`] per configured peer, the route table that picks the
 //! peer an intercepted connection goes to, the counters that belong to no single peer, and
-//! what the metrics report (today's series, summed over the peers).
+//! what the metrics report (today's series, summed over the peers by [`totals`]).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,7 @@ use crate::tunnel::flowcount::{OpenFlow, OpenFlows};
 use crate::tunnel::memory::MemoryAccount;
 use crate::tunnel::peer::{Peer, PeerCounters};
 use crate::tunnel::peer_table::{PeerSet, PeerTable};
+use crate::tunnel::totals;
 use crate::tunnel::workers::Workers;
 
 pub struct Gateway {
@@ -131,7 +132,7 @@ impl Gateway {
         );
         if let Some(s) = stats {
             let mut r = self.retired.stats.lock().unwrap_or_else(|p| p.into_inner());
-            add_stats(&mut r, &counters_only(s));
+            totals::add_association(&mut r, &totals::counters_only(s));
         }
     }
 
@@ -180,16 +181,16 @@ impl Gateway {
             recv += received;
             match total.as_mut() {
                 None => total = Some(s),
-                Some(t) => add_stats(t, &s),
+                Some(t) => totals::add_association(t, &s),
             }
         }
         let mut total = total.unwrap_or_default();
-        add_stats(
+        totals::add_association(
             &mut total,
             &self.retired.stats.lock().unwrap_or_else(|p| p.into_inner()),
         );
         for e in &self.counters.endpoints() {
-            add_endpoint_stats(&mut total, e);
+            totals::add_endpoint(&mut total, e);
         }
         (total, send, recv)
     }
@@ -203,106 +204,6 @@ impl Gateway {
     pub fn retired_restarts(&self) -> u64 {
         PeerCounters::get(&self.retired.restarts)
     }
-}
-
-/// The endpoint's drops in the associations' series: what it could route to no association
-/// (an unknown connection ID, a plaintext HELLO from an address no peer has) is
-/// `unassociated`, as a standalone association counted it; its handshake screening adds to
-/// the security drops.
-fn add_endpoint_stats(t: &mut Stats, e: &EndpointStats) {
-    t.malformed_dropped += e.malformed;
-    t.unassociated_dropped += e.unknown_cid + e.unknown_address;
-    add_security(&mut t.security, &e.security);
-}
-
-fn add_security(t: &mut pep_transport::SecurityCounts, s: &pep_transport::SecurityCounts) {
-    t.unauthenticated += s.unauthenticated;
-    t.replayed += s.replayed;
-    t.wrong_mode += s.wrong_mode;
-    t.handshake_invalid += s.handshake_invalid;
-    t.handshake_unknown_peer += s.handshake_unknown_peer;
-    t.handshake_rate_limited += s.handshake_rate_limited;
-    t.handshake_replayed += s.handshake_replayed;
-    t.handshake_bad_mac += s.handshake_bad_mac;
-    t.cookie_invalid += s.cookie_invalid;
-    t.nonce_refused += s.nonce_refused;
-    t.aead_mismatch += s.aead_mismatch;
-    t.handshake_collision += s.handshake_collision;
-}
-
-/// `s` without what describes a running association (its path and flows now), so that
-/// adding it to a total counts what it did and nothing of what it was.
-fn counters_only(s: Stats) -> Stats {
-    let mut c = Stats {
-        rtt_min: Default::default(),
-        rtt_smoothed: Default::default(),
-        pacing_rate_bps: 0,
-        cwnd_bytes: 0,
-        bytes_in_flight: 0,
-        datagram_size: 0,
-        corruption_by_size: Vec::new(),
-        flows_open: 0,
-        ..s
-    };
-    c.capacity.estimate_bps = 0;
-    c.capacity.queue_delay = Default::default();
-    c
-}
-
-/// Adds one association's stats to a total: counters and amounts add up; of the path
-/// gauges (RTT, datagram size) the total keeps the largest, which is what an alert on
-/// them looks for.
-fn add_stats(t: &mut Stats, s: &Stats) {
-    t.rtt_min = t.rtt_min.max(s.rtt_min);
-    t.rtt_smoothed = t.rtt_smoothed.max(s.rtt_smoothed);
-    t.pacing_rate_bps += s.pacing_rate_bps;
-    t.cwnd_bytes = t.cwnd_bytes.saturating_add(s.cwnd_bytes);
-    t.bytes_in_flight += s.bytes_in_flight;
-    let (tc, sc) = (&mut t.capacity, &s.capacity);
-    tc.estimate_bps += sc.estimate_bps;
-    tc.queue_delay = tc.queue_delay.max(sc.queue_delay);
-    tc.limited_by_estimate += sc.limited_by_estimate;
-    tc.limited_by_ceiling += sc.limited_by_ceiling;
-    tc.drains += sc.drains;
-    tc.probes += sc.probes;
-    tc.rebases += sc.rebases;
-    tc.competes += sc.competes;
-    t.datagram_size = t.datagram_size.max(s.datagram_size);
-    t.datagram_size_changes += s.datagram_size_changes;
-    t.corruption_by_size
-        .extend(s.corruption_by_size.iter().cloned());
-    t.packets_sent += s.packets_sent;
-    t.wire_bytes_sent += s.wire_bytes_sent;
-    t.packets_received += s.packets_received;
-    t.wire_bytes_received += s.wire_bytes_received;
-    t.stream_bytes_sent += s.stream_bytes_sent;
-    t.stream_bytes_acked += s.stream_bytes_acked;
-    t.stream_bytes_retransmitted += s.stream_bytes_retransmitted;
-    t.stream_bytes_redundant += s.stream_bytes_redundant;
-    t.lost.congestion += s.lost.congestion;
-    t.lost.corruption += s.lost.corruption;
-    t.lost.outage += s.lost.outage;
-    t.congestion_events += s.congestion_events;
-    t.acks_sent += s.acks_sent;
-    t.acks_received += s.acks_received;
-    t.snacks_sent += s.snacks_sent;
-    t.snacks_received += s.snacks_received;
-    t.probes_sent += s.probes_sent;
-    t.outages += s.outages;
-    t.flows_open += s.flows_open;
-    t.flows_waiting_for_quota += s.flows_waiting_for_quota;
-    t.flows_opened_total += s.flows_opened_total;
-    t.flows_over_limit += s.flows_over_limit;
-    t.flows_reset += s.flows_reset;
-    t.peer_restarts += s.peer_restarts;
-    t.malformed_dropped += s.malformed_dropped;
-    t.unassociated_dropped += s.unassociated_dropped;
-    t.duplicates_dropped += s.duplicates_dropped;
-    t.protocol_violations += s.protocol_violations;
-    add_security(&mut t.security, &s.security);
-    t.handshakes_completed += s.handshakes_completed;
-    t.rekeys += s.rekeys;
-    t.remote_moves += s.remote_moves;
 }
 
 #[cfg(test)]
@@ -420,38 +321,5 @@ mod tests {
         open.clear();
         assert_eq!((gateway.open_flows.open(), memory.flows()), (0, 0));
         assert_eq!(crate::metrics::Snapshot::of(&gateway).relay.flows_open, 0);
-    }
-
-    #[test]
-    fn stats_add_counters_and_keep_the_largest_path_gauges() {
-        let mut a = Stats {
-            rtt_smoothed: Duration::from_millis(600),
-            packets_sent: 10,
-            cwnd_bytes: u64::MAX,
-            ..Stats::default()
-        };
-        a.security.unauthenticated = 2;
-        let mut b = Stats {
-            rtt_smoothed: Duration::from_millis(550),
-            packets_sent: 5,
-            cwnd_bytes: 1000,
-            ..Stats::default()
-        };
-        b.security.unauthenticated = 3;
-        add_stats(&mut a, &b);
-        assert_eq!(a.rtt_smoothed, Duration::from_millis(600));
-        assert_eq!(a.packets_sent, 15);
-        assert_eq!(a.cwnd_bytes, u64::MAX);
-        assert_eq!(a.security.unauthenticated, 5);
-        let mut e = EndpointStats {
-            unknown_cid: 4,
-            malformed: 1,
-            ..EndpointStats::default()
-        };
-        e.security.handshake_unknown_peer = 7;
-        add_endpoint_stats(&mut a, &e);
-        assert_eq!(a.unassociated_dropped, 4);
-        assert_eq!(a.malformed_dropped, 1);
-        assert_eq!(a.security.handshake_unknown_peer, 7);
     }
 }

@@ -190,21 +190,33 @@ impl PeerCounters {
         c.load(Ordering::Relaxed)
     }
 
-    /// Adds `from`'s counters to these (not the gauges: relays running, state).
+    /// Adds `from`'s counters to these (not the gauges: relays running, state). Every field
+    /// is named, so one added to the struct fails to compile here until it is decided
+    /// whether it adds up.
     pub fn add_totals(&self, from: &PeerCounters) {
+        let PeerCounters {
+            flows_from_peer,
+            bytes_to_peer,
+            bytes_from_peer,
+            connect_errors,
+            flow_resets,
+            flows_over_budget,
+            flows_over_gateway,
+            flows_reset_stalled,
+            relays_active: _,
+            associations_established,
+            association_state: _,
+        } = from;
         let add = |to: &AtomicU64, from: &AtomicU64| Self::add(to, Self::get(from));
-        add(&self.flows_from_peer, &from.flows_from_peer);
-        add(&self.bytes_to_peer, &from.bytes_to_peer);
-        add(&self.bytes_from_peer, &from.bytes_from_peer);
-        add(&self.flows_over_budget, &from.flows_over_budget);
-        add(&self.flows_over_gateway, &from.flows_over_gateway);
-        add(&self.flows_reset_stalled, &from.flows_reset_stalled);
-        add(
-            &self.associations_established,
-            &from.associations_established,
-        );
-        self.connect_errors.add_counts(&from.connect_errors);
-        self.flow_resets.add_counts(&from.flow_resets);
+        add(&self.flows_from_peer, flows_from_peer);
+        add(&self.bytes_to_peer, bytes_to_peer);
+        add(&self.bytes_from_peer, bytes_from_peer);
+        add(&self.flows_over_budget, flows_over_budget);
+        add(&self.flows_over_gateway, flows_over_gateway);
+        add(&self.flows_reset_stalled, flows_reset_stalled);
+        add(&self.associations_established, associations_established);
+        self.connect_errors.add_counts(connect_errors);
+        self.flow_resets.add_counts(flow_resets);
     }
 
     pub fn set_state(&self, s: AssociationState) {
