@@ -206,7 +206,7 @@ pub fn counters_only(s: Stats) -> Stats {
         probes_sent,
         outages,
         flows_open: _,
-        flows_waiting_for_quota,
+        flows_waiting_for_quota: _,
         flows_opened_total,
         flows_over_limit,
         flows_reset,
@@ -267,7 +267,7 @@ pub fn counters_only(s: Stats) -> Stats {
         probes_sent,
         outages,
         flows_open: 0,
-        flows_waiting_for_quota,
+        flows_waiting_for_quota: 0,
         flows_opened_total,
         flows_over_limit,
         flows_reset,
@@ -287,6 +287,23 @@ pub fn counters_only(s: Stats) -> Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_peer_leaves_its_counters_and_none_of_its_gauges() {
+        let s = Stats {
+            flows_open: 3,
+            flows_waiting_for_quota: 2,
+            flows_opened_total: 7,
+            pacing_rate_bps: 1_000_000,
+            ..Stats::default()
+        };
+        let c = counters_only(s);
+        assert_eq!(
+            (c.flows_open, c.flows_waiting_for_quota, c.pacing_rate_bps),
+            (0, 0, 0)
+        );
+        assert_eq!(c.flows_opened_total, 7);
+    }
 
     #[test]
     fn stats_add_counters_and_keep_the_largest_path_gauges() {
