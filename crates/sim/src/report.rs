@@ -78,6 +78,8 @@ pub struct Report {
     pub return_over_forward: f64,
     pub retransmitted_bytes: u64,
     pub redundant_bytes: u64,
+    /// Packets the A sides sent (data, ACKs and control).
+    pub packets_sent: u64,
     pub losses_by_cause: LossesByCause,
     pub losses_true: LossesTrue,
     pub return_losses_true: LossesTrue,
@@ -248,6 +250,7 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             / fwd.wire_bytes_offered.max(1) as f64,
         retransmitted_bytes: sum(|s| s.stream_bytes_retransmitted),
         redundant_bytes: sum(|s| s.stream_bytes_redundant),
+        packets_sent: sum(|s| s.packets_sent),
         losses_by_cause: LossesByCause {
             congestion: sum(|s| s.lost.congestion),
             corruption: sum(|s| s.lost.corruption),
