@@ -51,8 +51,9 @@ if kind == "fade":
         r["goodput_bps"] / 1e6, ratio, r["queue_delay"]["p99_ms"], limit, counts, r["intact"])
 elif kind == "reorder":
     ok = ratio >= 0.90 and spurious_share <= 0.02 and r["intact"]
-    show = "goodput=%.2fMb/s (%.3f x) spurious=%d of %d packets (%.2f %%) %s intact=%s" % (
-        r["goodput_bps"] / 1e6, ratio, spurious, r["packets_sent"], 100 * spurious_share, counts, r["intact"])
+    show = "goodput=%.2fMb/s (%.3f x) spurious=%d of %d packets (%.2f %%; the sender counted %d) %s intact=%s" % (
+        r["goodput_bps"] / 1e6, ratio, spurious, r["packets_sent"], 100 * spurious_share,
+        r["spurious_losses"], counts, r["intact"])
 else:
     p99, ref_p99 = r["interactive"]["p99_ms"], ref["interactive"]["p99_ms"]
     limit = ref_p99 + 2 * bound + 20

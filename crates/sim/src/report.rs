@@ -80,6 +80,8 @@ pub struct Report {
     pub redundant_bytes: u64,
     /// Packets the A sides sent (data, ACKs and control).
     pub packets_sent: u64,
+    /// Packets the A sides declared lost and then saw acknowledged (their own count).
+    pub spurious_losses: u64,
     pub losses_by_cause: LossesByCause,
     pub losses_true: LossesTrue,
     pub return_losses_true: LossesTrue,
@@ -251,6 +253,7 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
         retransmitted_bytes: sum(|s| s.stream_bytes_retransmitted),
         redundant_bytes: sum(|s| s.stream_bytes_redundant),
         packets_sent: sum(|s| s.packets_sent),
+        spurious_losses: sum(|s| s.spurious_losses),
         losses_by_cause: LossesByCause {
             congestion: sum(|s| s.lost.congestion),
             corruption: sum(|s| s.lost.corruption),
