@@ -43,7 +43,8 @@ declared = sum(r["losses_by_cause"].values())
 spurious = max(0, declared - sum(r["losses_true"].values()))
 spurious_share = spurious / max(1, r["packets_sent"])
 cap = r["capacity"]
-counts = "drains=%d probes=%d rebases=%d" % (cap["drains"], cap["probes"], cap["rebases"])
+counts = "drains=%d (needless %d) probes=%d rebases=%d jitter=%.1fms" % (
+    cap["drains"], cap["needless_drains"], cap["probes"], cap["rebases"], cap["jitter_ms"])
 if kind == "fade":
     limit = 2 * bound + 30
     ok = r["queue_delay"]["p99_ms"] <= limit and ratio >= 0.93 and r["intact"]

@@ -26,6 +26,9 @@ pub struct InteractiveReport {
 pub struct CapacityReport {
     pub estimate_bps: u64,
     pub drains: u64,
+    pub needless_drains: u64,
+    /// The jitter the sender measured (ms), at the end.
+    pub jitter_ms: f64,
     pub probes: u64,
     pub rebases: u64,
     pub competes: u64,
@@ -317,6 +320,8 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
         capacity: CapacityReport {
             estimate_bps: cap.estimate_bps,
             drains: cap.drains,
+            needless_drains: cap.needless_drains,
+            jitter_ms: cap.jitter.as_secs_f64() * 1e3,
             probes: cap.probes,
             rebases: cap.rebases,
             competes: cap.competes,

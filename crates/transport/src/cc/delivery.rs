@@ -35,6 +35,9 @@ pub struct DeliveryMeter {
     marks: VecDeque<Mark>,
     /// Smoothed time between ACKs (1/8 weight).
     ack_interval: Option<Duration>,
+    /// The longest recent gap between ACKs, falling back as time passes: on a path that
+    /// delivers ACKs in clumps (a slotted return link), the time from one clump to the next.
+    longest_gap: Duration,
 }
 
 /// Marks older than this are never asked for.
@@ -46,6 +49,16 @@ const MIN_MARKS: usize = 3;
 const ACK_INTERVAL_CAP: Duration = Duration::from_millis(200);
 /// Bound on marks kept, whatever the ACK rate (at 10 Gb/s an ACK comes every 10 µs).
 const KEEP_MARKS: usize = 4096;
+/// Gaps between ACKs up to this long count as clumping (MF-TDMA frames are 25–100 ms); longer
+/// ones are an outage or an idle sender.
+pub const CLUMP_GAP_MAX: Duration = Duration::from_millis(100);
+/// ACKs come in clumps when the longest recent gap between them is this many smoothed
+/// intervals or more: a regular ACK pace varies by a factor of two at most (the timer against
+/// every eighth packet).
+const CLUMPED_GAPS: u32 = 4;
+/// The longest gap falls back by this share of itself per second: a clumping path renews
+/// it every frame, a path that stopped clumping loses it within seconds.
+const CLUMP_DECAY_PER_SECOND: f64 = 0.5;
 
 impl DeliveryMeter {
     /// Bytes that crossed the bottleneck.
@@ -57,8 +70,10 @@ impl DeliveryMeter {
         self.delivered
     }
 
-    /// Closes one ACK's worth of deliveries.
-    pub fn mark(&mut self, now: Instant, app_limited: bool) {
+    /// Closes one ACK's worth of deliveries. `quiet`: no queue stands at the bottleneck, so a
+    /// long gap before this ACK is the path's clumping, not another sender's packets served
+    /// in between.
+    pub fn mark(&mut self, now: Instant, app_limited: bool, quiet: bool) {
         // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
         let gap = self
             .marks
@@ -70,6 +85,14 @@ impl DeliveryMeter {
                 Some(s) => (s * 7 + gap) / 8,
                 None => gap,
             });
+        }
+        if let Some(last) = self.marks.back() {
+            let gap = now.saturating_duration_since(last.at);
+            let decay = (CLUMP_DECAY_PER_SECOND * gap.as_secs_f64()).min(1.0);
+            self.longest_gap = self.longest_gap.mul_f64(1.0 - decay);
+            if quiet && !app_limited && gap <= CLUMP_GAP_MAX {
+                self.longest_gap = self.longest_gap.max(gap);
+            }
         }
         self.marks.push_back(Mark {
             at: now,
@@ -90,23 +113,54 @@ impl DeliveryMeter {
         self.ack_interval
     }
 
+    /// The longest recent gap between ACKs (up to 100 ms): the period of ACK clumps where
+    /// they come in clumps, about the ACK interval where they do not.
+    pub fn longest_gap(&self) -> Duration {
+        self.longest_gap
+    }
+
+    /// Whether ACKs come in clumps: the longest recent gap between them is several times
+    /// their smoothed interval.
+    pub fn clumped(&self) -> bool {
+        self.ack_interval
+            .is_some_and(|i| self.longest_gap > i * CLUMPED_GAPS)
+    }
+
     /// Delivery rate over the ACKs of the last `span`, from the first of them to the last
-    /// (so the span's edges do not cut an ACK in two). `None` with fewer than three ACKs.
+    /// (so the span's edges do not cut an ACK in two). Where ACKs come in clumps, from the
+    /// end of the first clump in the span to the end of the last whole one: a rate from the
+    /// start of a clump counts the clump's bytes against no time, and one to the start of the
+    /// clump still arriving counts its time without its bytes. `None` with fewer than three
+    /// ACKs (two whole clumps).
     pub fn rate(&self, now: Instant, span: Duration) -> Option<Rate> {
         let since = now.checked_sub(span)?;
         let start = self.marks.partition_point(|m| m.at < since);
-        let window = self.marks.range(start..);
-        if window.len() < MIN_MARKS {
+        if self.marks.len() - start < MIN_MARKS {
             return None;
         }
-        let first = *window.clone().next()?;
-        let last = *self.marks.back()?;
+        let (first, last) = if self.clumped() {
+            // A mark followed by a gap of half the clump period or more ends a clump.
+            let gap = self.longest_gap / 2;
+            let ends_clump = |&i: &usize| {
+                self.marks[i + 1]
+                    .at
+                    .saturating_duration_since(self.marks[i].at)
+                    >= gap
+            };
+            let within = start..self.marks.len() - 1;
+            let first = within.clone().find(ends_clump)?;
+            let last = within.rev().find(ends_clump)?;
+            (first, last)
+        } else {
+            (start, self.marks.len() - 1)
+        };
+        let (a, b) = (self.marks[first], self.marks[last]);
         let bps = bits_per_second(
-            last.delivered - first.delivered,
-            last.at.saturating_duration_since(first.at),
+            b.delivered - a.delivered,
+            b.at.saturating_duration_since(a.at),
         )?;
         // The first mark's own flag concerns the gap before it, which is outside the span.
-        let app_limited = window.skip(1).any(|m| m.app_limited);
+        let app_limited = self.marks.range(first + 1..=last).any(|m| m.app_limited);
         Some(Rate { bps, app_limited })
     }
 }
@@ -129,7 +183,7 @@ mod tests {
         // 1250 bytes every 1 ms: 10 Mb/s.
         for i in 0..100u64 {
             m.add(1250);
-            m.mark(t0 + ms(i), false);
+            m.mark(t0 + ms(i), false, true);
         }
         let r = m.rate(t0 + ms(99), ms(20)).expect("rate");
         assert!((r.bps - 10e6).abs() < 1.0, "{r:?}");
@@ -145,14 +199,14 @@ mod tests {
         let mut m = DeliveryMeter::default();
         for i in 0..10u64 {
             m.add(1000);
-            m.mark(t0 + ms(i), i == 5);
+            m.mark(t0 + ms(i), i == 5, true);
         }
         assert!(m.rate(t0 + ms(9), ms(6)).expect("rate").app_limited);
         // The flagged ACK opening the span does not count.
         assert!(!m.rate(t0 + ms(9), ms(4)).expect("rate").app_limited);
         assert_eq!(m.ack_interval(), Some(ms(1)));
         // An idle second is not the ACK pace.
-        m.mark(t0 + ms(1009), false);
+        m.mark(t0 + ms(1009), false, true);
         assert_eq!(m.ack_interval(), Some(ms(1)));
     }
 }

@@ -32,8 +32,9 @@ mod sent_log;
 
 use std::time::{Duration, Instant};
 
-use super::delivery::{DeliveryMeter, Rate};
-use super::evidence::QueueEvidence;
+use super::delivery::{DeliveryMeter, Rate, CLUMP_GAP_MAX};
+use super::evidence::{QueueEvidence, WindowMin};
+use super::jitter::JitterMeter;
 use super::{AckSummary, AckedPacket, CapacityStats, CongestionController, SentInfo};
 use crate::config::Config;
 use crate::pacer::transmission_time;
@@ -43,6 +44,16 @@ use other_sender::OtherSender;
 use probe::Probe;
 use sent_log::SentLog;
 
+/// On a path that jitters, the overload threshold rises by this many times the jitter the
+/// sender measures (how far jitter alone lifts one span's least RTT, `JitterMeter`), and the
+/// evidence span lengthens by up to one span: with both, no span of the simulator's uniform,
+/// slotted or reordering jitter of up to 30 ms on GEO or LEO read as an overload, where with
+/// one time the jitter, or one span, some did.
+const JITTER_ALLOWANCE: u32 = 2;
+/// Jitter below this is taken for none: an event loop on a loaded host delays timers and
+/// ACKs by 1–2 ms, and a path's own queue moves a little between spans as other traffic
+/// passes; `Q_FLOOR` allows for that already.
+const JITTER_MIN: Duration = Duration::from_millis(2);
 /// Least standing queue taken for an overload: above the scheduling noise of an event loop
 /// on a loaded host (1–2 ms) and an emulated LEO link's jitter, below what an interactive
 /// user notices.
@@ -55,6 +66,10 @@ const Q_PACKETS: f64 = 4.0;
 const SPAN_MIN: Duration = Duration::from_millis(20);
 const SPAN_MAX: Duration = Duration::from_millis(50);
 const SPAN_ACKS: u32 = 3;
+/// ... and at least this many of the longest recent gaps between ACKs: where ACKs come in
+/// clumps (a slotted return link) every span holds a whole clump and the gap before it,
+/// instead of being judged on the first few ACKs of a clump.
+const SPAN_CLUMPS: u32 = 3;
 /// Probing sends at this multiple of the estimate: the estimate can double every round trip
 /// while the path keeps up (an ACM step from 5 to 20 Mb/s is recovered in two probes).
 const PROBE_GAIN: f64 = 2.0;
@@ -67,6 +82,9 @@ const PROBE_PACKETS: f64 = 16.0;
 /// A probe or train spans at least this many ACK-every-N intervals, so at least two ACKs
 /// fall inside it whatever the receiver's ACK policy.
 const MEASURE_ACKS: u32 = 3;
+/// Where ACKs come in clumps a probe lasts at least this many clump periods (the longest
+/// recent gap between ACKs), so that its ACK rate is not one clump more or less.
+const PROBE_CLUMPS: u32 = 4;
 /// A probe delivered at this fraction of its rate or better succeeded.
 const PROBE_SUCCESS: f64 = 0.9;
 /// A probe delivered above this multiple of the estimate found some capacity; less is the
@@ -116,6 +134,12 @@ const STALL_ACKS: f64 = 6.0;
 /// a stall (one read 76 Mb/s against 100 in the newer half). ACK noise over the few ACKs of
 /// a newer half at 10 Mb/s stays within about 20 %.
 const STALL_RATIO: f64 = 1.25;
+/// Where the path jitters, a rate spans at least this many clump periods (the longest recent
+/// gap between ACKs): a clump more or less is then a quarter of it at most.
+const RATE_CLUMPS: u32 = 4;
+/// ... and an overload does not take the estimate below the delivery rate over this many
+/// evidence spans (and twice `RATE_CLUMPS` clump periods).
+const KEPT_UP_SPANS: u32 = 4;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
 const MAX_CUT: f64 = 4.0;
@@ -188,11 +212,18 @@ pub struct Adaptive {
     /// What this overload's busy spans measured.
     busy_rates: BusyRates,
     evidence: QueueEvidence,
+    jitter: JitterMeter,
+    /// The least queueing delay of the last `CLUMP_GAP_MAX`: where it is small, no queue
+    /// stands, and gaps between ACKs are the path's clumping.
+    clump_window: WindowMin,
     /// The path's RTT without queue, as this controller sees it: the least sample since the
     /// last rebase.
     base: Option<Duration>,
     /// The queue of the latest RTT sample.
     last_queue: Duration,
+    /// Packets numbered below this were sent in the first span after a pause (a drain, the
+    /// pause after a probe): their samples do not lower the base.
+    steady_from_pn: u64,
     /// A drain ended and the next evidence has not yet said whether the queue was ours.
     judging_drain: bool,
     /// The most queue the drain's packets showed (while draining, or when it began).
@@ -245,8 +276,11 @@ impl Adaptive {
             meter: DeliveryMeter::default(),
             busy_rates: BusyRates::default(),
             evidence: QueueEvidence::default(),
+            jitter: JitterMeter::default(),
+            clump_window: WindowMin::default(),
             base: None,
             last_queue: Duration::ZERO,
+            steady_from_pn: 0,
             judging_drain: false,
             drained_queue: Duration::ZERO,
             resuming: false,
@@ -287,11 +321,27 @@ impl Adaptive {
 
     fn q_high(&self) -> Duration {
         Q_FLOOR.max(self.packet_time(self.estimate).mul_f64(Q_PACKETS))
+            + self.path_jitter() * JITTER_ALLOWANCE
     }
 
-    fn span(&self, rtt: &RttEstimator) -> Duration {
+    /// The span without the jitter's extension: what the jitter itself is measured over.
+    fn plain_span(&self, rtt: &RttEstimator) -> Duration {
         let by_acks = self.meter.ack_interval().unwrap_or_default() * SPAN_ACKS;
-        self.quarter_rtt(rtt, SPAN_MIN, SPAN_MAX).max(by_acks)
+        let by_clumps = if self.meter.clumped() {
+            self.meter.longest_gap() * SPAN_CLUMPS
+        } else {
+            Duration::ZERO
+        };
+        self.quarter_rtt(rtt, SPAN_MIN, SPAN_MAX)
+            .max(by_acks)
+            .max(by_clumps)
+    }
+
+    /// The evidence span: one plain span, and up to one more as the jitter reaches `Q_FLOOR`.
+    fn span(&self, rtt: &RttEstimator) -> Duration {
+        let plain = self.plain_span(rtt);
+        let extension = (self.path_jitter().as_secs_f64() / Q_FLOOR.as_secs_f64()).min(1.0);
+        plain + plain.mul_f64(extension)
     }
 
     /// Bytes that fill the path at the estimate without a queue: the base RTT's worth plus
@@ -319,8 +369,21 @@ impl Adaptive {
 
     fn probe_len(&self, rate: f64, rtt: &RttEstimator) -> Duration {
         let packets = PROBE_PACKETS.max(f64::from(self.measure_packets()));
-        self.quarter_rtt(rtt, PROBE_MIN, PROBE_MAX)
-            .max(self.packet_time(rate).mul_f64(packets))
+        let len = self
+            .quarter_rtt(rtt, PROBE_MIN, PROBE_MAX)
+            .max(self.packet_time(rate).mul_f64(packets));
+        if self.meter.clumped() {
+            len.max(self.meter.longest_gap() * PROBE_CLUMPS)
+        } else {
+            len
+        }
+    }
+
+    /// How much of a probe's or the train's queue growth the path's jitter alone may show:
+    /// the allowance of the evidence, or the largest fall from one of its samples to the
+    /// next (a queue that grows while it sends makes none) where that is more.
+    fn growth_noise(&self, p: &Probe) -> Duration {
+        (self.path_jitter() * JITTER_ALLOWANCE).max(p.largest_fall)
     }
 
     /// What the pacer should run at now.
@@ -380,6 +443,10 @@ impl Adaptive {
     fn measure_busy_path(&mut self, now: Instant, from: f64, rtt: &RttEstimator) {
         let span = self.span(rtt);
         let valid = |r: Option<Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
+        if self.jittery() {
+            self.measure_busy_jittery(now, from, span);
+            return;
+        }
         let recent = self.meter.rate(now, span / 2);
         let promised = self.meter.ack_interval().map_or(0.0, |i| {
             (span / 2).as_secs_f64() / i.as_secs_f64().max(f64::MIN_POSITIVE)
@@ -399,6 +466,45 @@ impl Adaptive {
         }
         if let Some(bps) = self.busy_rates.median() {
             let lowest = (from / MAX_CUT).max(self.floor());
+            self.estimate = bps.max(lowest).min(self.ceiling);
+        }
+    }
+
+    /// Whether the path's delay jitters or its ACKs come in clumps: measurements then need
+    /// windows long next to both.
+    fn jittery(&self) -> bool {
+        !self.path_jitter().is_zero() || self.meter.clumped()
+    }
+
+    /// The jitter the meter measures, where it is more than a host's timing makes of a path
+    /// that does not jitter (`JITTER_MIN`); zero otherwise.
+    fn path_jitter(&self) -> Duration {
+        let j = self.jitter.jitter();
+        if j >= JITTER_MIN {
+            j
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// `measure_busy_path` where the path jitters: a span's rate, a clump more or less, is
+    /// noise, so each measurement spans several clumps, and the estimate does not fall below
+    /// what the path delivered over a longer window (`KEPT_UP_SPANS`): jitter that read as a
+    /// queue must not cost capacity the path showed it has, and after a real slowdown that
+    /// window moves past it within the drain.
+    fn measure_busy_jittery(&mut self, now: Instant, from: f64, span: Duration) {
+        let window = span.max(self.meter.longest_gap() * RATE_CLUMPS);
+        if let Some(r) = self.meter.rate(now, window).filter(|r| !r.app_limited) {
+            self.busy_rates.add(r.bps);
+        }
+        let long = (span * KEPT_UP_SPANS).max(self.meter.longest_gap() * RATE_CLUMPS * 2);
+        let kept_up = self
+            .meter
+            .rate(now, long)
+            .filter(|r| !r.app_limited)
+            .map_or(0.0, |r| r.bps.min(from));
+        if let Some(bps) = self.busy_rates.median() {
+            let lowest = (from / MAX_CUT).max(self.floor()).max(kept_up);
             self.estimate = bps.max(lowest).min(self.ceiling);
         }
     }
@@ -425,8 +531,16 @@ impl Adaptive {
         }
     }
 
+    /// Packets sent in one evidence span at the estimate: after a pause, those sent within
+    /// it do not lower the base.
+    fn packets_per_span(&self, rtt: &RttEstimator) -> u64 {
+        (self.estimate / 8.0 * self.plain_span(rtt).as_secs_f64() / self.mtu as f64) as u64
+    }
+
     fn end_drain(&mut self, rtt: &RttEstimator) {
         self.state = State::Cruise;
+        self.jitter.restart_at(self.next_pn);
+        self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // The packets still on their way were the last sent before the drain: they waited
         // behind the whole queue, which grew for up to a base RTT after the latest the
         // drain saw. More than that is a path slowing down again.
@@ -576,6 +690,8 @@ impl Adaptive {
         } else if competing {
             self.maybe_probe(now, rtt, false);
         } else if judging && !self.queue_is_ours(now, span, rtt) {
+            // The drain emptied a queue that was not there: a longer path, or jitter.
+            self.stats.needless_drains += 1;
             self.rebase(q, rtt);
         } else {
             self.overload(now, rtt);
@@ -624,6 +740,12 @@ impl Adaptive {
             self.ceiling
         } else if self.competing(now) {
             (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
+        } else if self.meter.clumped() {
+            // A probe lengthened to span several clumps of ACKs goes at a gain that leaves
+            // no more queue than an ordinary one when the path cannot carry it.
+            let len = self.probe_len(self.estimate * PROBE_GAIN, rtt);
+            let gain = (1.0 + PROBE_MAX.as_secs_f64() / len.as_secs_f64()).min(PROBE_GAIN);
+            (self.estimate * gain).min(self.ceiling)
         } else {
             (self.estimate * PROBE_GAIN).min(self.ceiling)
         };
@@ -643,6 +765,8 @@ impl Adaptive {
             return;
         }
         self.state = State::Cruise;
+        self.jitter.restart_at(self.next_pn);
+        self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // Give back what the probe sent above the estimate.
         let extra = (rate / self.estimate.max(1.0) - 1.0).max(0.0);
         self.pause = Some(self.probe_len(rate, rtt).mul_f64(extra));
@@ -679,11 +803,21 @@ impl Adaptive {
     }
 
     fn judge_probe(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let Some(v) = p.verdict(false, 4 * self.mtu) else {
+        let noise = self.growth_noise(p);
+        let Some(mut v) = p.verdict(false, 4 * self.mtu, noise) else {
             // Too few ACKs to tell: try again later.
             self.backoff(now, rtt);
             return;
         };
+        if self.meter.clumped() {
+            // Its ACKs came in clumps: the rate from clump end to clump end.
+            let window = p
+                .first_ack_at()
+                .map(|t| now.saturating_duration_since(t) + self.meter.longest_gap());
+            if let Some(r) = window.and_then(|w| self.meter.rate(now, w)) {
+                v.by_acks = r.bps;
+            }
+        }
         // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
         // lower counts.
         let rate = v.by_delay.map_or(v.by_acks, |d| d.min(v.by_acks));
@@ -725,7 +859,13 @@ impl Adaptive {
     /// time (a stalled sender measures itself): a wrong start costs a correctly provisioned
     /// link its first round trips.
     fn judge_train(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let Some(v) = p.verdict(true, 4 * self.mtu) else {
+        // The RTT fell from one of its samples to the next: the path jitters, and the train's
+        // tens of milliseconds cannot tell its queue from the jitter. The evidence, which
+        // measures the jitter, decides instead.
+        if p.largest_fall > TRAIN_QUEUE_GROWTH {
+            return;
+        }
+        let Some(v) = p.verdict(true, 4 * self.mtu, Duration::ZERO) else {
             return;
         };
         let rate = v.by_delay.map_or(v.by_acks, |d| d.max(v.by_acks));
@@ -798,8 +938,10 @@ impl CongestionController for Adaptive {
         self.last_app_limited = None;
         self.sent_log = SentLog::default();
         self.largest_acked = 0;
+        self.steady_from_pn = 0;
         self.stop_counting_overloads();
         self.competing_until = None;
+        self.jitter.restart();
     }
 
     fn wants_padding(&self) -> bool {
@@ -841,6 +983,7 @@ impl CongestionController for Adaptive {
         if let State::Train { left } = self.state {
             if left <= 1 {
                 self.state = State::Cruise;
+                self.jitter.restart_at(sent.pn + 1);
                 if let Some(p) = self.probe.as_mut() {
                     p.last_pn = Some(sent.pn);
                 }
@@ -863,8 +1006,18 @@ impl CongestionController for Adaptive {
         if let Some(p) = self.probe.as_mut() {
             p.on_sample(acked.pn, (acked.sent_at, sample));
         }
-        // The estimator ages its minimum; follow it up when it does.
+        let plain = self.plain_span(rtt);
+        let base = self.base_or(rtt);
+        self.jitter
+            .on_sample(now, acked.pn, sample, plain, base, self.q_high());
+        // The estimator ages its minimum; follow it up when it does. Down, only samples of
+        // packets sent at the pace of the moment count: packets sent with gaps around them,
+        // or in the first span after a pause, can cross a path that holds each packet behind
+        // the one ahead of it (jitter without reordering) faster than the pace itself lets
+        // them, and a base at that floor would read as a queue the whole time.
+        let steady = !self.jittery() || (!acked.app_limited && acked.pn >= self.steady_from_pn);
         let base = match self.base {
+            Some(b) if b >= rtt.min() && !steady => b,
             Some(b) if b >= rtt.min() => b.min(sample),
             _ => rtt.min().min(sample),
         };
@@ -878,6 +1031,7 @@ impl CongestionController for Adaptive {
         }
         let span = self.span(rtt);
         self.evidence.add(now, acked.pn, self.last_queue, span);
+        self.clump_window.add(now, self.last_queue, CLUMP_GAP_MAX);
     }
 
     fn on_corruption_loss(&mut self, wire_bytes: u64) {
@@ -890,8 +1044,9 @@ impl CongestionController for Adaptive {
         if self.judging_drain && summary.largest_acked >= self.resumed_pn {
             self.resumed_acked_at.get_or_insert(now);
         }
+        let quiet = self.clump_window.min().is_none_or(|q| q <= self.q_high());
         self.meter
-            .mark(now, std::mem::take(&mut self.event_app_limited));
+            .mark(now, std::mem::take(&mut self.event_app_limited), quiet);
         self.follow_probe(now, &summary, rtt);
         self.end_probe_if_due(now, rtt);
         if let State::Drain { until, from } = self.state {
@@ -902,6 +1057,9 @@ impl CongestionController for Adaptive {
     }
 
     fn on_congestion(&mut self, now: Instant, rtt: &RttEstimator) {
+        // The buffer overflowed: the queue's fall that follows (a loss-based sender backing
+        // off, or our drain) is not the path's jitter.
+        self.jitter.restart_at(self.next_pn);
         // A loss taken for congestion by delay evidence the classifier measures against a
         // minimum RTT that takes a minute to age: after a LEO handover lengthened the path,
         // corruption reads as congestion there. Only a queue this controller sees counts.
@@ -943,6 +1101,7 @@ impl CongestionController for Adaptive {
     fn capacity(&self, _rtt: &RttEstimator) -> CapacityStats {
         CapacityStats {
             estimate_bps: self.estimate as u64,
+            jitter: self.jitter.jitter(),
             ..self.stats
         }
     }
