@@ -38,6 +38,9 @@ pub struct DeliveryMeter {
     /// The longest recent gap between ACKs, falling back as time passes: on a path that
     /// delivers ACKs in clumps (a slotted return link), the time from one clump to the next.
     longest_gap: Duration,
+    /// The recent share of ACKs that came hard on the heels of the one before (within an
+    /// eighth of the smoothed interval), as a moving average.
+    bunched: f64,
 }
 
 /// Marks older than this are never asked for.
@@ -51,11 +54,19 @@ const ACK_INTERVAL_CAP: Duration = Duration::from_millis(200);
 const KEEP_MARKS: usize = 4096;
 /// Gaps between ACKs up to this long count as clumping (MF-TDMA frames are 25–100 ms); longer
 /// ones are an outage or an idle sender.
-pub const CLUMP_GAP_MAX: Duration = Duration::from_millis(100);
+const CLUMP_GAP_MAX: Duration = Duration::from_millis(100);
 /// ACKs come in clumps when the longest recent gap between them is this many smoothed
 /// intervals or more: a regular ACK pace varies by a factor of two at most (the timer against
 /// every eighth packet).
 const CLUMPED_GAPS: u32 = 4;
+/// ... and at least this share of them came within an eighth of the smoothed interval of the
+/// one before (`BUNCHED_FRACTION`): a link layer that releases what it held at once (a
+/// slot, a scheduler) delivers ACKs together, while gaps that only vary (another sender's
+/// packets served between ours at a bottleneck) leave each ACK its own serialisation time.
+const BUNCHED_SHARE: f64 = 0.25;
+const BUNCHED_FRACTION: u32 = 8;
+/// Weight of one ACK in the share: it follows the last few dozen.
+const BUNCHED_WEIGHT: f64 = 1.0 / 32.0;
 /// The longest gap falls back by this share of itself per second: a clumping path renews
 /// it every frame, a path that stopped clumping loses it within seconds.
 const CLUMP_DECAY_PER_SECOND: f64 = 0.5;
@@ -70,10 +81,8 @@ impl DeliveryMeter {
         self.delivered
     }
 
-    /// Closes one ACK's worth of deliveries. `quiet`: no queue stands at the bottleneck, so a
-    /// long gap before this ACK is the path's clumping, not another sender's packets served
-    /// in between.
-    pub fn mark(&mut self, now: Instant, app_limited: bool, quiet: bool) {
+    /// Closes one ACK's worth of deliveries.
+    pub fn mark(&mut self, now: Instant, app_limited: bool) {
         // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
         let gap = self
             .marks
@@ -90,9 +99,13 @@ impl DeliveryMeter {
             let gap = now.saturating_duration_since(last.at);
             let decay = (CLUMP_DECAY_PER_SECOND * gap.as_secs_f64()).min(1.0);
             self.longest_gap = self.longest_gap.mul_f64(1.0 - decay);
-            if quiet && !app_limited && gap <= CLUMP_GAP_MAX {
+            if !app_limited && gap <= CLUMP_GAP_MAX {
                 self.longest_gap = self.longest_gap.max(gap);
             }
+            let close = self
+                .ack_interval
+                .is_some_and(|i| gap * BUNCHED_FRACTION < i);
+            self.bunched += (f64::from(u8::from(close)) - self.bunched) * BUNCHED_WEIGHT;
         }
         self.marks.push_back(Mark {
             at: now,
@@ -122,8 +135,10 @@ impl DeliveryMeter {
     /// Whether ACKs come in clumps: the longest recent gap between them is several times
     /// their smoothed interval.
     pub fn clumped(&self) -> bool {
-        self.ack_interval
-            .is_some_and(|i| self.longest_gap > i * CLUMPED_GAPS)
+        self.bunched >= BUNCHED_SHARE
+            && self
+                .ack_interval
+                .is_some_and(|i| self.longest_gap > i * CLUMPED_GAPS)
     }
 
     /// Delivery rate over the ACKs of the last `span`, from the first of them to the last
@@ -183,7 +198,7 @@ mod tests {
         // 1250 bytes every 1 ms: 10 Mb/s.
         for i in 0..100u64 {
             m.add(1250);
-            m.mark(t0 + ms(i), false, true);
+            m.mark(t0 + ms(i), false);
         }
         let r = m.rate(t0 + ms(99), ms(20)).expect("rate");
         assert!((r.bps - 10e6).abs() < 1.0, "{r:?}");
@@ -199,14 +214,14 @@ mod tests {
         let mut m = DeliveryMeter::default();
         for i in 0..10u64 {
             m.add(1000);
-            m.mark(t0 + ms(i), i == 5, true);
+            m.mark(t0 + ms(i), i == 5);
         }
         assert!(m.rate(t0 + ms(9), ms(6)).expect("rate").app_limited);
         // The flagged ACK opening the span does not count.
         assert!(!m.rate(t0 + ms(9), ms(4)).expect("rate").app_limited);
         assert_eq!(m.ack_interval(), Some(ms(1)));
         // An idle second is not the ACK pace.
-        m.mark(t0 + ms(1009), false, true);
+        m.mark(t0 + ms(1009), false);
         assert_eq!(m.ack_interval(), Some(ms(1)));
     }
 }

@@ -75,34 +75,6 @@ impl SlidingMin {
     }
 }
 
-/// The least queueing delay of the samples of a fixed window, whatever the evidence span.
-#[derive(Debug, Default)]
-pub struct WindowMin {
-    /// (when, queueing delay), increasing in delay.
-    samples: VecDeque<(Instant, Duration)>,
-}
-
-impl WindowMin {
-    pub fn add(&mut self, now: Instant, queue_delay: Duration, window: Duration) {
-        while self.samples.back().is_some_and(|&(_, q)| q >= queue_delay) {
-            self.samples.pop_back();
-        }
-        self.samples.push_back((now, queue_delay));
-        while self
-            .samples
-            .front()
-            .is_some_and(|&(t, _)| now.saturating_duration_since(t) > window)
-        {
-            self.samples.pop_front();
-        }
-    }
-
-    /// The least sample of the window, or `None` before the first.
-    pub fn min(&self) -> Option<Duration> {
-        self.samples.front().map(|&(_, q)| q)
-    }
-}
-
 #[derive(Debug, Default)]
 pub struct QueueEvidence {
     /// Samples of packets sent under the current rate.

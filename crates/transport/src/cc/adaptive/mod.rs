@@ -32,8 +32,8 @@ mod sent_log;
 
 use std::time::{Duration, Instant};
 
-use super::delivery::{DeliveryMeter, Rate, CLUMP_GAP_MAX};
-use super::evidence::{QueueEvidence, WindowMin};
+use super::delivery::{DeliveryMeter, Rate};
+use super::evidence::QueueEvidence;
 use super::jitter::JitterMeter;
 use super::{AckSummary, AckedPacket, CapacityStats, CongestionController, SentInfo};
 use crate::config::Config;
@@ -50,6 +50,13 @@ use sent_log::SentLog;
 /// slotted or reordering jitter of up to 30 ms on GEO or LEO read as an overload, where with
 /// one time the jitter, or one span, some did.
 const JITTER_ALLOWANCE: u32 = 2;
+/// On a path that jitters, a rebase (a delay that stayed while everything sent was
+/// delivered) holds the base there this long: samples below it, the low draws of a jitter
+/// that holds packets behind each other, would otherwise bring it back to the jitter's floor
+/// within seconds and the next span at the usual delay would read as a queue again. One
+/// needless drain per hold is what that costs; a path that got shorter meanwhile hides as
+/// much queue as it got shorter by, for as long.
+const REBASE_HOLD: Duration = Duration::from_secs(10);
 /// Jitter below this is taken for none: an event loop on a loaded host delays timers and
 /// ACKs by 1–2 ms, and a path's own queue moves a little between spans as other traffic
 /// passes; `Q_FLOOR` allows for that already.
@@ -213,9 +220,6 @@ pub struct Adaptive {
     busy_rates: BusyRates,
     evidence: QueueEvidence,
     jitter: JitterMeter,
-    /// The least queueing delay of the last `CLUMP_GAP_MAX`: where it is small, no queue
-    /// stands, and gaps between ACKs are the path's clumping.
-    clump_window: WindowMin,
     /// The path's RTT without queue, as this controller sees it: the least sample since the
     /// last rebase.
     base: Option<Duration>,
@@ -224,10 +228,14 @@ pub struct Adaptive {
     /// Packets numbered below this were sent in the first span after a pause (a drain, the
     /// pause after a probe): their samples do not lower the base.
     steady_from_pn: u64,
+    /// On a path that jitters, a rebase holds the base up until then.
+    base_held_until: Option<Instant>,
     /// A drain ended and the next evidence has not yet said whether the queue was ours.
     judging_drain: bool,
     /// The most queue the drain's packets showed (while draining, or when it began).
     drained_queue: Duration,
+    /// When the drain began, and the queue then: how fast the queue the drain saw grew.
+    drain_began: Option<(Instant, Duration)>,
     /// The next packet leaves after a drain: the gap before it is ours, not the path's.
     resuming: bool,
     probe: Option<Probe>,
@@ -277,12 +285,13 @@ impl Adaptive {
             busy_rates: BusyRates::default(),
             evidence: QueueEvidence::default(),
             jitter: JitterMeter::default(),
-            clump_window: WindowMin::default(),
             base: None,
             last_queue: Duration::ZERO,
             steady_from_pn: 0,
+            base_held_until: None,
             judging_drain: false,
             drained_queue: Duration::ZERO,
+            drain_began: None,
             resuming: false,
             probe: None,
             next_probe_at: None,
@@ -348,7 +357,19 @@ impl Adaptive {
     /// two packets. Packets the receiver holds before acknowledging count as ahead too, so a
     /// drain to this leaves a gap of up to an ACK interval rather than a queue.
     fn pipe_bytes(&self, rtt: &RttEstimator) -> u64 {
-        (self.estimate / 8.0 * self.base_or(rtt).as_secs_f64()) as u64 + 2 * self.mtu
+        let path = self.base_or(rtt) + self.jitter_delay();
+        (self.estimate / 8.0 * path.as_secs_f64()) as u64 + 2 * self.mtu
+    }
+
+    /// How much longer than the base RTT a path that jitters keeps packets outstanding
+    /// without any queue: the jitter allowed for, and a clump of ACKs held back.
+    fn jitter_delay(&self) -> Duration {
+        let clump = if self.meter.clumped() {
+            self.meter.longest_gap()
+        } else {
+            Duration::ZERO
+        };
+        self.path_jitter() * JITTER_ALLOWANCE + clump
     }
 
     fn floor(&self) -> f64 {
@@ -410,6 +431,7 @@ impl Adaptive {
         self.busy_rates.clear();
         self.measure_busy_path(now, from, rtt);
         self.drained_queue = self.last_queue;
+        self.drain_began = Some((now, self.last_queue));
         self.stats.drains += 1;
         // An overload while the train is being measured is the train's finding, and as
         // open to the host's timing as its own verdict; a later one is the path's.
@@ -527,7 +549,7 @@ impl Adaptive {
             self.measure_busy_path(now, from, rtt);
         }
         if self.drained(rtt) || now >= until {
-            self.end_drain(rtt);
+            self.end_drain(now, rtt);
         }
     }
 
@@ -537,14 +559,27 @@ impl Adaptive {
         (self.estimate / 8.0 * self.plain_span(rtt).as_secs_f64() / self.mtu as f64) as u64
     }
 
-    fn end_drain(&mut self, rtt: &RttEstimator) {
+    fn end_drain(&mut self, now: Instant, rtt: &RttEstimator) {
         self.state = State::Cruise;
         self.jitter.restart_at(self.next_pn);
         self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // The packets still on their way were the last sent before the drain: they waited
         // behind the whole queue, which grew for up to a base RTT after the latest the
-        // drain saw. More than that is a path slowing down again.
-        let floor = self.drained_queue + self.q_high().max(self.base_or(rtt));
+        // drain saw, as fast as the drain saw it grow (a queue that stood still, such as a
+        // path that got longer, grew by nothing). More than that is a path slowing down
+        // again: a drain for a slowly wandering delay must not hide a rate step that comes
+        // right after it.
+        let growth = self.drain_began.take().map_or(1.0, |(t0, q0)| {
+            let seen = self.drained_queue.saturating_sub(q0).as_secs_f64();
+            let lasted = now.saturating_duration_since(t0).as_secs_f64();
+            if lasted > 0.0 {
+                (seen / lasted).min(1.0)
+            } else {
+                1.0
+            }
+        });
+        let grown_since = self.base_or(rtt).mul_f64(growth);
+        let floor = self.drained_queue + self.q_high().max(grown_since);
         self.evidence.reset(self.next_pn, floor);
         self.judging_drain = true;
         self.resuming = true;
@@ -661,7 +696,10 @@ impl Adaptive {
         self.other_sender.on_overload(now, base)
     }
 
-    fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
+    fn rebase(&mut self, now: Instant, standing: Duration, rtt: &RttEstimator) {
+        if self.jittery() {
+            self.base_held_until = Some(now + REBASE_HOLD);
+        }
         self.stop_counting_overloads();
         self.base = Some(self.base_or(rtt) + standing);
         self.stats.rebases += 1;
@@ -692,7 +730,7 @@ impl Adaptive {
         } else if judging && !self.queue_is_ours(now, span, rtt) {
             // The drain emptied a queue that was not there: a longer path, or jitter.
             self.stats.needless_drains += 1;
-            self.rebase(q, rtt);
+            self.rebase(now, q, rtt);
         } else {
             self.overload(now, rtt);
         }
@@ -904,7 +942,7 @@ impl CongestionController for Adaptive {
         if matches!(self.state, State::Drain { .. }) && !self.drained(rtt) {
             return 0;
         }
-        let path = rtt.smoothed().max(self.base_or(rtt)).as_secs_f64();
+        let path = (rtt.smoothed().max(self.base_or(rtt)) + self.jitter_delay()).as_secs_f64();
         (self.estimate / 8.0 * path * SAFETY_PIPES) as u64 + 16 * self.mtu
     }
 
@@ -958,7 +996,7 @@ impl CongestionController for Adaptive {
 
     fn on_sent(&mut self, now: Instant, sent: SentInfo, rtt: &RttEstimator) {
         if matches!(self.state, State::Drain { .. }) && self.drained(rtt) {
-            self.end_drain(rtt);
+            self.end_drain(now, rtt);
         }
         let app_limited = sent.app_limited && !std::mem::take(&mut self.resuming);
         self.next_pn = self.next_pn.max(sent.pn + 1);
@@ -1015,7 +1053,10 @@ impl CongestionController for Adaptive {
         // or in the first span after a pause, can cross a path that holds each packet behind
         // the one ahead of it (jitter without reordering) faster than the pace itself lets
         // them, and a base at that floor would read as a queue the whole time.
-        let steady = !self.jittery() || (!acked.app_limited && acked.pn >= self.steady_from_pn);
+        let steady = !self.jittery()
+            || (!acked.app_limited
+                && acked.pn >= self.steady_from_pn
+                && self.base_held_until.is_none_or(|t| now >= t));
         let base = match self.base {
             Some(b) if b >= rtt.min() && !steady => b,
             Some(b) if b >= rtt.min() => b.min(sample),
@@ -1031,7 +1072,6 @@ impl CongestionController for Adaptive {
         }
         let span = self.span(rtt);
         self.evidence.add(now, acked.pn, self.last_queue, span);
-        self.clump_window.add(now, self.last_queue, CLUMP_GAP_MAX);
     }
 
     fn on_corruption_loss(&mut self, wire_bytes: u64) {
@@ -1044,9 +1084,8 @@ impl CongestionController for Adaptive {
         if self.judging_drain && summary.largest_acked >= self.resumed_pn {
             self.resumed_acked_at.get_or_insert(now);
         }
-        let quiet = self.clump_window.min().is_none_or(|q| q <= self.q_high());
         self.meter
-            .mark(now, std::mem::take(&mut self.event_app_limited), quiet);
+            .mark(now, std::mem::take(&mut self.event_app_limited));
         self.follow_probe(now, &summary, rtt);
         self.end_probe_if_due(now, rtt);
         if let State::Drain { until, from } = self.state {
