@@ -12,6 +12,100 @@ fails=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# Links whose delay jitters (docs/PROTOCOL.md §5.5.1). Each cell is compared with the same
+# cell without jitter: a bulk transfer for 60 s beside a 1 KB message every 200 ms, on geo
+# (20 Mb/s, and ACM steps 20→7→20 Mb/s every 10 s) and leo (100 Mb/s with the LEO check's
+# delay steps and outages, and steps 100→40→100 Mb/s every 10 s), for each jitter kind at
+# bounds of 10, 20 and 30 ms on both directions. Then the fade cell with each kind at 20 ms,
+# and reordering. `scripts/sim-acceptance.sh jitter` runs these rows alone.
+jitter_rows() {
+    local geo_link=(--rate-bps 20000000 --return-rate-bps 2000000 --delay-ms 300 --queue-bytes 1500000 --start-after-s 2)
+    local leo_link=(--rate-bps 100000000 --return-rate-bps 20000000 --delay-ms 20 --start-after-s 1
+        --delay-schedule 0:20,15:35,30:25,45:40 --outage 15+0.1 --outage 30+0.2 --outage 45+0.15)
+    local geo_acm=(--rate-schedule 0:20M,10:7M,20:20M,30:7M,40:20M,50:7M)
+    local leo_acm=(--rate-schedule 0:100M,10:40M,20:100M,30:40M,40:100M,50:40M)
+    local work=(--seconds 60 --interactive-ms 200 --interactive-bytes 1000)
+    # cell FILE ARGS...: one run's report, kept for the rows that compare with it.
+    cell() {
+        local f=$tmp/$1.json
+        shift
+        [[ -s $f ]] || "$SIM" bulk "$@" --json >"$f"
+    }
+    # judge NAME FILE REFERENCE BOUND_MS KIND COMMAND: one row against the jitter-free cell.
+    judge() {
+        local verdict
+        verdict=$(python3 - "$tmp/$2.json" "$tmp/$3.json" "$4" "$5" <<'PY'
+import json, sys
+r, ref = (json.load(open(f)) for f in sys.argv[1:3])
+bound, kind = float(sys.argv[3]), sys.argv[4]
+ratio = r["goodput_bps"] / ref["goodput_bps"]
+declared = sum(r["losses_by_cause"].values())
+# The simulator knows what the link lost: every loss declared beyond that was spurious.
+spurious = max(0, declared - sum(r["losses_true"].values()))
+spurious_share = spurious / max(1, r["packets_sent"])
+cap = r["capacity"]
+counts = "drains=%d (needless %d) probes=%d rebases=%d jitter=%.1fms" % (
+    cap["drains"], cap["needless_drains"], cap["probes"], cap["rebases"], cap["jitter_ms"])
+if kind == "fade":
+    limit = 2 * bound + 30
+    ok = r["queue_delay"]["p99_ms"] <= limit and ratio >= 0.93 and r["intact"]
+    show = "goodput=%.2fMb/s (%.3f x) queue_p99=%.1fms (<=%.0f) %s intact=%s" % (
+        r["goodput_bps"] / 1e6, ratio, r["queue_delay"]["p99_ms"], limit, counts, r["intact"])
+elif kind == "reorder":
+    ok = ratio >= 0.90 and spurious_share <= 0.02 and r["intact"]
+    show = "goodput=%.2fMb/s (%.3f x) spurious=%d of %d packets (%.2f %%; the sender counted %d) %s intact=%s" % (
+        r["goodput_bps"] / 1e6, ratio, spurious, r["packets_sent"], 100 * spurious_share,
+        r["spurious_losses"], counts, r["intact"])
+else:
+    p99, ref_p99 = r["interactive"]["p99_ms"], ref["interactive"]["p99_ms"]
+    limit = ref_p99 + 2 * bound + 20
+    ok = ratio >= 0.93 and p99 <= limit and r["intact"]
+    show = "goodput=%.2fMb/s (%.3f x) p99=%.0fms (<=%.0f) %s intact=%s" % (
+        r["goodput_bps"] / 1e6, ratio, p99, limit, counts, r["intact"])
+print(("PASS" if ok else "FAIL") + "\t" + show)
+PY
+)
+        printf '%s\t%s\t%s\t%s\n' "${verdict%%$'\t'*}" "$1" "${verdict#*$'\t'}" "$6"
+        [[ $verdict == PASS* ]] || fails=$((fails + 1))
+    }
+    local link acm kind bound name base args
+    for link in geo leo; do
+        for acm in fixed acm; do
+            if [[ $link == geo ]]; then args=("${geo_link[@]}"); else args=("${leo_link[@]}"); fi
+            if [[ $acm == acm ]]; then
+                if [[ $link == geo ]]; then args+=("${geo_acm[@]}"); else args+=("${leo_acm[@]}"); fi
+            fi
+            base=$link-$acm-none
+            cell "$base" "${args[@]}" "${work[@]}"
+            for kind in uniform wander slotted; do
+                for bound in 10 20 30; do
+                    name=$link-$acm-$kind-$bound
+                    cell "$name" "${args[@]}" "${work[@]}" --jitter-ms "$bound" --jitter-kind "$kind"
+                    judge "jitter $link ${acm/fixed/steady} $kind ±${bound}ms: goodput>=0.93x, request p99<=jitter-free+2x${bound}+20ms" \
+                        "$name" "$base" "$bound" grid \
+                        "pep-sim bulk ${args[*]} ${work[*]} --jitter-ms $bound --jitter-kind $kind --json (and without --jitter-*)"
+                done
+            done
+        done
+    done
+    local fade_link=(--rate-bps 10000000 --cc-rate-bps 20000000 "${geo_link[@]:2}" --bytes 50000000 --interactive-ms 200)
+    cell fade-none "${fade_link[@]}"
+    for kind in uniform wander slotted; do
+        cell "fade-$kind" "${fade_link[@]}" --jitter-ms 20 --jitter-kind "$kind"
+        judge "jitter fade 10M link, 20M provisioned, $kind ±20ms: queue p99<=70ms, goodput>=0.93x" \
+            "fade-$kind" fade-none 20 fade "pep-sim bulk ${fade_link[*]} --jitter-ms 20 --jitter-kind $kind --json (and without --jitter-*)"
+    done
+    cell geo-reorder "${geo_link[@]}" "${work[@]}" --jitter-ms 20 --jitter-kind uniform --reorder
+    judge "jitter geo uniform ±20ms reordering: goodput>=0.90x, byte-exact, spurious repairs<=2% of packets" \
+        geo-reorder geo-fixed-none 20 reorder "pep-sim bulk ${geo_link[*]} ${work[*]} --jitter-ms 20 --jitter-kind uniform --reorder --json (and without --jitter-*)"
+}
+
+if [[ ${1:-} == jitter ]]; then
+    jitter_rows
+    echo "failed checks: $fails"
+    exit $((fails > 0))
+fi
+
 # check NAME PYTHON_EXPR_ON_r PRINT_EXPR -- ARGS...
 check() {
     local name=$1 cond=$2 show=$3
@@ -203,6 +297,8 @@ printf '%s\t%s\t%s\t%s\n' "$([[ -n $hub ]] && echo PASS || echo FAIL)" \
     "hub 1000 terminals: idle association <=64KiB, re-associate <=10s after a restart, <=30s under 100k forged INIT/s" \
     "${hub#hub-sim: }" "cargo test --release -p pep-sim --test hub -- --nocapture"
 [[ -n $hub ]] || fails=$((fails + 1))
+
+jitter_rows
 
 echo "failed checks: $fails"
 exit $((fails > 0))

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use pep_sim::channel::{GilbertElliott, Outage, PeriodicOutage};
+use pep_sim::jitter::JitterKind;
 use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule};
 
 use crate::config::{DirectionConfig, LinkConfig};
@@ -22,13 +23,25 @@ pub struct LinkArgs {
     /// --delay-ms for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_delay_ms: Option<f64>,
-    /// Delay varies uniformly within ±jitter.
+    /// Each packet's one-way delay varies within ±this many ms of --delay-ms; how it varies
+    /// is --jitter-kind.
     #[arg(long)]
     pub jitter_ms: Option<f64>,
     /// --jitter-ms for the return direction only (B → A; gw-a → gw-b in the testbed).
     #[arg(long)]
     pub return_jitter_ms: Option<f64>,
-    /// Let jitter reorder packets.
+    /// How the delay varies within ±--jitter-ms: `uniform` (each packet on its own; in
+    /// order, the delay stays near the top of the bound and packets leave in bunches),
+    /// `wander` (a smooth curve over seconds, as a LEO path changes) or `slotted` (packets
+    /// leave at slot boundaries 2 × --jitter-ms apart, as on an MF-TDMA return link)
+    /// [default: uniform].
+    #[arg(long)]
+    pub jitter_kind: Option<JitterKind>,
+    /// --jitter-kind for the return direction only (B → A; gw-a → gw-b in the testbed).
+    #[arg(long)]
+    pub return_jitter_kind: Option<JitterKind>,
+    /// Let jitter reorder packets (the uniform kind); otherwise a packet never overtakes
+    /// the one before it.
     #[arg(long)]
     pub reorder: bool,
     /// Drop-tail queue limit in bytes.
@@ -106,7 +119,15 @@ impl LinkArgs {
                 d.delay = ms(v)?;
             }
             if let Some(v) = pick(self.jitter_ms, self.return_jitter_ms) {
-                d.jitter = ms(v)?;
+                d.jitter.bound = ms(v)?;
+            }
+            let kind = if both {
+                self.jitter_kind
+            } else {
+                self.return_jitter_kind.or(self.jitter_kind)
+            };
+            if let Some(k) = kind {
+                d.jitter.kind = k;
             }
             if let Some(v) = pick(self.ber, self.return_ber) {
                 d.impairments.ber = v;
@@ -131,7 +152,7 @@ impl LinkArgs {
                 d.impairments.burst = ge;
             }
             if self.reorder {
-                d.reorder = true;
+                d.jitter.reorder = true;
             }
             if let Some(f) = self.frame_overhead {
                 d.frame_overhead = f;
@@ -211,5 +232,28 @@ mod tests {
         assert_eq!(c.ret.delay, Duration::from_millis(300));
         assert_eq!(c.forward.impairments.outages.windows.len(), 1);
         assert_eq!(c.ret.impairments.outages.windows.len(), 1);
+    }
+
+    #[test]
+    fn jitter_kind_and_bound_per_direction() {
+        let t = T::parse_from([
+            "t",
+            "--jitter-ms",
+            "20",
+            "--jitter-kind",
+            "wander",
+            "--return-jitter-kind",
+            "slotted",
+        ]);
+        let c = t.link.apply(LinkConfig::default()).unwrap();
+        assert_eq!(c.forward.jitter.kind, JitterKind::Wander);
+        assert_eq!(c.ret.jitter.kind, JitterKind::Slotted);
+        assert_eq!(c.ret.jitter.bound, Duration::from_millis(20));
+        assert!(!c.ret.jitter.reorder);
+        // Without a kind, the bound keeps its uniform meaning.
+        let t = T::parse_from(["t", "--jitter-ms", "5", "--reorder"]);
+        let c = t.link.apply(LinkConfig::default()).unwrap();
+        assert_eq!(c.forward.jitter.kind, JitterKind::Uniform);
+        assert!(c.forward.jitter.reorder);
     }
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use pep_sim::channel::Impairments;
+use pep_sim::jitter::JitterConfig;
 use pep_sim::schedule::Schedule;
 
 /// The longest a UDP GSO burst may take to serialise and still cross whole (64 KiB at
@@ -18,10 +19,9 @@ pub struct DirectionConfig {
     pub queue_bytes: usize,
     /// One-way propagation delay.
     pub delay: Duration,
-    /// Each packet's delay varies uniformly in `delay ± jitter` (never below zero).
-    pub jitter: Duration,
-    /// Let jitter reorder packets; otherwise a packet never overtakes the one before it.
-    pub reorder: bool,
+    /// How each packet's delay varies within `delay ± bound`, and whether packets may
+    /// overtake each other (`pep_sim::jitter`, the simulator's model).
+    pub jitter: JitterConfig,
     pub impairments: Impairments,
     /// Rate (bit/s) from each step on, counted from the emulator's start; `rate_bps` before
     /// the first (ACM steps).
@@ -39,8 +39,7 @@ impl Default for DirectionConfig {
             rate_bps: 0.0,
             queue_bytes: 1 << 20,
             delay: Duration::ZERO,
-            jitter: Duration::ZERO,
-            reorder: false,
+            jitter: JitterConfig::default(),
             impairments: Impairments::default(),
             rate_schedule: Schedule::default(),
             delay_schedule: Schedule::default(),
@@ -73,7 +72,7 @@ impl DirectionConfig {
             && imp.outages.windows.is_empty()
             && imp.outages.periodic.is_none()
             && imp.ber_schedule.is_empty()
-            && self.jitter.is_zero()
+            && self.jitter.bound.is_zero()
             && self.frame_overhead == 0;
         let largest_burst_bits = 65_536.0 * 8.0;
         let fast = self.rate_bps == 0.0

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use pep_sim::channel::{seeded_rng, Channel, Fate, SeededRng};
+use pep_sim::channel::{Channel, Fate};
+use pep_sim::jitter::Jitter;
 use pep_sim::timeline::Timeline;
-use rand::Rng;
 
 use crate::config::DirectionConfig;
 
@@ -35,12 +35,12 @@ pub enum Verdict {
 pub struct Shaper {
     cfg: DirectionConfig,
     channel: Channel,
-    /// Jitter draws come from their own generator so the loss pattern for a seed is the same
-    /// as pep-sim's whatever the jitter setting.
-    jitter_rng: SeededRng,
+    /// The delay's variation and the order of deliveries, as in pep-sim (its draws come
+    /// from a generator of their own, so the loss pattern of a seed is pep-sim's whatever
+    /// the jitter).
+    jitter: Jitter,
     /// When the serialiser finishes everything queued so far.
     link_free: Duration,
-    last_delivery: Duration,
     timeline: Timeline,
 }
 
@@ -48,10 +48,9 @@ impl Shaper {
     pub fn new(cfg: DirectionConfig, seed: u64) -> Self {
         Shaper {
             channel: Channel::new(cfg.impairments.clone(), seed),
-            jitter_rng: seeded_rng(seed.wrapping_add(0x6a09_e667_f3bc_c908)),
+            jitter: Jitter::new(cfg.jitter, seed),
             cfg,
             link_free: Duration::ZERO,
-            last_delivery: Duration::ZERO,
             timeline: Timeline::default(),
         }
     }
@@ -112,17 +111,7 @@ impl Shaper {
             Fate::BurstLost => return Verdict::Drop(DropReason::BurstLost),
             Fate::Outage => return Verdict::Drop(DropReason::Outage),
         }
-        let mut at = tx_end + self.cfg.delay_at(tx_end);
-        if !self.cfg.jitter.is_zero() {
-            let j = self.cfg.jitter.as_secs_f64();
-            let offset = self.jitter_rng.random_range(-j..=j);
-            let secs = (at.as_secs_f64() + offset).max(tx_end.as_secs_f64());
-            at = Duration::from_secs_f64(secs);
-        }
-        if !self.cfg.reorder {
-            at = at.max(self.last_delivery);
-        }
-        self.last_delivery = self.last_delivery.max(at);
+        let at = self.jitter.arrival(tx_end, self.cfg.delay_at(tx_end));
         Verdict::Deliver { at }
     }
 }
@@ -131,6 +120,7 @@ impl Shaper {
 mod tests {
     use super::*;
     use pep_sim::channel::Impairments;
+    use pep_sim::jitter::{JitterConfig, JitterKind};
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
@@ -176,7 +166,10 @@ mod tests {
     fn jitter_does_not_reorder_unless_asked() {
         let cfg = DirectionConfig {
             delay: ms(20),
-            jitter: ms(5),
+            jitter: JitterConfig {
+                bound: ms(5),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut s = Shaper::new(cfg.clone(), 9);
@@ -196,7 +189,10 @@ mod tests {
 
         let mut s = Shaper::new(
             DirectionConfig {
-                reorder: true,
+                jitter: JitterConfig {
+                    reorder: true,
+                    ..cfg.jitter
+                },
                 ..cfg
             },
             9,
@@ -213,6 +209,36 @@ mod tests {
             last = last.max(at);
         }
         assert!(reordered > 100, "{reordered}");
+    }
+
+    #[test]
+    fn slotted_jitter_delivers_in_bunches_one_frame_apart() {
+        let mut s = Shaper::new(
+            DirectionConfig {
+                rate_bps: 10_000_000.0,
+                delay: ms(300),
+                jitter: JitterConfig {
+                    kind: JitterKind::Slotted,
+                    bound: ms(20),
+                    reorder: false,
+                },
+                ..Default::default()
+            },
+            3,
+        );
+        // 1000-byte packets at 10 Mb/s: 800 µs apart, 50 to a 40 ms frame.
+        let mut at = Vec::new();
+        for i in 0..1250u64 {
+            let Verdict::Deliver { at: t } = s.offer(Duration::from_micros(800 * i), 1000) else {
+                panic!("dropped")
+            };
+            at.push(t);
+        }
+        assert!(at.windows(2).all(|w| w[0] <= w[1]));
+        at.dedup();
+        let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.iter().all(|&g| g == ms(40)), "{gaps:?}");
+        assert!((25..=26).contains(&at.len()), "{}", at.len());
     }
 
     #[test]

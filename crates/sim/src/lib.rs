@@ -3,6 +3,7 @@
 
 pub mod channel;
 pub mod competitor;
+pub mod jitter;
 pub mod link;
 pub mod report;
 pub mod schedule;

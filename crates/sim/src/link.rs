@@ -1,10 +1,11 @@
 //! One direction of a modelled satellite link: serialisation at a bit rate behind a drop-tail
-//! queue, propagation delay, and the channel's impairments.
+//! queue, propagation delay and its jitter, and the channel's impairments.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::channel::{Channel, Fate, Impairments};
+use crate::jitter::{Jitter, JitterConfig};
 use crate::schedule::Schedule;
 use crate::timeline::Timeline;
 
@@ -22,6 +23,8 @@ pub struct LinkConfig {
     /// Bytes the link layer adds to each packet (encapsulation such as GSE): they take
     /// link time and can be corrupted like the rest.
     pub frame_overhead: u64,
+    /// How each packet's delay varies around the path's (`crate::jitter`).
+    pub jitter: JitterConfig,
 }
 
 impl LinkConfig {
@@ -35,6 +38,7 @@ impl LinkConfig {
             rate_schedule: Schedule::default(),
             delay_schedule: Schedule::default(),
             frame_overhead: 0,
+            jitter: JitterConfig::default(),
         }
     }
 
@@ -89,8 +93,9 @@ pub struct Link {
     /// Departure (end of serialisation) time and size of packets not yet fully sent.
     in_queue: VecDeque<(Duration, u64)>,
     queued_bytes: u64,
-    /// Latest arrival handed out: a shorter delay later never lets a packet overtake.
-    last_arrival: Duration,
+    /// Delivery times: the delay's jitter, and (unless reordering is allowed) no packet
+    /// overtaking another, even when the delay steps down.
+    jitter: Jitter,
     stats: LinkStats,
     timeline: Timeline,
 }
@@ -99,11 +104,11 @@ impl Link {
     pub fn new(cfg: LinkConfig, seed: u64) -> Self {
         Link {
             channel: Channel::new(cfg.impairments.clone(), seed),
+            jitter: Jitter::new(cfg.jitter, seed),
             cfg,
             busy_until: Duration::ZERO,
             in_queue: VecDeque::new(),
             queued_bytes: 0,
-            last_arrival: Duration::ZERO,
             stats: LinkStats::default(),
             timeline: Timeline::default(),
         }
@@ -177,8 +182,7 @@ impl Link {
             Fate::Delivered => {
                 self.stats.packets_delivered += 1;
                 self.stats.wire_bytes_delivered += wire_bytes;
-                let arrival = (depart + self.cfg.delay_at(depart)).max(self.last_arrival);
-                self.last_arrival = arrival;
+                let arrival = self.jitter.arrival(depart, self.cfg.delay_at(depart));
                 Offer::Delivered { arrival }
             }
             fate => {

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use nix::time::{clock_gettime, ClockId};
 
 use pep_sim::channel::{GilbertElliott, Impairments, Outage, OutageSchedule, PeriodicOutage};
+use pep_sim::jitter::{JitterConfig, JitterKind};
 use pep_sim::link::LinkConfig;
 use pep_sim::report;
 use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule, Schedule};
@@ -74,6 +75,26 @@ struct BulkArgs {
     /// One-way propagation delay in ms, both directions.
     #[arg(long)]
     delay_ms: f64,
+    /// Each packet's one-way delay varies within ±this many ms of --delay-ms, both
+    /// directions; how it varies is --jitter-kind.
+    #[arg(long, default_value_t = 0.0)]
+    jitter_ms: f64,
+    /// --jitter-ms for the return direction only.
+    #[arg(long)]
+    return_jitter_ms: Option<f64>,
+    /// How the delay varies within ±--jitter-ms: `uniform` (each packet on its own; in
+    /// order, the delay stays near the top of the bound and packets leave in bunches),
+    /// `wander` (a smooth curve over seconds, as a LEO path changes) or `slotted` (packets
+    /// leave at slot boundaries 2 × --jitter-ms apart, as on an MF-TDMA return link).
+    #[arg(long, default_value = "uniform")]
+    jitter_kind: JitterKind,
+    /// --jitter-kind for the return direction only.
+    #[arg(long)]
+    return_jitter_kind: Option<JitterKind>,
+    /// Let jitter reorder packets (the uniform kind); otherwise a packet never overtakes
+    /// the one before it.
+    #[arg(long)]
+    reorder: bool,
     /// Bit error rate of the forward link.
     #[arg(long, default_value_t = 0.0)]
     ber: f64,
@@ -241,6 +262,18 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
     );
     ret.delay_schedule = forward.delay_schedule.clone();
     ret.frame_overhead = a.frame_overhead;
+    let jitter = |ms: f64, kind: JitterKind| -> Result<JitterConfig> {
+        Ok(JitterConfig {
+            kind,
+            bound: Duration::try_from_secs_f64(ms / 1e3).context("--jitter-ms")?,
+            reorder: a.reorder,
+        })
+    };
+    forward.jitter = jitter(a.jitter_ms, a.jitter_kind)?;
+    ret.jitter = jitter(
+        a.return_jitter_ms.unwrap_or(a.jitter_ms),
+        a.return_jitter_kind.unwrap_or(a.jitter_kind),
+    )?;
     if let Some(p) = a.outage_every {
         // The periodic outage counts from the link's start; keep it periodic and accept
         // that its phase includes the handshake.

@@ -26,6 +26,9 @@ pub struct InteractiveReport {
 pub struct CapacityReport {
     pub estimate_bps: u64,
     pub drains: u64,
+    pub needless_drains: u64,
+    /// The jitter the sender measured (ms), at the end.
+    pub jitter_ms: f64,
     pub probes: u64,
     pub rebases: u64,
     pub competes: u64,
@@ -78,6 +81,10 @@ pub struct Report {
     pub return_over_forward: f64,
     pub retransmitted_bytes: u64,
     pub redundant_bytes: u64,
+    /// Packets the A sides sent (data, ACKs and control).
+    pub packets_sent: u64,
+    /// Packets the A sides declared lost and then saw acknowledged (their own count).
+    pub spurious_losses: u64,
     pub losses_by_cause: LossesByCause,
     pub losses_true: LossesTrue,
     pub return_losses_true: LossesTrue,
@@ -248,6 +255,8 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
             / fwd.wire_bytes_offered.max(1) as f64,
         retransmitted_bytes: sum(|s| s.stream_bytes_retransmitted),
         redundant_bytes: sum(|s| s.stream_bytes_redundant),
+        packets_sent: sum(|s| s.packets_sent),
+        spurious_losses: sum(|s| s.spurious_losses),
         losses_by_cause: LossesByCause {
             congestion: sum(|s| s.lost.congestion),
             corruption: sum(|s| s.lost.corruption),
@@ -311,6 +320,8 @@ pub fn build(sc: &Scenario, out: &Outcome, cpu_seconds: f64) -> Report {
         capacity: CapacityReport {
             estimate_bps: cap.estimate_bps,
             drains: cap.drains,
+            needless_drains: cap.needless_drains,
+            jitter_ms: cap.jitter.as_secs_f64() * 1e3,
             probes: cap.probes,
             rebases: cap.rebases,
             competes: cap.competes,

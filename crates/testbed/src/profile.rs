@@ -20,7 +20,7 @@ pub enum Profile {
     Geo,
     /// 2048 kb/s forward, 256 kb/s return, 260 ms one-way (literature/001).
     Adalr,
-    /// 100/20 Mb/s, 20–40 ms one-way stepping every 15 s (a new satellite), 5 ms jitter, a
+    /// 100/20 Mb/s, 20–40 ms one-way stepping every 15 s (a new satellite), 5 ms of uniform jitter, a
     /// 100–200 ms outage at each step.
     Leo,
 }
@@ -58,7 +58,7 @@ impl Profile {
         if self == Profile::Leo {
             let (delays, outages) = leo_handovers();
             for d in [&mut link.forward, &mut link.ret] {
-                d.jitter = Duration::from_millis(5);
+                d.jitter.bound = Duration::from_millis(5);
                 d.delay_schedule = delays.clone();
                 d.impairments.outages.windows = outages.clone();
             }

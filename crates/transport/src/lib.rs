@@ -19,6 +19,7 @@ pub mod loss;
 mod pacer;
 pub mod packet;
 pub mod range_set;
+mod reordering;
 mod rtt;
 pub mod sched;
 pub mod security;

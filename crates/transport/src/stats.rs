@@ -38,6 +38,12 @@ pub struct Stats {
     pub stream_bytes_redundant: u64,
     /// Packets declared lost, by attributed cause.
     pub lost: LossCounts,
+    /// Packets declared lost that the peer turned out to have received (a path that
+    /// reorders, or an outage shorter than it looked): their repairs were needless.
+    pub spurious_losses: u64,
+    /// How long a packet may trail a later one before it counts as lost, while the path is
+    /// seen to reorder; zero while it is not (three later packets decide).
+    pub reorder_window: Duration,
     /// Congestion responses (at most one per loss epoch).
     pub congestion_events: u64,
     pub acks_sent: u64,

@@ -108,6 +108,11 @@ impl SendStream {
             || (self.fin_written && !self.fin_sent && self.next_new == self.end())
     }
 
+    /// The next chunk will be a repair (bytes or a FIN sent before and taken for lost).
+    pub fn repair_pending(&self) -> bool {
+        !self.lost.is_empty() || self.fin_lost
+    }
+
     pub fn fin_acked(&self) -> bool {
         self.fin_acked
     }

@@ -25,6 +25,7 @@ use crate::packet::{
     decode_header, decode_header_with_cid, Header, Hello, HelloParams, ShortHeader,
 };
 use crate::range_set::RangeSet;
+use crate::reordering::Reordering;
 use crate::rtt::RttEstimator;
 use crate::security::{HandshakeGuard, Security, SecurityConfig};
 use crate::sent::{SentFrame, SentPacket, SentPackets};
@@ -203,6 +204,8 @@ pub struct Association {
     /// Losses of packets numbered below this belong to the current congestion epoch.
     recovery_start_pn: u64,
     loss_time: Option<Instant>,
+    /// How far the path reorders, and which declared losses were received after all.
+    reordering: Reordering,
     pto_count: u32,
     probes_pending: u32,
     outage_since: Option<Instant>,
@@ -363,6 +366,7 @@ impl Association {
             classifier,
             recovery_start_pn: 0,
             loss_time: None,
+            reordering: Reordering::default(),
             pto_count: 0,
             probes_pending: 0,
             outage_since: None,
@@ -459,6 +463,7 @@ impl Association {
         s.datagram_size_changes = self.sizer.changes();
         s.corruption_by_size = self.sizer.class_losses();
         s.bytes_in_flight = self.sent.bytes_in_flight();
+        s.spurious_losses = self.reordering.spurious();
         s.flows_open = self.flows.len() as u64;
         s.flows_waiting_for_quota = self.flows_waiting_for_quota();
         s.aead = self.security.as_ref().and_then(|sec| sec.protection());

@@ -448,6 +448,7 @@ impl Association {
         self.sent = SentPackets::default();
         self.largest_acked = None;
         self.loss_time = None;
+        self.reordering.on_restart();
         self.pto_count = 0;
         self.probes_pending = 0;
         self.outage_since = None;

@@ -24,6 +24,11 @@ impl Association {
         for r in ack.ranges.iter().rev() {
             newly.extend(self.sent.outstanding_in(r.start, r.end.min(largest + 1)));
         }
+        // Packets declared lost that the peer received after all: their repairs were
+        // needless, and the path reorders at least that far.
+        let ranges = ack.ranges.iter().map(|r| r.start..r.end.min(largest + 1));
+        self.reordering
+            .on_ack_ranges(now, ranges, self.rtt.smoothed());
         if newly.is_empty() {
             return;
         }
@@ -62,6 +67,7 @@ impl Association {
             let Some(p) = self.sent.remove(pn) else {
                 continue;
             };
+            self.reordering.on_acked(now, p.time);
             self.loss_rate.on_delivered();
             if p.has_data {
                 let link = p.wire_bytes as usize + self.cfg.frame_overhead;
@@ -137,11 +143,17 @@ impl Association {
         }
     }
 
+    /// Declares lost what trails a later acknowledged packet too long (docs/PROTOCOL.md
+    /// §5.3): on a path that does not reorder, three packets or 9/8 of the RTT; on one that
+    /// does, the reordering window after the time the latest acknowledged packet took.
     pub(super) fn detect_lost(&mut self, now: Instant) {
         self.loss_time = None;
         let Some(largest) = self.largest_acked else {
             return;
         };
+        let window = self.reordering.window(now, self.rtt.smoothed());
+        self.stats.reorder_window = window.unwrap_or_default();
+        let reference = self.reordering.latest();
         let delay = self
             .rtt
             .smoothed()
@@ -151,11 +163,20 @@ impl Association {
             let Some(p) = self.sent.get(pn) else {
                 continue;
             };
-            if largest - pn >= self.cfg.reorder_threshold || p.time + delay <= now {
+            let deadline = match (window, reference) {
+                (Some(w), Some((latest_sent, latest_rtt))) => {
+                    if p.time >= latest_sent {
+                        continue;
+                    }
+                    p.time + latest_rtt + w
+                }
+                _ if largest - pn >= self.cfg.reorder_threshold => now,
+                _ => p.time + delay,
+            };
+            if deadline <= now {
                 self.declare_lost(now, pn, None);
             } else {
-                let t = p.time + delay;
-                self.loss_time = Some(self.loss_time.map_or(t, |l| l.min(t)));
+                self.loss_time = Some(self.loss_time.map_or(deadline, |l| l.min(deadline)));
             }
         }
     }
@@ -164,7 +185,9 @@ impl Association {
         let Some(p) = self.sent.remove(pn) else {
             return;
         };
-        if cause != Some(LossCause::Outage) {
+        let by_outage = cause == Some(LossCause::Outage);
+        self.reordering.on_declared_lost(now, pn, p.time, by_outage);
+        if !by_outage {
             self.loss_rate.on_lost();
         }
         let cause = cause.unwrap_or_else(|| {

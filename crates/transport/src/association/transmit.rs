@@ -18,6 +18,11 @@ enum Planned {
 /// still share the link in turns of a few packets.
 const SCHEDULING_QUANTUM: usize = 8 * 1024;
 
+/// Offset bytes of a repair or a redundant copy: its original may have arrived after all, and
+/// data sent after it may have arrived first, so the receiver may have moved on by any amount
+/// before it comes; only the longest form stays unambiguous (docs/PROTOCOL.md §2.2).
+const REPAIR_OFFSET_LEN: usize = 4;
+
 impl Association {
     pub(super) fn window_allows(&self) -> bool {
         self.sent.bytes_in_flight() + self.cfg.mtu as u64 <= self.cc.window(&self.rtt)
@@ -532,21 +537,28 @@ impl Association {
                 continue;
             };
             let room = budget.saturating_sub(*used);
-            let span_max = (f.send.next_new() + room as u64) - f.send.acked_base();
-            let offset_len = truncation_len(span_max, 4);
+            let offset_len = if f.send.repair_pending() {
+                REPAIR_OFFSET_LEN
+            } else {
+                let span_max = (f.send.next_new() + room as u64) - f.send.acked_base();
+                truncation_len(span_max, 4)
+            };
             // Room for a type byte and a length when the frame may carry the FIN.
             let may_fin = f.send.is_finished_by_app();
             let implicit = empty && planned.is_empty() && !others && !may_fin;
-            let overhead = crate::codec::varint_len(id)
-                + offset_len
+            let header = crate::codec::varint_len(id)
                 + if implicit { 0 } else { 1 }
                 + if others || may_fin { 2 } else { 0 };
-            if room <= overhead {
+            let overhead = header + offset_len;
+            // Bytes sent for the first time leave room for the longer offset their repair will
+            // carry: a repair of a whole packet's bytes then fits one packet, as they did.
+            let reserved = header + REPAIR_OFFSET_LEN;
+            if room <= reserved {
                 self.send_queue.push_front(id);
                 break;
             }
             let chunk = if f.reset.is_none() && f.open != OpenState::Pending {
-                f.send.next_chunk(room - overhead, allowance)
+                f.send.next_chunk(room - reserved, allowance)
             } else {
                 None
             };
@@ -632,11 +644,8 @@ impl Association {
         let count = pieces.len();
         let mut complete = true;
         for (flow, offset, len, fin) in pieces {
-            let Some(f) = self.flows.get(&flow) else {
-                continue;
-            };
-            let span = (offset + len as u64).max(f.send.next_new()) - f.send.acked_base();
-            let offset_len = truncation_len(span, 4);
+            // A copy, like a repair, may arrive after its original.
+            let offset_len = REPAIR_OFFSET_LEN;
             let implicit = empty && count == 1 && !fin;
             let overhead =
                 crate::codec::varint_len(flow) + offset_len + if implicit { 0 } else { 3 };

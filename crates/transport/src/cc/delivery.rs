@@ -35,6 +35,12 @@ pub struct DeliveryMeter {
     marks: VecDeque<Mark>,
     /// Smoothed time between ACKs (1/8 weight).
     ack_interval: Option<Duration>,
+    /// The longest recent gap between ACKs, falling back as time passes: on a path that
+    /// delivers ACKs in clumps (a slotted return link), the time from one clump to the next.
+    longest_gap: Duration,
+    /// The recent share of ACKs that came hard on the heels of the one before (within an
+    /// eighth of the smoothed interval), as a moving average.
+    bunched: f64,
 }
 
 /// Marks older than this are never asked for.
@@ -46,6 +52,24 @@ const MIN_MARKS: usize = 3;
 const ACK_INTERVAL_CAP: Duration = Duration::from_millis(200);
 /// Bound on marks kept, whatever the ACK rate (at 10 Gb/s an ACK comes every 10 µs).
 const KEEP_MARKS: usize = 4096;
+/// Gaps between ACKs up to this long count as clumping (MF-TDMA frames are 25–100 ms); longer
+/// ones are an outage or an idle sender.
+const CLUMP_GAP_MAX: Duration = Duration::from_millis(100);
+/// ACKs come in clumps when the longest recent gap between them is this many smoothed
+/// intervals or more: a regular ACK pace varies by a factor of two at most (the timer against
+/// every eighth packet).
+const CLUMPED_GAPS: u32 = 4;
+/// ... and at least this share of them came within an eighth of the smoothed interval of the
+/// one before (`BUNCHED_FRACTION`): a link layer that releases what it held at once (a
+/// slot, a scheduler) delivers ACKs together, while gaps that only vary (another sender's
+/// packets served between ours at a bottleneck) leave each ACK its own serialisation time.
+const BUNCHED_SHARE: f64 = 0.25;
+const BUNCHED_FRACTION: u32 = 8;
+/// Weight of one ACK in the share: it follows the last few dozen.
+const BUNCHED_WEIGHT: f64 = 1.0 / 32.0;
+/// The longest gap falls back by this share of itself per second: a clumping path renews
+/// it every frame, a path that stopped clumping loses it within seconds.
+const CLUMP_DECAY_PER_SECOND: f64 = 0.5;
 
 impl DeliveryMeter {
     /// Bytes that crossed the bottleneck.
@@ -71,6 +95,18 @@ impl DeliveryMeter {
                 None => gap,
             });
         }
+        if let Some(last) = self.marks.back() {
+            let gap = now.saturating_duration_since(last.at);
+            let decay = (CLUMP_DECAY_PER_SECOND * gap.as_secs_f64()).min(1.0);
+            self.longest_gap = self.longest_gap.mul_f64(1.0 - decay);
+            if !app_limited && gap <= CLUMP_GAP_MAX {
+                self.longest_gap = self.longest_gap.max(gap);
+            }
+            let close = self
+                .ack_interval
+                .is_some_and(|i| gap * BUNCHED_FRACTION < i);
+            self.bunched += (f64::from(u8::from(close)) - self.bunched) * BUNCHED_WEIGHT;
+        }
         self.marks.push_back(Mark {
             at: now,
             delivered: self.delivered,
@@ -90,23 +126,56 @@ impl DeliveryMeter {
         self.ack_interval
     }
 
+    /// The longest recent gap between ACKs (up to 100 ms): the period of ACK clumps where
+    /// they come in clumps, about the ACK interval where they do not.
+    pub fn longest_gap(&self) -> Duration {
+        self.longest_gap
+    }
+
+    /// Whether ACKs come in clumps: the longest recent gap between them is several times
+    /// their smoothed interval.
+    pub fn clumped(&self) -> bool {
+        self.bunched >= BUNCHED_SHARE
+            && self
+                .ack_interval
+                .is_some_and(|i| self.longest_gap > i * CLUMPED_GAPS)
+    }
+
     /// Delivery rate over the ACKs of the last `span`, from the first of them to the last
-    /// (so the span's edges do not cut an ACK in two). `None` with fewer than three ACKs.
+    /// (so the span's edges do not cut an ACK in two). Where ACKs come in clumps, from the
+    /// end of the first clump in the span to the end of the last whole one: a rate from the
+    /// start of a clump counts the clump's bytes against no time, and one to the start of the
+    /// clump still arriving counts its time without its bytes. `None` with fewer than three
+    /// ACKs (two whole clumps).
     pub fn rate(&self, now: Instant, span: Duration) -> Option<Rate> {
         let since = now.checked_sub(span)?;
         let start = self.marks.partition_point(|m| m.at < since);
-        let window = self.marks.range(start..);
-        if window.len() < MIN_MARKS {
+        if self.marks.len() - start < MIN_MARKS {
             return None;
         }
-        let first = *window.clone().next()?;
-        let last = *self.marks.back()?;
+        let (first, last) = if self.clumped() {
+            // A mark followed by a gap of half the clump period or more ends a clump.
+            let gap = self.longest_gap / 2;
+            let ends_clump = |&i: &usize| {
+                self.marks[i + 1]
+                    .at
+                    .saturating_duration_since(self.marks[i].at)
+                    >= gap
+            };
+            let within = start..self.marks.len() - 1;
+            let first = within.clone().find(ends_clump)?;
+            let last = within.rev().find(ends_clump)?;
+            (first, last)
+        } else {
+            (start, self.marks.len() - 1)
+        };
+        let (a, b) = (self.marks[first], self.marks[last]);
         let bps = bits_per_second(
-            last.delivered - first.delivered,
-            last.at.saturating_duration_since(first.at),
+            b.delivered - a.delivered,
+            b.at.saturating_duration_since(a.at),
         )?;
         // The first mark's own flag concerns the gap before it, which is outside the span.
-        let app_limited = window.skip(1).any(|m| m.app_limited);
+        let app_limited = self.marks.range(first + 1..=last).any(|m| m.app_limited);
         Some(Rate { bps, app_limited })
     }
 }

@@ -5,6 +5,7 @@
 mod adaptive;
 mod delivery;
 mod evidence;
+mod jitter;
 mod rate;
 mod vegas;
 
@@ -62,12 +63,19 @@ pub struct CapacityStats {
     pub estimate_bps: u64,
     /// Queueing delay the controller last saw (standing RTT above the path minimum).
     pub queue_delay: Duration,
+    /// How far the path's own jitter lifts the least RTT of one evidence span (zero on a path
+    /// that does not jitter): what the controller allows for before it takes a delay for a
+    /// queue.
+    pub jitter: Duration,
     /// Time spent sending at a pace set by the estimate below the configured ceiling.
     pub limited_by_estimate: Duration,
     /// Time spent sending at the configured ceiling.
     pub limited_by_ceiling: Duration,
     /// Standing queues answered by a drain.
     pub drains: u64,
+    /// Drains after which the delay stayed while everything sent was delivered: the queue
+    /// was not ours (a longer path, or jitter), and the drain cost sending time for nothing.
+    pub needless_drains: u64,
     /// Short sends above the estimate to look for more capacity.
     pub probes: u64,
     /// Times a delay that draining did not remove was taken for a longer path.

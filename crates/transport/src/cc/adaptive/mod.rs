@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use super::delivery::{DeliveryMeter, Rate};
 use super::evidence::QueueEvidence;
+use super::jitter::JitterMeter;
 use super::{AckSummary, AckedPacket, CapacityStats, CongestionController, SentInfo};
 use crate::config::Config;
 use crate::pacer::transmission_time;
@@ -43,6 +44,23 @@ use other_sender::OtherSender;
 use probe::Probe;
 use sent_log::SentLog;
 
+/// On a path that jitters, the overload threshold rises by this many times the jitter the
+/// sender measures (how far jitter alone lifts one span's least RTT, `JitterMeter`), and the
+/// evidence span lengthens by up to one span: with both, no span of the simulator's uniform,
+/// slotted or reordering jitter of up to 30 ms on GEO or LEO read as an overload, where with
+/// one time the jitter, or one span, some did.
+const JITTER_ALLOWANCE: u32 = 2;
+/// On a path that jitters, a rebase (a delay that stayed while everything sent was
+/// delivered) holds the base there this long: samples below it, the low draws of a jitter
+/// that holds packets behind each other, would otherwise bring it back to the jitter's floor
+/// within seconds and the next span at the usual delay would read as a queue again. One
+/// needless drain per hold is what that costs; a path that got shorter meanwhile hides as
+/// much queue as it got shorter by, for as long.
+const REBASE_HOLD: Duration = Duration::from_secs(10);
+/// Jitter below this is taken for none: an event loop on a loaded host delays timers and
+/// ACKs by 1–2 ms, and a path's own queue moves a little between spans as other traffic
+/// passes; `Q_FLOOR` allows for that already.
+const JITTER_MIN: Duration = Duration::from_millis(2);
 /// Least standing queue taken for an overload: above the scheduling noise of an event loop
 /// on a loaded host (1–2 ms) and an emulated LEO link's jitter, below what an interactive
 /// user notices.
@@ -55,6 +73,10 @@ const Q_PACKETS: f64 = 4.0;
 const SPAN_MIN: Duration = Duration::from_millis(20);
 const SPAN_MAX: Duration = Duration::from_millis(50);
 const SPAN_ACKS: u32 = 3;
+/// ... and at least this many of the longest recent gaps between ACKs: where ACKs come in
+/// clumps (a slotted return link) every span holds a whole clump and the gap before it,
+/// instead of being judged on the first few ACKs of a clump.
+const SPAN_CLUMPS: u32 = 3;
 /// Probing sends at this multiple of the estimate: the estimate can double every round trip
 /// while the path keeps up (an ACM step from 5 to 20 Mb/s is recovered in two probes).
 const PROBE_GAIN: f64 = 2.0;
@@ -67,6 +89,9 @@ const PROBE_PACKETS: f64 = 16.0;
 /// A probe or train spans at least this many ACK-every-N intervals, so at least two ACKs
 /// fall inside it whatever the receiver's ACK policy.
 const MEASURE_ACKS: u32 = 3;
+/// Where ACKs come in clumps a probe lasts at least this many clump periods (the longest
+/// recent gap between ACKs), so that its ACK rate is not one clump more or less.
+const PROBE_CLUMPS: u32 = 4;
 /// A probe delivered at this fraction of its rate or better succeeded.
 const PROBE_SUCCESS: f64 = 0.9;
 /// A probe delivered above this multiple of the estimate found some capacity; less is the
@@ -116,6 +141,12 @@ const STALL_ACKS: f64 = 6.0;
 /// a stall (one read 76 Mb/s against 100 in the newer half). ACK noise over the few ACKs of
 /// a newer half at 10 Mb/s stays within about 20 %.
 const STALL_RATIO: f64 = 1.25;
+/// Where the path jitters, a rate spans at least this many clump periods (the longest recent
+/// gap between ACKs): a clump more or less is then a quarter of it at most.
+const RATE_CLUMPS: u32 = 4;
+/// ... and an overload does not take the estimate below the delivery rate over this many
+/// evidence spans (and twice `RATE_CLUMPS` clump periods).
+const KEPT_UP_SPANS: u32 = 4;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
 const MAX_CUT: f64 = 4.0;
@@ -188,15 +219,23 @@ pub struct Adaptive {
     /// What this overload's busy spans measured.
     busy_rates: BusyRates,
     evidence: QueueEvidence,
+    jitter: JitterMeter,
     /// The path's RTT without queue, as this controller sees it: the least sample since the
     /// last rebase.
     base: Option<Duration>,
     /// The queue of the latest RTT sample.
     last_queue: Duration,
+    /// Packets numbered below this were sent in the first span after a pause (a drain, the
+    /// pause after a probe): their samples do not lower the base.
+    steady_from_pn: u64,
+    /// On a path that jitters, a rebase holds the base up until then.
+    base_held_until: Option<Instant>,
     /// A drain ended and the next evidence has not yet said whether the queue was ours.
     judging_drain: bool,
     /// The most queue the drain's packets showed (while draining, or when it began).
     drained_queue: Duration,
+    /// When the drain began, and the queue then: how fast the queue the drain saw grew.
+    drain_began: Option<(Instant, Duration)>,
     /// The next packet leaves after a drain: the gap before it is ours, not the path's.
     resuming: bool,
     probe: Option<Probe>,
@@ -245,10 +284,14 @@ impl Adaptive {
             meter: DeliveryMeter::default(),
             busy_rates: BusyRates::default(),
             evidence: QueueEvidence::default(),
+            jitter: JitterMeter::default(),
             base: None,
             last_queue: Duration::ZERO,
+            steady_from_pn: 0,
+            base_held_until: None,
             judging_drain: false,
             drained_queue: Duration::ZERO,
+            drain_began: None,
             resuming: false,
             probe: None,
             next_probe_at: None,
@@ -287,18 +330,46 @@ impl Adaptive {
 
     fn q_high(&self) -> Duration {
         Q_FLOOR.max(self.packet_time(self.estimate).mul_f64(Q_PACKETS))
+            + self.path_jitter() * JITTER_ALLOWANCE
     }
 
-    fn span(&self, rtt: &RttEstimator) -> Duration {
+    /// The span without the jitter's extension: what the jitter itself is measured over.
+    fn plain_span(&self, rtt: &RttEstimator) -> Duration {
         let by_acks = self.meter.ack_interval().unwrap_or_default() * SPAN_ACKS;
-        self.quarter_rtt(rtt, SPAN_MIN, SPAN_MAX).max(by_acks)
+        let by_clumps = if self.meter.clumped() {
+            self.meter.longest_gap() * SPAN_CLUMPS
+        } else {
+            Duration::ZERO
+        };
+        self.quarter_rtt(rtt, SPAN_MIN, SPAN_MAX)
+            .max(by_acks)
+            .max(by_clumps)
+    }
+
+    /// The evidence span: one plain span, and up to one more as the jitter reaches `Q_FLOOR`.
+    fn span(&self, rtt: &RttEstimator) -> Duration {
+        let plain = self.plain_span(rtt);
+        let extension = (self.path_jitter().as_secs_f64() / Q_FLOOR.as_secs_f64()).min(1.0);
+        plain + plain.mul_f64(extension)
     }
 
     /// Bytes that fill the path at the estimate without a queue: the base RTT's worth plus
     /// two packets. Packets the receiver holds before acknowledging count as ahead too, so a
     /// drain to this leaves a gap of up to an ACK interval rather than a queue.
     fn pipe_bytes(&self, rtt: &RttEstimator) -> u64 {
-        (self.estimate / 8.0 * self.base_or(rtt).as_secs_f64()) as u64 + 2 * self.mtu
+        let path = self.base_or(rtt) + self.jitter_delay();
+        (self.estimate / 8.0 * path.as_secs_f64()) as u64 + 2 * self.mtu
+    }
+
+    /// How much longer than the base RTT a path that jitters keeps packets outstanding
+    /// without any queue: the jitter allowed for, and a clump of ACKs held back.
+    fn jitter_delay(&self) -> Duration {
+        let clump = if self.meter.clumped() {
+            self.meter.longest_gap()
+        } else {
+            Duration::ZERO
+        };
+        self.path_jitter() * JITTER_ALLOWANCE + clump
     }
 
     fn floor(&self) -> f64 {
@@ -319,8 +390,21 @@ impl Adaptive {
 
     fn probe_len(&self, rate: f64, rtt: &RttEstimator) -> Duration {
         let packets = PROBE_PACKETS.max(f64::from(self.measure_packets()));
-        self.quarter_rtt(rtt, PROBE_MIN, PROBE_MAX)
-            .max(self.packet_time(rate).mul_f64(packets))
+        let len = self
+            .quarter_rtt(rtt, PROBE_MIN, PROBE_MAX)
+            .max(self.packet_time(rate).mul_f64(packets));
+        if self.meter.clumped() {
+            len.max(self.meter.longest_gap() * PROBE_CLUMPS)
+        } else {
+            len
+        }
+    }
+
+    /// How much of a probe's or the train's queue growth the path's jitter alone may show:
+    /// the allowance of the evidence, or the largest fall from one of its samples to the
+    /// next (a queue that grows while it sends makes none) where that is more.
+    fn growth_noise(&self, p: &Probe) -> Duration {
+        (self.path_jitter() * JITTER_ALLOWANCE).max(p.largest_fall)
     }
 
     /// What the pacer should run at now.
@@ -347,6 +431,7 @@ impl Adaptive {
         self.busy_rates.clear();
         self.measure_busy_path(now, from, rtt);
         self.drained_queue = self.last_queue;
+        self.drain_began = Some((now, self.last_queue));
         self.stats.drains += 1;
         // An overload while the train is being measured is the train's finding, and as
         // open to the host's timing as its own verdict; a later one is the path's.
@@ -380,6 +465,10 @@ impl Adaptive {
     fn measure_busy_path(&mut self, now: Instant, from: f64, rtt: &RttEstimator) {
         let span = self.span(rtt);
         let valid = |r: Option<Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
+        if self.jittery() {
+            self.measure_busy_jittery(now, from, span);
+            return;
+        }
         let recent = self.meter.rate(now, span / 2);
         let promised = self.meter.ack_interval().map_or(0.0, |i| {
             (span / 2).as_secs_f64() / i.as_secs_f64().max(f64::MIN_POSITIVE)
@@ -403,6 +492,45 @@ impl Adaptive {
         }
     }
 
+    /// Whether the path's delay jitters or its ACKs come in clumps: measurements then need
+    /// windows long next to both.
+    fn jittery(&self) -> bool {
+        !self.path_jitter().is_zero() || self.meter.clumped()
+    }
+
+    /// The jitter the meter measures, where it is more than a host's timing makes of a path
+    /// that does not jitter (`JITTER_MIN`); zero otherwise.
+    fn path_jitter(&self) -> Duration {
+        let j = self.jitter.jitter();
+        if j >= JITTER_MIN {
+            j
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// `measure_busy_path` where the path jitters: a span's rate, a clump more or less, is
+    /// noise, so each measurement spans several clumps, and the estimate does not fall below
+    /// what the path delivered over a longer window (`KEPT_UP_SPANS`): jitter that read as a
+    /// queue must not cost capacity the path showed it has, and after a real slowdown that
+    /// window moves past it within the drain.
+    fn measure_busy_jittery(&mut self, now: Instant, from: f64, span: Duration) {
+        let window = span.max(self.meter.longest_gap() * RATE_CLUMPS);
+        if let Some(r) = self.meter.rate(now, window).filter(|r| !r.app_limited) {
+            self.busy_rates.add(r.bps);
+        }
+        let long = (span * KEPT_UP_SPANS).max(self.meter.longest_gap() * RATE_CLUMPS * 2);
+        let kept_up = self
+            .meter
+            .rate(now, long)
+            .filter(|r| !r.app_limited)
+            .map_or(0.0, |r| r.bps.min(from));
+        if let Some(bps) = self.busy_rates.median() {
+            let lowest = (from / MAX_CUT).max(self.floor()).max(kept_up);
+            self.estimate = bps.max(lowest).min(self.ceiling);
+        }
+    }
+
     /// Whether the drain is done. What was sent after the latest packet the peer
     /// acknowledged is in the pipe or the queue. Unlike bytes in flight, it does not shrink
     /// when packets are declared lost: after a queue overflows, an ACK reports fewer holes
@@ -421,16 +549,37 @@ impl Adaptive {
             self.measure_busy_path(now, from, rtt);
         }
         if self.drained(rtt) || now >= until {
-            self.end_drain(rtt);
+            self.end_drain(now, rtt);
         }
     }
 
-    fn end_drain(&mut self, rtt: &RttEstimator) {
+    /// Packets sent in one evidence span at the estimate: after a pause, those sent within
+    /// it do not lower the base.
+    fn packets_per_span(&self, rtt: &RttEstimator) -> u64 {
+        (self.estimate / 8.0 * self.plain_span(rtt).as_secs_f64() / self.mtu as f64) as u64
+    }
+
+    fn end_drain(&mut self, now: Instant, rtt: &RttEstimator) {
         self.state = State::Cruise;
+        self.jitter.restart_at(self.next_pn);
+        self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // The packets still on their way were the last sent before the drain: they waited
         // behind the whole queue, which grew for up to a base RTT after the latest the
-        // drain saw. More than that is a path slowing down again.
-        let floor = self.drained_queue + self.q_high().max(self.base_or(rtt));
+        // drain saw, as fast as the drain saw it grow (a queue that stood still, such as a
+        // path that got longer, grew by nothing). More than that is a path slowing down
+        // again: a drain for a slowly wandering delay must not hide a rate step that comes
+        // right after it.
+        let growth = self.drain_began.take().map_or(1.0, |(t0, q0)| {
+            let seen = self.drained_queue.saturating_sub(q0).as_secs_f64();
+            let lasted = now.saturating_duration_since(t0).as_secs_f64();
+            if lasted > 0.0 {
+                (seen / lasted).min(1.0)
+            } else {
+                1.0
+            }
+        });
+        let grown_since = self.base_or(rtt).mul_f64(growth);
+        let floor = self.drained_queue + self.q_high().max(grown_since);
         self.evidence.reset(self.next_pn, floor);
         self.judging_drain = true;
         self.resuming = true;
@@ -547,7 +696,10 @@ impl Adaptive {
         self.other_sender.on_overload(now, base)
     }
 
-    fn rebase(&mut self, standing: Duration, rtt: &RttEstimator) {
+    fn rebase(&mut self, now: Instant, standing: Duration, rtt: &RttEstimator) {
+        if self.jittery() {
+            self.base_held_until = Some(now + REBASE_HOLD);
+        }
         self.stop_counting_overloads();
         self.base = Some(self.base_or(rtt) + standing);
         self.stats.rebases += 1;
@@ -576,7 +728,9 @@ impl Adaptive {
         } else if competing {
             self.maybe_probe(now, rtt, false);
         } else if judging && !self.queue_is_ours(now, span, rtt) {
-            self.rebase(q, rtt);
+            // The drain emptied a queue that was not there: a longer path, or jitter.
+            self.stats.needless_drains += 1;
+            self.rebase(now, q, rtt);
         } else {
             self.overload(now, rtt);
         }
@@ -624,6 +778,12 @@ impl Adaptive {
             self.ceiling
         } else if self.competing(now) {
             (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
+        } else if self.meter.clumped() {
+            // A probe lengthened to span several clumps of ACKs goes at a gain that leaves
+            // no more queue than an ordinary one when the path cannot carry it.
+            let len = self.probe_len(self.estimate * PROBE_GAIN, rtt);
+            let gain = (1.0 + PROBE_MAX.as_secs_f64() / len.as_secs_f64()).min(PROBE_GAIN);
+            (self.estimate * gain).min(self.ceiling)
         } else {
             (self.estimate * PROBE_GAIN).min(self.ceiling)
         };
@@ -643,6 +803,8 @@ impl Adaptive {
             return;
         }
         self.state = State::Cruise;
+        self.jitter.restart_at(self.next_pn);
+        self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // Give back what the probe sent above the estimate.
         let extra = (rate / self.estimate.max(1.0) - 1.0).max(0.0);
         self.pause = Some(self.probe_len(rate, rtt).mul_f64(extra));
@@ -679,11 +841,21 @@ impl Adaptive {
     }
 
     fn judge_probe(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let Some(v) = p.verdict(false, 4 * self.mtu) else {
+        let noise = self.growth_noise(p);
+        let Some(mut v) = p.verdict(false, 4 * self.mtu, noise) else {
             // Too few ACKs to tell: try again later.
             self.backoff(now, rtt);
             return;
         };
+        if self.meter.clumped() {
+            // Its ACKs came in clumps: the rate from clump end to clump end.
+            let window = p
+                .first_ack_at()
+                .map(|t| now.saturating_duration_since(t) + self.meter.longest_gap());
+            if let Some(r) = window.and_then(|w| self.meter.rate(now, w)) {
+                v.by_acks = r.bps;
+            }
+        }
         // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
         // lower counts.
         let rate = v.by_delay.map_or(v.by_acks, |d| d.min(v.by_acks));
@@ -725,7 +897,13 @@ impl Adaptive {
     /// time (a stalled sender measures itself): a wrong start costs a correctly provisioned
     /// link its first round trips.
     fn judge_train(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let Some(v) = p.verdict(true, 4 * self.mtu) else {
+        // The RTT fell from one of its samples to the next: the path jitters, and the train's
+        // tens of milliseconds cannot tell its queue from the jitter. The evidence, which
+        // measures the jitter, decides instead.
+        if p.largest_fall > TRAIN_QUEUE_GROWTH {
+            return;
+        }
+        let Some(v) = p.verdict(true, 4 * self.mtu, Duration::ZERO) else {
             return;
         };
         let rate = v.by_delay.map_or(v.by_acks, |d| d.max(v.by_acks));
@@ -764,7 +942,7 @@ impl CongestionController for Adaptive {
         if matches!(self.state, State::Drain { .. }) && !self.drained(rtt) {
             return 0;
         }
-        let path = rtt.smoothed().max(self.base_or(rtt)).as_secs_f64();
+        let path = (rtt.smoothed().max(self.base_or(rtt)) + self.jitter_delay()).as_secs_f64();
         (self.estimate / 8.0 * path * SAFETY_PIPES) as u64 + 16 * self.mtu
     }
 
@@ -798,8 +976,10 @@ impl CongestionController for Adaptive {
         self.last_app_limited = None;
         self.sent_log = SentLog::default();
         self.largest_acked = 0;
+        self.steady_from_pn = 0;
         self.stop_counting_overloads();
         self.competing_until = None;
+        self.jitter.restart();
     }
 
     fn wants_padding(&self) -> bool {
@@ -816,7 +996,7 @@ impl CongestionController for Adaptive {
 
     fn on_sent(&mut self, now: Instant, sent: SentInfo, rtt: &RttEstimator) {
         if matches!(self.state, State::Drain { .. }) && self.drained(rtt) {
-            self.end_drain(rtt);
+            self.end_drain(now, rtt);
         }
         let app_limited = sent.app_limited && !std::mem::take(&mut self.resuming);
         self.next_pn = self.next_pn.max(sent.pn + 1);
@@ -841,6 +1021,7 @@ impl CongestionController for Adaptive {
         if let State::Train { left } = self.state {
             if left <= 1 {
                 self.state = State::Cruise;
+                self.jitter.restart_at(sent.pn + 1);
                 if let Some(p) = self.probe.as_mut() {
                     p.last_pn = Some(sent.pn);
                 }
@@ -863,8 +1044,21 @@ impl CongestionController for Adaptive {
         if let Some(p) = self.probe.as_mut() {
             p.on_sample(acked.pn, (acked.sent_at, sample));
         }
-        // The estimator ages its minimum; follow it up when it does.
+        let plain = self.plain_span(rtt);
+        let base = self.base_or(rtt);
+        self.jitter
+            .on_sample(now, acked.pn, sample, plain, base, self.q_high());
+        // The estimator ages its minimum; follow it up when it does. Down, only samples of
+        // packets sent at the pace of the moment count: packets sent with gaps around them,
+        // or in the first span after a pause, can cross a path that holds each packet behind
+        // the one ahead of it (jitter without reordering) faster than the pace itself lets
+        // them, and a base at that floor would read as a queue the whole time.
+        let steady = !self.jittery()
+            || (!acked.app_limited
+                && acked.pn >= self.steady_from_pn
+                && self.base_held_until.is_none_or(|t| now >= t));
         let base = match self.base {
+            Some(b) if b >= rtt.min() && !steady => b,
             Some(b) if b >= rtt.min() => b.min(sample),
             _ => rtt.min().min(sample),
         };
@@ -902,6 +1096,9 @@ impl CongestionController for Adaptive {
     }
 
     fn on_congestion(&mut self, now: Instant, rtt: &RttEstimator) {
+        // The buffer overflowed: the queue's fall that follows (a loss-based sender backing
+        // off, or our drain) is not the path's jitter.
+        self.jitter.restart_at(self.next_pn);
         // A loss taken for congestion by delay evidence the classifier measures against a
         // minimum RTT that takes a minute to age: after a LEO handover lengthened the path,
         // corruption reads as congestion there. Only a queue this controller sees counts.
@@ -943,6 +1140,7 @@ impl CongestionController for Adaptive {
     fn capacity(&self, _rtt: &RttEstimator) -> CapacityStats {
         CapacityStats {
             estimate_bps: self.estimate as u64,
+            jitter: self.jitter.jitter(),
             ..self.stats
         }
     }

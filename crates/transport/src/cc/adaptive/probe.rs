@@ -35,6 +35,9 @@ pub struct Probe {
     low_sample: Option<Sample>,
     last_sample: Option<Sample>,
     before_last_sample: Option<Sample>,
+    /// The largest fall of the RTT from one of its samples to the next: a queue that only
+    /// grows while it sends makes none, a path that jitters does.
+    pub largest_fall: Duration,
 }
 
 /// What a finished probe says, by two measures.
@@ -65,7 +68,13 @@ impl Probe {
             low_sample: None,
             last_sample: None,
             before_last_sample: None,
+            largest_fall: Duration::ZERO,
         }
+    }
+
+    /// When the first ACK of its packets arrived (less the ACK delay reported).
+    pub fn first_ack_at(&self) -> Option<Instant> {
+        self.start.map(|(at, _)| at)
     }
 
     pub fn covers(&self, pn: u64) -> bool {
@@ -92,6 +101,9 @@ impl Probe {
         if self.low_sample.is_none_or(|(_, rtt)| sample.1 < rtt) {
             self.low_sample = Some(sample);
         }
+        if let Some((_, last)) = self.last_sample {
+            self.largest_fall = self.largest_fall.max(last.saturating_sub(sample.1));
+        }
         self.before_last_sample = self.last_sample;
         self.last_sample = Some(sample);
     }
@@ -117,8 +129,10 @@ impl Probe {
 
     /// Both measures, from the first ACK and sample to the last; or, with `trim`, to the
     /// ones before the last where there are such, so one late final ACK cannot move both.
-    /// `None` when fewer than `min_bytes` were delivered between its ACKs.
-    pub fn verdict(&self, trim: bool, min_bytes: u64) -> Option<Verdict> {
+    /// `noise`: how much of the queue's growth the path's jitter alone may show, left out
+    /// of the delay measure. `None` when fewer than `min_bytes` were delivered between its
+    /// ACKs.
+    pub fn verdict(&self, trim: bool, min_bytes: u64, noise: Duration) -> Option<Verdict> {
         let end = if trim {
             self.before_end
                 .filter(|e| Some(*e) != self.start)
@@ -140,7 +154,7 @@ impl Probe {
         }
         let by_acks = bits_per_second(bytes, t1.saturating_duration_since(t0))?;
         let samples = self.low_sample.zip(last);
-        let growth = samples.map(|((_, r0), (_, r1))| r1.saturating_sub(r0));
+        let growth = samples.map(|((_, r0), (_, r1))| r1.saturating_sub(r0).saturating_sub(noise));
         let by_delay = samples.and_then(|((s0, _), (s1, _))| {
             let span = s1.saturating_duration_since(s0).as_secs_f64();
             let g = growth?.as_secs_f64();
@@ -182,17 +196,17 @@ mod tests {
             done = p.on_ack(t0 + ms(600 + 2 * k), delivered, pn);
         }
         assert!(done);
-        let v = p.verdict(false, 0).expect("verdict");
+        let v = p.verdict(false, 0, Duration::ZERO).expect("verdict");
         // 9 ACK intervals of 2 ms carried 9 × 2500 bytes: 10 Mb/s.
         assert!((v.by_acks - 10e6).abs() < 1.0, "{v:?}");
         // The queue grew 9 ms over 9 ms of sending at 20 Mb/s: 10 Mb/s.
         assert!((v.by_delay.expect("delay") - 10e6).abs() < 1.0, "{v:?}");
         assert_eq!(v.growth, Some(ms(9)));
         // Without the last ACK and sample: the same rates from one interval less.
-        let t = p.verdict(true, 0).expect("trimmed");
+        let t = p.verdict(true, 0, Duration::ZERO).expect("trimmed");
         assert!((t.by_acks - 10e6).abs() < 1.0, "{t:?}");
         assert_eq!(t.growth, Some(ms(8)));
-        assert!(p.verdict(false, 1_000_000).is_none());
+        assert!(p.verdict(false, 1_000_000, Duration::ZERO).is_none());
     }
 
     #[test]
@@ -212,7 +226,7 @@ mod tests {
         }
         p.start = Some((t0, 0));
         p.end = Some((t0 + ms(18), 22_500));
-        let v = p.verdict(false, 0).expect("verdict");
+        let v = p.verdict(false, 0, Duration::ZERO).expect("verdict");
         // Measured from the second packet's sample: 8 ms of growth over 8 ms of sending.
         assert_eq!(v.growth, Some(ms(8)));
         assert!((v.by_delay.expect("delay") - 10e6).abs() < 1.0, "{v:?}");
@@ -229,7 +243,7 @@ mod tests {
         assert!(!p.on_ack(t0 + ms(2), 2000, 16));
         // Acknowledges 19 and the packets after it, held back by the peer's timer.
         assert!(p.on_ack(t0 + ms(50), 5000, 25));
-        let v = p.verdict(false, 0).expect("verdict");
+        let v = p.verdict(false, 0, Duration::ZERO).expect("verdict");
         assert!((v.by_acks - 8e6).abs() < 1.0, "{v:?}");
     }
 }
