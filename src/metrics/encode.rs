@@ -197,6 +197,20 @@ fn capacity(e: &mut DescriptorEncoder, st: &Stats) -> fmt::Result {
             ("rebase", cap.rebases),
             ("compete", cap.competes),
         ],
+    )?;
+    counter(
+        e,
+        "needless_drains",
+        "Drains after which the delay stayed while everything sent was delivered: the queue was not this sender's (a longer path, or jitter)",
+        None,
+        cap.needless_drains,
+    )?;
+    gauge(
+        e,
+        "path_jitter",
+        "How far the path's own jitter lifts the least RTT of an evidence span: what the congestion control allows for before it takes a delay for a queue",
+        SECONDS,
+        cap.jitter.as_secs_f64(),
     )
 }
 
@@ -266,6 +280,20 @@ fn congestion(e: &mut DescriptorEncoder, st: &Stats) -> fmt::Result {
             ("corruption", st.lost.corruption),
             ("outage", st.lost.outage),
         ],
+    )?;
+    counter(
+        e,
+        "spurious_losses",
+        "Packets declared lost that the peer turned out to have received: their repairs were needless",
+        None,
+        st.spurious_losses,
+    )?;
+    gauge(
+        e,
+        "reorder_window",
+        "How long a packet may trail a later one before it counts as lost; zero while the path is not seen to reorder",
+        SECONDS,
+        st.reorder_window.as_secs_f64(),
     )
 }
 

@@ -393,6 +393,10 @@ fn encode_reports_every_value_exactly() {
         2_000_001.0
     );
     assert_eq!(v("pepd_queue_delay_seconds", &[]), 0.0125);
+    assert_eq!(v("pepd_path_jitter_seconds", &[]), 0.0165);
+    assert_eq!(v("pepd_needless_drains_total", &[]), 166.0);
+    assert_eq!(v("pepd_spurious_losses_total", &[]), 167.0);
+    assert_eq!(v("pepd_reorder_window_seconds", &[]), 0.0168);
     assert_eq!(v("pepd_datagram_size_bytes", &[]), 158.0);
     assert_eq!(v("pepd_datagram_size_changes_total", &[]), 159.0);
     // 256–511: (100 × 0.25 + 300 × 0.5) / 400.
@@ -454,6 +458,10 @@ fn names_follow_the_conventions() {
         ("pepd_queue_delay_seconds", "gauge"),
         ("pepd_send_limited_seconds", "counter"),
         ("pepd_capacity_events", "counter"),
+        ("pepd_needless_drains", "counter"),
+        ("pepd_path_jitter_seconds", "gauge"),
+        ("pepd_spurious_losses", "counter"),
+        ("pepd_reorder_window_seconds", "gauge"),
         ("pepd_cwnd_bytes", "gauge"),
         ("pepd_memory_in_use_bytes", "gauge"),
         ("pepd_memory_accounted_bytes", "gauge"),

@@ -52,6 +52,8 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
         handshakes_completed,
         rekeys,
         remote_moves,
+        spurious_losses,
+        reorder_window,
         // Each association's own: the metrics count the AEADs by peer, not from a total.
         aead: _,
     } = s;
@@ -95,6 +97,8 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
     t.handshakes_completed += handshakes_completed;
     t.rekeys += rekeys;
     t.remote_moves += remote_moves;
+    t.spurious_losses += spurious_losses;
+    t.reorder_window = t.reorder_window.max(*reorder_window);
 }
 
 fn add_capacity(t: &mut CapacityStats, s: &CapacityStats) {
@@ -107,6 +111,8 @@ fn add_capacity(t: &mut CapacityStats, s: &CapacityStats) {
         probes,
         rebases,
         competes,
+        jitter,
+        needless_drains,
     } = s;
     t.estimate_bps += estimate_bps;
     t.queue_delay = t.queue_delay.max(*queue_delay);
@@ -116,6 +122,8 @@ fn add_capacity(t: &mut CapacityStats, s: &CapacityStats) {
     t.probes += probes;
     t.rebases += rebases;
     t.competes += competes;
+    t.jitter = t.jitter.max(*jitter);
+    t.needless_drains += needless_drains;
 }
 
 fn add_losses(t: &mut LossCounts, s: &LossCounts) {
@@ -219,6 +227,8 @@ pub fn counters_only(s: Stats) -> Stats {
         handshakes_completed,
         rekeys,
         remote_moves,
+        spurious_losses,
+        reorder_window: _,
         aead,
     } = s;
     let CapacityStats {
@@ -230,6 +240,8 @@ pub fn counters_only(s: Stats) -> Stats {
         probes,
         rebases,
         competes,
+        jitter: _,
+        needless_drains,
     } = capacity;
     Stats {
         rtt_min: Duration::ZERO,
@@ -246,6 +258,8 @@ pub fn counters_only(s: Stats) -> Stats {
             probes,
             rebases,
             competes,
+            jitter: Duration::ZERO,
+            needless_drains,
         },
         datagram_size: 0,
         datagram_size_changes,
@@ -280,6 +294,8 @@ pub fn counters_only(s: Stats) -> Stats {
         handshakes_completed,
         rekeys,
         remote_moves,
+        spurious_losses,
+        reorder_window: Duration::ZERO,
         aead,
     }
 }
