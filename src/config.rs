@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 pub mod budget;
 mod cidr;
+pub mod control;
 mod error;
 pub mod keys;
 mod messages;
@@ -22,6 +23,7 @@ mod validate;
 mod warnings;
 
 pub use cidr::{Cidr, CidrError};
+pub use control::ControlConfig;
 pub use error::{ConfigError, Diagnostic};
 pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, MAX_WORKERS, PAIR_PEER_NAME};
 pub use security::{LoadedSecurity, LocalKeys};
@@ -56,6 +58,9 @@ pub struct PepdConfig {
     pub upstream: UpstreamConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The socket `pepd status` asks through.
+    #[serde(default)]
+    pub control: ControlConfig,
     #[serde(default)]
     pub shutdown: ShutdownConfig,
     /// How the tunnel is authenticated and encrypted. Key files are read by
