@@ -38,7 +38,17 @@ impl Sandbox {
         std::fs::create_dir_all(&sb.dir).expect("scratch dir");
         // Readable by an unprivileged pepd too.
         run("chmod", &["755", sb.dir.to_str().expect("utf-8 path")]);
+        // Its runtime directory, for the control socket: writable by any user, as the
+        // unit's `RuntimeDirectory=` is by the one it runs as.
+        let runtime = sb.runtime_dir();
+        std::fs::create_dir_all(&runtime).expect("runtime dir");
+        run("chmod", &["1777", runtime.to_str().expect("utf-8 path")]);
         sb
+    }
+
+    /// What pepd gets as `$RUNTIME_DIRECTORY`: its control sockets go there.
+    fn runtime_dir(&self) -> PathBuf {
+        self.dir.join("run")
     }
 
     /// A private key made with `pepd genkey` (owned by `owner`, mode 0600, as pepd wants)
@@ -172,6 +182,7 @@ subnets = ["198.18.11.0/24"]
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.ns, PEPD])
             .args(["run", "-c", config.to_str().expect("utf-8 path")])
+            .env("RUNTIME_DIRECTORY", self.runtime_dir())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -195,6 +206,7 @@ subnets = ["198.18.11.0/24"]
         cmd.args(["netns", "exec", &self.ns]).args(prefix).arg(PEPD);
         cmd.args(["run", "-c", config.to_str().expect("utf-8 path")])
             .env("NOTIFY_SOCKET", notify)
+            .env("RUNTIME_DIRECTORY", self.runtime_dir())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -256,6 +256,8 @@ impl HubNet {
             .args(["netns", "exec", ns])
             .arg(pepd_bin())
             .args(["run", "-c", path.to_str().expect("utf-8 path")])
+            // Its control socket: `<name>.sock` there, not in the host's /run/pepd.
+            .env("RUNTIME_DIRECTORY", &self.dir)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)

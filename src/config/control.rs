@@ -15,6 +15,10 @@ pub struct ControlConfig {
     pub socket: Option<PathBuf>,
 }
 
+/// The config `pepd run` is given in the packaged unit, and whose daemon `pepd status`
+/// asks when told of no other.
+pub const DEFAULT_CONFIG: &str = "/etc/pepd/pepd.toml";
+
 /// The runtime directory when systemd names none: what the unit's `RuntimeDirectory=pepd`
 /// makes.
 pub const DEFAULT_RUNTIME_DIR: &str = "/run/pepd";

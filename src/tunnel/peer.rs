@@ -289,6 +289,27 @@ impl PeerCounters {
     }
 }
 
+/// Each reset reason's name in metrics and reports, by its code; the last for codes this
+/// version does not know.
+const RESET_LABELS: [&str; 10] = [
+    "aborted",
+    "refused",
+    "unreachable",
+    "timeout",
+    "peer_restart",
+    "outage_limit",
+    "resource_limit",
+    "protocol",
+    "closed",
+    "other",
+];
+
+/// `reason`'s name, as the `reason` label of the reset counters has it.
+pub fn reset_label(reason: ResetReason) -> &'static str {
+    let i = usize::from(reason.code()).min(RESET_LABELS.len() - 1);
+    RESET_LABELS[i]
+}
+
 /// One counter per reset reason code the transport defines.
 #[derive(Default)]
 pub struct ByReason([AtomicU64; 10]);
@@ -307,19 +328,7 @@ impl ByReason {
 
     /// (label, count) for every known reason; unknown codes count as "other".
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        const LABELS: [&str; 10] = [
-            "aborted",
-            "refused",
-            "unreachable",
-            "timeout",
-            "peer_restart",
-            "outage_limit",
-            "resource_limit",
-            "protocol",
-            "closed",
-            "other",
-        ];
-        LABELS
+        RESET_LABELS
             .iter()
             .zip(&self.0)
             .map(|(l, c)| (*l, c.load(Ordering::Relaxed)))
