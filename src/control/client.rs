@@ -7,7 +7,7 @@ use std::io::{self, Read as _, Write as _};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::protocol::{Answer, Ask, Request, VERSION};
 use super::screen::{flows_text, status_text, SortKey};
@@ -208,6 +208,9 @@ impl Query {
         // On a terminal each answer replaces the last; elsewhere they follow each other.
         let clear = !self.json && std::io::IsTerminal::is_terminal(&std::io::stdout());
         let mut answer = Ok(first);
+        // Asked at a steady pace: every `every` from the first, whatever an answer took
+        // (one that took longer than that is followed at once).
+        let mut next = Instant::now();
         loop {
             let mut frame = String::new();
             if clear {
@@ -223,7 +226,12 @@ impl Query {
             if !print(&frame) {
                 return Ok(());
             }
-            std::thread::sleep(every);
+            next += every;
+            let now = Instant::now();
+            match next.checked_duration_since(now) {
+                Some(wait) => std::thread::sleep(wait),
+                None => next = now,
+            }
             answer = ask(&self.socket, &request);
         }
     }

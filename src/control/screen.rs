@@ -51,12 +51,12 @@ fn header(s: &Status) -> String {
         age(s.uptime_seconds)
     );
     let c = &s.carrier;
+    let g = &s.gateway;
     let shared = if c.shared {
-        let established = s.peers.iter().filter(|p| p.state == "established").count();
         format!(
-            " shared by {} (of them {established} established): allocated {},",
-            count(s.peers.len(), "peer", "peers"),
-            rate(c.allocated_bps)
+            " shared by {} ({} established),",
+            count(g.peers as usize, "peer", "peers"),
+            g.peers_established
         )
     } else {
         ",".to_owned()
@@ -67,7 +67,6 @@ fn header(s: &Status) -> String {
         BitRate(c.tx_rate_bps),
         rate(c.pacing_bps)
     );
-    let g = &s.gateway;
     let held: Vec<String> = g
         .workers
         .iter()
@@ -136,10 +135,13 @@ fn peer_screen(p: &PeerStatus) -> String {
     if let Some(sh) = &p.share {
         let _ = writeln!(
             out,
-            "  share         allocated {} of its MIR {}, CIR {}, weight {}, {}",
+            "  share         allocated {} of its MIR {}, {}, weight {}, {}",
             BitRate(sh.allocated_bps),
             BitRate(p.tx_rate_bps),
-            BitRate(sh.cir_bps),
+            match sh.cir_bps {
+                0 => "no CIR".to_owned(),
+                cir => format!("CIR {}", BitRate(cir)),
+            },
             sh.weight,
             if sh.capped {
                 "capped by the others' shares"
@@ -392,7 +394,8 @@ fn short(v: f64) -> String {
     format!("{v}{prefix}")
 }
 
-/// A duration: "612 ms", "4.20 s", "3m 10s", "2h 5m", "3d 4h".
+/// A duration, three digits below a minute: "0.25 ms", "612 ms", "4.20 s", then "3m 10s",
+/// "2h 5m", "3d 4h".
 fn age(seconds: f64) -> String {
     spell(seconds, " ")
 }
@@ -404,8 +407,11 @@ fn short_age(seconds: f64) -> String {
 
 fn spell(seconds: f64, gap: &str) -> String {
     let s = seconds.max(0.0);
-    if s < 1.0 {
-        return format!("{:.0}{gap}ms", s * 1000.0);
+    if s == 0.0 {
+        return format!("0{gap}ms");
+    }
+    if s < 0.9995 {
+        return format!("{}{gap}ms", sig3(s * 1000.0));
     }
     if s < 60.0 {
         return format!("{}{gap}s", sig3(s));

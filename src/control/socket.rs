@@ -216,7 +216,25 @@ async fn answer(mut stream: UnixStream, source: Arc<StatusSource>) {
         Ok(Err(e)) => debug!(%e, "control socket: the client left before its answer"),
         Err(_) => debug!("control socket: the client did not take its answer in time"),
     }
+    // Closed with bytes of the client's unread, the socket would reset the client's side,
+    // and it could lose the answer waiting there: what it sent beyond the request (a line
+    // too long) is read first, until it closes, for a moment at most.
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut sink = [0u8; 4096];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
+
+/// How long, and how much, the daemon reads after its answer, until the client closes.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+const LINGER_BYTES: usize = 64 * 1024;
 
 /// The request line, without its newline: what came before the client's newline or end of
 /// stream, at most [`MAX_REQUEST`] bytes.

@@ -40,13 +40,15 @@ pub struct CarrierStatus {
     pub shared: bool,
     /// Every peer's pacing rate added up.
     pub pacing_bps: u64,
-    /// Every peer's allocation added up (0 when not shared).
-    pub allocated_bps: u64,
 }
 
 /// The gateway as a whole.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GatewayStatus {
+    /// Peers configured, and of them those whose association is established (all of
+    /// them, also when a request names one).
+    pub peers: u64,
+    pub peers_established: u64,
     /// Flows open with every peer, and the most `limits.max_flows` allows.
     pub flows_open: u64,
     pub max_flows: u64,
@@ -186,13 +188,10 @@ impl StatusSource {
                 .load(std::sync::atomic::Ordering::Relaxed),
             shared: self.shared_carrier,
             pacing_bps: peers.iter().map(|p| p.pacing_bps).sum(),
-            allocated_bps: peers
-                .iter()
-                .filter_map(|p| p.share.as_ref())
-                .map(|s| s.allocated_bps)
-                .sum(),
         };
         let gateway = GatewayStatus {
+            peers: peers.len() as u64,
+            peers_established: peers.iter().filter(|p| p.state == "established").count() as u64,
             flows_open: snap.relay.flows_open,
             max_flows: self.gateway.open_flows.max() as u64,
             memory_accounted_bytes: snap.memory_accounted_bytes,
