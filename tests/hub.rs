@@ -2021,6 +2021,7 @@ fn the_hub_s_status_has_each_terminal_s_bytes_and_flows_lists_exactly_the_open_o
         ("hub", &["status"][..]),
         ("hub", &["status", "--peer", "t2"][..]),
         ("hub", &["flows"][..]),
+        ("hub", &["flows", "--peer", "t2", "--json"][..]),
         ("t3", &["status"][..]),
     ] {
         let out = net.pepd_on(name, args);
