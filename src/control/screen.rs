@@ -348,11 +348,9 @@ fn ago_or(seconds: Option<f64>, none: &str) -> String {
     seconds.map_or_else(|| none.to_owned(), |s| format!("{} ago", age(s)))
 }
 
+/// `part` of `whole` in percent; nothing of nothing is 0 %.
 fn percent(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        return "none".to_owned();
-    }
-    format!("{:.2} %", part as f64 * 100.0 / whole as f64)
+    format!("{:.2} %", part as f64 * 100.0 / whole.max(1) as f64)
 }
 
 /// Three significant digits.

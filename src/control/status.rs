@@ -332,3 +332,6 @@ impl StatusSource {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests;

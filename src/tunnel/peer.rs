@@ -277,8 +277,8 @@ impl PeerCounters {
         }
     }
 
-    /// When the association entered the state it is in; `None` if it never changed state
-    /// (connecting since start).
+    /// When the association entered the state it is in; `None` before a state was first
+    /// set.
     pub fn state_since(&self) -> Option<Instant> {
         self.state_since.get()
     }
@@ -347,6 +347,9 @@ impl Peer {
         memory: Arc<MemoryAccount>,
         wake: Arc<Notify>,
     ) -> Peer {
+        let counters = PeerCounters::default();
+        // Connecting from now: a peer a reload adds has not been since the daemon started.
+        counters.set_state(AssociationState::Connecting);
         Peer {
             id,
             name: name.into(),
@@ -368,7 +371,7 @@ impl Peer {
             reloaded_keepalive: Mutex::new(None),
             reloaded_max_flows: AtomicUsize::new(0),
             memory,
-            counters: PeerCounters::default(),
+            counters,
             carrier: CarrierPlace::default(),
         }
     }

@@ -191,5 +191,6 @@ fn figures_read_with_three_digits_and_durations_in_their_largest_units() {
     assert_eq!(age(3725.0), "1h 2m");
     assert_eq!(age(3.0 * 86_400.0 + 7200.0), "3d 2h");
     assert_eq!(short_age(190.0), "3m10s");
-    assert_eq!(percent(1, 0), "none");
+    assert_eq!(percent(0, 0), "0.00 %");
+    assert_eq!(percent(1, 3), "33.33 %");
 }
