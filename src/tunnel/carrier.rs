@@ -300,6 +300,11 @@ impl CarrierShare {
         }
     }
 
+    /// `peer`'s rates as the scheduler has them (its MIR as of the last [`ceiling`](Self::ceiling)).
+    pub fn rates(&self, peer: PeerId) -> Option<MemberRates> {
+        self.members.get(&peer).map(|m| m.rates)
+    }
+
     /// `peer`'s CIR and weight as a reload changed them; its flows carry on.
     pub fn set_share_rates(&mut self, peer: PeerId, min_bps: u64, weight: u32) {
         let Some(m) = self.members.get_mut(&peer) else {

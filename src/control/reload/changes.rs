@@ -9,8 +9,8 @@
 use std::collections::BTreeSet;
 
 use crate::config::{
-    InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PairConfig, PeerEntry,
-    Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig,
+    ControlConfig, InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PairConfig,
+    PeerEntry, Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig,
     TransportConfig, TunnelConfig, UpstreamConfig,
 };
 
@@ -54,6 +54,8 @@ pub enum RestartSetting {
     Tunnel,
     Intercept,
     Metrics,
+    /// The control socket is bound once, at start.
+    Control,
     /// Keys are read once at start; a changed file at the same path needs a restart too,
     /// which no comparison of configs can see.
     Security,
@@ -107,6 +109,7 @@ impl RestartSetting {
             RestartSetting::Tunnel => "tunnel",
             RestartSetting::Intercept => "intercept",
             RestartSetting::Metrics => "metrics",
+            RestartSetting::Control => "control",
             RestartSetting::Security => "security",
         }
     }
@@ -185,6 +188,9 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
         upstream: UpstreamConfig { transparent_source },
         metrics: MetricsConfig {
             listen: metrics_listen,
+        },
+        control: ControlConfig {
+            socket: control_socket,
         },
         shutdown: ShutdownConfig { grace },
         security:
@@ -348,6 +354,11 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             "metrics.listen",
             Restart(R::Metrics),
             *metrics_listen != r.metrics.listen,
+        ),
+        key(
+            "control.socket",
+            Restart(R::Control),
+            *control_socket != r.control.socket,
         ),
         key(
             "shutdown.grace",
@@ -654,6 +665,7 @@ mod tests {
                 "transport.datagram_size",
                 "limits.flow_buffer",
                 "metrics.listen",
+                "control.socket",
                 "security.mode",
                 "security.private_key_file",
                 "security.peer_public_key",
@@ -936,6 +948,9 @@ mod tests {
                 c.upstream.transparent_source = !c.upstream.transparent_source
             }),
             ("metrics.listen", |c| c.metrics.listen.set_port(9465)),
+            ("control.socket", |c| {
+                c.control.socket = Some("/run/pepd/other.sock".into())
+            }),
             ("shutdown.grace", |c| {
                 c.shutdown.grace += Duration::from_secs(1)
             }),
@@ -1041,6 +1056,7 @@ mod tests {
                 "peer",
                 "intercept",
                 "metrics",
+                "control",
                 "security",
             ]
         );
