@@ -1,6 +1,6 @@
 //! The tunnel end of `pepd run`, built from the config: the endpoint in front of every
 //! association, one [`Peer`] per configured peer (with its association made up front when the peer's
-//! address is configured), the route table, and the addresses the socket takes datagrams
+//! address is configured and the hub is not redundant), the route table, and the addresses the socket takes datagrams
 //! from.
 
 use std::collections::HashSet;
@@ -62,6 +62,7 @@ pub fn build(
         peers: ids.iter().copied().zip(settings.iter().cloned()).collect(),
         role: cfg.role(),
         epoch,
+        redundant: cfg.redundant(),
     };
     let mut ecfg = EndpointConfig::new(cfg.cid_len());
     ecfg.shard_bits = crate::tunnel::workers::shard_bits(workers);
@@ -107,15 +108,15 @@ pub fn build(
     let mut peers = Vec::with_capacity(specs.len());
     for (&id, spec) in ids.iter().zip(&specs) {
         let endpoint = &mut endpoints[crate::tunnel::workers::owner(id, workers)];
-        let assoc = match spec.address {
-            Some(_) => {
+        let assoc = match factory.makes_up_front(spec.address) {
+            true => {
                 let (_, a) = factory
                     .make(endpoint, now, id)
                     .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))
                     .with_context(|| format!("the association with peer {}", spec.name))?;
                 Some(a)
             }
-            None => None,
+            false => None,
         };
         peers.push(Arc::new(Peer::new(
             id,
