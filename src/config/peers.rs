@@ -84,8 +84,8 @@ pub struct TunnelConfig {
     #[serde(default)]
     pub workers: Option<usize>,
     /// A hub of a redundant set sharing one static key and peer list (active/standby): it
-    /// binds its tunnel address whether or not this host holds it yet, and never starts a
-    /// handshake towards a terminal. Read through [`PepdConfig::redundant`].
+    /// binds its tunnel address whether or not this host holds it yet, and makes no
+    /// association before a terminal initiates. Read through [`PepdConfig::redundant`].
     #[serde(default)]
     pub redundant: bool,
 }

@@ -248,3 +248,28 @@ fn gateway_memory<'a>(
         crate::config::budget::daemon_fixed(mtu, cfg.workers()),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redundant_hub_makes_no_association_before_a_terminal_initiates() {
+        let text = include_str!("../../config/hub-spoke.toml");
+        let security = LoadedSecurity {
+            local: None,
+            warnings: Vec::new(),
+        };
+        // hub-spoke.toml gives two of its three terminals an address.
+        for (redundant, made) in [(false, 2), (true, 0)] {
+            let text = text.replace("redundant = false", &format!("redundant = {redundant}"));
+            let cfg = PepdConfig::parse(&text).expect("hub-spoke.toml");
+            let tunnel =
+                build(&cfg, &security, 1, &[[7; 32]; crate::config::MAX_WORKERS]).expect("tunnel");
+            let peers = tunnel.gateway.peers();
+            assert_eq!(peers.len(), 3);
+            let with_association = peers.iter().filter(|p| p.lock().assoc.is_some()).count();
+            assert_eq!(with_association, made, "redundant = {redundant}");
+        }
+    }
+}
