@@ -1522,6 +1522,14 @@ fn a_redundant_hub_binds_a_specific_address_with_noise() {
     let redundant = HUB_SPOKE.replace("redundant = false", "redundant = true");
     let c = PepdConfig::parse(&redundant).expect("redundant hub");
     assert!(c.redundant());
+    // Its entries' addresses start nothing: each is pointed out.
+    let warnings = c.warnings();
+    let pointed: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("starts no association at a redundant hub"))
+        .collect();
+    assert_eq!(pointed.len(), 2, "{warnings:?}");
+    assert!(pointed[0].contains("`peer[0].address`"), "{}", pointed[0]);
     let line = line_of(&redundant, "redundant = true");
     // A wildcard bind: its replies could leave from another address.
     let wildcard = redundant.replace("bind = \"198.18.0.1:7400\"", "bind = \"0.0.0.0:7400\"");
