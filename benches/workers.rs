@@ -160,6 +160,7 @@ fn terminals(
                         client: SocketAddr::from(([127, 0, 1, i as u8 + 1], 40_000)),
                         server,
                         dscp: 0,
+                        compression: false,
                     };
                     t.flow = t.assoc.open_flow(meta).ok();
                 }

@@ -149,6 +149,7 @@ pub fn meta(port: u16) -> FlowMeta {
         client: std::net::SocketAddr::from(([198, 18, 0, 1], port)),
         server: std::net::SocketAddr::from(([198, 19, 0, 1], 80)),
         dscp: 10,
+        compression: false,
     }
 }
 

@@ -132,6 +132,7 @@ pub(crate) fn flow_tasks(
         client: "198.18.0.2:1000".parse().expect("addr"),
         server: "198.18.1.2:80".parse().expect("addr"),
         dscp: 0,
+        compression: false,
     };
     let gateway = Gateway::new(
         crate::tunnel::peer_table::PeerTable::new(vec![peer.clone()], Vec::new()),

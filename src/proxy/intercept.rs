@@ -76,6 +76,7 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
         client,
         server,
         dscp,
+        compression: false,
     };
     let live = live::read(&ctx.live);
     let peer = ctx.gateway.route(server.ip());
