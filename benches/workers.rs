@@ -245,6 +245,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
             live,
             gateway: gateway.clone(),
             runtime: rt.handle().clone(),
+            compression: None,
         })
     } else {
         Arc::new(MemorySource {

@@ -244,6 +244,6 @@ fn gateway_memory<'a>(
     MemoryAccount::new(
         budget,
         receive_reserve(budget, configs),
-        crate::config::budget::daemon_fixed(mtu, cfg.workers()),
+        crate::config::budget::daemon_fixed(mtu, cfg.workers()) + cfg.compression_contexts(),
     )
 }

@@ -33,17 +33,20 @@ pub enum BlockError {
     SizeMismatch { got: usize, expected: usize },
     #[error("the stream ended inside a block")]
     Truncated,
+    #[error("blocks on a flow of an association that agreed on no compression")]
+    NotAgreed,
 }
 
 impl BlockError {
     /// Every `reason` label, in the order the metrics list them.
-    pub const REASONS: [&'static str; 6] = [
+    pub const REASONS: [&'static str; 7] = [
         "unknown_kind",
         "empty",
         "over_block",
         "over_ratio",
         "corrupt",
         "truncated",
+        "not_agreed",
     ];
 
     /// The `reason` label of the metrics.
@@ -55,6 +58,7 @@ impl BlockError {
             BlockError::OverRatio { .. } => "over_ratio",
             BlockError::Corrupt(_) | BlockError::SizeMismatch { .. } => "corrupt",
             BlockError::Truncated => "truncated",
+            BlockError::NotAgreed => "not_agreed",
         }
     }
 }

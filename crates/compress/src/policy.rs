@@ -4,7 +4,8 @@
 //!   not shrink by at least 1/16 (encrypted, already compressed) goes raw for a while and is
 //!   sampled again after 1 MiB, then 2, 4 … up to 64 MiB of raw data; data that shrinks
 //!   resets that to 1 MiB. A TLS record header at the start of the direction skips the first
-//!   sample: TLS goes raw from its first byte.
+//!   sample: TLS goes raw from its first byte. Blocks under 4 KiB that do not shrink decide
+//!   nothing (a short request says nothing about what follows).
 //! - **How hard?** While the flow waits on the link (more of it is buffered to send than the
 //!   link carries in a round trip and 100 ms), the hardest level whose CPU time per byte is at
 //!   most half the link time it saves per byte; on a fast link that is the fast level or none.
@@ -20,6 +21,9 @@ pub const FIRST_RETRY: u64 = 1 << 20;
 pub const LAST_RETRY: u64 = 64 << 20;
 /// Blocks in a row that do not shrink after which a compressing flow goes raw.
 const MISSES_TO_RAW: u32 = 4;
+/// The least a block must hold to tell whether the data shrinks: a request of a few dozen
+/// bytes does not shrink by 1/16 whatever it is.
+pub const SAMPLE_MIN: usize = 4096;
 
 /// What the relay sees when it builds a block.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -131,6 +135,9 @@ impl Policy {
         let ratio = input as f64 / output.max(1) as f64;
         self.ratio = 0.75 * self.ratio + 0.25 * ratio;
         let shrank = output * 16 <= input * 15;
+        if input < SAMPLE_MIN && !shrank {
+            return;
+        }
         match self.phase {
             Phase::Sample if shrank => {
                 self.retry = FIRST_RETRY;
@@ -254,6 +261,24 @@ mod tests {
             raw += 4096;
         }
         assert_eq!(raw, FIRST_RETRY);
+    }
+
+    #[test]
+    fn short_blocks_that_do_not_shrink_decide_nothing() {
+        let mut p = Policy::new();
+        for _ in 0..10 {
+            p.compressed(Level::Fast, 40, 45, 1_000);
+            assert_eq!(
+                p.choose(LAWSON),
+                Choice::Zstd(Level::Fast),
+                "still sampling"
+            );
+        }
+        p.compressed(Level::Fast, 65_536, 20_000, 100_000);
+        for _ in 0..10 {
+            p.compressed(Level::Hard, 300, 305, 1_000);
+        }
+        assert_eq!(p.choose(LAWSON), Choice::Zstd(Level::Hard));
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl RestartSetting {
             RestartSetting::FlowBuffer => "limits.flow_buffer",
             RestartSetting::Transport => {
                 "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
-                 datagram_size)"
+                 datagram_size, compression)"
             }
             RestartSetting::Peer => "peer",
             RestartSetting::Tunnel => "tunnel",
@@ -172,6 +172,9 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 keepalive,
                 pacing_burst,
                 datagram_size,
+                compression,
+                compression_ports,
+                compression_prefixes,
             },
         limits:
             LimitsConfig {
@@ -307,6 +310,21 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             "transport.datagram_size",
             Restart(R::Transport),
             *datagram_size != r.transport.datagram_size,
+        ),
+        key(
+            "transport.compression",
+            Restart(R::Transport),
+            *compression != r.transport.compression,
+        ),
+        key(
+            "transport.compression_ports",
+            Restart(R::Transport),
+            *compression_ports != r.transport.compression_ports,
+        ),
+        key(
+            "transport.compression_prefixes",
+            Restart(R::Transport),
+            *compression_prefixes != r.transport.compression_prefixes,
         ),
         key(
             "limits.max_flows",
@@ -545,8 +563,8 @@ mod tests {
 
     use super::*;
     use crate::config::{
-        example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, DatagramSizeName,
-        FailMode, LossDefault, OverLimit, SecurityMode, Side,
+        example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, CompressionMode,
+        DatagramSizeName, FailMode, LossDefault, OverLimit, SecurityMode, Side,
     };
 
     const HUB_SPOKE: &str = include_str!("../../../config/hub-spoke.toml");
@@ -652,6 +670,9 @@ mod tests {
                 "transport.keepalive",
                 "transport.pacing_burst",
                 "transport.datagram_size",
+                "transport.compression",
+                "transport.compression_ports",
+                "transport.compression_prefixes",
                 "limits.flow_buffer",
                 "metrics.listen",
                 "security.mode",
@@ -915,6 +936,17 @@ mod tests {
             ("transport.datagram_size", |c| {
                 c.transport.datagram_size = DatagramSizeName::Mtu
             }),
+            ("transport.compression", |c| {
+                c.transport.compression = CompressionMode::Auto
+            }),
+            ("transport.compression_ports", |c| {
+                c.transport.compression_ports.push(80)
+            }),
+            ("transport.compression_prefixes", |c| {
+                c.transport
+                    .compression_prefixes
+                    .push("198.18.0.0/15".parse().expect("prefix"))
+            }),
             ("limits.max_flows", |c| c.limits.max_flows += 1),
             ("limits.over_limit", |c| {
                 c.limits.over_limit = OverLimit::Bypass
@@ -1037,7 +1069,7 @@ mod tests {
                 "link.rx_rate/mtu/frame_overhead",
                 "limits.flow_buffer",
                 "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
-                 datagram_size)",
+                 datagram_size, compression)",
                 "peer",
                 "intercept",
                 "metrics",

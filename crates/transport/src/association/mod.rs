@@ -473,6 +473,17 @@ impl Association {
         s
     }
 
+    /// The rate the pacer sends at now (the congestion control's), bit/s on the wire: what
+    /// the link carries for this association. Cheaper than [`stats`](Self::stats).
+    pub fn pacing_rate_bps(&self) -> u64 {
+        self.pacer.rate_bps()
+    }
+
+    /// The smoothed round-trip time. Cheaper than [`stats`](Self::stats).
+    pub fn smoothed_rtt(&self) -> std::time::Duration {
+        self.rtt.smoothed()
+    }
+
     /// What this association's flows may carry compressed (docs/PROTOCOL.md §9): the
     /// agreement of our offer (`Config::compression`) and the peer's, once its HELLO came.
     pub fn compression(&self) -> Option<crate::compression::Compression> {
