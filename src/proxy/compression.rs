@@ -94,26 +94,4 @@ pub fn with_block_buffers<R>(len: usize, f: impl FnOnce(&mut [u8], &mut Vec<u8>)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scope_lists_narrow_and_empty_lists_take_all() {
-        let all = Scope {
-            ports: vec![],
-            prefixes: vec![],
-        };
-        assert!(all.applies("203.0.113.9:443".parse().unwrap()));
-        let some = Scope {
-            ports: vec![80, 514],
-            prefixes: vec![
-                "198.18.0.0/15".parse().unwrap(),
-                "fd00::/8".parse().unwrap(),
-            ],
-        };
-        assert!(some.applies("198.19.1.2:80".parse().unwrap()));
-        assert!(some.applies("[fd00::1]:514".parse().unwrap()));
-        assert!(!some.applies("198.19.1.2:443".parse().unwrap()));
-        assert!(!some.applies("203.0.113.9:80".parse().unwrap()));
-    }
-}
+mod tests;

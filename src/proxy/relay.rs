@@ -538,7 +538,10 @@ impl Pump<'_> {
         if policy.skipping() {
             return Ok(Choice::Raw);
         }
-        let link = match self.peer.send_conditions(self.flow, blocks.max_block as u64) {
+        let link = match self
+            .peer
+            .send_conditions(self.flow, blocks.max_block as u64)
+        {
             Ok(l) => l,
             Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
             Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
