@@ -1,9 +1,10 @@
 //! The relays against a peer that sends what it likes: a real driver and acceptor on a
-//! runtime, with the peer played by a bare association in the test. A bomb, a block above
-//! the agreed size and a payload that is not zstd each reset their own flow, counted by
-//! reason, while a flow beside them carries its bytes exactly both ways; a peer that agreed
-//! on no compression but marks a flow compressed has that flow reset; one that offers
-//! nothing still gets its flows relayed as they are.
+//! runtime, with the peer played by a bare association in the test. A bomb, a raw block
+//! and real zstd frames above the agreed size (the window both sides agreed on), and a
+//! payload that is not zstd each reset their own flow, counted by reason, while a flow
+//! beside them carries its bytes exactly both ways; a peer that agreed on no compression
+//! but marks a flow compressed has that flow reset; one that offers nothing still gets its
+//! flows relayed as they are.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -342,6 +343,19 @@ fn a_bomb_an_oversized_block_and_garbage_reset_only_their_own_flows() {
     let mut oversized = vec![0u8];
     oversized.extend_from_slice(&((BLOCK + 1) as u32).to_be_bytes());
     oversized.extend_from_slice(&vec![b'x'; BLOCK + 1]);
+    // Real zstd frames of two blocks' worth of text in one block: over the agreed window,
+    // however well it would decode.
+    let mut frames = Vec::new();
+    for part in text(2 * BLOCK, "window").chunks(BLOCK) {
+        let mut b = Vec::new();
+        assert_eq!(
+            encode_block(part, Some(Level::Fast), &mut b),
+            pep_compress::BlockKind::Zstd
+        );
+        frames.extend_from_slice(&b[pep_compress::ZSTD_HEADER..]);
+    }
+    let mut over_window = zstd_header(frames.len(), 2 * BLOCK);
+    over_window.extend_from_slice(&frames);
     // A zstd block whose payload is not zstd.
     let mut garbage = zstd_header(4000, 16_000);
     garbage.extend_from_slice(&text(4000, "garbage"));
@@ -351,6 +365,7 @@ fn a_bomb_an_oversized_block_and_garbage_reset_only_their_own_flows() {
         (1001, bomb, "over_ratio"),
         (1002, oversized, "over_block"),
         (1003, garbage, "corrupt"),
+        (1004, over_window, "over_block"),
     ]
     .into_iter()
     .map(|(port, stream, reason)| (remote.open(server, port, true, &stream), reason))
@@ -407,7 +422,7 @@ fn a_bomb_an_oversized_block_and_garbage_reset_only_their_own_flows() {
         .collect();
     assert_eq!(
         refused,
-        [("corrupt", 1), ("over_block", 1), ("over_ratio", 1)]
+        [("corrupt", 1), ("over_block", 2), ("over_ratio", 1)]
             .into_iter()
             .collect()
     );
