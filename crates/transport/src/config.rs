@@ -124,6 +124,9 @@ pub struct Config {
     /// than two packets). An event loop whose timers fire late by up to a millisecond
     /// needs about that much; a deterministic simulator needs none.
     pub pacing_burst: Duration,
+    /// What this gateway can decompress, offered in its HELLO (docs/PROTOCOL.md §9); `None`
+    /// offers nothing, and the association's flows then carry no compressed blocks.
+    pub compression: Option<crate::compression::CompressionOffer>,
 }
 
 impl Config {
@@ -156,6 +159,7 @@ impl Config {
             idle_redundancy: true,
             initial_rtt: Duration::from_millis(600),
             pacing_burst: Duration::ZERO,
+            compression: None,
         }
     }
 
