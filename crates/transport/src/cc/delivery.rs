@@ -18,6 +18,16 @@ struct Mark {
     /// It acknowledged a packet sent after the sender had fallen idle: the gap before it
     /// is the sender's, not the path's.
     app_limited: bool,
+    /// When the latest packet it acknowledged was sent, and the bytes sent up to and
+    /// including that packet: how fast what it acknowledged was sent.
+    sent: Option<SentMark>,
+}
+
+/// When a packet was sent, and the bytes sent up to and including it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentMark {
+    pub at: Instant,
+    pub total: u64,
 }
 
 /// A delivery rate over a span of ACKs.
@@ -27,6 +37,9 @@ pub struct Rate {
     /// Some of it was measured across a gap of the sender's own: it may understate the
     /// path, never overstate it.
     pub app_limited: bool,
+    /// How fast the packets it acknowledged were sent, where that is known: a delivery
+    /// rate below it means the path carried less than it was given.
+    pub sent_bps: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -82,7 +95,7 @@ impl DeliveryMeter {
     }
 
     /// Closes one ACK's worth of deliveries.
-    pub fn mark(&mut self, now: Instant, app_limited: bool) {
+    pub fn mark(&mut self, now: Instant, app_limited: bool, sent: Option<SentMark>) {
         // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
         let gap = self
             .marks
@@ -111,6 +124,7 @@ impl DeliveryMeter {
             at: now,
             delivered: self.delivered,
             app_limited,
+            sent,
         });
         while self.marks.len() > KEEP_MARKS
             || self
@@ -176,7 +190,17 @@ impl DeliveryMeter {
         )?;
         // The first mark's own flag concerns the gap before it, which is outside the span.
         let app_limited = self.marks.range(first + 1..=last).any(|m| m.app_limited);
-        Some(Rate { bps, app_limited })
+        let sent_bps = a.sent.zip(b.sent).and_then(|(x, y)| {
+            bits_per_second(
+                y.total.saturating_sub(x.total),
+                y.at.saturating_duration_since(x.at),
+            )
+        });
+        Some(Rate {
+            bps,
+            app_limited,
+            sent_bps,
+        })
     }
 }
 
@@ -198,7 +222,7 @@ mod tests {
         // 1250 bytes every 1 ms: 10 Mb/s.
         for i in 0..100u64 {
             m.add(1250);
-            m.mark(t0 + ms(i), false);
+            m.mark(t0 + ms(i), false, None);
         }
         let r = m.rate(t0 + ms(99), ms(20)).expect("rate");
         assert!((r.bps - 10e6).abs() < 1.0, "{r:?}");
@@ -214,14 +238,14 @@ mod tests {
         let mut m = DeliveryMeter::default();
         for i in 0..10u64 {
             m.add(1000);
-            m.mark(t0 + ms(i), i == 5);
+            m.mark(t0 + ms(i), i == 5, None);
         }
         assert!(m.rate(t0 + ms(9), ms(6)).expect("rate").app_limited);
         // The flagged ACK opening the span does not count.
         assert!(!m.rate(t0 + ms(9), ms(4)).expect("rate").app_limited);
         assert_eq!(m.ack_interval(), Some(ms(1)));
         // An idle second is not the ACK pace.
-        m.mark(t0 + ms(1009), false);
+        m.mark(t0 + ms(1009), false, None);
         assert_eq!(m.ack_interval(), Some(ms(1)));
     }
 }

@@ -32,7 +32,7 @@ mod sent_log;
 
 use std::time::{Duration, Instant};
 
-use super::delivery::{DeliveryMeter, Rate};
+use super::delivery::{DeliveryMeter, Rate, SentMark};
 use super::evidence::QueueEvidence;
 use super::jitter::JitterMeter;
 use super::{AckSummary, AckedPacket, CapacityStats, CongestionController, SentInfo};
@@ -147,6 +147,12 @@ const RATE_CLUMPS: u32 = 4;
 /// ... and an overload does not take the estimate below the delivery rate over this many
 /// evidence spans (and twice `RATE_CLUMPS` clump periods).
 const KEPT_UP_SPANS: u32 = 4;
+/// A busy span that delivered at least this share of what its packets were sent at showed a
+/// path that carried what it was given: a delay that wanders stretches the ACKs by its slope
+/// (up to 8 % with the simulator's wander at ±30 ms), while a bottleneck we overran delivers
+/// its capacity, an ACM step's 1/2–1/4 of the pace. A drain judged needless after only such
+/// spans gives back the estimate they cut.
+const DELIVERED_ALL: f64 = 0.9;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
 const MAX_CUT: f64 = 4.0;
@@ -236,6 +242,11 @@ pub struct Adaptive {
     drained_queue: Duration,
     /// When the drain began, and the queue then: how fast the queue the drain saw grew.
     drain_began: Option<(Instant, Duration)>,
+    /// The estimate before the overloads since the last drain was judged: a drain judged
+    /// needless gives it back, unless one of their busy spans delivered clearly less than its
+    /// packets were sent at (`overran`).
+    before_drain: f64,
+    overran: bool,
     /// The next packet leaves after a drain: the gap before it is ours, not the path's.
     resuming: bool,
     probe: Option<Probe>,
@@ -252,6 +263,8 @@ pub struct Adaptive {
     pause: Option<Duration>,
     /// The ACK being processed acknowledged a packet sent after an idle gap.
     event_app_limited: bool,
+    /// ... and when the latest packet it acknowledged was sent, with the bytes sent up to it.
+    event_sent: Option<SentMark>,
     last_sent: Option<Instant>,
     last_app_limited: Option<Instant>,
     sent_log: SentLog,
@@ -292,6 +305,8 @@ impl Adaptive {
             judging_drain: false,
             drained_queue: Duration::ZERO,
             drain_began: None,
+            before_drain: ceiling,
+            overran: false,
             resuming: false,
             probe: None,
             next_probe_at: None,
@@ -301,6 +316,7 @@ impl Adaptive {
             next_pn: 0,
             pause: None,
             event_app_limited: false,
+            event_sent: None,
             last_sent: None,
             last_app_limited: None,
             sent_log: SentLog::default(),
@@ -429,6 +445,12 @@ impl Adaptive {
         }
         let from = self.estimate;
         self.busy_rates.clear();
+        // Overloads while the last drain is still being judged are one episode: a needless
+        // one gives back the estimate from before the first.
+        if !self.judging_drain {
+            self.before_drain = from;
+            self.overran = false;
+        }
         self.measure_busy_path(now, from, rtt);
         self.drained_queue = self.last_queue;
         self.drain_began = Some((now, self.last_queue));
@@ -464,7 +486,6 @@ impl Adaptive {
     /// overload cuts to a quarter of `from` (the estimate before it) at most.
     fn measure_busy_path(&mut self, now: Instant, from: f64, rtt: &RttEstimator) {
         let span = self.span(rtt);
-        let valid = |r: Option<Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
         if self.jittery() {
             self.measure_busy_jittery(now, from, span);
             return;
@@ -476,7 +497,8 @@ impl Adaptive {
         if recent.is_none() && promised >= STALL_ACKS {
             return;
         }
-        let measured = match (valid(self.meter.rate(now, span)), valid(recent)) {
+        let whole = self.meter.rate(now, span);
+        let measured = match (self.busy_measure(whole), self.busy_measure(recent)) {
             // Delivered much faster lately than over the span: a stall in its older half.
             (Some(w), Some(r)) if r > w * STALL_RATIO => return,
             // The newer half's few ACKs bunch both ways: the lower keeps noise out.
@@ -490,6 +512,17 @@ impl Adaptive {
             let lowest = (from / MAX_CUT).max(self.floor());
             self.estimate = bps.max(lowest).min(self.ceiling);
         }
+    }
+
+    /// One busy-span rate: `None` across an idle gap of the sender's. A span that delivered
+    /// clearly less than its packets were sent at marks this overload as one that overran
+    /// the path (`overran`).
+    fn busy_measure(&mut self, r: Option<Rate>) -> Option<f64> {
+        let r = r.filter(|r| !r.app_limited)?;
+        if r.sent_bps.is_some_and(|sent| r.bps < sent * DELIVERED_ALL) {
+            self.overran = true;
+        }
+        Some(r.bps)
     }
 
     /// Whether the path's delay jitters or its ACKs come in clumps: measurements then need
@@ -516,8 +549,8 @@ impl Adaptive {
     /// window moves past it within the drain.
     fn measure_busy_jittery(&mut self, now: Instant, from: f64, span: Duration) {
         let window = span.max(self.meter.longest_gap() * RATE_CLUMPS);
-        if let Some(r) = self.meter.rate(now, window).filter(|r| !r.app_limited) {
-            self.busy_rates.add(r.bps);
+        if let Some(bps) = self.busy_measure(self.meter.rate(now, window)) {
+            self.busy_rates.add(bps);
         }
         let long = (span * KEPT_UP_SPANS).max(self.meter.longest_gap() * RATE_CLUMPS * 2);
         let kept_up = self
@@ -603,10 +636,12 @@ impl Adaptive {
                 .evidence
                 .standing_any(now, span)
                 .is_some_and(|q| q > self.q_high())
-            && self
-                .meter
-                .rate(now, span)
-                .is_some_and(|r| !r.app_limited && r.bps < self.estimate * DEFICIT)
+            && self.meter.rate(now, span).is_some_and(|r| {
+                // Against the pace the acknowledged packets left at: the ACKs of a round trip
+                // after the estimate rose, or of a probe's pause, still report the pace before.
+                let sent = r.sent_bps.map_or(self.estimate, |s| s.min(self.estimate));
+                !r.app_limited && r.bps < sent * DEFICIT
+            })
     }
 
     /// After a drain, a queue that stays is ours unless we are delivered what we send,
@@ -728,8 +763,12 @@ impl Adaptive {
         } else if competing {
             self.maybe_probe(now, rtt, false);
         } else if judging && !self.queue_is_ours(now, span, rtt) {
-            // The drain emptied a queue that was not there: a longer path, or jitter.
+            // The drain emptied a queue that was not there: a longer path, or jitter. The
+            // bottleneck was not busy, so what the drain measured was not its capacity.
             self.stats.needless_drains += 1;
+            if !self.overran {
+                self.estimate = self.estimate.max(self.before_drain.min(self.top(now)));
+            }
             self.rebase(now, q, rtt);
         } else {
             self.overload(now, rtt);
@@ -1041,6 +1080,10 @@ impl CongestionController for Adaptive {
         let Some(sample) = acked.rtt_sample else {
             return;
         };
+        self.event_sent = self.sent_log.total_through(acked.pn).map(|total| SentMark {
+            at: acked.sent_at,
+            total,
+        });
         if let Some(p) = self.probe.as_mut() {
             p.on_sample(acked.pn, (acked.sent_at, sample));
         }
@@ -1084,8 +1127,8 @@ impl CongestionController for Adaptive {
         if self.judging_drain && summary.largest_acked >= self.resumed_pn {
             self.resumed_acked_at.get_or_insert(now);
         }
-        self.meter
-            .mark(now, std::mem::take(&mut self.event_app_limited));
+        let app_limited = std::mem::take(&mut self.event_app_limited);
+        self.meter.mark(now, app_limited, self.event_sent.take());
         self.follow_probe(now, &summary, rtt);
         self.end_probe_if_due(now, rtt);
         if let State::Drain { until, from } = self.state {
