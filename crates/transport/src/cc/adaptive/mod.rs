@@ -258,6 +258,8 @@ pub struct Adaptive {
     /// ... and the first such probe goes with the first full-size packet, not waiting for
     /// the probe schedule.
     verify_now: bool,
+    /// The last probe succeeded: on a slotted path the next goes at the usual gain.
+    probe_found_more: bool,
     next_pn: u64,
     /// A pause the pacer owes after a probe.
     pause: Option<Duration>,
@@ -313,6 +315,7 @@ impl Adaptive {
             probe_interval: Duration::ZERO,
             verify_train: false,
             verify_now: false,
+            probe_found_more: false,
             next_pn: 0,
             pause: None,
             event_app_limited: false,
@@ -457,9 +460,10 @@ impl Adaptive {
         self.stats.drains += 1;
         // An overload while the train is being measured is the train's finding, and as
         // open to the host's timing as its own verdict; a later one is the path's.
-        self.verify_train = self.probe.is_some_and(|p| p.train);
+        self.verify_train = self.probe.as_ref().is_some_and(|p| p.train);
         self.verify_now = self.verify_train;
         self.probe = None;
+        self.probe_found_more = false;
         self.pause = None;
         self.judging_drain = false;
         // With nothing new sent, what is ahead of the latest ACK only shrinks: the drain
@@ -817,11 +821,19 @@ impl Adaptive {
             self.ceiling
         } else if self.competing(now) {
             (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
-        } else if self.meter.clumped() {
+        } else if self.meter.clumped() && !(self.meter.slotted() && self.probe_found_more) {
             // A probe lengthened to span several clumps of ACKs goes at a gain that leaves
-            // no more queue than an ordinary one when the path cannot carry it.
+            // no more queue than an ordinary one when the path cannot carry it, or than one
+            // slot frame on a slotted path (a frame's wait is what the path's jitter is
+            // there); on a slotted path after one that found capacity (an ACM step is 2–4×)
+            // at the usual gain.
             let len = self.probe_len(self.estimate * PROBE_GAIN, rtt);
-            let gain = (1.0 + PROBE_MAX.as_secs_f64() / len.as_secs_f64()).min(PROBE_GAIN);
+            let queue = if self.meter.slotted() {
+                PROBE_MAX.max(self.meter.longest_gap())
+            } else {
+                PROBE_MAX
+            };
+            let gain = (1.0 + queue.as_secs_f64() / len.as_secs_f64()).min(PROBE_GAIN);
             (self.estimate * gain).min(self.ceiling)
         } else {
             (self.estimate * PROBE_GAIN).min(self.ceiling)
@@ -861,11 +873,12 @@ impl Adaptive {
         let Some(p) = self.probe.as_mut() else {
             return;
         };
-        if !p.on_ack(at, delivered, summary.largest_acked) {
+        if !p.on_ack(now, at, delivered, summary.largest_acked) {
             return;
         }
-        let p = *p;
-        self.probe = None;
+        let Some(p) = self.probe.take() else {
+            return;
+        };
         if p.train {
             self.judge_train(&p, now, rtt);
         } else {
@@ -879,30 +892,55 @@ impl Adaptive {
         self.next_probe_at = Some(now + self.probe_interval);
     }
 
+    /// What a probe measured: the lower of its ACK rate and its delay rate (`None`: too few
+    /// ACKs to tell).
+    fn probe_rate(&self, p: &Probe, now: Instant) -> Option<f64> {
+        let (by_acks, by_delay) = if self.meter.slotted() {
+            // ACKs in clumps one frame apart: both measures leave out its first frame (the
+            // ACKs of its first packets share their clump with those sent before it) and its
+            // last (the pause after it leaves them waiting for the peer's timer); the ACK
+            // rate runs over its own ACKs from clump end to clump end, and the delay rate
+            // compares the least RTT of its first and last frame of packets, a frame being
+            // long enough to hold a packet that waited for no slot.
+            let period = self.meter.longest_gap();
+            let (from, to) = p.arrivals?;
+            let from = p.settled_from(period).unwrap_or(from).max(from);
+            let to = p.settled_until(period).unwrap_or(to).min(to);
+            let by_acks = self.meter.rate_between(from, to)?.bps;
+            let noise = self.path_jitter() * JITTER_ALLOWANCE;
+            (by_acks, p.growth_over(period, noise).map(|(_, d)| d))
+        } else {
+            let v = p.verdict(false, 4 * self.mtu, self.growth_noise(p))?;
+            let mut by_acks = v.by_acks;
+            if self.meter.clumped() {
+                // Its ACKs came in clumps: the rate from clump end to clump end.
+                let window = p
+                    .first_ack_at()
+                    .map(|t| now.saturating_duration_since(t) + self.meter.longest_gap());
+                if let Some(r) = window.and_then(|w| self.meter.rate(now, w)) {
+                    by_acks = r.bps;
+                }
+            }
+            (by_acks, v.by_delay)
+        };
+        // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
+        // lower counts.
+        Some(by_delay.map_or(by_acks, |d| d.min(by_acks)))
+    }
+
     fn judge_probe(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let noise = self.growth_noise(p);
-        let Some(mut v) = p.verdict(false, 4 * self.mtu, noise) else {
+        let Some(rate) = self.probe_rate(p, now) else {
             // Too few ACKs to tell: try again later.
             self.backoff(now, rtt);
             return;
         };
-        if self.meter.clumped() {
-            // Its ACKs came in clumps: the rate from clump end to clump end.
-            let window = p
-                .first_ack_at()
-                .map(|t| now.saturating_duration_since(t) + self.meter.longest_gap());
-            if let Some(r) = window.and_then(|w| self.meter.rate(now, w)) {
-                v.by_acks = r.bps;
-            }
-        }
-        // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
-        // lower counts.
-        let rate = v.by_delay.map_or(v.by_acks, |d| d.min(v.by_acks));
         if !p.app_limited || rate >= p.rate * PROBE_SUCCESS {
             self.verify_train = false;
         }
+        self.probe_found_more = false;
         if rate >= p.rate * PROBE_SUCCESS {
             // The path carried all of it: probe again at once.
+            self.probe_found_more = true;
             self.estimate = self.estimate.max(p.rate.min(rate)).min(self.top(now));
             self.probe_interval = Duration::ZERO;
             self.next_probe_at = None;
@@ -1225,7 +1263,7 @@ mod tests {
         a.on_established(t0);
         assert!(a.wants_padding());
         // The new association numbers from 0, and so do the train and what is ahead.
-        assert_eq!(a.probe.map(|p| p.first_pn), Some(0));
+        assert_eq!(a.probe.as_ref().map(|p| p.first_pn), Some(0));
         for pn in 0..5 {
             a.on_sent(t0, sent(pn), &rtt);
         }
