@@ -204,7 +204,7 @@ fn hub_config(
 ) -> String {
     let mut c = format!(
         "[tunnel]\nside = \"hub\"\nbind = \"127.0.0.1:0\"\nworkers = {workers}\n\n\
-         [peer]\ntx_rate = {rate_bps}\nrx_rate = {rate_bps}\n\n\
+         [link]\ntx_rate = {rate_bps}\nrx_rate = {rate_bps}\n\n\
          [intercept]\nlisten = [\"127.0.0.1:1\"]\n\n[limits]\nmemory_budget = \"2GiB\"\n\n\
          [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
          [security]\nprivate_key_file = {key_file:?}\n"

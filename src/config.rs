@@ -13,6 +13,7 @@ use serde::Deserialize;
 mod bounds;
 pub mod budget;
 mod cidr;
+pub mod control;
 mod error;
 pub mod keys;
 mod messages;
@@ -24,6 +25,7 @@ mod validate;
 mod warnings;
 
 pub use cidr::{parse_subnet, CidrError};
+pub use control::ControlConfig;
 pub use error::{ConfigError, Diagnostic};
 pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, MAX_WORKERS, PAIR_PEER_NAME};
 pub use security::{LoadedSecurity, LocalKeys};
@@ -58,6 +60,9 @@ pub struct PepdConfig {
     pub upstream: UpstreamConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The socket `pepd status` asks through.
+    #[serde(default)]
+    pub control: ControlConfig,
     #[serde(default)]
     pub shutdown: ShutdownConfig,
     /// How the tunnel is authenticated and encrypted. Key files are read by

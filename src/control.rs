@@ -1,10 +1,16 @@
 //! The control plane: `pepd run` (start, signals, drain, watchdog), reload, the start-up
-//! self-check, the interception rules, the open-file limit and `check-config`'s report.
+//! self-check, the interception rules, the open-file limit, `check-config`'s report, and
+//! the status report with the control socket that serves it to `pepd status`.
 
+pub mod client;
 pub mod fdlimit;
+pub mod protocol;
 pub mod reload;
 pub mod report;
 pub mod rules;
 pub mod run;
+pub mod screen;
 pub mod selfcheck;
 pub mod signals;
+pub mod socket;
+pub mod status;

@@ -1,5 +1,6 @@
-//! The `pepd` command line: run the gateway, check a config, print the interception
-//! rules for it, or make and inspect the tunnel's keys.
+//! The `pepd` command line: run the gateway, ask a running one for its status and flows,
+//! check a config, print the interception rules for it, or make and inspect the tunnel's
+//! keys.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,9 @@ use tracing_subscriber::{reload, EnvFilter};
 
 use pepd::config::keys;
 use pepd::config::PepdConfig;
+use pepd::control::client::{Query, Trouble};
+use pepd::control::protocol::Ask;
+use pepd::control::screen::SortKey;
 use pepd::control::{rules, run as daemon};
 
 #[derive(Parser)]
@@ -34,6 +38,38 @@ enum Command {
         /// Configuration file (TOML).
         #[arg(short, long)]
         config: PathBuf,
+    },
+    /// Show the running daemon's peers, carrier and gateway (asked through its control
+    /// socket): one screen for one peer, a table for many.
+    Status {
+        #[command(flatten)]
+        target: Target,
+        /// Only this peer (its one-screen view).
+        #[arg(long, value_name = "NAME")]
+        peer: Option<String>,
+        /// The column a table of peers is sorted by.
+        #[arg(long, value_enum, default_value_t = SortKey::Name, value_name = "FIELD")]
+        sort: SortKey,
+        /// Print the daemon's answer as JSON (one line) instead.
+        #[arg(long)]
+        json: bool,
+        /// Ask again every SECONDS (default 1) until interrupted.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "1")]
+        watch: Option<f64>,
+    },
+    /// List the flows open in the running daemon: addresses, age, bytes, state.
+    Flows {
+        #[command(flatten)]
+        target: Target,
+        /// Only this peer's flows.
+        #[arg(long, value_name = "NAME")]
+        peer: Option<String>,
+        /// Print the daemon's answer as JSON (one line) instead.
+        #[arg(long)]
+        json: bool,
+        /// Ask again every SECONDS (default 1) until interrupted.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "1")]
+        watch: Option<f64>,
     },
     /// Validate a configuration file and print the effective settings.
     CheckConfig {
@@ -66,9 +102,47 @@ enum Command {
     Genpsk { file: PathBuf },
 }
 
+/// Which daemon `status` and `flows` ask: the socket given, else the one of the config
+/// given, else the one of /etc/pepd/pepd.toml.
+#[derive(clap::Args)]
+struct Target {
+    /// The daemon's configuration file (its `[control] socket`, or the default for its
+    /// name).
+    #[arg(short, long, conflicts_with = "socket")]
+    config: Option<PathBuf>,
+    /// The daemon's control socket.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+}
+
+impl Target {
+    fn socket(self) -> anyhow::Result<PathBuf> {
+        match (self.socket, self.config) {
+            (Some(socket), _) => Ok(socket),
+            (None, Some(config)) => Ok(PepdConfig::load(&config)?.control_socket()),
+            (None, None) => Ok(pepd::config::control::default_socket(Path::new(
+                pepd::config::control::DEFAULT_CONFIG,
+            ))),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Status {
+            target,
+            peer,
+            sort,
+            json,
+            watch,
+        } => query(target, Ask::Status, peer, sort, json, watch),
+        Command::Flows {
+            target,
+            peer,
+            json,
+            watch,
+        } => query(target, Ask::Flows, peer, SortKey::Name, json, watch),
         Command::CheckConfig { config } => check_config(&config),
         Command::NftRules {
             config,
@@ -79,6 +153,46 @@ fn main() -> ExitCode {
         Command::Genkey { file } => report(genkey(&file)),
         Command::Pubkey { file } => report(pubkey(file.as_deref())),
         Command::Genpsk { file } => report(genpsk(&file)),
+    }
+}
+
+fn query(
+    target: Target,
+    ask: Ask,
+    peer: Option<String>,
+    sort: SortKey,
+    json: bool,
+    watch: Option<f64>,
+) -> ExitCode {
+    let socket = match target.socket() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pepd: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let watch = match watch.map(std::time::Duration::try_from_secs_f64) {
+        None => None,
+        Some(Ok(d)) => Some(d),
+        Some(Err(_)) => {
+            eprintln!("pepd: --watch takes a number of seconds, e.g. 0.1");
+            return ExitCode::from(2);
+        }
+    };
+    let q = Query {
+        socket,
+        ask,
+        peer,
+        sort,
+        json,
+        watch,
+    };
+    match q.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(t) => {
+            eprintln!("pepd: {t}");
+            ExitCode::from(Trouble::exit_code(&t))
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub mod routes;
 pub mod setup;
 pub mod sockets;
 pub mod spawn;
+pub mod stamp;
 pub mod steering;
 pub mod totals;
 pub mod udp;

@@ -38,7 +38,17 @@ impl Sandbox {
         std::fs::create_dir_all(&sb.dir).expect("scratch dir");
         // Readable by an unprivileged pepd too.
         run("chmod", &["755", sb.dir.to_str().expect("utf-8 path")]);
+        // Its runtime directory, for the control socket: writable by any user, as the
+        // unit's `RuntimeDirectory=` is by the one it runs as.
+        let runtime = sb.runtime_dir();
+        std::fs::create_dir_all(&runtime).expect("runtime dir");
+        run("chmod", &["1777", runtime.to_str().expect("utf-8 path")]);
         sb
+    }
+
+    /// What pepd gets as `$RUNTIME_DIRECTORY`: its control sockets go there.
+    fn runtime_dir(&self) -> PathBuf {
+        self.dir.join("run")
     }
 
     /// A private key made with `pepd genkey` (owned by `owner`, mode 0600, as pepd wants)
@@ -172,6 +182,7 @@ subnets = ["198.18.11.0/24"]
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.ns, PEPD])
             .args(["run", "-c", config.to_str().expect("utf-8 path")])
+            .env("RUNTIME_DIRECTORY", self.runtime_dir())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -195,6 +206,7 @@ subnets = ["198.18.11.0/24"]
         cmd.args(["netns", "exec", &self.ns]).args(prefix).arg(PEPD);
         cmd.args(["run", "-c", config.to_str().expect("utf-8 path")])
             .env("NOTIFY_SOCKET", notify)
+            .env("RUNTIME_DIRECTORY", self.runtime_dir())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -378,6 +390,65 @@ fn runs_as_an_unprivileged_user_with_two_capabilities() {
     );
     // It serves metrics, so it is really running, not just alive.
     assert!(metric_value(&scrape_metrics(&sb.ns), "pepd_build_info", None).is_some());
+    // And its control socket, made by its user in the runtime directory it was given.
+    let control = sb.runtime_dir().join("pepd.sock");
+    let meta = std::fs::metadata(&control).expect("the control socket");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(
+        (meta.uid(), meta.permissions().mode() & 0o777),
+        (65534, 0o660)
+    );
+    let out = Command::new(PEPD)
+        .args(["status", "--socket", control.to_str().expect("utf-8 path")])
+        .output()
+        .expect("pepd status");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\npeer peer\n"));
+}
+
+/// SIGUSR1 logs what `pepd status` prints, a log line per line of it.
+#[test]
+fn sigusr1_logs_the_status_screen() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let mut sb = Sandbox::new();
+    let cfg = sb.write_config("pepd.toml", "2Mbit");
+    let (sock, path) = sb.notify_socket();
+    let pid = sb.start(&cfg, &path, &[]);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&sock, &mut seen, "READY=1", Duration::from_secs(10)),
+        "{seen:?}"
+    );
+    let control = sb.runtime_dir().join("pepd.sock");
+    let screen = Command::new(PEPD)
+        .args(["status", "--socket", control.to_str().expect("utf-8 path")])
+        .output()
+        .expect("pepd status");
+    let screen = String::from_utf8(screen.stdout).expect("utf-8");
+    signal(pid, nix::sys::signal::Signal::SIGUSR1);
+    std::thread::sleep(Duration::from_millis(500));
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
+    let child = sb.children.last_mut().expect("child");
+    let (status, log) = end_of(child, Duration::from_secs(10)).expect("pepd stopped");
+    assert!(status.success(), "{status}: {log}");
+    let logged: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_once(" pepd::status: ").map(|(_, text)| text))
+        .collect();
+    // The same lines, but for the figures that moved in between (ages, counters).
+    let shape = |l: &str| -> String {
+        l.chars()
+            .filter(|c| !c.is_ascii_digit() && *c != '.')
+            .collect::<String>()
+            .replace(" ms", " s")
+    };
+    let want: Vec<String> = screen.lines().map(shape).collect();
+    let got: Vec<String> = logged.iter().map(|l| shape(l)).collect();
+    assert_eq!(got, want, "{log}");
+    // The daemon removed its socket as it stopped.
+    assert!(!control.exists());
 }
 
 /// A second hub on the same tunnel address does not join the first's group of worker

@@ -256,6 +256,8 @@ impl HubNet {
             .args(["netns", "exec", ns])
             .arg(pepd_bin())
             .args(["run", "-c", path.to_str().expect("utf-8 path")])
+            // Its control socket: `<name>.sock` there, not in the host's /run/pepd.
+            .env("RUNTIME_DIRECTORY", &self.dir)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -1818,4 +1820,413 @@ fn the_hub_s_max_flows_bounds_its_flows_across_terminals() {
     assert_eq!(over(&net, "t1", "gateway_max_flows"), Some(2.0));
     assert_eq!(over(&net, "t2", "gateway_max_flows"), Some(1.0));
     assert_eq!(accepted.try_iter().count(), 1);
+}
+
+// ---- pepd status and pepd flows ------------------------------------------------------------
+
+impl HubNet {
+    /// `pepd ARGS --socket S` on gateway `name`'s control socket ("hub", "t1", …): its
+    /// config's name in the directory it was given as its runtime directory.
+    fn pepd_on(&self, name: &str, args: &[&str]) -> std::process::Output {
+        let socket = self.dir.join(format!("{name}.sock"));
+        Command::new(pepd_bin())
+            .args(args)
+            .args(["--socket", socket.to_str().expect("utf-8 path")])
+            .output()
+            .expect("run pepd")
+    }
+
+    /// What `name` answers `pepd ARGS --json`.
+    fn answer_of(&self, name: &str, args: &[&str]) -> serde_json::Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let out = self.pepd_on(name, &args);
+        assert!(
+            out.status.success(),
+            "pepd {args:?} on {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    }
+
+    /// Each peer of `name`'s status: (name, bytes to it, bytes from it).
+    fn peer_bytes(&self, name: &str) -> Vec<(String, u64, u64)> {
+        let a = self.answer_of(name, &["status"]);
+        a["status"]["peers"]
+            .as_array()
+            .expect("peers")
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().expect("name").to_owned(),
+                    p["bytes_to_peer"].as_u64().expect("bytes"),
+                    p["bytes_from_peer"].as_u64().expect("bytes"),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Serves each connection at `port`: an 8-byte length, then the upload until the client's
+/// FIN; the answer is that many bytes, then a FIN. Without a length first, it reads until
+/// the client goes.
+fn serve_known_sizes(net: &HubNet, port: u16) -> SocketAddr {
+    let at = SocketAddr::from((SERVER, port));
+    let listener = pep_testbed::in_netns(&net.server, move || TcpListener::bind(at))
+        .expect("server namespace")
+        .expect("listen");
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut len = [0u8; 8];
+                if s.read_exact(&mut len).is_err() {
+                    return;
+                }
+                let mut sink = vec![0u8; 64 * 1024];
+                while s.read(&mut sink).is_ok_and(|n| n > 0) {}
+                let _ = write_pattern(&mut s, 9, 1, u64::from_be_bytes(len));
+                let _ = s.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    at
+}
+
+/// The hub with three terminals: after known transfers (other sizes each way from each
+/// terminal) have ended, `pepd status --json` on the hub reports each terminal's bytes
+/// exactly, as each terminal's own does; during transfers `pepd flows` lists exactly the
+/// flows open, by terminal.
+#[test]
+fn the_hub_s_status_has_each_terminal_s_bytes_and_flows_lists_exactly_the_open_ones() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let mut net = HubNet::new();
+    net.start_gateways();
+    let at = serve_known_sizes(&net, 5030);
+    let sizes = |i: u64| (300_000 * i + i, 1_000_000 * i + 7 * i);
+    let clients: Vec<_> = (1..=TERMINALS)
+        .map(|i| {
+            let (up, down) = sizes(i as u64);
+            let mut s = connect_from(&net, i, at).expect("connect");
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                s.write_all(&down.to_be_bytes())?;
+                write_pattern(&mut s, 30 + up, 0, up)?;
+                s.shutdown(Shutdown::Write)?;
+                let (end, got) = read_until_end(&mut s, Instant::now() + Duration::from_secs(30));
+                assert!(matches!(end, End::Eof { .. }), "{end:?}");
+                std::io::Result::Ok(got)
+            })
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        let got = c.join().expect("client thread").expect("transfer");
+        assert_eq!(got, sizes(i as u64 + 1).1, "download of terminal {}", i + 1);
+    }
+    // What each terminal's client sent (its length first) and received.
+    let want: Vec<(String, u64, u64)> = (1..=TERMINALS as u64)
+        .map(|i| (format!("t{i}"), sizes(i).1, 8 + sizes(i).0))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut hub = net.peer_bytes("hub");
+    while hub != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        hub = net.peer_bytes("hub");
+    }
+    assert_eq!(hub, want, "{}", net.logs());
+    for i in 1..=TERMINALS as u64 {
+        let terminal = net.peer_bytes(&format!("t{i}"));
+        assert_eq!(
+            terminal,
+            [("peer".to_owned(), 8 + sizes(i).0, sizes(i).1)],
+            "t{i}"
+        );
+    }
+    let status = net.answer_of("hub", &["status"]);
+    let s = &status["status"];
+    assert_eq!(
+        (&s["side"], &s["carrier"]["shared"]),
+        (&"hub".into(), &true.into())
+    );
+    for p in s["peers"].as_array().expect("peers") {
+        assert_eq!(p["state"], "established", "{p}");
+        assert!(
+            p["share"]["allocated_bps"].as_u64().is_some_and(|a| a > 0),
+            "{p}"
+        );
+        assert_eq!(p["share"]["weight"], 1, "{p}");
+        assert_eq!(p["flows_open"], 0, "{p}");
+    }
+
+    // Terminal i keeps i connections open, each having sent 1000 bytes.
+    let at = serve_known_sizes(&net, 5031);
+    let mut open: Vec<(usize, TcpStream)> = Vec::new();
+    for i in 1..=TERMINALS {
+        for _ in 0..i {
+            let mut s = connect_from(&net, i, at).expect("connect");
+            s.write_all(&0u64.to_be_bytes()).expect("length");
+            write_pattern(&mut s, 31, 0, 992).expect("upload");
+            open.push((i, s));
+        }
+    }
+    let listed = |name: &str, args: &[&str]| -> Vec<(String, String, u64)> {
+        let mut a = vec!["flows"];
+        a.extend_from_slice(args);
+        let mut v: Vec<(String, String, u64)> = net.answer_of(name, &a)["flows"]
+            .as_array()
+            .expect("flows")
+            .iter()
+            .map(|f| {
+                assert_eq!(f["server"], at.to_string(), "{f}");
+                (
+                    f["peer"].as_str().expect("peer").to_owned(),
+                    f["client"].as_str().expect("client").to_owned(),
+                    f["bytes_from_peer"].as_u64().expect("bytes"),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let mut want: Vec<(String, String, u64)> = open
+        .iter()
+        .map(|(i, s)| {
+            let client = s.local_addr().expect("address").to_string();
+            (format!("t{i}"), client, 1000)
+        })
+        .collect();
+    want.sort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut flows = listed("hub", &[]);
+    while flows != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        flows = listed("hub", &[]);
+    }
+    assert_eq!(flows, want, "{}", net.logs());
+    let t2: Vec<_> = want.iter().filter(|f| f.0 == "t2").cloned().collect();
+    assert_eq!(listed("hub", &["--peer", "t2"]), t2);
+    let status = net.answer_of("hub", &["status"]);
+    let open_by_peer: Vec<u64> = status["status"]["peers"]
+        .as_array()
+        .expect("peers")
+        .iter()
+        .map(|p| p["flows_open"].as_u64().expect("flows"))
+        .collect();
+    assert_eq!(open_by_peer, [1, 2, 3]);
+    // The screens an operator reads: the hub's table, one terminal's, the flows.
+    for (name, args) in [
+        ("hub", &["status"][..]),
+        ("hub", &["status", "--peer", "t2"][..]),
+        ("hub", &["flows"][..]),
+        ("hub", &["flows", "--peer", "t2", "--json"][..]),
+        ("t3", &["status"][..]),
+    ] {
+        let out = net.pepd_on(name, args);
+        assert!(out.status.success(), "{out:?}");
+        eprintln!(
+            "$ pepd {}   # {name}\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    drop(open);
+}
+
+/// `PEPD_BENCH_*` from the environment, else `default`.
+fn bench_env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `[[peer]]` entries for `count` terminals that never come (keys of nobody, /28s of
+/// 198.19.128.0/17), for a hub configured with many peers.
+fn absent_peers(count: usize) -> String {
+    use base64::Engine;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut text = String::new();
+    for k in 0..count {
+        let mut key = [0u8; 32];
+        for b in &mut key {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        let public = base64::engine::general_purpose::STANDARD.encode(key);
+        text.push_str(&format!(
+            "\n[[peer]]\nname = \"absent-{k}\"\npublic_key = \"{public}\"\nsubnets = [\"198.19.{}.{}/28\"]\n",
+            128 + k / 16,
+            (k % 16) * 16
+        ));
+    }
+    text
+}
+
+/// Not a test: the figures of `pepd status` on a hub configured with 1,000 peers (its 3
+/// terminals associated, the rest never), printed as JSON lines after `BENCH `: how long
+/// `pepd status --json` and the table sorted by RTT take (the process, as an operator runs
+/// it) and the request alone, and the goodput of a download through terminal 1's emulated
+/// link without and with `pepd status --watch 0.1` running, in turns, `PEPD_BENCH_RUNS`
+/// runs of each. Needs an idle machine for the goodput; `scripts/bench-status.sh` runs it.
+/// `PEPD_BENCH_PEERS`, `_RATE` (bit/s), `_DELAY_MS` (one way), `_SECONDS` (a run),
+/// `_SAMPLES` (answers timed) and `_BUDGET` (the hub's `limits.memory_budget`) change the
+/// setup.
+#[test]
+#[ignore]
+fn bench_status_of_a_hub_of_1000_peers() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _cpu = heavy();
+    let peers: usize = bench_env("PEPD_BENCH_PEERS", 1000);
+    let rate: f64 = bench_env("PEPD_BENCH_RATE", 100e6);
+    let one_way: u64 = bench_env("PEPD_BENCH_DELAY_MS", 20);
+    let runs: usize = bench_env("PEPD_BENCH_RUNS", 3);
+    let seconds: u64 = bench_env("PEPD_BENCH_SECONDS", 10);
+    let samples: usize = bench_env("PEPD_BENCH_SAMPLES", 50);
+    // The send side of the budget is divided between the peers: at the default 512 MiB,
+    // 1,000 peers have 256 KiB each, which holds one download to about 40 Mbit/s at 40 ms.
+    let budget: String = bench_env("PEPD_BENCH_BUDGET", "4GiB".to_owned());
+    let link = support::link(rate, one_way);
+    let mut net = HubNet::with_emulated_terminal(&link);
+    let carrier = format!("{}bit", rate as u64);
+    let hub_extra = format!(
+        "[limits]\nmemory_budget = \"{budget}\"\n{}",
+        absent_peers(peers - TERMINALS)
+    );
+    net.start_shaped_gateways(&hub_extra, &carrier, &[]);
+    let socket = net.dir.join("hub.sock");
+
+    // How long an answer takes: `pepd status --json` as a process, then the request alone.
+    let mut process_ms = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..samples {
+        let t = Instant::now();
+        let out = net.pepd_on("hub", &["status", "--json"]);
+        process_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert!(out.status.success(), "{out:?}");
+        bytes = out.stdout.len();
+    }
+    let mut text_ms = Vec::new();
+    for _ in 0..samples {
+        let t = Instant::now();
+        let out = net.pepd_on("hub", &["status", "--sort", "rtt"]);
+        text_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let answer: serde_json::Value =
+        serde_json::from_slice(&net.pepd_on("hub", &["status", "--json"]).stdout).expect("JSON");
+    let listed = answer["status"]["peers"].as_array().expect("peers");
+    assert_eq!(listed.len(), peers);
+    let established = listed
+        .iter()
+        .filter(|p| p["state"] == "established")
+        .count();
+    let request = pepd::control::protocol::Request {
+        version: pepd::control::protocol::VERSION,
+        request: pepd::control::protocol::Ask::Status,
+        peer: None,
+    };
+    let mut request_ms = Vec::new();
+    for _ in 0..samples {
+        let t = Instant::now();
+        pepd::control::client::ask(&socket, &request).expect("answer");
+        request_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    // On a line of its own: the test harness may have begun one.
+    println!(
+        "\nBENCH {}",
+        serde_json::json!({
+            "bench": "status-latency",
+            "peers": peers,
+            "established": established,
+            "answer_bytes": bytes,
+            "process_ms": summary(&process_ms),
+            "text_process_ms": summary(&text_ms),
+            "request_ms": summary(&request_ms),
+        })
+    );
+
+    // Goodput of a download through terminal 1, without and with a watcher, in turns.
+    let at = serve_downloads(&net, 5040, 2 * runs);
+    let mut idle = Vec::new();
+    let mut watched = Vec::new();
+    let mut refreshes = Vec::new();
+    for _ in 0..runs {
+        for watch in [false, true] {
+            let watcher = watch.then(|| {
+                let mut child = Command::new(pepd_bin())
+                    .args(["status", "--watch", "0.1", "--json", "--socket"])
+                    .arg(&socket)
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("pepd status --watch");
+                let stdout = child.stdout.take().expect("stdout");
+                let lines = std::thread::spawn(move || {
+                    use std::io::BufRead;
+                    std::io::BufReader::new(stdout).lines().count()
+                });
+                (child, lines)
+            });
+            let length = Duration::from_secs(seconds);
+            let started = Instant::now();
+            let got = download(&net, 1, at, started, length)
+                .join()
+                .expect("client thread");
+            // The first 2 s hold the connection's start.
+            let steady = &got[(2000 / BIN.as_millis()) as usize..];
+            let goodput = bps(steady.iter().sum(), steady.len()) / 1e6;
+            if let Some((mut child, lines)) = watcher {
+                let ran = started.elapsed();
+                let _ = child.kill();
+                let _ = child.wait();
+                let answers = lines.join().expect("reader");
+                refreshes.push(answers as f64 / ran.as_secs_f64());
+                watched.push(goodput);
+            } else {
+                idle.push(goodput);
+            }
+        }
+    }
+    assert!(refreshes.iter().all(|&r| r > 0.0));
+    // On a line of its own: the test harness may have begun one.
+    println!(
+        "\nBENCH {}",
+        serde_json::json!({
+            "bench": "status-watch-goodput",
+            "peers": peers,
+            "link_mbps": rate / 1e6,
+            "memory_budget": budget,
+            "one_way_ms": one_way,
+            "seconds": seconds,
+            "goodput_mbps_idle": idle,
+            "goodput_mbps_watched": watched,
+            "idle": summary(&idle),
+            "watched": summary(&watched),
+            "watch_answers_per_second": refreshes,
+        })
+    );
+}
+
+/// Mean, spread and extremes of `v`.
+fn summary(v: &[f64]) -> serde_json::Value {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len().max(1) as f64;
+    let mean = s.iter().sum::<f64>() / n;
+    let sd = (s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let round = |x: f64| (x * 100.0).round() / 100.0;
+    serde_json::json!({
+        "n": s.len(),
+        "mean": round(mean),
+        "sd": round(sd),
+        "min": round(s.first().copied().unwrap_or(0.0)),
+        "median": round(s.get(s.len() / 2).copied().unwrap_or(0.0)),
+        "max": round(s.last().copied().unwrap_or(0.0)),
+    })
 }

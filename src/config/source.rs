@@ -48,6 +48,11 @@ impl SourceMap {
         map
     }
 
+    /// The file the config came from, as it was named; empty for text from elsewhere.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
     /// Where `key` (a dotted path like `link.mtu`) is written, or `Position::Default` when
     /// the file leaves it out.
     pub fn position(&self, key: &str) -> Position {

@@ -255,7 +255,7 @@ fn unknown_key_names_key_and_exact_line() {
 fn unknown_section_and_nested_keys() {
     const SECTIONS: &str = "(expected one of `log`, `intercept`, `rules`, `peer`, `tunnel`, \
                             `link`, `transport`, `limits`, `timeouts`, `upstream`, \
-                            `metrics`, `shutdown`, `security`)";
+                            `metrics`, `control`, `shutdown`, `security`)";
     assert_parse_error(
         &min_with("\n\n[tuning]\n"),
         Some("tuning"),
@@ -961,7 +961,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 46, "every key of the schema");
+    assert_eq!(count, 47, "every key of the schema");
     // The `[[peer]]` form's keys, in config/hub-spoke.toml, which sets every one.
     let root = toml::de::DeTable::parse(HUB_SPOKE).expect("toml");
     let mut list_keys = std::collections::BTreeSet::new();
@@ -1510,4 +1510,46 @@ fn tunnel_workers_are_counted_clamped_and_printed() {
 fn a_pair_runs_one_worker_whatever_the_cores() {
     let c = PepdConfig::parse(&example_with_every_key()).expect("example");
     assert_eq!(c.workers(), 1);
+}
+
+// ---- [control] -------------------------------------------------------------------------
+
+#[test]
+fn control_socket_is_named_after_the_config_file_unless_set() {
+    use super::control::runtime_dir;
+    let c = PepdConfig::parse_named(MIN, "/etc/pepd/hub-east.toml").expect("valid");
+    assert_eq!(c.control_socket(), runtime_dir().join("hub-east.sock"));
+    let c = PepdConfig::parse(MIN).expect("valid");
+    assert_eq!(c.control_socket(), runtime_dir().join("pepd.sock"));
+    let set = min_with("[control]\nsocket = \"/run/pepd/east.sock\"\n");
+    let c = PepdConfig::parse_named(&set, "/etc/pepd/hub-east.toml").expect("valid");
+    assert_eq!(
+        c.control_socket(),
+        std::path::Path::new("/run/pepd/east.sock")
+    );
+    let want = "control:    /run/pepd/east.sock (`pepd status`, `pepd flows`)";
+    assert!(c.summary().lines().any(|l| l == want), "{}", c.summary());
+}
+
+#[test]
+fn control_socket_must_be_an_absolute_file_path_a_socket_address_holds() {
+    let relative = invalid(&min_with("[control]\nsocket = \"pepd.sock\"\n"));
+    assert_only(&relative, "control.socket", at(8));
+    assert!(
+        relative[0].to_string().contains("absolute"),
+        "{}",
+        relative[0]
+    );
+    let dir = invalid(&min_with("[control]\nsocket = \"/run/pepd/\"\n"));
+    assert_only(&dir, "control.socket", at(8));
+    let long = format!("/run/pepd/{}.sock", "x".repeat(100));
+    let too_long = invalid(&min_with(&format!("[control]\nsocket = {long:?}\n")));
+    assert_only(&too_long, "control.socket", at(8));
+    assert!(
+        too_long[0].to_string().contains("115 bytes long"),
+        "{}",
+        too_long[0]
+    );
+    let unknown = parse_err(&min_with("[control]\npath = \"/run/pepd/x.sock\"\n"));
+    assert_eq!(unknown.key.as_deref(), Some("control.path"), "{unknown}");
 }

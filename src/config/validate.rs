@@ -128,6 +128,7 @@ impl PepdConfig {
         self.check_limits(&mut c);
         self.check_timeouts(&mut c);
         self.check_security(&mut c);
+        self.check_control(&mut c);
         if c.found.is_empty() {
             // Ours are stricter; this catches a rule the transport gains later.
             if let Err(e) = self.transport().validate() {
@@ -141,6 +142,33 @@ impl PepdConfig {
         let mut found = c.found;
         sort_by_position(&mut found);
         Err(ConfigError::Invalid(found))
+    }
+
+    fn check_control(&self, c: &mut Checker<'_>) {
+        let Some(path) = &self.control.socket else {
+            return;
+        };
+        let key = "control.socket";
+        let shown = path.display();
+        if !path.is_absolute() {
+            c.fail(key, format_args!("({shown}) must be an absolute path"));
+        } else if path.file_name().is_none() || path.as_os_str().as_encoded_bytes().ends_with(b"/")
+        {
+            c.fail(
+                key,
+                format_args!("({shown}) must name a file, not a directory"),
+            );
+        }
+        let len = path.as_os_str().len();
+        if len > super::control::MAX_SOCKET_PATH {
+            c.fail(
+                key,
+                format_args!(
+                    "is {len} bytes long; a unix socket's path holds at most {}",
+                    super::control::MAX_SOCKET_PATH
+                ),
+            );
+        }
     }
 
     fn check_log(&self, c: &mut Checker<'_>) {

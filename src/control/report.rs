@@ -154,7 +154,12 @@ impl PepdConfig {
         let _ = writeln!(s, "upstream:   connects from {source}");
         let _ = writeln!(s, "security:   {}", self.security_summary());
         let _ = writeln!(s, "log:        {}", self.log.level);
-        let _ = write!(s, "metrics:    {}", self.metrics.listen);
+        let _ = writeln!(s, "metrics:    {}", self.metrics.listen);
+        let _ = write!(
+            s,
+            "control:    {} (`pepd status`, `pepd flows`)",
+            self.control_socket().display()
+        );
         s
     }
 

@@ -4,16 +4,18 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::config::{LoadedSecurity, PeerSpec, PepdConfig};
+use crate::config::{LoadedSecurity, PeerSpec, Peers, PepdConfig};
 use crate::control::reload::{self, LogReload};
+use crate::control::screen::{status_text, SortKey};
 use crate::control::signals::{Signal, Signals};
+use crate::control::status::StatusSource;
 use crate::proxy::acceptor::UpstreamAcceptor;
 use crate::proxy::intercept::{accept_loop, Interception};
 use crate::proxy::live::{Live, LiveRef};
@@ -45,6 +47,7 @@ impl Daemon {
             security,
             log_reload,
         } = self;
+        let started = Instant::now();
         let notifier = Notifier;
         cfg.check_servable()?;
         let workers = cfg.workers();
@@ -76,6 +79,14 @@ impl Daemon {
         let metrics_listener = TcpListener::bind(cfg.metrics.listen)
             .await
             .with_context(|| format!("metrics endpoint on {}", cfg.metrics.listen))?;
+        let control_path = cfg.control_socket();
+        let control = crate::control::socket::bind(&control_path)
+            .with_context(|| format!("control socket {}", control_path.display()))?;
+        if let Some(note) = &control.note {
+            warn!("control socket: {note}");
+        }
+        // Removes the socket file when the daemon ends.
+        let _control_file = control.file;
 
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
@@ -98,7 +109,18 @@ impl Daemon {
         let mut signals = Signals::install().context("installing signal handlers")?;
         let usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
             .context("installing signal handlers")?;
-        tokio::spawn(log_stats_on_sigusr1(gateway.clone(), usr1));
+        let status = Arc::new(StatusSource {
+            gateway: gateway.clone(),
+            side: cfg.side(),
+            shared_carrier: matches!(cfg.peer, Peers::List(_)),
+            started,
+        });
+        tokio::spawn(log_status_on_sigusr1(status.clone(), usr1));
+        tokio::spawn(crate::control::socket::serve(
+            control.listener,
+            status,
+            driver_stop_rx.clone(),
+        ));
         let metrics_gateway = gateway.clone();
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
@@ -116,6 +138,7 @@ impl Daemon {
             workers,
             listen = ?cfg.intercept.listen,
             metrics = %cfg.metrics.listen,
+            control = %control_path.display(),
             tx_rate_bps = cfg.link.tx_rate.bps(),
             "pepd running"
         );
@@ -255,13 +278,15 @@ async fn watchdog(gateway: Arc<Gateway>, notifier: Notifier, period: Duration) {
     }
 }
 
-/// SIGUSR1 logs the association's counters.
-async fn log_stats_on_sigusr1(gateway: Arc<Gateway>, mut usr1: tokio::signal::unix::Signal) {
+/// SIGUSR1 logs what `pepd status` prints, a log line per line of it.
+async fn log_status_on_sigusr1(source: Arc<StatusSource>, mut usr1: tokio::signal::unix::Signal) {
     while usr1.recv().await.is_some() {
-        for peer in &gateway.peers() {
-            if let Some((stats, _, _)) = peer.stats() {
-                info!(peer = %peer.name, ?stats, "association statistics");
-            }
+        let s = source.clone();
+        let Ok(Ok(status)) = tokio::task::spawn_blocking(move || s.status(None)).await else {
+            continue;
+        };
+        for line in status_text(&status, SortKey::Name).lines() {
+            info!(target: "pepd::status", "{line}");
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::tunnel::droplog::DropLog;
 use crate::tunnel::gateway::Gateway;
 use crate::tunnel::memory::FlowCharge;
 use crate::tunnel::peer::AssociationState;
-use crate::tunnel::peer::{FlowRef, Peer, PeerCounters, PeerState};
+use crate::tunnel::peer::{Allocation, FlowRef, Peer, PeerCounters, PeerState};
 use crate::tunnel::peer_table::{PeerSettings, PeerTable};
 use crate::tunnel::workers::{owner, Handoff, Initiators, Place};
 
@@ -732,6 +732,13 @@ impl Driver {
             };
             let ceiling = share.ceiling(l.id, assoc.config().rate_bps);
             assoc.set_rate_ceiling(ceiling);
+            if let Some(r) = share.rates(l.id) {
+                l.carrier.record(Allocation {
+                    allocated_bps: ceiling,
+                    cir_bps: r.cir_bps,
+                    weight: r.weight,
+                });
+            }
             self.deadlines[i] = assoc.poll_timeout();
         }
         share.refreshed(now);

@@ -3,16 +3,18 @@
 //! quota of the send buffers, and the gateway's memory account every peer charges.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pep_transport::{
-    Association, FlowError, FlowId, FlowMeta, OpenError, PeerId, ReadOutcome, ResetReason,
+    Association, AssociationTimes, FlowError, FlowId, FlowInfo, FlowMeta, OpenError, PeerId,
+    ReadOutcome, ResetReason,
 };
 use tokio::sync::Notify;
 
 use crate::tunnel::memory::{FlowCharge, MemoryAccount};
+use crate::tunnel::stamp::Stamp;
 
 /// Where the association stands, as the `pepd_association_state` gauge shows it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,6 +72,26 @@ impl FlowSignal {
 struct FlowSlot {
     token: u64,
     signal: Arc<FlowSignal>,
+    /// When the relay side of the flow began.
+    opened: Instant,
+}
+
+/// One open flow as a report shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowView {
+    pub id: FlowId,
+    pub opened: Instant,
+    pub info: FlowInfo,
+}
+
+/// What a report reads of a peer's association besides its stats, under the same lock.
+#[derive(Debug, Clone, Copy)]
+pub struct AssociationView {
+    /// When it was taken, which the times are read against.
+    pub taken: Instant,
+    pub times: AssociationTimes,
+    /// Its configured rate: the peer's `tx_rate` (its MIR) as a reload last set it.
+    pub tx_bps: u64,
 }
 
 /// A relay's handle on its flow. The token tells this flow from a later one that reuses
@@ -145,6 +167,45 @@ pub struct Peer {
     /// The gateway's memory account, shared by every peer: the budget is process-wide.
     pub memory: Arc<MemoryAccount>,
     pub counters: PeerCounters,
+    /// Its place on a hub's shared carrier, as the driver last capped it.
+    pub carrier: CarrierPlace,
+}
+
+/// A peer's place on a hub's shared carrier as the driver last set its ceiling (at each
+/// refresh of the allocations): what it is allocated, with the CIR and weight that got it
+/// that. Never recorded for a pair's peer, which has the carrier to itself.
+#[derive(Default)]
+pub struct CarrierPlace {
+    allocated_bps: AtomicU64,
+    cir_bps: AtomicU64,
+    /// 0 until recorded (the scheduler counts every weight as at least 1).
+    weight: AtomicU32,
+}
+
+/// What [`CarrierPlace`] last recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    pub allocated_bps: u64,
+    pub cir_bps: u64,
+    pub weight: u32,
+}
+
+impl CarrierPlace {
+    pub fn record(&self, a: Allocation) {
+        self.allocated_bps.store(a.allocated_bps, Ordering::Relaxed);
+        self.cir_bps.store(a.cir_bps, Ordering::Relaxed);
+        self.weight.store(a.weight.max(1), Ordering::Relaxed);
+    }
+
+    /// `None` until the driver has given the peer a share of a shared carrier.
+    pub fn get(&self) -> Option<Allocation> {
+        let weight = self.weight.load(Ordering::Relaxed);
+        (weight > 0).then(|| Allocation {
+            allocated_bps: self.allocated_bps.load(Ordering::Relaxed),
+            cir_bps: self.cir_bps.load(Ordering::Relaxed),
+            weight,
+        })
+    }
 }
 
 /// What a peer is guaranteed and how it shares the spare carrier; its MIR is its
@@ -179,6 +240,8 @@ pub struct PeerCounters {
     /// Handshakes completed; every one after the first is a re-establishment.
     pub associations_established: AtomicU64,
     association_state: std::sync::atomic::AtomicU8,
+    /// When the association entered its state.
+    state_since: Stamp,
 }
 
 impl PeerCounters {
@@ -206,6 +269,7 @@ impl PeerCounters {
             relays_active: _,
             associations_established,
             association_state: _,
+            state_since: _,
         } = from;
         let add = |to: &AtomicU64, from: &AtomicU64| Self::add(to, Self::get(from));
         add(&self.flows_from_peer, flows_from_peer);
@@ -220,13 +284,43 @@ impl PeerCounters {
     }
 
     pub fn set_state(&self, s: AssociationState) {
-        self.association_state.store(s as u8, Ordering::Relaxed);
+        let was = self.association_state.swap(s as u8, Ordering::Relaxed);
+        if was != s as u8 || self.state_since.get().is_none() {
+            self.state_since.set(Instant::now());
+        }
+    }
+
+    /// When the association entered the state it is in; `None` before a state was first
+    /// set.
+    pub fn state_since(&self) -> Option<Instant> {
+        self.state_since.get()
     }
 
     pub fn state(&self) -> AssociationState {
         let i = usize::from(self.association_state.load(Ordering::Relaxed));
         AssociationState::ALL.get(i).copied().unwrap_or_default()
     }
+}
+
+/// Each reset reason's name in metrics and reports, by its code; the last for codes this
+/// version does not know.
+const RESET_LABELS: [&str; 10] = [
+    "aborted",
+    "refused",
+    "unreachable",
+    "timeout",
+    "peer_restart",
+    "outage_limit",
+    "resource_limit",
+    "protocol",
+    "closed",
+    "other",
+];
+
+/// `reason`'s name, as the `reason` label of the reset counters has it.
+pub fn reset_label(reason: ResetReason) -> &'static str {
+    let i = usize::from(reason.code()).min(RESET_LABELS.len() - 1);
+    RESET_LABELS[i]
 }
 
 /// One counter per reset reason code the transport defines.
@@ -247,19 +341,7 @@ impl ByReason {
 
     /// (label, count) for every known reason; unknown codes count as "other".
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        const LABELS: [&str; 10] = [
-            "aborted",
-            "refused",
-            "unreachable",
-            "timeout",
-            "peer_restart",
-            "outage_limit",
-            "resource_limit",
-            "protocol",
-            "closed",
-            "other",
-        ];
-        LABELS
+        RESET_LABELS
             .iter()
             .zip(&self.0)
             .map(|(l, c)| (*l, c.load(Ordering::Relaxed)))
@@ -278,6 +360,9 @@ impl Peer {
         memory: Arc<MemoryAccount>,
         wake: Arc<Notify>,
     ) -> Peer {
+        let counters = PeerCounters::default();
+        // Connecting from now: a peer a reload adds has not been since the daemon started.
+        counters.set_state(AssociationState::Connecting);
         Peer {
             id,
             name: name.into(),
@@ -299,7 +384,8 @@ impl Peer {
             reloaded_keepalive: Mutex::new(None),
             reloaded_max_flows: AtomicUsize::new(0),
             memory,
-            counters: PeerCounters::default(),
+            counters,
+            carrier: CarrierPlace::default(),
         }
     }
 
@@ -394,6 +480,36 @@ impl Peer {
         let st = self.lock();
         let a = st.assoc.as_ref()?;
         Some((a.stats(), a.send_buffered(), a.recv_buffered()))
+    }
+
+    /// When things last happened to the association and its configured rate, once there is
+    /// one.
+    pub fn association_view(&self) -> Option<AssociationView> {
+        let st = self.lock();
+        let a = st.assoc.as_ref()?;
+        Some(AssociationView {
+            taken: Instant::now(),
+            times: a.times(),
+            tx_bps: a.config().rate_bps,
+        })
+    }
+
+    /// The flows open with this peer (the relays' side of them), in no order.
+    pub fn flows(&self) -> Vec<FlowView> {
+        let st = self.lock();
+        let Some(a) = st.assoc.as_ref() else {
+            return Vec::new();
+        };
+        st.flows
+            .iter()
+            .filter_map(|(&id, slot)| {
+                Some(FlowView {
+                    id,
+                    opened: slot.opened,
+                    info: a.flow_info(id)?,
+                })
+            })
+            .collect()
     }
 
     /// Where the association sends now, if it knows.
@@ -591,6 +707,7 @@ impl PeerState {
             FlowSlot {
                 token,
                 signal: signal.clone(),
+                opened: Instant::now(),
             },
         );
         FlowRef { id, token, signal }

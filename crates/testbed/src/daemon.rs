@@ -121,6 +121,17 @@ impl Daemon {
         &self.label
     }
 
+    /// The instance's directory: its config, log, notify and control sockets.
+    fn dir(&self) -> &Path {
+        self.config.parent().unwrap_or(Path::new("/"))
+    }
+
+    /// Where pepd answers `pepd status`: its config file's name with `.sock`, in the
+    /// directory it was given as its runtime directory.
+    pub fn control_socket(&self) -> PathBuf {
+        self.config.with_extension("sock")
+    }
+
     pub fn namespace(&self) -> &str {
         &self.ns
     }
@@ -133,6 +144,10 @@ impl Daemon {
             .arg("-c")
             .arg(&self.config)
             .env("NOTIFY_SOCKET", &self.notify)
+            // What systemd gives a unit with `RuntimeDirectory=`: pepd's control socket
+            // goes there, named after the config ([`Daemon::control_socket`]), so that
+            // instances of other testbeds never meet at the default /run/pepd.
+            .env("RUNTIME_DIRECTORY", self.dir())
             .envs(launch.env.iter().map(|(k, v)| (k, v)));
         self.append_log(&format!("starting {:?}", cmd));
         let log = OpenOptions::new()

@@ -783,6 +783,11 @@ impl Gateways {
         self.gw(side).config_path()
     }
 
+    /// Where `side`'s pepd answers `pepd status` and `pepd flows`.
+    pub fn control_socket(&self, side: Side) -> PathBuf {
+        self.gw(side).control_socket()
+    }
+
     /// The temporary directory with configs, logs and notify sockets.
     pub fn dir(&self) -> &Path {
         &self.dir

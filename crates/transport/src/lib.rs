@@ -27,7 +27,10 @@ mod sent;
 pub mod stats;
 mod stream;
 
-pub use association::{Association, Event, FlowError, LostReason, OpenError, ReadOutcome, Role};
+pub use association::{
+    Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, LostReason, OpenError,
+    ReadOutcome, Role,
+};
 pub use config::{AckPolicy, CcMode, Config, InvalidConfig, LossCause, SizeMode, VegasParams};
 pub use endpoint::{
     AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerIdentity,

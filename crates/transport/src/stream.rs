@@ -328,6 +328,12 @@ impl RecvStream {
         self.read
     }
 
+    /// Whether the peer has said where its stream ends (its FIN arrived, maybe ahead of
+    /// data still missing).
+    pub fn is_finished_by_peer(&self) -> bool {
+        self.fin_offset.is_some()
+    }
+
     /// Stores a frame's bytes; returns how far `highest` advanced (bytes newly charged to
     /// the association budget).
     pub fn on_data(&mut self, offset: u64, data: &[u8], fin: bool) -> Result<u64, RecvError> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{decode_header, Header};
-use pep_transport::{Event, FlowId, LostReason, ResetReason};
+use pep_transport::{Event, FlowId, FlowState, LostReason, ResetReason};
 use proptest::prelude::*;
 use support::{fin_at, pattern, security_pair, test_config, Faults, Net};
 
@@ -69,6 +69,86 @@ fn flows_both_ways_deliver_exact_bytes_with_independent_half_close() {
     assert!(n.run_until(Duration::from_secs(10), |n| {
         n.ends[0].stats().flows_open == 0 && n.ends[1].stats().flows_open == 0
     }));
+}
+
+#[test]
+fn flow_info_follows_a_flow_s_bytes_and_half_closes_at_both_ends() {
+    let mut n = net(Faults::default(), 21);
+    let up = pattern(21, 50_000);
+    let f = n.open(0, 1021, up.clone(), false);
+    let opened = n.ends[0].flow_info(f).expect("flow 0");
+    assert!(opened.opened_here);
+    assert_eq!(opened.state, FlowState::Opening);
+    assert_eq!(opened.meta, Some(support::meta(1021)));
+    assert!(n.run_until(Duration::from_secs(5), |n| n.apps[1]
+        .flows
+        .get(&f)
+        .is_some_and(|x| x.received.len() == up.len())));
+    assert!(n.run_until(Duration::from_secs(5), |n| n.ends[0]
+        .flow_info(f)
+        .is_some_and(|i| i.state == FlowState::Open)));
+    assert_eq!(
+        n.ends[0].flow_info(f).map(|i| i.bytes_written),
+        Some(50_000)
+    );
+    let theirs = n.ends[1].flow_info(f).expect("flow 1");
+    assert!(!theirs.opened_here);
+    assert_eq!((theirs.bytes_read, theirs.bytes_written), (50_000, 0));
+    assert_eq!(theirs.meta, Some(support::meta(1021)));
+    n.ends[0].finish(f).expect("finish");
+    assert_eq!(
+        n.ends[0].flow_info(f).map(|i| i.state),
+        Some(FlowState::HalfClosedLocal)
+    );
+    assert!(n.run_until(Duration::from_secs(5), |n| fin_at(n, 1, f)));
+    assert_eq!(
+        n.ends[1].flow_info(f).map(|i| i.state),
+        Some(FlowState::HalfClosedRemote)
+    );
+    n.ends[1].reset(f, ResetReason::Refused).expect("reset");
+    assert_eq!(
+        n.ends[1].flow_info(f).map(|i| i.state),
+        Some(FlowState::Reset(ResetReason::Refused))
+    );
+}
+
+#[test]
+fn times_say_when_the_last_packet_and_handshake_came_and_when_an_outage_began() {
+    let mut n = Net::new_secure(
+        test_config(20_000_000),
+        test_config(20_000_000),
+        MS * 100,
+        Faults::default(),
+        22,
+        security_pair(Duration::from_secs(120)),
+    );
+    assert!(n.run_until(Duration::from_secs(10), |n| n.established()));
+    let t = n.ends[0].times();
+    let handshake = t.last_handshake.expect("a handshake completed");
+    assert!(handshake <= n.now);
+    assert!(t
+        .last_received
+        .is_some_and(|r| r >= handshake && r <= n.now));
+    assert_eq!((t.outage_since, t.remote_moved_at), (None, None));
+    // Nothing gets through: the packets stop, and the peer stops answering.
+    let cut = n.now;
+    n.down_until = Some(n.now + Duration::from_secs(60));
+    n.open(0, 1022, pattern(22, 10_000), false);
+    assert!(n.run_until(Duration::from_secs(30), |n| n.ends[0]
+        .times()
+        .outage_since
+        .is_some()));
+    // What was on its way when the path went down still arrives, one delay later.
+    let t = n.ends[0].times();
+    assert!(t.last_received.is_some_and(|r| r <= cut + MS * 100));
+    assert!(t.outage_since.is_some_and(|o| o <= cut + MS * 100));
+    assert_eq!(t.last_handshake, Some(handshake));
+    let plain = net(Faults::default(), 23);
+    assert_eq!(
+        plain.ends[0].times().last_handshake,
+        None,
+        "no security, no handshake"
+    );
 }
 
 #[test]

@@ -100,6 +100,13 @@ fn transfer(move_to: Option<SocketAddr>) -> (Duration, Option<Duration>, Hubnet)
 fn authenticated_packet_from_new_address_moves_the_remote_and_flows_stay_byte_exact() {
     let (baseline, _, n) = transfer(None);
     assert_eq!(hub_stats(&n).remote_moves, 0);
+    assert_eq!(
+        n.nodes[HUB].assocs[&hub_assoc(&n)]
+            .0
+            .times()
+            .remote_moved_at,
+        None
+    );
     for to in [new_address(), new_port()] {
         let (took, followed, n) = transfer(Some(to));
         let extra = took.saturating_sub(baseline);
@@ -118,6 +125,11 @@ fn authenticated_packet_from_new_address_moves_the_remote_and_flows_stay_byte_ex
         let stats = hub_stats(&n);
         assert_eq!(stats.remote_moves, 1);
         assert_eq!(stats.security.unauthenticated, 0);
+        let moved_at = n.nodes[HUB].assocs[&hub_assoc(&n)]
+            .0
+            .times()
+            .remote_moved_at;
+        assert!(moved_at.is_some_and(|t| t <= n.now), "{moved_at:?}");
         // The terminal's side of the path did not move.
         let t = n.nodes[1].only();
         assert_eq!(n.nodes[1].assocs[&t].0.remote(), Some(hub_addr()));
@@ -149,6 +161,13 @@ fn forged_packets_with_a_valid_cid_from_a_third_address_move_nothing() {
     assert_eq!(dropped, FORGED);
     assert_eq!(after.packets_received, before.packets_received);
     assert_eq!(after.remote_moves, 0);
+    assert_eq!(
+        n.nodes[HUB].assocs[&hub_assoc(&n)]
+            .0
+            .times()
+            .remote_moved_at,
+        None
+    );
     assert_eq!(hub_remote(&n), Some(terminal_addr(1)));
     n.complete_both_ways(&flows, Duration::from_secs(60));
     assert_eq!(hub_remote(&n), Some(terminal_addr(1)));

@@ -101,6 +101,63 @@ pub enum Event {
     },
 }
 
+/// When things last happened to an association (instants its caller gave it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AssociationTimes {
+    /// A handshake last completed (the association's start or a rekey); `None` before the
+    /// first and without security.
+    pub last_handshake: Option<Instant>,
+    /// An authenticated packet of the peer's last arrived.
+    pub last_received: Option<Instant>,
+    /// The peer stopped answering (its last acknowledgement), while it still has not.
+    pub outage_since: Option<Instant>,
+    /// The peer last proved it is at a new address.
+    pub remote_moved_at: Option<Instant>,
+}
+
+/// One flow as an operator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowInfo {
+    /// `None` while data of a flow the peer opened came before its FLOW_OPEN.
+    pub meta: Option<FlowMeta>,
+    /// Opened by this side (an intercepted connection), not by the peer.
+    pub opened_here: bool,
+    /// Bytes the application wrote into the flow.
+    pub bytes_written: u64,
+    /// Bytes the application read from the flow.
+    pub bytes_read: u64,
+    pub state: FlowState,
+}
+
+/// Where a flow stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowState {
+    /// Opened here; the peer has not acknowledged the open yet.
+    Opening,
+    Open,
+    /// This side has sent its end of stream; the peer sends on.
+    HalfClosedLocal,
+    /// The peer has sent its end of stream; this side sends on.
+    HalfClosedRemote,
+    /// Both ends have sent their end of stream; acknowledgements are outstanding.
+    Closing,
+    Reset(ResetReason),
+}
+
+impl FlowState {
+    /// Its name in reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            FlowState::Opening => "opening",
+            FlowState::Open => "open",
+            FlowState::HalfClosedLocal => "half-closed-local",
+            FlowState::HalfClosedRemote => "half-closed-remote",
+            FlowState::Closing => "closing",
+            FlowState::Reset(_) => "reset",
+        }
+    }
+}
+
 /// Result of a read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadOutcome {
@@ -209,6 +266,12 @@ pub struct Association {
     pto_count: u32,
     probes_pending: u32,
     outage_since: Option<Instant>,
+    /// When a handshake last completed (the association's start or a rekey).
+    last_handshake: Option<Instant>,
+    /// When an authenticated packet last arrived.
+    last_received: Option<Instant>,
+    /// When the peer last proved it is at a new address.
+    remote_moved_at: Option<Instant>,
     redundancy_cursor: u64,
     /// When the probe timer last fired.
     pto_fired_at: Option<Instant>,
@@ -370,6 +433,9 @@ impl Association {
             pto_count: 0,
             probes_pending: 0,
             outage_since: None,
+            last_handshake: None,
+            last_received: None,
+            remote_moved_at: None,
             redundancy_cursor: 0,
             redundancy_round: 1,
             pto_fired_at: None,
@@ -560,6 +626,41 @@ impl Association {
         self.flows.get(&flow).and_then(|f| f.meta)
     }
 
+    /// What an operator sees of `flow`: its addresses, who opened it, the bytes it carried
+    /// each way and where it stands; `None` once its state is released.
+    pub fn flow_info(&self, flow: FlowId) -> Option<FlowInfo> {
+        let f = self.flows.get(&flow)?;
+        let state = match (f.reset, f.open) {
+            (Some(r), _) => FlowState::Reset(r.reason),
+            (None, OpenState::Pending | OpenState::Sent | OpenState::Lost) => FlowState::Opening,
+            (None, OpenState::Remote | OpenState::Acked) => {
+                match (f.send.is_finished_by_app(), f.recv.is_finished_by_peer()) {
+                    (false, false) => FlowState::Open,
+                    (true, false) => FlowState::HalfClosedLocal,
+                    (false, true) => FlowState::HalfClosedRemote,
+                    (true, true) => FlowState::Closing,
+                }
+            }
+        };
+        Some(FlowInfo {
+            meta: f.meta,
+            opened_here: flow % 2 == self.role.parity(),
+            bytes_written: f.send.end(),
+            bytes_read: f.recv.read_offset(),
+            state,
+        })
+    }
+
+    /// When things last happened to the association, as the instants its caller gave.
+    pub fn times(&self) -> AssociationTimes {
+        AssociationTimes {
+            last_handshake: self.last_handshake,
+            last_received: self.last_received,
+            outage_since: self.outage_since,
+            remote_moved_at: self.remote_moved_at,
+        }
+    }
+
     /// Queues bytes for sending; returns how many fit in the flow's send buffer.
     pub fn write(&mut self, flow: FlowId, data: &[u8]) -> Result<usize, FlowError> {
         let f = self.flows.get_mut(&flow).ok_or(FlowError::UnknownFlow)?;
@@ -721,6 +822,7 @@ impl Association {
         match self.remote.replace(to) {
             Some(from) if from != to => {
                 self.stats.remote_moves += 1;
+                self.remote_moved_at = Some(now);
                 self.events.push_back(Event::RemoteMoved { from, to });
                 self.resend_after_move(now);
             }

@@ -165,6 +165,7 @@ impl Association {
         match parse_frames(payload, short) {
             Ok(frames) => {
                 self.stats.packets_received += 1;
+                self.last_received = Some(now);
                 self.stats.wire_bytes_received +=
                     (datagram_len + self.cfg.wire_overhead - self.tag_len()) as u64;
                 if !self.established {
@@ -348,6 +349,9 @@ impl Association {
             sec.install(keys, phase, rekey, now, next_pn);
         }
         self.stats.handshakes_completed += 1;
+        self.last_handshake = Some(now);
+        // Each handshake message that completes one is the peer's, authenticated.
+        self.last_received = Some(now);
         if rekey {
             self.stats.rekeys += 1;
         }
