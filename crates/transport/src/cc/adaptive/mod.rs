@@ -442,7 +442,10 @@ impl Adaptive {
         if matches!(self.state, State::Drain { .. }) {
             return;
         }
-        if self.another_senders_queue(now, rtt) {
+        // A probe's own queue says nothing of another sender's: on a slotted path a probe
+        // spans several frames, longer than the evidence span, and overloads as it fails.
+        let probing = self.probe.as_ref().is_some_and(|p| !p.train);
+        if !probing && self.another_senders_queue(now, rtt) {
             self.compete(now, rtt);
             return;
         }
