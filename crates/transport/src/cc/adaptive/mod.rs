@@ -845,7 +845,9 @@ impl Adaptive {
             rate,
             until: now + self.probe_len(rate, rtt),
         };
-        self.probe = Some(Probe::new(rate, self.next_pn, false));
+        let mut probe = Probe::new(rate, self.next_pn, false);
+        probe.slotted = self.meter.slotted();
+        self.probe = Some(probe);
         self.stats.probes += 1;
     }
 
@@ -898,7 +900,9 @@ impl Adaptive {
     /// What a probe measured: the lower of its ACK rate and its delay rate (`None`: too few
     /// ACKs to tell).
     fn probe_rate(&self, p: &Probe, now: Instant) -> Option<f64> {
-        let (by_acks, by_delay) = if self.meter.slotted() {
+        // Measured the way it was sent: the ACK pattern may change while it is out (a queue
+        // it builds fills the gaps between frames).
+        let (by_acks, by_delay) = if p.slotted {
             // ACKs in clumps one frame apart: both measures leave out its first frame (the
             // ACKs of its first packets share their clump with those sent before it) and its
             // last (the pause after it leaves them waiting for the peer's timer); the ACK
