@@ -260,24 +260,26 @@ impl Pump<'_> {
         }
     }
 
-    /// Feeds a piece of the flow to the block decoder; the bytes it decodes join `pending`.
-    /// Returns how many, or the reason the flow was reset for a refused block.
-    fn decode(&mut self, piece: Bytes) -> Result<usize, ResetReason> {
+    /// Feeds a piece of the flow to the block decoder; the bytes it decodes join `pending`
+    /// and, with the piece, `tally`. Returns how many, or the reason the flow was reset for
+    /// a refused block.
+    fn decode(&mut self, piece: Bytes, tally: &mut Tally) -> Result<usize, ResetReason> {
         let Some(blocks) = self.blocks.as_mut() else {
             return Ok(0);
         };
-        let c = &self.peer.counters.compression;
-        PeerCounters::add(&c.blocks_received, piece.len() as u64);
+        tally.received += piece.len() as u64;
         let mut decoded = 0;
         let pending = &mut self.pending;
         let fed = blocks.decoder.feed(piece, &mut |b: Bytes| {
             decoded += b.len();
             pending.push_back(b);
         });
-        self.peer.memory.hold(decoded as u64);
-        PeerCounters::add(&c.plain_received, decoded as u64);
+        tally.decoded += decoded as u64;
         let (_, spent) = blocks.decoder.take_decompressed();
-        PeerCounters::add(&c.decompress_ns, spent.as_nanos() as u64);
+        if !spent.is_zero() {
+            let c = &self.peer.counters.compression;
+            PeerCounters::add(&c.decompress_ns, spent.as_nanos() as u64);
+        }
         self.count_blocks_held();
         match fed {
             Ok(()) => Ok(decoded),
@@ -314,6 +316,20 @@ impl Pump<'_> {
     /// `pending`. `None` once some were taken (what ended the taking, other than nothing
     /// more for now, waits in `deferred`); else what the flow said.
     fn take_from_flow(&mut self) -> Option<Result<ReadOutcome, FlowGone>> {
+        // A flow of blocks comes in pieces of a datagram or less: what they carried and
+        // decoded to is counted once per take, not per piece.
+        let mut tally = Tally::default();
+        let taken = self.take_pieces(&mut tally);
+        if tally.received > 0 {
+            self.peer.memory.hold(tally.decoded);
+            let c = &self.peer.counters.compression;
+            PeerCounters::add(&c.blocks_received, tally.received);
+            PeerCounters::add(&c.plain_received, tally.decoded);
+        }
+        taken
+    }
+
+    fn take_pieces(&mut self, tally: &mut Tally) -> Option<Result<ReadOutcome, FlowGone>> {
         let mut taken = 0;
         while taken < CHUNK && self.pending.len() < WRITE_PIECES {
             // Blocks: no more than the block in progress needs, so that a flow never has
@@ -327,7 +343,7 @@ impl Pump<'_> {
                     if self.pending.is_empty() {
                         self.pending.reserve(WRITE_PIECES);
                     }
-                    match self.decode(b) {
+                    match self.decode(b, tally) {
                         Ok(n) => taken += n,
                         Err(reason) => return Some(Err(FlowGone::Reset(reason))),
                     }
@@ -659,6 +675,14 @@ impl Pump<'_> {
         self.peer.reset(self.flow, reason);
         RelayEnd::ResetLocally(reason)
     }
+}
+
+/// What one take from a flow of blocks received (block bytes) and decoded (the
+/// application's bytes).
+#[derive(Debug, Default)]
+struct Tally {
+    received: u64,
+    decoded: u64,
 }
 
 /// Logs how a relay of `flow` ended.

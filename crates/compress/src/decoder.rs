@@ -102,9 +102,12 @@ impl Decoder {
     }
 
     /// Bytes to take from the flow next: the rest of the header, of the raw block or of the
-    /// zstd payload in progress. Never 0.
+    /// zstd payload in progress. Never 0. A header not begun is taken [`RAW_HEADER`] bytes
+    /// at once, the shortest header there is: a raw block's header in one take, and never a
+    /// byte past the block whatever its kind.
     pub fn want(&self) -> usize {
         match self.state {
+            State::Header if self.have == 0 => RAW_HEADER,
             State::Header => self.header_len() - self.have,
             State::Raw { left } => left,
             State::Zstd { length, .. } => length - self.payload.len(),
@@ -328,6 +331,37 @@ mod tests {
             at += n;
         }
         assert_eq!(got, original);
+    }
+
+    #[test]
+    fn a_header_is_taken_in_as_few_pieces_as_its_kind_allows() {
+        let mut d = Decoder::new(MAX);
+        assert_eq!(d.want(), RAW_HEADER);
+        d.feed(Bytes::copy_from_slice(&raw_header(3000)), &mut |_| {})
+            .unwrap();
+        assert_eq!(d.want(), 3000, "a raw header in one take");
+        d.feed(Bytes::from(vec![7u8; 3000]), &mut |_| {}).unwrap();
+        assert_eq!(d.want(), RAW_HEADER);
+        let block = zstd_block(1000, &[1, 2, 3, 4, 5, 6]);
+        d.feed(Bytes::copy_from_slice(&block[..RAW_HEADER]), &mut |_| {})
+            .unwrap();
+        assert_eq!(
+            d.want(),
+            ZSTD_HEADER - RAW_HEADER,
+            "the rest of a zstd header"
+        );
+        d.feed(
+            Bytes::copy_from_slice(&block[RAW_HEADER..ZSTD_HEADER]),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(d.want(), 6, "its payload");
+        // An unknown kind is refused from the first byte of a take, as from a byte alone.
+        let mut d = Decoder::new(MAX);
+        assert_eq!(
+            d.feed(Bytes::from_static(&[9, 0, 0, 0, 1]), &mut |_| {}),
+            Err(BlockError::UnknownKind(9))
+        );
     }
 
     #[test]
