@@ -352,7 +352,8 @@ fn wire(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
     )
 }
 
-/// Handshakes completed, and the COOKIEs sent instead under load.
+/// Handshakes completed, the COOKIEs sent instead under load, and the associations taken
+/// over from another hub.
 fn handshakes(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
     counter(
         e,
@@ -367,6 +368,13 @@ fn handshakes(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
         "COOKIEs sent under load instead of doing an initiation's Diffie-Hellman",
         None,
         s.cookies_sent,
+    )?;
+    counter(
+        e,
+        "associations_taken_over",
+        "Associations begun by a peer that echoed another epoch than ours: it came from another hub of the same key, or from an earlier run of this one",
+        None,
+        s.stats.associations_taken_over,
     )
 }
 

@@ -44,6 +44,7 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
         flows_over_limit,
         flows_reset,
         peer_restarts,
+        associations_taken_over,
         malformed_dropped,
         unassociated_dropped,
         duplicates_dropped,
@@ -89,6 +90,7 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
     t.flows_over_limit += flows_over_limit;
     t.flows_reset += flows_reset;
     t.peer_restarts += peer_restarts;
+    t.associations_taken_over += associations_taken_over;
     t.malformed_dropped += malformed_dropped;
     t.unassociated_dropped += unassociated_dropped;
     t.duplicates_dropped += duplicates_dropped;
@@ -219,6 +221,7 @@ pub fn counters_only(s: Stats) -> Stats {
         flows_over_limit,
         flows_reset,
         peer_restarts,
+        associations_taken_over,
         malformed_dropped,
         unassociated_dropped,
         duplicates_dropped,
@@ -286,6 +289,7 @@ pub fn counters_only(s: Stats) -> Stats {
         flows_over_limit,
         flows_reset,
         peer_restarts,
+        associations_taken_over,
         malformed_dropped,
         unassociated_dropped,
         duplicates_dropped,

@@ -64,6 +64,9 @@ pub struct Stats {
     pub flows_over_limit: u64,
     pub flows_reset: u64,
     pub peer_restarts: u64,
+    /// Associations begun by a peer that echoed neither our epoch nor none: it was
+    /// associated with another hub of the same key, or with an earlier run of ours.
+    pub associations_taken_over: u64,
     /// Datagrams dropped because they did not parse.
     pub malformed_dropped: u64,
     /// Datagrams dropped because no association with the sender exists yet.

@@ -283,9 +283,17 @@ impl Association {
                 return;
             }
         };
-        let Some(h) = self.authenticated_hello(&hello) else {
-            return;
+        let h = match decode_header(&mut Reader::new(&hello)) {
+            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => h,
+            _ => {
+                self.stats.security.handshake_invalid += 1;
+                return;
+            }
         };
+        // A reply is bound to our own fresh initiation, so it is never a replay, whatever
+        // its epoch: a peer we left (a hub we return to) may answer with the epoch we
+        // retired, and it is the live peer now.
+        self.retired_peer_epochs.retain(|&e| e != h.epoch);
         let Some(sec) = self.security.as_ref() else {
             return;
         };
@@ -306,26 +314,13 @@ impl Association {
         self.probes_pending = self.probes_pending.max(1);
     }
 
-    /// The HELLO a handshake message carried, if it is one we can associate with.
-    fn authenticated_hello(&mut self, encoded: &[u8]) -> Option<Hello> {
-        let h = match decode_header(&mut Reader::new(encoded)) {
-            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => h,
-            _ => {
-                self.stats.security.handshake_invalid += 1;
-                return None;
-            }
-        };
-        if self.retired_peer_epochs.contains(&h.epoch) {
-            self.stats.security.handshake_replayed += 1;
-            return None;
-        }
-        Some(h)
-    }
-
     /// Whether a handshake carrying `h` replaces the keys of the running association
-    /// rather than starting a new one.
+    /// rather than starting a new one: the peer is the one we hold (its epoch), and it is
+    /// associated with us (it echoes ours). A peer that echoes another epoch is associated
+    /// elsewhere (a terminal back from another hub with the same key, or from an earlier
+    /// run of ours), and its packet numbers began again there.
     fn is_rekey(&self, h: &Hello) -> bool {
-        self.established && self.peer_epoch == Some(h.epoch)
+        self.established && self.peer_epoch == Some(h.epoch) && h.echo == self.local_epoch
     }
 
     /// Puts the keys of a completed handshake in use: for a new association the peer's
@@ -339,6 +334,16 @@ impl Association {
         phase: impl FnOnce(&Security, bool) -> bool,
     ) {
         let rekey = self.is_rekey(&h);
+        if !rekey && self.peer_epoch == Some(h.epoch) {
+            // The same peer epoch starting a new association: applying the HELLO alone
+            // would keep the old one.
+            self.restart_association(ResetReason::PeerRestart);
+            self.stats.peer_restarts += 1;
+            self.events.push_back(Event::PeerRestarted);
+        }
+        if !rekey && h.echo != 0 && h.echo != self.local_epoch {
+            self.stats.associations_taken_over += 1;
+        }
         if !rekey {
             self.apply_peer_hello(h);
         }

@@ -177,7 +177,8 @@ impl Association {
     fn poll_handshake(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         let next_pn = self.next_pn;
         let established = self.established;
-        let start_due = !established && self.hello_due.is_some_and(|t| t <= now);
+        let always = self.cfg.initiate == Initiate::Always;
+        let start_due = always && !established && self.hello_due.is_some_and(|t| t <= now);
         // A lost rekey initiation is repeated once a reply could have come back.
         let retransmit_after = if established {
             self.cfg.hello_interval.max(self.rtt.smoothed() * 2)
@@ -196,7 +197,11 @@ impl Association {
         // In an outage the peer may have restarted and lost our keys (a hub cannot reach a
         // terminal behind NAT itself): a new handshake finds out, and is a rekey if not.
         let outage = self.outage_since.is_some();
-        let due = if established {
+        let due = if established && !always {
+            // Only a path that answers is rekeyed: a hub cut off from a terminal that moved
+            // on to another hub must not reach it later with its newer epoch.
+            !outage && sec.rekey_due(now, next_pn)
+        } else if established {
             sec.rekey_due(now, next_pn) || (outage && !sec.initiating())
         } else if start_due && sec.awaiting_confirmation(now, self.cfg.hello_interval * 3) {
             // Our initiation would only cross the one we answered; look again later.
