@@ -83,6 +83,10 @@ pub struct TunnelConfig {
     /// [`PepdConfig::workers`].
     #[serde(default)]
     pub workers: Option<usize>,
+    /// A hub answers a short packet for a connection ID it does not hold with a HINT;
+    /// default on with security. Read through [`PepdConfig::hints`].
+    #[serde(default)]
+    pub hints: Option<bool>,
 }
 
 /// One peer as pepd serves it, whichever form the config used.
@@ -262,6 +266,14 @@ impl PepdConfig {
             (Peers::List(_), Side::Hub) => HUB_CID_LEN,
             _ => 0,
         }
+    }
+
+    /// Whether this gateway sends HINTs (docs/PROTOCOL.md §7.7): a hub with security, unless
+    /// `tunnel.hints = false`.
+    pub fn hints(&self) -> bool {
+        self.cid_len() > 0
+            && self.security.mode == crate::config::SecurityMode::Noise
+            && self.tunnel.as_ref().and_then(|t| t.hints) != Some(false)
     }
 
     /// The threads a hub serves its associations on: `tunnel.workers`, else the cores

@@ -100,6 +100,13 @@ fn sample() -> Snapshot {
                 aead_mismatch: 164,
                 handshake_collision: 301,
             },
+            hints: pep_transport::security::HintCounts {
+                acted: 303,
+                rate_limited: 304,
+                unmatched: 305,
+                elsewhere: 306,
+                ignored: 307,
+            },
             handshakes_completed: 151,
             rekeys: 152,
             // Reported per peer only.
@@ -130,6 +137,8 @@ fn sample() -> Snapshot {
         memory_budget_bytes: 141,
         tunnel_foreign_datagrams: 142,
         cookies_sent: 163,
+        hints_sent: 308,
+        hints_rate_limited: 309,
         workers: vec![
             WorkerSnapshot {
                 associations: 192,
@@ -327,6 +336,17 @@ fn encode_reports_every_value_exactly() {
         ("pepd_nonce_refusals_total", &[], 150),
         ("pepd_cookies_sent_total", &[], 163),
         ("pepd_associations_taken_over_total", &[], 302),
+        ("pepd_hints_sent_total", &[], 308),
+        ("pepd_hints_rate_limited_total", &[], 309),
+        ("pepd_hints_received_total", &[("result", "acted")], 303),
+        (
+            "pepd_hints_received_total",
+            &[("result", "rate_limited")],
+            304,
+        ),
+        ("pepd_hints_received_total", &[("result", "unmatched")], 305),
+        ("pepd_hints_received_total", &[("result", "elsewhere")], 306),
+        ("pepd_hints_received_total", &[("result", "ignored")], 307),
         ("pepd_worker_datagrams_total", &[("worker", "0")], 193),
         ("pepd_worker_datagrams_total", &[("worker", "1")], 196),
         ("pepd_worker_handoffs_total", &[("worker", "0")], 194),

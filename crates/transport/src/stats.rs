@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::cc::CapacityStats;
 use crate::datagram_size::ClassLoss;
 use crate::loss::LossCounts;
-use crate::security::{PacketProtection, SecurityCounts};
+use crate::security::{HintCounts, PacketProtection, SecurityCounts};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
@@ -75,6 +75,8 @@ pub struct Stats {
     pub protocol_violations: u64,
     /// Datagrams the security layer dropped, by reason.
     pub security: SecurityCounts,
+    /// HINTs received, by what became of them.
+    pub hints: HintCounts,
     /// Noise handshakes completed (association starts and rekeys).
     pub handshakes_completed: u64,
     /// Key changes within a running association.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
-use pep_transport::packet::{decode_header_with_cid, Header};
-use pep_transport::security::{public_key, stamp_initiation_macs};
+use pep_transport::packet::{decode_header_with_cid, encode_hint, Header};
+use pep_transport::security::{public_key, stamp_initiation_macs, HintCounts};
 use pep_transport::{
     AssocHandle, Association, DatagramEvent, Endpoint, EndpointStats, Event, Initiate, LostReason,
     PeerId, PeerIdentity, ResetReason, Role,
@@ -749,4 +749,103 @@ fn a_redundant_hub_never_starts_a_handshake() {
         rekey_inits,
         "the peer initiated again, not the hub"
     );
+}
+
+/// A hub restarts (a fresh endpoint with a new epoch) with hints on. The terminal's next
+/// packet that asks for an answer gets a HINT, and the terminal is associated with the new
+/// epoch within four one-way delays of that packet (the packet out, the hint back, the INIT
+/// out, the REPLY back), before its probes could start an outage.
+#[test]
+fn a_hub_restart_is_found_by_the_first_hinted_packet() {
+    let layout = Layout {
+        hints: true,
+        ..Layout::default()
+    };
+    let mut n = Hubnet::new(&layout);
+    established(&mut n, &[HUB, 1]);
+    n.run_until(Duration::from_secs(2), |_| false);
+    let mut restarted = Hubnet::new(&layout).nodes.swap_remove(HUB);
+    restarted.epoch += 1;
+    n.nodes[HUB] = restarted;
+    let t = n.nodes[1].only();
+    let sent_before = n.nodes[1].sent.len();
+    n.open(1, t, 3001, pattern(1, 1000), true);
+    assert!(
+        n.nodes[1].sent.len() > sent_before,
+        "the FLOW_OPEN left at once"
+    );
+    let first = n.now;
+    let stats = |n: &Hubnet| n.nodes[1].assocs[&t].0.stats();
+    assert!(
+        n.run_until(Duration::from_secs(5), |n| n.nodes[1].assocs[&t]
+            .0
+            .is_established()
+            && stats(n).peer_restarts == 1)
+    );
+    let took = n.now - first;
+    eprintln!("re-associated {took:?} after the first packet to the restarted hub");
+    assert!(took <= layout.delay * 4, "{took:?}");
+    let s = stats(&n);
+    assert_eq!((s.hints.acted, s.outages), (1, 0));
+    assert!(n.nodes[HUB].endpoint.stats().hints_sent >= 1);
+    flows_both_ways(&mut n, &[1], 100_000);
+}
+
+/// Hints that do not echo a packet the terminal has outstanding at its hub, byte for byte
+/// where it counts, or that come from elsewhere, are counted and change nothing: no
+/// initiation leaves, and the terminal keeps sending where it did. The genuine hint they
+/// were made from is acted on at once.
+#[test]
+fn a_hint_that_echoes_no_packet_of_ours_is_ignored() {
+    let layout = Layout::default();
+    let mut n = Hubnet::new(&layout);
+    established(&mut n, &[HUB, 1]);
+    n.run_until(Duration::from_secs(1), |_| false);
+    // The hub hears nothing from now on: what the terminal sends stays outstanding.
+    let delay = layout.delay;
+    n.path = Some(Box::new(move |_, from, _| {
+        (from == hub_addr()).then_some(delay)
+    }));
+    let t = n.nodes[1].only();
+    let before = n.nodes[1].sent.len();
+    n.open(1, t, 3001, pattern(1, 1000), true);
+    let packet = n.nodes[1].sent[before..]
+        .iter()
+        .find(|(_, d)| d[0] & 0x80 == 0)
+        .map(|(_, d)| d.clone())
+        .expect("a short packet");
+    let mut genuine = Vec::new();
+    assert!(encode_hint(&packet, 2, 16, &mut genuine));
+    let inits = |n: &Hubnet| n.nodes[1].sent.iter().filter(|(_, d)| d[0] == INIT).count();
+    let inits_before = inits(&n);
+    let altered = |at: usize, bits: u8| {
+        let mut h = genuine.clone();
+        h[at] ^= bits;
+        h
+    };
+    let elsewhere: SocketAddr = "198.18.0.2:7400".parse().unwrap();
+    let forged = [
+        (altered(genuine.len() - 1, 0x01), hub_addr()),
+        (altered(8, 0x40), hub_addr()),
+        (altered(6, 0x01), hub_addr()),
+        (genuine.clone(), elsewhere),
+    ];
+    for (hint, from) in &forged {
+        n.deliver(1, *from, hint);
+    }
+    let s = n.nodes[1].assocs[&t].0.stats();
+    assert_eq!(
+        s.hints,
+        HintCounts {
+            unmatched: 3,
+            elsewhere: 1,
+            ..HintCounts::default()
+        }
+    );
+    assert_eq!(inits(&n), inits_before);
+    assert_eq!(n.nodes[1].assocs[&t].0.remote(), Some(hub_addr()));
+    assert_eq!(s.remote_moves, 0);
+    n.deliver(1, hub_addr(), &genuine);
+    assert_eq!(n.nodes[1].assocs[&t].0.stats().hints.acted, 1);
+    assert_eq!(inits(&n), inits_before + 1, "an initiation left at once");
 }

@@ -527,6 +527,7 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
         side,
         bind,
         workers,
+        hints,
     }) = new
     else {
         return Vec::new();
@@ -546,6 +547,11 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
             "tunnel.workers",
             tunnel,
             running.is_none_or(|r| *workers != r.workers),
+        ),
+        key(
+            "tunnel.hints",
+            tunnel,
+            running.is_none_or(|r| *hints != r.hints),
         ),
     ]
 }

@@ -69,7 +69,12 @@ impl Association {
                 return self.on_handshake_reply(now, from, datagram)
             }
             Header::Cookie if secure => return self.on_cookie(now, datagram),
-            Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply | Header::Cookie => {
+            Header::Hint if secure => return self.on_hint(now, from, datagram),
+            Header::Hello(_)
+            | Header::HandshakeInit
+            | Header::HandshakeReply
+            | Header::Cookie
+            | Header::Hint => {
                 self.stats.security.wrong_mode += 1;
                 return;
             }
@@ -267,6 +272,50 @@ impl Association {
             Ok(()) if !self.established => self.hello_due = Some(now),
             Ok(()) => {}
             Err(d) => d.count(&mut self.stats.security),
+        }
+    }
+
+    /// A hub's "I do not know you" (docs/PROTOCOL.md §7.7). Unauthenticated, so it never
+    /// changes the association: if it echoes a packet of ours outstanding at the hub we
+    /// send to, an initiation goes to that hub at once (at most one a second). A hub that
+    /// lost us answers it with a new epoch, and only that authenticated reply restarts the
+    /// association; a hub that still holds us answers it as a rekey.
+    fn on_hint(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
+        let hint = match crate::packet::parse_hint(datagram, self.peer_cid.len()) {
+            Ok(h) if !self.peer_cid.is_empty() => h,
+            _ => {
+                self.stats.malformed_dropped += 1;
+                return;
+            }
+        };
+        if from.is_none() || from != self.remote {
+            self.stats.hints.elsewhere += 1;
+            return;
+        }
+        if !self.established {
+            // Initiating already.
+            self.stats.hints.ignored += 1;
+            return;
+        }
+        let (truncated, pn_len) = hint.packet_number();
+        let pn = expand_truncated(truncated, pn_len, self.next_pn.saturating_sub(1));
+        let ours = hint.cid == self.peer_cid.as_slice()
+            && pn < self.next_pn
+            && self
+                .sent
+                .get(pn)
+                .is_some_and(|p| p.tag_tail == hint.tag_tail);
+        if !ours {
+            self.stats.hints.unmatched += 1;
+            return;
+        }
+        let Some(sec) = self.security.as_mut() else {
+            return;
+        };
+        if sec.on_matched_hint(now) {
+            self.stats.hints.acted += 1;
+        } else {
+            self.stats.hints.rate_limited += 1;
         }
     }
 

@@ -1,6 +1,7 @@
 //! Output: what the next datagram carries, built under the pacer and the window.
 
 use super::*;
+use crate::packet::HINT_TAG_TAIL_LEN;
 
 /// A frame picked for the packet being built.
 enum Planned {
@@ -363,6 +364,10 @@ impl Association {
         }
         self.seal(pn, header.encoded_len(), out);
         self.next_pn += 1;
+        let mut tag_tail = [0u8; HINT_TAG_TAIL_LEN];
+        if self.security.is_some() && out.len() >= HINT_TAG_TAIL_LEN {
+            tag_tail.copy_from_slice(&out[out.len() - HINT_TAG_TAIL_LEN..]);
+        }
 
         let wire = (out.len() + self.cfg.wire_overhead - self.tag_len()) as u64;
         self.stats.packets_sent += 1;
@@ -399,6 +404,7 @@ impl Association {
                     copies: 0,
                     has_data,
                     app_limited,
+                    tag_tail,
                 },
             );
             if copy_of.is_none() && has_data {
