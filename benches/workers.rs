@@ -160,6 +160,7 @@ fn terminals(
                         client: SocketAddr::from(([127, 0, 1, i as u8 + 1], 40_000)),
                         server,
                         dscp: 0,
+                        compression: false,
                     };
                     t.flow = t.assoc.open_flow(meta).ok();
                 }
@@ -234,7 +235,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
     let seeds: Vec<[u8; 32]> = (0..workers).map(|i| [0x40 + i as u8; 32]).collect();
     let tunnel = pepd::tunnel::setup::build(&cfg, &security, 1, &seeds).expect("tunnel");
     let gateway = tunnel.gateway.clone();
-    let sockets = tunnel_sockets(cfg.tunnel_bind(), 0, workers).expect("sockets");
+    let sockets = tunnel_sockets(cfg.tunnel_bind(), 0, workers, false).expect("sockets");
     let hub = sockets[0].local_addr().expect("addr");
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let live = Arc::new(RwLock::new(Live::from_config(&cfg)));
@@ -244,6 +245,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
             live,
             gateway: gateway.clone(),
             runtime: rt.handle().clone(),
+            compression: None,
         })
     } else {
         Arc::new(MemorySource {

@@ -14,8 +14,8 @@ mod http;
 mod snapshot;
 
 pub use encode::encode;
-pub use http::{serve, SnapshotSource, CONTENT_TYPE};
-pub use snapshot::{PeerSnapshot, RelaySnapshot, Snapshot, WorkerSnapshot};
+pub use http::{serve, HealthSource, SnapshotSource, CONTENT_TYPE};
+pub use snapshot::{CompressionSnapshot, PeerSnapshot, RelaySnapshot, Snapshot, WorkerSnapshot};
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "pepd";

@@ -338,6 +338,38 @@ impl PepdConfig {
                 );
             }
         }
+        if self.redundant() {
+            self.check_redundant(c);
+        }
+    }
+
+    /// A redundant hub answers from the address that moves between the hubs, and tells its
+    /// terminals apart by their keys.
+    fn check_redundant(&self, c: &mut Checker<'_>) {
+        if self.side() != Side::Hub {
+            c.fail(
+                "tunnel.redundant",
+                "is for hubs: a terminal starts its association, and a set of redundant hubs \
+                 is one peer to it",
+            );
+        }
+        match self.tunnel.as_ref().and_then(|t| t.bind) {
+            Some(bind) if !bind.ip().is_unspecified() => {}
+            _ => c.fail(
+                "tunnel.redundant",
+                "needs `tunnel.bind` set to the virtual address the hubs share (not a \
+                 wildcard): a redundant hub binds it before it holds it, so that its replies \
+                 leave from it once it does",
+            ),
+        }
+        if self.security.mode != SecurityMode::Noise {
+            c.fail(
+                "tunnel.redundant",
+                "needs `security.mode = \"noise\"`: the hubs share one static key, which is \
+                 what lets a terminal's authenticated handshake reach whichever of them holds \
+                 the address",
+            );
+        }
     }
 
     /// The `[[peer]]` form: each entry on its own, then what entries must not share.
@@ -630,6 +662,18 @@ impl PepdConfig {
             t.pacing_burst,
             ..=MAX_PACING_BURST,
         );
+        c.check(
+            !t.compression_ports.contains(&0),
+            "transport.compression_ports",
+            "port 0 is no server port",
+        );
+        for (i, subnet) in t.compression_prefixes.iter().enumerate() {
+            c.check(
+                !cidr::has_host_bits(subnet),
+                &format!("transport.compression_prefixes[{i}]"),
+                host_bits(subnet),
+            );
+        }
         self.check_vegas(c);
     }
 

@@ -60,7 +60,7 @@ impl Daemon {
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
-        let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers)
+        let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers, cfg.redundant())
             .with_context(|| format!("tunnel socket on {bind}"))?;
         let _claimed = crate::tunnel::steering::claim(bind)
             .with_context(|| format!("tunnel socket on {bind}"))?;
@@ -90,10 +90,13 @@ impl Daemon {
 
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
+        // Read once at start, as the offer in the HELLO is.
+        let compression = crate::proxy::compression::Scope::from_config(&cfg);
         let acceptor: Arc<dyn FlowAcceptor> = Arc::new(UpstreamAcceptor {
             live: live.clone(),
             gateway: gateway.clone(),
             runtime: tokio::runtime::Handle::current(),
+            compression: compression.clone(),
         });
         let driver_tasks =
             start_drivers(tunnel, sockets, acceptor, notifier, driver_stop_rx.clone())?;
@@ -102,6 +105,7 @@ impl Daemon {
         let ctx = Arc::new(Interception {
             gateway: gateway.clone(),
             live: live.clone(),
+            compression,
         });
         for l in listeners {
             tokio::spawn(accept_loop(l, ctx.clone(), accept_stop_rx.clone()));
@@ -122,9 +126,15 @@ impl Daemon {
             driver_stop_rx.clone(),
         ));
         let metrics_gateway = gateway.clone();
+        let (health_gateway, health_live) = (gateway.clone(), live.clone());
+        let health: crate::metrics::HealthSource = Arc::new(move || {
+            let (gateway, live) = (health_gateway.clone(), health_live.clone());
+            Box::pin(async move { crate::control::health::serving(&gateway, &live).await })
+        });
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
             Arc::new(move || crate::metrics::Snapshot::of(&metrics_gateway)),
+            health,
             driver_stop_rx.clone(),
         ));
         if let Some(period) = notifier.watchdog_period() {

@@ -131,6 +131,17 @@ fn sample() -> Snapshot {
             intercept_errors: vec![("accept", 136), ("inspect", 137)],
             flow_resets: vec![("aborted", 138), ("peer_restart", 139)],
             flows_reset_stalled_total: 191,
+            compression: CompressionSnapshot {
+                plain_sent: 201,
+                blocks_sent: 202,
+                blocks_received: 203,
+                plain_received: 204,
+                blocks_by_level: vec![("raw", 205), ("fast", 206), ("hard", 207)],
+                over_budget: 208,
+                compress_ns: 2_500_000_000,
+                decompress_ns: 125_000_000,
+                refused: vec![("over_ratio", 209), ("corrupt", 210)],
+            },
         },
         memory_in_use_bytes: 140,
         memory_accounted_bytes: 160,
@@ -378,6 +389,52 @@ fn encode_reports_every_value_exactly() {
         ("pepd_flow_resets_total", &[("reason", "aborted")], 138),
         ("pepd_flow_resets_total", &[("reason", "peer_restart")], 139),
         ("pepd_flows_reset_stalled_total", &[], 191),
+        (
+            "pepd_compression_plain_bytes_total",
+            &[("direction", "to_peer")],
+            201,
+        ),
+        (
+            "pepd_compression_block_bytes_total",
+            &[("direction", "to_peer")],
+            202,
+        ),
+        (
+            "pepd_compression_block_bytes_total",
+            &[("direction", "from_peer")],
+            203,
+        ),
+        (
+            "pepd_compression_plain_bytes_total",
+            &[("direction", "from_peer")],
+            204,
+        ),
+        (
+            "pepd_compression_blocks_sent_total",
+            &[("level", "raw")],
+            205,
+        ),
+        (
+            "pepd_compression_blocks_sent_total",
+            &[("level", "fast")],
+            206,
+        ),
+        (
+            "pepd_compression_blocks_sent_total",
+            &[("level", "hard")],
+            207,
+        ),
+        ("pepd_compression_over_budget_total", &[], 208),
+        (
+            "pepd_compression_refused_total",
+            &[("reason", "over_ratio")],
+            209,
+        ),
+        (
+            "pepd_compression_refused_total",
+            &[("reason", "corrupt")],
+            210,
+        ),
         ("pepd_association_flows_opened_total", &[], 119),
         ("pepd_association_flows_reset_total", &[], 120),
     ];
@@ -407,6 +464,20 @@ fn encode_reports_every_value_exactly() {
     );
 
     // Gauges.
+    assert_eq!(
+        v(
+            "pepd_compression_cpu_seconds_total",
+            &[("work", "compress")]
+        ),
+        2.5
+    );
+    assert_eq!(
+        v(
+            "pepd_compression_cpu_seconds_total",
+            &[("work", "decompress")]
+        ),
+        0.125
+    );
     assert_eq!(v("pepd_rtt_seconds", &[("kind", "min")]), 0.55);
     assert_eq!(v("pepd_rtt_seconds", &[("kind", "smoothed")]), 0.6125);
     assert_eq!(v("pepd_pacing_rate_bytes_per_second", &[]), 2_500_000.0);
@@ -774,7 +845,7 @@ async fn start(limits: Limits) -> Server {
     let addr = listener.local_addr().expect("addr");
     let (stop, rx) = watch::channel(false);
     let source: SnapshotSource = Arc::new(sample);
-    let task = tokio::spawn(serve_with(listener, source, rx, limits));
+    let task = tokio::spawn(serve_with(listener, source, healthy(), rx, limits));
     Server { addr, stop, task }
 }
 
@@ -980,9 +1051,12 @@ async fn stop_already_set_returns_at_once() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let (_tx, rx) = watch::channel(true);
     let source: SnapshotSource = Arc::new(Snapshot::default);
-    tokio::time::timeout(Duration::from_secs(2), serve(listener, source, rx))
-        .await
-        .expect("serve returns");
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        serve(listener, source, healthy(), rx),
+    )
+    .await
+    .expect("serve returns");
 }
 
 #[tokio::test]
@@ -998,10 +1072,52 @@ async fn a_panicking_source_costs_one_scrape_only() {
         }
         Snapshot::default()
     });
-    let task = tokio::spawn(serve_with(listener, source, rx, Limits::default()));
+    let task = tokio::spawn(serve_with(
+        listener,
+        source,
+        healthy(),
+        rx,
+        Limits::default(),
+    ));
     let r = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
     assert_eq!(status(&r), "HTTP/1.1 500 Internal Server Error");
     let r = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
     assert_eq!(status(&r), "HTTP/1.1 200 OK");
+    shut(Server { addr, stop, task }).await;
+}
+
+/// A daemon that always serves.
+fn healthy() -> HealthSource {
+    Arc::new(|| Box::pin(async { Ok(()) }))
+}
+
+#[tokio::test]
+async fn healthz_says_serving_or_why_not_in_one_line() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, rx) = watch::channel(false);
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = calls.clone();
+    // Serving at first, then draining.
+    let health: HealthSource = Arc::new(move || {
+        let first = c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0;
+        Box::pin(async move {
+            match first {
+                true => Ok(()),
+                false => Err("draining".to_owned()),
+            }
+        })
+    });
+    let source: SnapshotSource = Arc::new(Snapshot::default);
+    let task = tokio::spawn(serve_with(listener, source, health, rx, Limits::default()));
+    let r = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+    assert_eq!(status(&r), "HTTP/1.1 200 OK");
+    assert!(r.ends_with("\r\n\r\nserving\n"), "{r}");
+    let r = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+    assert_eq!(status(&r), "HTTP/1.1 503 Service Unavailable");
+    assert!(r.ends_with("\r\n\r\nnot serving: draining\n"), "{r}");
+    let r = exchange(addr, b"POST /healthz HTTP/1.1\r\n\r\n").await;
+    assert_eq!(status(&r), "HTTP/1.1 405 Method Not Allowed");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 2);
     shut(Server { addr, stop, task }).await;
 }

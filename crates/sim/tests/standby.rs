@@ -438,6 +438,7 @@ impl Sim {
                         client: SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 40000)),
                         server: "198.19.0.1:80".parse().unwrap(),
                         dscp: 0,
+                        compression: false,
                     };
                     if a.is_established() {
                         if let Ok(flow) = a.open_flow(meta) {

@@ -138,6 +138,9 @@ pub struct Config {
     pub pacing_burst: Duration,
     /// When this side starts a handshake (security on; without it HELLOs go as always).
     pub initiate: Initiate,
+    /// What this gateway can decompress, offered in its HELLO (docs/PROTOCOL.md §9); `None`
+    /// offers nothing, and the association's flows then carry no compressed blocks.
+    pub compression: Option<crate::compression::CompressionOffer>,
 }
 
 impl Config {
@@ -171,6 +174,7 @@ impl Config {
             initial_rtt: Duration::from_millis(600),
             pacing_burst: Duration::ZERO,
             initiate: Initiate::Always,
+            compression: None,
         }
     }
 
