@@ -302,7 +302,7 @@ printf '%s\t%s\t%s\t%s\n' "$([[ -n $hub ]] && echo PASS || echo FAIL)" \
 
 # Standby: a hub of 8,000 terminals (4 shards) fails and a standby with the same key takes
 # its address 1.8 s later (crates/sim/tests/standby.rs, which asserts the bound and prints
-# its figures, and those of the same run without hints). About 100 s in release.
+# its figures, and those of the same run without hints). 45 to 100 s in release.
 standby=$(cargo test --release -q -p pep-sim --test standby -- --ignored --nocapture 2>/dev/null | grep '^standby-sim' || true)
 printf '%s\t%s\t%s\t%s\n' "$([[ $standby == *hints:* ]] && echo PASS || echo FAIL)" \
     "standby 8000 terminals: every one re-associated <=10s after the hub fails (standby takes the address at 1.8s)" \

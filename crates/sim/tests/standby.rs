@@ -625,7 +625,7 @@ fn report(label: &str, o: &Outcome) -> (String, Duration) {
 }
 
 #[test]
-#[ignore = "about 100 s in release on a loaded 2-core host: scripts/sim-acceptance.sh runs it"]
+#[ignore = "45 to 100 s in release on a shared 2-core host: scripts/sim-acceptance.sh runs it"]
 fn eight_thousand_terminals_move_to_a_standby_within_10_s() {
     let with = run(true);
     let (with_line, max) = report("hints", &with);
