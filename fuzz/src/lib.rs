@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pep_transport::codec::{put_varint, DecodeError, Reader};
 use pep_transport::frame::{self, Frame};
-use pep_transport::packet::{decode_header, parse_packet, Header};
+use pep_transport::packet::{decode_header, encode_hint, parse_hint, parse_packet, Header};
 use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, ResetReason, Role};
 
 // ---- blocks ----------------------------------------------------------------------------
@@ -78,6 +78,9 @@ pub fn check_blocks(data: &[u8]) {
 /// decodes re-encodes to something that decodes to the same value: the encoders and the
 /// decoder must agree on the format, or a peer would misread what we send.
 pub fn check_decoder(data: &[u8]) {
+    for cid_len in 0..=8 {
+        hint_round_trip(data, cid_len);
+    }
     let Ok((header, frames)) = parse_packet(data) else {
         // Frame-by-frame, as a debugging tool or a future parser might walk a payload:
         // malformed input must end in an error, never a panic or an endless loop.
@@ -132,6 +135,25 @@ pub fn check_decoder(data: &[u8]) {
     let (_, again) = parse_packet(&out).expect("re-encoded packet decodes");
     assert_eq!(again, frames, "re-encoding changed the frames");
     assert!(out.len() >= header_len);
+}
+
+/// A HINT that parses is what `encode_hint` makes of a trigger with its bytes: flags,
+/// connection ID and packet number, a byte of payload, and a tag ending in its tail.
+fn hint_round_trip(data: &[u8], cid_len: usize) {
+    let Ok(h) = parse_hint(data, cid_len) else {
+        return;
+    };
+    let mut trigger = vec![h.trigger_flags];
+    trigger.extend_from_slice(h.cid);
+    trigger.extend_from_slice(h.pn);
+    trigger.extend_from_slice(&[0; 13]);
+    trigger.extend_from_slice(&h.tag_tail);
+    let mut out = Vec::new();
+    assert_eq!(encode_hint(&trigger, cid_len, 16, &mut out), cid_len > 0);
+    if cid_len > 0 {
+        assert_eq!(out, data, "re-encoded hint differs");
+        assert!(out.len() < trigger.len());
+    }
 }
 
 /// Appends the encoding of `f`; false for a frame whose encoding is deliberately lossy.

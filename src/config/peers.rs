@@ -83,6 +83,10 @@ pub struct TunnelConfig {
     /// [`PepdConfig::workers`].
     #[serde(default)]
     pub workers: Option<usize>,
+    /// A hub answers a short packet for a connection ID it does not hold with a HINT;
+    /// default on with security. Read through [`PepdConfig::hints`].
+    #[serde(default)]
+    pub hints: Option<bool>,
     /// A hub of a redundant set sharing one static key and peer list (active/standby): it
     /// binds its tunnel address whether or not this host holds it yet, and makes no
     /// association before a terminal initiates. Read through [`PepdConfig::redundant`].
@@ -267,6 +271,14 @@ impl PepdConfig {
             (Peers::List(_), Side::Hub) => HUB_CID_LEN,
             _ => 0,
         }
+    }
+
+    /// Whether this gateway sends HINTs (docs/PROTOCOL.md §7.7): a hub with security, unless
+    /// `tunnel.hints = false`.
+    pub fn hints(&self) -> bool {
+        self.cid_len() > 0
+            && self.security.mode == crate::config::SecurityMode::Noise
+            && self.tunnel.as_ref().and_then(|t| t.hints) != Some(false)
     }
 
     /// The threads a hub serves its associations on: `tunnel.workers`, else the cores

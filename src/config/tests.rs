@@ -1008,6 +1008,7 @@ fn every_key_in_the_example_is_documented() {
             "peer.tx_rate",
             "peer.weight",
             "tunnel.bind",
+            "tunnel.hints",
             "tunnel.redundant",
             "tunnel.side",
             "tunnel.workers",
@@ -1557,6 +1558,33 @@ fn a_redundant_hub_binds_a_specific_address_with_noise() {
         crate::config::error::Position::At { line, column: 13 },
         "{d}"
     );
+}
+
+#[test]
+fn tunnel_hints_are_on_at_a_secure_hub_and_refused_where_they_cannot_work() {
+    let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+    assert!(c.hints());
+    let without = HUB_SPOKE.replace("hints = true\n", "");
+    assert!(PepdConfig::parse(&without).expect("default hints").hints());
+    let off = HUB_SPOKE.replace("hints = true", "hints = false");
+    assert!(!PepdConfig::parse(&off).expect("hints off").hints());
+    let refused = |text: &str| {
+        let e = PepdConfig::parse(text).unwrap_err();
+        let ConfigError::Invalid(problems) = &e else {
+            panic!("expected validation errors, got {e:?}");
+        };
+        let hints: Vec<String> = problems
+            .iter()
+            .filter(|d| d.key.as_deref() == Some("tunnel.hints"))
+            .map(|d| d.message.clone())
+            .collect();
+        assert_eq!(hints.len(), 1, "{e}");
+        hints[0].clone()
+    };
+    let none = refused(&HUB_SPOKE.replace("mode = \"noise\"", "mode = \"none\""));
+    assert!(none.contains("needs `security.mode = \"noise\"`"), "{none}");
+    let terminal = refused(&HUB_SPOKE.replace("side = \"hub\"", "side = \"terminal\""));
+    assert!(terminal.contains("is for a hub"), "{terminal}");
 }
 
 #[test]

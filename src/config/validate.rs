@@ -323,6 +323,21 @@ impl PepdConfig {
                 "must be at least 1 (leave it out for one per core available)",
             );
         }
+        if self.tunnel.as_ref().and_then(|t| t.hints) == Some(true) {
+            if self.security.mode != SecurityMode::Noise {
+                c.fail(
+                    "tunnel.hints",
+                    "needs `security.mode = \"noise\"`: a hint asks the terminal for an \
+                     authenticated handshake, which there is none of without security",
+                );
+            } else if self.side() != Side::Hub {
+                c.fail(
+                    "tunnel.hints",
+                    "is for a hub (`tunnel.side = \"hub\"`): only a hub chooses connection \
+                     IDs, so only it can tell that it holds none for a packet",
+                );
+            }
+        }
         if self.redundant() {
             self.check_redundant(c);
         }

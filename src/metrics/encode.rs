@@ -353,7 +353,8 @@ fn wire(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
     )
 }
 
-/// Handshakes completed, and the COOKIEs sent instead under load.
+/// Handshakes completed, the COOKIEs sent instead under load, the HINTs sent and
+/// received, and the associations taken over from another hub.
 fn handshakes(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
     counter(
         e,
@@ -368,6 +369,42 @@ fn handshakes(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
         "COOKIEs sent under load instead of doing an initiation's Diffie-Hellman",
         None,
         s.cookies_sent,
+    )?;
+    counter(
+        e,
+        "hints_sent",
+        "HINTs sent in answer to short packets for connection IDs this hub does not hold",
+        None,
+        s.hints_sent,
+    )?;
+    counter(
+        e,
+        "hints_rate_limited",
+        "Short packets for connection IDs this hub does not hold that got no HINT: the budget of their source or of the endpoint was spent",
+        None,
+        s.hints_rate_limited,
+    )?;
+    let h = &s.stats.hints;
+    counter_family(
+        e,
+        "hints_received",
+        "HINTs received from the hub, by what became of them",
+        None,
+        "result",
+        &[
+            ("acted", h.acted),
+            ("rate_limited", h.rate_limited),
+            ("unmatched", h.unmatched),
+            ("elsewhere", h.elsewhere),
+            ("ignored", h.ignored),
+        ],
+    )?;
+    counter(
+        e,
+        "associations_taken_over",
+        "Associations begun by a peer that echoed another epoch than ours: it came from another hub of the same key, or from an earlier run of this one",
+        None,
+        s.stats.associations_taken_over,
     )
 }
 

@@ -87,6 +87,10 @@ pub struct Snapshot {
     pub tunnel_foreign_datagrams: u64,
     /// COOKIEs the endpoint sent instead of doing a handshake's Diffie-Hellman.
     pub cookies_sent: u64,
+    /// HINTs the endpoint sent for short packets of connection IDs it does not hold.
+    pub hints_sent: u64,
+    /// Such packets that got no HINT, the budgets being spent.
+    pub hints_rate_limited: u64,
     /// (daemon version, transport protocol version).
     pub build_info: (&'static str, u32),
     /// Each configured peer's own series, in config order.
@@ -217,6 +221,8 @@ impl Snapshot {
             memory_budget_bytes: gateway.memory.budget(),
             tunnel_foreign_datagrams: get(&c.foreign_datagrams),
             cookies_sent: c.endpoints().iter().map(|e| e.cookies_sent).sum(),
+            hints_sent: c.endpoints().iter().map(|e| e.hints_sent).sum(),
+            hints_rate_limited: c.endpoints().iter().map(|e| e.hints_rate_limited).sum(),
             workers: worker_snapshots(gateway, &peers),
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
             peers: peers.iter().map(|l| peer_snapshot(l)).collect(),

@@ -83,12 +83,13 @@ impl AssocFactory {
                 why: "no settings for this peer",
             });
         };
-        // REDUNDANT HUB, INITIATIONS: with `self.redundant`, this is where the association is
-        // told never to start a handshake but to rekey one that is up
-        // (`pep_transport::Config::initiate = Initiate::RekeyOnly`), once the transport
-        // offers that setting. Until then a redundant hub only leaves out the up-front
-        // associations (`makes_up_front`).
-        let config = s.config.clone();
+        // Another hub with the same key may serve the peer: an initiation of ours, with its
+        // newer epoch, would take the terminal from it. Only rekeys of an association that is
+        // up (docs/PROTOCOL.md §7.1).
+        let mut config = s.config.clone();
+        if self.redundant {
+            config.initiate = pep_transport::Initiate::RekeyOnly;
+        }
         endpoint.new_association(now, peer, config, self.role, self.epoch, s.security.clone())
     }
 

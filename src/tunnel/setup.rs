@@ -66,6 +66,9 @@ pub fn build(
     };
     let mut ecfg = EndpointConfig::new(cfg.cid_len());
     ecfg.shard_bits = crate::tunnel::workers::shard_bits(workers);
+    ecfg.shards = workers as u8;
+    // Hints call for an authenticated handshake: with the keys loaded only.
+    ecfg.hints = cfg.hints() && security.local.is_some();
     ecfg.max_datagram = settings
         .iter()
         .map(|s| s.config.max_datagram())

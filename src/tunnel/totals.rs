@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use pep_transport::cc::CapacityStats;
+use pep_transport::security::HintCounts;
 use pep_transport::{EndpointStats, LossCounts, SecurityCounts, Stats};
 
 /// Adds one association's stats to a total: counters and amounts add up; of the path
@@ -44,11 +45,13 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
         flows_over_limit,
         flows_reset,
         peer_restarts,
+        associations_taken_over,
         malformed_dropped,
         unassociated_dropped,
         duplicates_dropped,
         protocol_violations,
         security,
+        hints,
         handshakes_completed,
         rekeys,
         remote_moves,
@@ -89,11 +92,13 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
     t.flows_over_limit += flows_over_limit;
     t.flows_reset += flows_reset;
     t.peer_restarts += peer_restarts;
+    t.associations_taken_over += associations_taken_over;
     t.malformed_dropped += malformed_dropped;
     t.unassociated_dropped += unassociated_dropped;
     t.duplicates_dropped += duplicates_dropped;
     t.protocol_violations += protocol_violations;
     add_security(&mut t.security, security);
+    add_hints(&mut t.hints, hints);
     t.handshakes_completed += handshakes_completed;
     t.rekeys += rekeys;
     t.remote_moves += remote_moves;
@@ -137,6 +142,21 @@ fn add_losses(t: &mut LossCounts, s: &LossCounts) {
     t.outage += outage;
 }
 
+fn add_hints(t: &mut HintCounts, s: &HintCounts) {
+    let HintCounts {
+        acted,
+        rate_limited,
+        unmatched,
+        elsewhere,
+        ignored,
+    } = s;
+    t.acted += acted;
+    t.rate_limited += rate_limited;
+    t.unmatched += unmatched;
+    t.elsewhere += elsewhere;
+    t.ignored += ignored;
+}
+
 fn add_security(t: &mut SecurityCounts, s: &SecurityCounts) {
     let SecurityCounts {
         unauthenticated,
@@ -178,6 +198,8 @@ pub fn add_endpoint(t: &mut Stats, e: &EndpointStats) {
         security,
         // No association counts these: the snapshot adds up the shards' on its own.
         cookies_sent: _,
+        hints_sent: _,
+        hints_rate_limited: _,
     } = e;
     t.malformed_dropped += malformed;
     t.unassociated_dropped += unknown_cid + unknown_address;
@@ -219,11 +241,13 @@ pub fn counters_only(s: Stats) -> Stats {
         flows_over_limit,
         flows_reset,
         peer_restarts,
+        associations_taken_over,
         malformed_dropped,
         unassociated_dropped,
         duplicates_dropped,
         protocol_violations,
         security,
+        hints,
         handshakes_completed,
         rekeys,
         remote_moves,
@@ -286,11 +310,13 @@ pub fn counters_only(s: Stats) -> Stats {
         flows_over_limit,
         flows_reset,
         peer_restarts,
+        associations_taken_over,
         malformed_dropped,
         unassociated_dropped,
         duplicates_dropped,
         protocol_violations,
         security,
+        hints,
         handshakes_completed,
         rekeys,
         remote_moves,

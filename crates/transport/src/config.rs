@@ -57,6 +57,18 @@ impl Default for VegasParams {
     }
 }
 
+/// When this side starts a Noise handshake (docs/PROTOCOL.md §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Initiate {
+    /// At start, after a restart or a lost association, in an outage, and to rekey.
+    #[default]
+    Always,
+    /// Only to rekey an association that is up and not in an outage: a hub among several
+    /// with one static key, whose initiation with its newer epoch would otherwise take a
+    /// terminal from the hub that serves it.
+    RekeyOnly,
+}
+
 /// When the receiver acknowledges: every `every_packets` ack-eliciting packets or after
 /// `max_delay`, whichever first; at once when a new hole appears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +136,8 @@ pub struct Config {
     /// than two packets). An event loop whose timers fire late by up to a millisecond
     /// needs about that much; a deterministic simulator needs none.
     pub pacing_burst: Duration,
+    /// When this side starts a handshake (security on; without it HELLOs go as always).
+    pub initiate: Initiate,
     /// What this gateway can decompress, offered in its HELLO (docs/PROTOCOL.md §9); `None`
     /// offers nothing, and the association's flows then carry no compressed blocks.
     pub compression: Option<crate::compression::CompressionOffer>,
@@ -159,6 +173,7 @@ impl Config {
             idle_redundancy: true,
             initial_rtt: Duration::from_millis(600),
             pacing_burst: Duration::ZERO,
+            initiate: Initiate::Always,
             compression: None,
         }
     }

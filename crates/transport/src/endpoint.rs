@@ -14,14 +14,14 @@ use crate::association::{Association, EndpointRouting, Role};
 use crate::config::{Config, InvalidConfig};
 use crate::ids::{ConnectionId, PeerId};
 use crate::packet::{
-    LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT, LONG_TYPE_HANDSHAKE_REPLY,
-    LONG_TYPE_HELLO,
+    encode_hint, LONG_HEADER_BIT, LONG_TYPE_COOKIE, LONG_TYPE_HANDSHAKE_INIT,
+    LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_HELLO, LONG_TYPE_HINT,
 };
 use crate::security::{
     cookie_dcid, init_mac1, init_mac1_ok, initiation_ephemeral, initiation_hello, parse_init,
     parse_reply, public_key, reply_mac1_ok, AcceptedInitiation, CookieJar, DropReason,
-    EphemeralSource, HandshakeGuard, InitiationMemory, LocalIdentity, MacKeys, Responder,
-    SecurityConfig, SecurityCounts, SourceBudgets, TokenBucket, KEY_LEN,
+    EphemeralSource, HandshakeGuard, HintBudget, InitiationMemory, LocalIdentity, MacKeys,
+    Responder, SecurityConfig, SecurityCounts, SourceBudgets, TokenBucket, KEY_LEN,
 };
 
 /// An association of one endpoint: the slot its connection ID names.
@@ -62,6 +62,12 @@ pub struct EndpointConfig {
     /// Datagrams longer than this are dropped before routing, so none can make an
     /// association's receive buffer grow (the associations' `Config::max_datagram`).
     pub max_datagram: usize,
+    /// Answer a short packet for a connection ID no association of this hub holds with a
+    /// HINT (docs/PROTOCOL.md §7.7). Only with security and connection IDs.
+    pub hints: bool,
+    /// Shards this hub serves (its workers), 1..=`2^shard_bits`: a connection ID of a
+    /// shard at or beyond it names no association anywhere, and gets a HINT here.
+    pub shards: u8,
 }
 
 impl EndpointConfig {
@@ -75,6 +81,8 @@ impl EndpointConfig {
             handshakes_per_second: ENDPOINT_HANDSHAKES_PER_SECOND,
             handshake_burst: ENDPOINT_HANDSHAKE_BURST,
             max_datagram: DEFAULT_MAX_DATAGRAM,
+            hints: false,
+            shards: 1,
         }
     }
 
@@ -90,6 +98,18 @@ impl EndpointConfig {
         }
         if u32::from(self.shard) >= 1 << self.shard_bits {
             return Err(InvalidConfig::new("endpoint.shard", "beyond 2^shard_bits"));
+        }
+        if self.shards == 0 || u32::from(self.shards) > 1 << self.shard_bits {
+            return Err(InvalidConfig::new(
+                "endpoint.shards",
+                "between 1 and 2^shard_bits",
+            ));
+        }
+        if self.hints && (self.cid_len == 0 || self.shard >= self.shards) {
+            return Err(InvalidConfig::new(
+                "endpoint.hints",
+                "only for an endpoint that chooses connection IDs, of a shard it counts",
+            ));
         }
         if self.handshakes_per_second == 0 || self.handshake_burst == 0 {
             return Err(InvalidConfig::new(
@@ -150,18 +170,21 @@ pub enum DatagramEvent {
         handle: Option<AssocHandle>,
         accepted: AcceptedInitiation,
     },
-    /// Send this datagram to `destination` (a COOKIE: the endpoint is under load and the
-    /// initiation had no valid mac2). Never larger than the datagram it answers.
+    /// Send this datagram to `destination`: a COOKIE (the endpoint is under load and the
+    /// initiation had no valid mac2) or a HINT (a short packet for a connection ID no
+    /// association holds). Never larger than the datagram it answers.
     Response {
         destination: SocketAddr,
         datagram: Vec<u8>,
     },
 }
 
-/// Datagrams the endpoint dropped, by reason. None of them gets a reply.
+/// Datagrams the endpoint dropped, by reason, and what it answered without an
+/// association: COOKIEs and HINTs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EndpointStats {
-    /// A short packet or reply whose connection ID names no association here.
+    /// A short packet, reply or cookie whose connection ID names no association here (a
+    /// short packet may get a HINT: `hints_sent`), or a HINT at a hub.
     pub unknown_cid: u64,
     /// Too short or too long to be ours, or of an unknown type.
     pub malformed: u64,
@@ -173,6 +196,10 @@ pub struct EndpointStats {
     pub security: SecurityCounts,
     /// COOKIEs sent instead of doing an initiation's Diffie-Hellman.
     pub cookies_sent: u64,
+    /// HINTs sent for short packets whose connection ID no association of this hub holds.
+    pub hints_sent: u64,
+    /// Such packets that got no HINT: their source's or the endpoint's budget was spent.
+    pub hints_rate_limited: u64,
 }
 
 pub struct Endpoint {
@@ -192,6 +219,8 @@ pub struct Endpoint {
     verified_by_source: SourceBudgets,
     /// Under load until then: initiations without a valid mac2 get cookies.
     load_until: Option<Instant>,
+    /// HINTs still allowed, per source and in all.
+    hints: HintBudget,
     /// By slot: the peer whose association holds it.
     slots: Vec<Option<PeerId>>,
     /// Slots given back, reused least recently freed first (after every fresh one), so a
@@ -227,6 +256,12 @@ impl Endpoint {
         rng_seed: [u8; 32],
     ) -> Result<Self, InvalidConfig> {
         cfg.validate()?;
+        if cfg.hints && local.is_none() {
+            return Err(InvalidConfig::new(
+                "endpoint.hints",
+                "only with security: a hint calls for an authenticated handshake",
+            ));
+        }
         let guard = HandshakeGuard::new(cfg.handshakes_per_second, cfg.handshake_burst);
         let verified = TokenBucket::new(cfg.handshakes_per_second, cfg.handshake_burst);
         let mut source = EphemeralSource::new(rng_seed);
@@ -243,6 +278,7 @@ impl Endpoint {
             verified,
             verified_by_source: SourceBudgets::default(),
             load_until: None,
+            hints: HintBudget::new(),
             slots: Vec::new(),
             free: VecDeque::new(),
             peers: HashMap::new(),
@@ -403,7 +439,7 @@ impl Endpoint {
                 self.stats.malformed += 1;
                 return None;
             };
-            return self.route(cid);
+            return self.route(cid).or_else(|| self.hint(now, from, datagram));
         }
         let secure = self.local.is_some();
         match first & !LONG_HEADER_BIT {
@@ -411,10 +447,14 @@ impl Endpoint {
             LONG_TYPE_HANDSHAKE_INIT if secure => self.on_init(now, from, datagram),
             LONG_TYPE_HANDSHAKE_REPLY if secure => self.on_reply(now, datagram),
             LONG_TYPE_COOKIE if secure => self.on_cookie(datagram),
+            // Only an endpoint without connection IDs (one peer) takes hints: a hub's
+            // peers never send any, so two hubs cannot answer each other.
+            LONG_TYPE_HINT if secure => self.route(&[]),
             LONG_TYPE_HELLO
             | LONG_TYPE_HANDSHAKE_INIT
             | LONG_TYPE_HANDSHAKE_REPLY
-            | LONG_TYPE_COOKIE => {
+            | LONG_TYPE_COOKIE
+            | LONG_TYPE_HINT => {
                 self.stats.security.wrong_mode += 1;
                 None
             }
@@ -538,6 +578,39 @@ impl Endpoint {
                 None
             }
         }
+    }
+
+    /// The HINT answering a short packet whose connection ID `route` found nothing for, if
+    /// one may go (docs/PROTOCOL.md §7.7): hints on; the ID names a slot of this shard that
+    /// is empty, or a shard no worker of this hub serves (another worker's own is its to
+    /// answer); the packet is long enough to be sealed; and the budgets grant it.
+    fn hint(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) -> Option<DatagramEvent> {
+        if !self.cfg.hints || self.local.is_none() {
+            return None;
+        }
+        let cid_len = usize::from(self.cfg.cid_len);
+        let [hi, lo] = *datagram.get(1..1 + cid_len)? else {
+            return None;
+        };
+        let shard =
+            u32::from(u16::from_be_bytes([hi, lo])) >> (16 - u32::from(self.cfg.shard_bits));
+        let ours = shard == u32::from(self.cfg.shard);
+        if !ours && shard < u32::from(self.cfg.shards) {
+            return None;
+        }
+        let mut hint = Vec::new();
+        if !encode_hint(datagram, cid_len, crate::security::TAG_LEN, &mut hint) {
+            return None;
+        }
+        if !self.hints.try_take(now, from) {
+            self.stats.hints_rate_limited += 1;
+            return None;
+        }
+        self.stats.hints_sent += 1;
+        Some(DatagramEvent::Response {
+            destination: from,
+            datagram: hint,
+        })
     }
 
     fn route_by_address(&mut self, from: SocketAddr) -> Option<DatagramEvent> {
@@ -732,6 +805,165 @@ mod tests {
     ) -> Result<(AssocHandle, Association), InvalidConfig> {
         let cfg = Config::for_rate(1_000_000);
         e.new_association(now, PeerId(p), cfg, Role::Responder, 1, None)
+    }
+
+    /// A hub's endpoint with security and hints, of shard `shard` among `shards` with
+    /// `shard_bits`.
+    fn hinting(shard_bits: u8, shard: u8, shards: u8) -> Endpoint {
+        let mut cfg = EndpointConfig::new(2);
+        cfg.shard_bits = shard_bits;
+        cfg.shard = shard;
+        cfg.shards = shards;
+        cfg.hints = true;
+        let local = LocalIdentity {
+            private_key: [0x11; KEY_LEN],
+            psk: None,
+        };
+        Endpoint::new(cfg, Some(local), [1; 32]).unwrap()
+    }
+
+    /// A sealed-looking short packet: flags with a packet number of `pn_len` bytes, the
+    /// connection ID, the number, `payload` bytes and a tag.
+    fn short_packet(cid: [u8; 2], pn_len: usize, payload: usize) -> Vec<u8> {
+        let mut d = vec![((pn_len as u8 - 1) << 5) | 0x10];
+        d.extend_from_slice(&cid);
+        d.extend((0..pn_len).map(|i| 0xa0 + i as u8));
+        d.extend(std::iter::repeat_n(0x55, payload));
+        d.extend(0xe0..0xf0u8);
+        d
+    }
+
+    fn hint_of(e: &mut Endpoint, now: Instant, from: SocketAddr, d: &[u8]) -> Option<Vec<u8>> {
+        match e.handle(now, from, d) {
+            Some(DatagramEvent::Response {
+                destination,
+                datagram,
+            }) => {
+                assert_eq!(destination, from);
+                Some(datagram)
+            }
+            None => None,
+            Some(other) => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unknown_connection_id_gets_a_hint_smaller_than_it() {
+        let mut e = hinting(0, 0, 1);
+        let now = Instant::now();
+        let from = SocketAddr::from(([198, 18, 1, 7], 7400));
+        let two = short_packet([0x00, 0x07], 2, 1);
+        assert_eq!(two.len(), 22, "the shortest sealed packet");
+        let hint = hint_of(&mut e, now, from, &two).expect("a hint");
+        assert_eq!(
+            hint,
+            [0x85, 0x00, 0x00, 0x00, 0x02, 0x30, 0x00, 0x07, 0xa0, 0xa1, 0xec, 0xed, 0xee, 0xef]
+        );
+        assert!(hint.len() < two.len());
+        let four = short_packet([0x12, 0x34], 4, 100);
+        let hint = hint_of(&mut e, now, from, &four).expect("a hint");
+        assert_eq!(
+            hint,
+            [
+                0x85, 0x00, 0x00, 0x00, 0x02, 0x70, 0x12, 0x34, 0xa0, 0xa1, 0xa2, 0xa3, 0xec, 0xed,
+                0xee, 0xef
+            ]
+        );
+        let parsed = crate::packet::parse_hint(&hint, 2).unwrap();
+        assert_eq!(
+            (parsed.trigger_flags, parsed.cid, parsed.packet_number()),
+            (0x70, &[0x12, 0x34][..], (0xa0a1_a2a3, 4))
+        );
+        assert_eq!(parsed.tag_tail, [0xec, 0xed, 0xee, 0xef]);
+        let s = e.stats();
+        assert_eq!(
+            (s.unknown_cid, s.hints_sent, s.hints_rate_limited),
+            (2, 2, 0)
+        );
+    }
+
+    #[test]
+    fn no_hint_for_a_long_header_a_short_trigger_another_shards_id_or_without_security() {
+        let now = Instant::now();
+        let from = SocketAddr::from(([198, 18, 1, 7], 7400));
+        // Shard 1 of 4 (2 bits): IDs 0x4000..0x7fff are its own.
+        let mut e = hinting(2, 1, 4);
+        let own = short_packet([0x40, 0x01], 2, 1);
+        assert!(hint_of(&mut e, now, from, &own).is_some());
+        // Too short to be sealed: a header, no payload, a tag.
+        let short = short_packet([0x40, 0x02], 2, 0);
+        assert!(hint_of(&mut e, now, from, &short).is_none());
+        // Another worker's shard: its owner answers, not this one.
+        let other = short_packet([0x80, 0x01], 2, 1);
+        assert!(hint_of(&mut e, now, from, &other).is_none());
+        // A hint is never answered with a hint (a hub takes none), nor is any long header.
+        let hint = hint_of(&mut e, now, SocketAddr::from(([198, 18, 1, 8], 1)), &own).unwrap();
+        assert!(e.handle(now, from, &hint).is_none());
+        for kind in [LONG_TYPE_HANDSHAKE_REPLY, LONG_TYPE_COOKIE, 0x7f] {
+            let mut d = own.clone();
+            d[0] = LONG_HEADER_BIT | kind;
+            assert!(hint_of(&mut e, now, from, &d).is_none());
+        }
+        assert_eq!(e.stats().hints_sent, 2);
+        // Hints off, or no security: nothing.
+        let mut off = endpoint(EndpointConfig::new(2));
+        assert!(off.handle(now, from, &own).is_none());
+        let mut cfg = EndpointConfig::new(2);
+        cfg.hints = true;
+        assert!(
+            Endpoint::new(cfg, None, [0; 32]).is_err(),
+            "hints need security"
+        );
+        let mut quiet = hinting(0, 0, 1);
+        quiet.cfg.hints = false;
+        assert!(quiet.handle(now, from, &own).is_none());
+        assert_eq!(quiet.stats().unknown_cid, 1);
+    }
+
+    #[test]
+    fn hints_are_limited_per_source_and_per_endpoint() {
+        let mut e = hinting(0, 0, 1);
+        let t0 = Instant::now();
+        let from = SocketAddr::from(([198, 18, 1, 7], 7400));
+        let d = short_packet([0x00, 0x07], 2, 1);
+        let sent = (0..3)
+            .filter(|i| hint_of(&mut e, t0 + Duration::from_micros(300 * i), from, &d).is_some())
+            .count();
+        assert_eq!(sent, 2, "two to one source within a millisecond");
+        assert_eq!(e.stats().hints_rate_limited, 1);
+
+        let mut e = hinting(0, 0, 1);
+        let source = |i: u32| SocketAddr::from(([198, 18, (i >> 8) as u8, i as u8], 7400));
+        let sent = (0..2000)
+            .filter(|&i| hint_of(&mut e, t0, source(i), &d).is_some())
+            .count();
+        assert_eq!(sent, 1000, "the endpoint's burst");
+        for ms in 1..=5u32 {
+            let now = t0 + Duration::from_millis(u64::from(ms));
+            let sent = (0..100)
+                .filter(|&i| hint_of(&mut e, now, source(2000 + ms * 100 + i), &d).is_some())
+                .count();
+            assert_eq!(sent, 2, "2,000 a second at {ms} ms");
+        }
+    }
+
+    #[test]
+    fn a_shard_no_worker_serves_gets_a_hint() {
+        let now = Instant::now();
+        let from = SocketAddr::from(([198, 18, 1, 7], 7400));
+        // Three workers with two shard bits: shard 3's IDs name no worker of this hub.
+        let mut e = hinting(2, 0, 3);
+        let nobody = short_packet([0xc0, 0x05], 2, 1);
+        assert!(hint_of(&mut e, now, from, &nobody).is_some());
+        let worker_2 = short_packet([0x80, 0x05], 2, 1);
+        assert!(hint_of(&mut e, now, from, &worker_2).is_none());
+        let mut cfg = EndpointConfig::new(2);
+        cfg.shard_bits = 2;
+        cfg.shards = 5;
+        assert!(
+            Endpoint::new(cfg, None, [0; 32]).is_err(),
+            "more shards than bits name"
+        );
     }
 
     #[test]

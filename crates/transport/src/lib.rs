@@ -33,7 +33,9 @@ pub use association::{
     ReadOutcome, Role,
 };
 pub use compression::{Compression, CompressionOffer};
-pub use config::{AckPolicy, CcMode, Config, InvalidConfig, LossCause, SizeMode, VegasParams};
+pub use config::{
+    AckPolicy, CcMode, Config, Initiate, InvalidConfig, LossCause, SizeMode, VegasParams,
+};
 pub use endpoint::{
     AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerIdentity,
     PeerTableError, RemovedPeer, ENDPOINT_HANDSHAKES_PER_SECOND, ENDPOINT_HANDSHAKE_BURST,

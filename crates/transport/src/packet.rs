@@ -17,6 +17,11 @@ pub const LONG_TYPE_HANDSHAKE_INIT: u8 = 0x02;
 pub const LONG_TYPE_HANDSHAKE_REPLY: u8 = 0x03;
 /// Long-header packet type: a busy responder's cookie, instead of a reply (security on).
 pub const LONG_TYPE_COOKIE: u8 = 0x04;
+/// Long-header packet type: a hub's "I do not know you", in answer to a short packet for a
+/// connection ID it does not hold (security on).
+pub const LONG_TYPE_HINT: u8 = 0x05;
+/// Bytes of the end of a sealed packet a HINT echoes: the end of its AEAD tag.
+pub const HINT_TAG_TAIL_LEN: usize = 4;
 /// Type byte and version in front of the rest of a handshake datagram: a REPLY's or a
 /// COOKIE's DCID starts here, so a hub can place them by it before reading further.
 pub const HANDSHAKE_HEADER_LEN: usize = 5;
@@ -235,6 +240,9 @@ pub enum Header {
     HandshakeInit,
     HandshakeReply,
     Cookie,
+    /// A HINT (`r` is left at the version field; [`parse_hint`] reads the layout, which
+    /// depends on the receiver's knowledge of the sender's connection ID length).
+    Hint,
 }
 
 /// Parses the header at the start of a datagram sent to a receiver without connection IDs;
@@ -258,6 +266,7 @@ pub fn decode_header_with_cid(
         LONG_TYPE_HANDSHAKE_INIT => Ok(Header::HandshakeInit),
         LONG_TYPE_HANDSHAKE_REPLY => Ok(Header::HandshakeReply),
         LONG_TYPE_COOKIE => Ok(Header::Cookie),
+        LONG_TYPE_HINT => Ok(Header::Hint),
         _ => Err(DecodeError::Invalid("unknown long header type")),
     }
 }
@@ -278,12 +287,105 @@ pub fn parse_packet_with_cid(
     let mut r = Reader::new(datagram);
     let header = decode_header_with_cid(&mut r, local_cid_len)?;
     let frames = match &header {
-        Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply | Header::Cookie => {
-            Vec::new()
-        }
+        Header::Hello(_)
+        | Header::HandshakeInit
+        | Header::HandshakeReply
+        | Header::Cookie
+        | Header::Hint => Vec::new(),
         Header::Short(s) => decode_payload(r.rest(), s.implicit_data)?,
     };
     Ok((header, frames))
+}
+
+/// What a HINT echoes of the short packet that triggered it (docs/PROTOCOL.md §3.3): every
+/// byte is one the trigger carried in clear.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hint<'a> {
+    /// The trigger's first byte, as received.
+    pub trigger_flags: u8,
+    /// The trigger's connection ID.
+    pub cid: &'a [u8],
+    /// The trigger's truncated packet number, as many bytes as its flags say.
+    pub pn: &'a [u8],
+    /// The trigger's last bytes: the end of its AEAD tag.
+    pub tag_tail: [u8; HINT_TAG_TAIL_LEN],
+}
+
+impl Hint<'_> {
+    /// The truncated packet number and its length in bytes.
+    pub fn packet_number(&self) -> (u64, usize) {
+        let value = self.pn.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b));
+        (value, self.pn.len())
+    }
+}
+
+/// Bytes of a HINT for a trigger with a connection ID of `cid_len` bytes and a packet
+/// number of `pn_len`.
+pub fn hint_len(cid_len: usize, pn_len: usize) -> usize {
+    HANDSHAKE_HEADER_LEN + 1 + cid_len + pn_len + HINT_TAG_TAIL_LEN
+}
+
+/// The packet-number length a short header's first byte names.
+fn short_pn_len(first: u8) -> usize {
+    usize::from((first & PN_LEN_MASK) >> PN_LEN_SHIFT) + 1
+}
+
+/// Writes into `out` the HINT answering `trigger`, a short packet whose connection ID is
+/// `cid_len` bytes. False (and nothing written) unless the trigger is a short packet long
+/// enough to be sealed: a header, one byte of payload and an AEAD tag of `tag_len`. The
+/// hint is then always smaller than its trigger.
+pub fn encode_hint(trigger: &[u8], cid_len: usize, tag_len: usize, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    let Some(&first) = trigger.first() else {
+        return false;
+    };
+    if first & LONG_HEADER_BIT != 0 || cid_len == 0 {
+        return false;
+    }
+    let pn_len = short_pn_len(first);
+    let header = 1 + cid_len + pn_len;
+    if trigger.len() < header + 1 + tag_len.max(HINT_TAG_TAIL_LEN) {
+        return false;
+    }
+    out.push(LONG_HEADER_BIT | LONG_TYPE_HINT);
+    out.extend_from_slice(&crate::PROTOCOL_VERSION.to_be_bytes());
+    out.extend_from_slice(&trigger[..header]);
+    out.extend_from_slice(&trigger[trigger.len() - HINT_TAG_TAIL_LEN..]);
+    if out.len() >= trigger.len() {
+        out.clear();
+        return false;
+    }
+    true
+}
+
+/// Reads a HINT sent by a gateway whose connection IDs are `cid_len` bytes long (the
+/// length of the one we send it). Anything but exactly that layout is an error.
+pub fn parse_hint(datagram: &[u8], cid_len: usize) -> Result<Hint<'_>, DecodeError> {
+    let mut r = Reader::new(datagram);
+    if r.u8()? != LONG_HEADER_BIT | LONG_TYPE_HINT {
+        return Err(DecodeError::Invalid("not a hint"));
+    }
+    if r.u32()? != crate::PROTOCOL_VERSION {
+        return Err(DecodeError::Invalid("hint of another version"));
+    }
+    let trigger_flags = r.u8()?;
+    if trigger_flags & LONG_HEADER_BIT != 0 {
+        return Err(DecodeError::Invalid("hint of a long header"));
+    }
+    let pn_len = short_pn_len(trigger_flags);
+    if datagram.len() != hint_len(cid_len, pn_len) {
+        return Err(DecodeError::Invalid("hint length"));
+    }
+    let cid = r.bytes(cid_len)?;
+    let pn = r.bytes(pn_len)?;
+    let mut tag_tail = [0u8; HINT_TAG_TAIL_LEN];
+    tag_tail.copy_from_slice(r.bytes(HINT_TAG_TAIL_LEN)?);
+    Ok(Hint {
+        trigger_flags,
+        cid,
+        pn,
+        tag_tail,
+    })
 }
 
 /// The shard (a hub's worker, docs/PROTOCOL.md §8) a datagram's connection ID names: a

@@ -46,6 +46,9 @@ pub struct SentPacket {
     pub has_data: bool,
     /// Sent after the pacer's schedule slipped (see `Pacer::on_sent`).
     pub app_limited: bool,
+    /// The packet's last bytes as sent (the end of its AEAD tag; zeros without security):
+    /// a HINT that echoes them is about this packet.
+    pub tag_tail: [u8; crate::packet::HINT_TAG_TAIL_LEN],
 }
 
 #[derive(Debug, Default)]
@@ -185,6 +188,13 @@ impl SentPackets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tag_tail_costs_no_memory() {
+        // It fills what was padding: an association records every packet in flight.
+        assert_eq!(std::mem::size_of::<SentPacket>(), 72);
+        assert_eq!(std::mem::size_of::<Option<SentPacket>>(), 72);
+    }
 
     #[test]
     fn frame_lists_come_back_empty_and_only_small_ones_are_kept() {

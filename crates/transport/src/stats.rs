@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::cc::CapacityStats;
 use crate::datagram_size::ClassLoss;
 use crate::loss::LossCounts;
-use crate::security::{PacketProtection, SecurityCounts};
+use crate::security::{HintCounts, PacketProtection, SecurityCounts};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
@@ -64,6 +64,9 @@ pub struct Stats {
     pub flows_over_limit: u64,
     pub flows_reset: u64,
     pub peer_restarts: u64,
+    /// Associations begun by a peer that echoed neither our epoch nor none: it was
+    /// associated with another hub of the same key, or with an earlier run of ours.
+    pub associations_taken_over: u64,
     /// Datagrams dropped because they did not parse.
     pub malformed_dropped: u64,
     /// Datagrams dropped because no association with the sender exists yet.
@@ -72,6 +75,8 @@ pub struct Stats {
     pub protocol_violations: u64,
     /// Datagrams the security layer dropped, by reason.
     pub security: SecurityCounts,
+    /// HINTs received, by what became of them.
+    pub hints: HintCounts,
     /// Noise handshakes completed (association starts and rekeys).
     pub handshakes_completed: u64,
     /// Key changes within a running association.

@@ -12,7 +12,8 @@ use std::time::Duration;
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
 use pep_transport::packet::{
-    decode_header, decode_header_with_cid, parse_packet, parse_packet_with_cid,
+    decode_header, decode_header_with_cid, encode_hint, parse_hint, parse_packet,
+    parse_packet_with_cid,
 };
 use pep_transport::security::LocalIdentity;
 use pep_transport::{Endpoint, EndpointConfig, PeerId, PeerIdentity};
@@ -99,6 +100,7 @@ fn decode_everything(bytes: &[u8]) {
         while !r.is_empty() && Frame::decode(&mut r).is_ok() {}
     }
     for cid_len in 0..=9 {
+        hint_round_trip(bytes, cid_len);
         let _ = parse_packet_with_cid(bytes, cid_len);
         let mut r = Reader::new(bytes);
         if decode_header_with_cid(&mut r, cid_len).is_ok() {
@@ -111,7 +113,10 @@ fn decode_everything(bytes: &[u8]) {
                 private_key: [7; 32],
                 psk: None,
             });
-            let mut e = Endpoint::new(EndpointConfig::new(cid_len), local, [1; 32]).unwrap();
+            let mut cfg = EndpointConfig::new(cid_len);
+            // A hub answers what it cannot route with hints.
+            cfg.hints = secure && cid_len > 0;
+            let mut e = Endpoint::new(cfg, local, [1; 32]).unwrap();
             let peer = PeerIdentity {
                 public_key: Some([9; 32]),
                 address: Some("198.18.0.9:7400".parse().unwrap()),
@@ -123,6 +128,25 @@ fn decode_everything(bytes: &[u8]) {
     }
     for offset_len in 1..=4 {
         let _ = Frame::decode_implicit_data(&mut Reader::new(bytes), false, offset_len);
+    }
+}
+
+/// A HINT that parses is what `encode_hint` makes of a trigger with its bytes: flags,
+/// connection ID and packet number, a byte of payload, and a tag ending in its tail.
+fn hint_round_trip(data: &[u8], cid_len: usize) {
+    let Ok(h) = parse_hint(data, cid_len) else {
+        return;
+    };
+    let mut trigger = vec![h.trigger_flags];
+    trigger.extend_from_slice(h.cid);
+    trigger.extend_from_slice(h.pn);
+    trigger.extend_from_slice(&[0; 13]);
+    trigger.extend_from_slice(&h.tag_tail);
+    let mut out = Vec::new();
+    assert_eq!(encode_hint(&trigger, cid_len, 16, &mut out), cid_len > 0);
+    if cid_len > 0 {
+        assert_eq!(out, data, "re-encoded hint differs");
+        assert!(out.len() < trigger.len());
     }
 }
 

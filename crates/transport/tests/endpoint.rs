@@ -9,13 +9,18 @@ use std::time::{Duration, Instant};
 
 use pep_transport::codec::Reader;
 use pep_transport::frame::Frame;
-use pep_transport::packet::{decode_header_with_cid, Header};
-use pep_transport::security::{public_key, stamp_initiation_macs};
-use pep_transport::{AssocHandle, DatagramEvent, Endpoint, EndpointStats, PeerId, PeerIdentity};
+use pep_transport::packet::{decode_header_with_cid, encode_hint, Header};
+use pep_transport::security::{public_key, stamp_initiation_macs, HintCounts};
+use pep_transport::{
+    AssocHandle, Association, DatagramEvent, Endpoint, EndpointStats, Event, Initiate, LostReason,
+    PeerId, PeerIdentity, ResetReason, Role,
+};
 use support::endpoints::{
     hub_addr, hub_endpoint, terminal_addr, terminal_key, Hubnet, Layout, Node, HUB,
 };
-use support::{geo_secure, pattern, INIT, REPLY};
+use support::{
+    establish_within_20s, geo_secure, pattern, security_pair, test_config, Faults, Net, INIT, REPLY,
+};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -602,4 +607,245 @@ fn a_peer_added_and_a_peer_removed_while_the_hub_runs() {
     assert_eq!(n.nodes[HUB].assocs.len(), 2);
     assert!(n.hub_handle(2).is_none());
     assert!(n.established([1, 3]));
+}
+
+/// Terminal 1 was on hub A, moved to a standby B with the same key (A's address taken
+/// over), and comes back to A while A, cut off rather than dead, still holds the old
+/// association. The terminal's initiation echoes B's epoch, not A's: A answers it as a new
+/// association, keeps the old one (and its flows) until the terminal's first packet under
+/// the new keys confirms it, and then the terminal's flows are byte-exact. A copy of the
+/// initiation before that changes nothing.
+#[test]
+fn an_initiation_echoing_another_epoch_is_a_new_association_at_confirmation() {
+    let layout = Layout::default();
+    let mut n = Hubnet::new(&layout);
+    n.nodes[HUB].cfg.initiate = Initiate::RekeyOnly;
+    established(&mut n, &[HUB, 1]);
+    let at_a = n.hub_handle(1).unwrap();
+    // A flow from A that stays open: the old association's, to be reset only at the end.
+    let held = n.open(HUB, at_a, 4999, pattern(9, 10_000), false);
+    n.run_until(Duration::from_secs(2), |_| false);
+    assert_eq!(n.nodes[HUB].assocs[&at_a].0.stats().flows_open, 1);
+    let mut standby = Hubnet::new(&layout).nodes.swap_remove(HUB);
+    standby.epoch += 1;
+    standby.cfg.initiate = Initiate::RekeyOnly;
+    let a = std::mem::replace(&mut n.nodes[HUB], standby);
+    let t = n.nodes[1].only();
+    assert!(n.run_until(Duration::from_secs(10), |n| {
+        n.established([HUB, 1]) && n.nodes[1].assocs[&t].0.stats().peer_restarts == 1
+    }));
+    // A is back on the address; the standby is gone.
+    n.nodes[HUB] = a;
+    let replies_before = count_sent(&n, HUB, REPLY, terminal_addr(1));
+    let replied = |n: &Hubnet| count_sent(n, HUB, REPLY, terminal_addr(1)) > replies_before;
+    assert!(n.run_until(Duration::from_secs(10), replied));
+    let init = n.nodes[1]
+        .sent
+        .iter()
+        .rev()
+        .find(|(_, d)| d[0] == INIT)
+        .map(|(_, d)| d.clone())
+        .unwrap();
+    let old = |n: &Hubnet| {
+        let s = n.nodes[HUB].assocs[&at_a].0.stats();
+        (s.flows_open, s.peer_restarts, s.associations_taken_over)
+    };
+    assert_eq!(old(&n), (1, 0, 0), "answered, not yet confirmed");
+    // A copy of the initiation before the confirmation gets the same reply, nothing more.
+    let now = n.now;
+    answer_to_copy(&mut n.nodes[HUB], at_a, now, terminal_addr(1), &init);
+    assert_eq!(old(&n), (1, 0, 0));
+    assert!(n.nodes[HUB].assocs[&at_a].0.is_established());
+    assert!(
+        n.run_until(Duration::from_secs(10), |n| n.established([HUB, 1])
+            && old(n) == (0, 1, 1))
+    );
+    let reset = n.app(HUB, at_a).flows[&held].reset;
+    assert_eq!(reset, Some(ResetReason::PeerRestart));
+    assert_eq!(n.nodes[1].assocs[&t].0.stats().peer_restarts, 2);
+    flows_both_ways(&mut n, &[1], 300_000);
+}
+
+/// A hub among several with one key only rekeys what is up: fresh, it sends nothing even
+/// to a configured address, and it never arms a timer for it; established and leading, it
+/// rekeys; cut off, it starts no initiation through the outage, the outage limit and the
+/// restart after it, while its peer finds it again by initiating itself.
+#[test]
+fn a_redundant_hub_never_starts_a_handshake() {
+    let [sec_a, sec_b] = security_pair(Duration::from_secs(10));
+    let mut cfg = test_config(20_000_000);
+    cfg.initiate = Initiate::RekeyOnly;
+    let start = Instant::now();
+    let mut fresh = Association::new_secure(
+        cfg.clone(),
+        Role::Responder,
+        7,
+        start,
+        sec_b.clone(),
+        [7; 32],
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    for s in 0..60 {
+        let now = start + Duration::from_secs(s);
+        fresh.handle_timeout(now);
+        assert!(!fresh.poll_transmit(now, &mut out));
+        assert_eq!(fresh.poll_timeout(), None);
+    }
+
+    // The side whose key leads does the rekeying: that one only rekeys.
+    let leads_a = public_key(&sec_a.local_private_key) > sec_a.peer_public_key;
+    let redundant = if leads_a { 0 } else { 1 };
+    let mut cfgs = [test_config(20_000_000), test_config(20_000_000)];
+    for c in &mut cfgs {
+        c.outage_limit = Duration::from_secs(20);
+    }
+    cfgs[redundant].initiate = Initiate::RekeyOnly;
+    let [c0, c1] = cfgs;
+    let mut n = Net::new_secure(c0, c1, MS * 300, Faults::default(), 5, [sec_a, sec_b]);
+    n.record_a = Some(Vec::new());
+    n.record_b = Some(Vec::new());
+    establish_within_20s(&mut n);
+    let inits = |n: &Net| {
+        let rec = if redundant == 0 {
+            &n.record_a
+        } else {
+            &n.record_b
+        };
+        rec.as_ref()
+            .unwrap()
+            .iter()
+            .filter(|d| d[0] == INIT)
+            .count()
+    };
+    assert_eq!(inits(&n), 0, "the other side started the association");
+    n.run_until(Duration::from_secs(35), |_| false);
+    assert!(
+        n.ends[redundant].stats().rekeys >= 3,
+        "an up association is rekeyed"
+    );
+    let rekey_inits = inits(&n);
+    assert!(rekey_inits >= 3);
+    // Cut off for longer than the outage limit: no initiation, and its timers do not spin.
+    n.down_until = Some(n.now + Duration::from_secs(60));
+    let down_until = n.now + Duration::from_secs(60);
+    let mut steps = 0;
+    while n.now < down_until {
+        assert!(n.step());
+        steps += 1;
+        assert!(steps < 100_000, "timers spin at {:?}", n.elapsed());
+    }
+    let s = n.ends[redundant].stats();
+    assert_eq!((s.outages, inits(&n)), (1, rekey_inits));
+    assert!(n.apps[redundant].events.iter().any(|e| matches!(
+        e,
+        Event::AssociationLost {
+            reason: LostReason::OutageLimit
+        }
+    )));
+    assert!(n.run_until(Duration::from_secs(20), |n| n.established()));
+    assert_eq!(
+        inits(&n),
+        rekey_inits,
+        "the peer initiated again, not the hub"
+    );
+}
+
+/// A hub restarts (a fresh endpoint with a new epoch) with hints on. The terminal's next
+/// packet that asks for an answer gets a HINT, and the terminal is associated with the new
+/// epoch within four one-way delays of that packet (the packet out, the hint back, the INIT
+/// out, the REPLY back), before its probes could start an outage.
+#[test]
+fn a_hub_restart_is_found_by_the_first_hinted_packet() {
+    let layout = Layout {
+        hints: true,
+        ..Layout::default()
+    };
+    let mut n = Hubnet::new(&layout);
+    established(&mut n, &[HUB, 1]);
+    n.run_until(Duration::from_secs(2), |_| false);
+    let mut restarted = Hubnet::new(&layout).nodes.swap_remove(HUB);
+    restarted.epoch += 1;
+    n.nodes[HUB] = restarted;
+    let t = n.nodes[1].only();
+    let sent_before = n.nodes[1].sent.len();
+    n.open(1, t, 3001, pattern(1, 1000), true);
+    assert!(
+        n.nodes[1].sent.len() > sent_before,
+        "the FLOW_OPEN left at once"
+    );
+    let first = n.now;
+    let stats = |n: &Hubnet| n.nodes[1].assocs[&t].0.stats();
+    assert!(
+        n.run_until(Duration::from_secs(5), |n| n.nodes[1].assocs[&t]
+            .0
+            .is_established()
+            && stats(n).peer_restarts == 1)
+    );
+    let took = n.now - first;
+    eprintln!("re-associated {took:?} after the first packet to the restarted hub");
+    assert!(took <= layout.delay * 4, "{took:?}");
+    let s = stats(&n);
+    assert_eq!((s.hints.acted, s.outages), (1, 0));
+    assert!(n.nodes[HUB].endpoint.stats().hints_sent >= 1);
+    flows_both_ways(&mut n, &[1], 100_000);
+}
+
+/// Hints that do not echo a packet the terminal has outstanding at its hub, byte for byte
+/// where it counts, or that come from elsewhere, are counted and change nothing: no
+/// initiation leaves, and the terminal keeps sending where it did. The genuine hint they
+/// were made from is acted on at once.
+#[test]
+fn a_hint_that_echoes_no_packet_of_ours_is_ignored() {
+    let layout = Layout::default();
+    let mut n = Hubnet::new(&layout);
+    established(&mut n, &[HUB, 1]);
+    n.run_until(Duration::from_secs(1), |_| false);
+    // The hub hears nothing from now on: what the terminal sends stays outstanding.
+    let delay = layout.delay;
+    n.path = Some(Box::new(move |_, from, _| {
+        (from == hub_addr()).then_some(delay)
+    }));
+    let t = n.nodes[1].only();
+    let before = n.nodes[1].sent.len();
+    n.open(1, t, 3001, pattern(1, 1000), true);
+    let packet = n.nodes[1].sent[before..]
+        .iter()
+        .find(|(_, d)| d[0] & 0x80 == 0)
+        .map(|(_, d)| d.clone())
+        .expect("a short packet");
+    let mut genuine = Vec::new();
+    assert!(encode_hint(&packet, 2, 16, &mut genuine));
+    let inits = |n: &Hubnet| n.nodes[1].sent.iter().filter(|(_, d)| d[0] == INIT).count();
+    let inits_before = inits(&n);
+    let altered = |at: usize, bits: u8| {
+        let mut h = genuine.clone();
+        h[at] ^= bits;
+        h
+    };
+    let elsewhere: SocketAddr = "198.18.0.2:7400".parse().unwrap();
+    let forged = [
+        (altered(genuine.len() - 1, 0x01), hub_addr()),
+        (altered(8, 0x40), hub_addr()),
+        (altered(6, 0x01), hub_addr()),
+        (genuine.clone(), elsewhere),
+    ];
+    for (hint, from) in &forged {
+        n.deliver(1, *from, hint);
+    }
+    let s = n.nodes[1].assocs[&t].0.stats();
+    assert_eq!(
+        s.hints,
+        HintCounts {
+            unmatched: 3,
+            elsewhere: 1,
+            ..HintCounts::default()
+        }
+    );
+    assert_eq!(inits(&n), inits_before);
+    assert_eq!(n.nodes[1].assocs[&t].0.remote(), Some(hub_addr()));
+    assert_eq!(s.remote_moves, 0);
+    n.deliver(1, hub_addr(), &genuine);
+    assert_eq!(n.nodes[1].assocs[&t].0.stats().hints.acted, 1);
+    assert_eq!(inits(&n), inits_before + 1, "an initiation left at once");
 }

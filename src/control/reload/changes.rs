@@ -545,6 +545,7 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
         side,
         bind,
         workers,
+        hints,
         redundant,
     }) = new
     else {
@@ -565,6 +566,11 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
             "tunnel.workers",
             tunnel,
             running.is_none_or(|r| *workers != r.workers),
+        ),
+        key(
+            "tunnel.hints",
+            tunnel,
+            running.is_none_or(|r| *hints != r.hints),
         ),
         key(
             "tunnel.redundant",

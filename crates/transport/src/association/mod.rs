@@ -14,7 +14,7 @@ use thiserror::Error;
 use crate::ack::AckTracker;
 use crate::cc::{new_controller, AckSummary, AckedPacket, CongestionController, SentInfo};
 use crate::codec::{expand_truncated, truncation_len, Reader};
-use crate::config::{Config, InvalidConfig, LossCause};
+use crate::config::{Config, Initiate, InvalidConfig, LossCause};
 use crate::datagram_size::{DatagramSizer, HEADER};
 use crate::flow::{Flow, OpenState, ResetState};
 use crate::frame::{self, AckFrame, FlowMeta, Frame, ImplicitData, ResetReason};

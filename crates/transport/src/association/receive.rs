@@ -69,7 +69,12 @@ impl Association {
                 return self.on_handshake_reply(now, from, datagram)
             }
             Header::Cookie if secure => return self.on_cookie(now, datagram),
-            Header::Hello(_) | Header::HandshakeInit | Header::HandshakeReply | Header::Cookie => {
+            Header::Hint if secure => return self.on_hint(now, from, datagram),
+            Header::Hello(_)
+            | Header::HandshakeInit
+            | Header::HandshakeReply
+            | Header::Cookie
+            | Header::Hint => {
                 self.stats.security.wrong_mode += 1;
                 return;
             }
@@ -270,6 +275,50 @@ impl Association {
         }
     }
 
+    /// A hub's "I do not know you" (docs/PROTOCOL.md §7.7). Unauthenticated, so it never
+    /// changes the association: if it echoes a packet of ours outstanding at the hub we
+    /// send to, an initiation goes to that hub at once (at most one a second). A hub that
+    /// lost us answers it with a new epoch, and only that authenticated reply restarts the
+    /// association; a hub that still holds us answers it as a rekey.
+    fn on_hint(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
+        let hint = match crate::packet::parse_hint(datagram, self.peer_cid.len()) {
+            Ok(h) if !self.peer_cid.is_empty() => h,
+            _ => {
+                self.stats.malformed_dropped += 1;
+                return;
+            }
+        };
+        if from.is_none() || from != self.remote {
+            self.stats.hints.elsewhere += 1;
+            return;
+        }
+        if !self.established {
+            // Initiating already.
+            self.stats.hints.ignored += 1;
+            return;
+        }
+        let (truncated, pn_len) = hint.packet_number();
+        let pn = expand_truncated(truncated, pn_len, self.next_pn.saturating_sub(1));
+        let ours = hint.cid == self.peer_cid.as_slice()
+            && pn < self.next_pn
+            && self
+                .sent
+                .get(pn)
+                .is_some_and(|p| p.tag_tail == hint.tag_tail);
+        if !ours {
+            self.stats.hints.unmatched += 1;
+            return;
+        }
+        let Some(sec) = self.security.as_mut() else {
+            return;
+        };
+        if sec.on_matched_hint(now) {
+            self.stats.hints.acted += 1;
+        } else {
+            self.stats.hints.rate_limited += 1;
+        }
+    }
+
     /// The reply to our initiation: the peer is authenticated and the keys are ready.
     fn on_handshake_reply(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
         let cid_len = self.local_cid.len();
@@ -283,9 +332,17 @@ impl Association {
                 return;
             }
         };
-        let Some(h) = self.authenticated_hello(&hello) else {
-            return;
+        let h = match decode_header(&mut Reader::new(&hello)) {
+            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => h,
+            _ => {
+                self.stats.security.handshake_invalid += 1;
+                return;
+            }
         };
+        // A reply is bound to our own fresh initiation, so it is never a replay, whatever
+        // its epoch: a peer we left (a hub we return to) may answer with the epoch we
+        // retired, and it is the live peer now.
+        self.retired_peer_epochs.retain(|&e| e != h.epoch);
         let Some(sec) = self.security.as_ref() else {
             return;
         };
@@ -306,26 +363,13 @@ impl Association {
         self.probes_pending = self.probes_pending.max(1);
     }
 
-    /// The HELLO a handshake message carried, if it is one we can associate with.
-    fn authenticated_hello(&mut self, encoded: &[u8]) -> Option<Hello> {
-        let h = match decode_header(&mut Reader::new(encoded)) {
-            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => h,
-            _ => {
-                self.stats.security.handshake_invalid += 1;
-                return None;
-            }
-        };
-        if self.retired_peer_epochs.contains(&h.epoch) {
-            self.stats.security.handshake_replayed += 1;
-            return None;
-        }
-        Some(h)
-    }
-
     /// Whether a handshake carrying `h` replaces the keys of the running association
-    /// rather than starting a new one.
+    /// rather than starting a new one: the peer is the one we hold (its epoch), and it is
+    /// associated with us (it echoes ours). A peer that echoes another epoch is associated
+    /// elsewhere (a terminal back from another hub with the same key, or from an earlier
+    /// run of ours), and its packet numbers began again there.
     fn is_rekey(&self, h: &Hello) -> bool {
-        self.established && self.peer_epoch == Some(h.epoch)
+        self.established && self.peer_epoch == Some(h.epoch) && h.echo == self.local_epoch
     }
 
     /// Puts the keys of a completed handshake in use: for a new association the peer's
@@ -339,6 +383,16 @@ impl Association {
         phase: impl FnOnce(&Security, bool) -> bool,
     ) {
         let rekey = self.is_rekey(&h);
+        if !rekey && self.peer_epoch == Some(h.epoch) {
+            // The same peer epoch starting a new association: applying the HELLO alone
+            // would keep the old one.
+            self.restart_association(ResetReason::PeerRestart);
+            self.stats.peer_restarts += 1;
+            self.events.push_back(Event::PeerRestarted);
+        }
+        if !rekey && h.echo != 0 && h.echo != self.local_epoch {
+            self.stats.associations_taken_over += 1;
+        }
         if !rekey {
             self.apply_peer_hello(h);
         }

@@ -340,7 +340,11 @@ impl Association {
                 t = Some(t.map_or(x, |c| c.min(x)));
             }
         };
-        if !self.established || self.hello_reply_needed {
+        let always = self.cfg.initiate == Initiate::Always;
+        // A side that only rekeys has nothing to start while not established (with
+        // security: the plaintext HELLO exchange is not a handshake of its own).
+        let starts = always || self.security.is_none();
+        if (!self.established && starts) || self.hello_reply_needed {
             consider(if self.hello_reply_needed {
                 Some(self.last_input)
             } else {
@@ -348,8 +352,11 @@ impl Association {
             });
         }
         if let Some(sec) = &self.security {
-            consider(sec.deadline(self.established));
-            if self.established && self.outage_since.is_some() && !sec.initiating() {
+            let up = self.established && self.outage_since.is_none();
+            if always || up {
+                consider(sec.deadline(self.established));
+            }
+            if always && self.established && self.outage_since.is_some() && !sec.initiating() {
                 consider(Some(self.last_input));
             }
             if sec.has_outbox() {

@@ -1,6 +1,7 @@
 //! Output: what the next datagram carries, built under the pacer and the window.
 
 use super::*;
+use crate::packet::HINT_TAG_TAIL_LEN;
 
 /// A frame picked for the packet being built.
 enum Planned {
@@ -178,7 +179,8 @@ impl Association {
     fn poll_handshake(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         let next_pn = self.next_pn;
         let established = self.established;
-        let start_due = !established && self.hello_due.is_some_and(|t| t <= now);
+        let always = self.cfg.initiate == Initiate::Always;
+        let start_due = always && !established && self.hello_due.is_some_and(|t| t <= now);
         // A lost rekey initiation is repeated once a reply could have come back.
         let retransmit_after = if established {
             self.cfg.hello_interval.max(self.rtt.smoothed() * 2)
@@ -197,7 +199,11 @@ impl Association {
         // In an outage the peer may have restarted and lost our keys (a hub cannot reach a
         // terminal behind NAT itself): a new handshake finds out, and is a rekey if not.
         let outage = self.outage_since.is_some();
-        let due = if established {
+        let due = if established && !always {
+            // Only a path that answers is rekeyed: a hub cut off from a terminal that moved
+            // on to another hub must not reach it later with its newer epoch.
+            !outage && sec.rekey_due(now, next_pn)
+        } else if established {
             sec.rekey_due(now, next_pn) || (outage && !sec.initiating())
         } else if start_due && sec.awaiting_confirmation(now, self.cfg.hello_interval * 3) {
             // Our initiation would only cross the one we answered; look again later.
@@ -280,7 +286,7 @@ impl Association {
         }
         self.seal(pn, header.encoded_len(), out);
         self.next_pn += 1;
-        self.record_sent(now, pn, out.len(), frames, copy_of);
+        self.record_sent(now, pn, out, frames, copy_of);
         true
     }
 
@@ -390,17 +396,17 @@ impl Association {
         }
     }
 
-    /// Accounts for a sealed packet of `len` bytes: statistics, pacer and controller, and,
-    /// when it elicits an ACK, its record for loss detection and redundancy.
+    /// Accounts for a `sealed` packet: statistics, pacer and controller, and, when it
+    /// elicits an ACK, its record for loss detection, redundancy and hints.
     fn record_sent(
         &mut self,
         now: Instant,
         pn: u64,
-        len: usize,
+        sealed: &[u8],
         frames: Vec<SentFrame>,
         copy_of: Option<(u64, bool)>,
     ) {
-        let wire = (len + self.cfg.wire_overhead - self.tag_len()) as u64;
+        let wire = (sealed.len() + self.cfg.wire_overhead - self.tag_len()) as u64;
         self.stats.packets_sent += 1;
         self.stats.wire_bytes_sent += wire;
         let app_limited = self.pacer.on_sent(now, wire);
@@ -424,6 +430,10 @@ impl Association {
         if has_data {
             self.sizer.on_data_sent();
         }
+        let mut tag_tail = [0u8; HINT_TAG_TAIL_LEN];
+        if self.security.is_some() && sealed.len() >= HINT_TAG_TAIL_LEN {
+            tag_tail.copy_from_slice(&sealed[sealed.len() - HINT_TAG_TAIL_LEN..]);
+        }
         if self.sent.is_empty() {
             self.sent_since = Some(now);
         }
@@ -439,6 +449,7 @@ impl Association {
                 copies: 0,
                 has_data,
                 app_limited,
+                tag_tail,
             },
         );
         if copy_of.is_none() && has_data {

@@ -4,6 +4,7 @@
 //! screens them for all of its associations.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -100,15 +101,32 @@ impl TokenBucket {
     }
 }
 
-/// A token bucket per source IP address, for initiations with a proven address.
-#[derive(Default)]
-pub(crate) struct SourceBudgets {
-    buckets: HashMap<IpAddr, TokenBucket>,
+/// A token bucket per source (an IP address for initiations with a proven address, a
+/// socket address for hints), [`SOURCES`] of them at most.
+pub(crate) struct SourceBudgets<K = IpAddr> {
+    buckets: HashMap<K, TokenBucket>,
     swept_at: Option<Instant>,
+    per_second: u32,
+    burst: u32,
 }
 
-impl SourceBudgets {
-    pub(crate) fn try_take(&mut self, now: Instant, source: IpAddr) -> bool {
+impl Default for SourceBudgets<IpAddr> {
+    fn default() -> Self {
+        SourceBudgets::new(PER_SOURCE_PER_SECOND, PER_SOURCE_BURST)
+    }
+}
+
+impl<K: Hash + Eq + Copy> SourceBudgets<K> {
+    pub(crate) fn new(per_second: u32, burst: u32) -> Self {
+        SourceBudgets {
+            buckets: HashMap::new(),
+            swept_at: None,
+            per_second,
+            burst,
+        }
+    }
+
+    pub(crate) fn try_take(&mut self, now: Instant, source: K) -> bool {
         if self.buckets.len() >= SOURCES && !self.buckets.contains_key(&source) {
             if self.swept_at.is_some_and(|t| now < t + SWEEP_INTERVAL) {
                 // The shared budget still bounds the work.
@@ -120,9 +138,10 @@ impl SourceBudgets {
                 return true;
             }
         }
+        let (per_second, burst) = (self.per_second, self.burst);
         self.buckets
             .entry(source)
-            .or_insert_with(|| TokenBucket::new(PER_SOURCE_PER_SECOND, PER_SOURCE_BURST))
+            .or_insert_with(|| TokenBucket::new(per_second, burst))
             .try_take(now)
     }
 }

@@ -68,6 +68,7 @@ impl std::fmt::Debug for SecurityConfig {
 mod aead;
 mod cookie;
 mod handshake;
+mod hint;
 mod limiter;
 mod macs;
 mod negotiate;
@@ -76,6 +77,10 @@ mod replay;
 pub use crate::packet::{AeadOffer, MAX_OFFERED};
 pub use aead::{PacketProtection, TAG_LEN};
 pub use cookie::COOKIE_SECRET_LIFETIME;
+pub(crate) use hint::HintBudget;
+pub use hint::{
+    HintCounts, HINTS_PER_SECOND, HINTS_PER_SOURCE_PER_SECOND, HINT_BURST, HINT_SOURCE_BURST,
+};
 pub use limiter::{
     InitiationMemory, HANDSHAKES_PER_SECOND, HANDSHAKE_BURST, PER_SOURCE_BURST,
     PER_SOURCE_PER_SECOND, RECENT_INITIATIONS,
@@ -113,6 +118,10 @@ pub fn stamp_initiation_macs(
 /// Sends of one initiation before a fresh one (new ephemeral) replaces it: a responder that
 /// lost its state since refuses the old one as a replay.
 const SENDS_PER_INITIATION: u32 = 3;
+
+/// Initiations HINTs may start or pull forward per second (burst one): a forged hint costs
+/// the hub at most one handshake a second per terminal.
+const HINTED_INITIATIONS_PER_SECOND: u32 = 1;
 
 /// Why the security layer dropped a datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,6 +285,10 @@ pub(crate) struct Security {
     own_macs: MacKeys,
     /// The peer's last cookie and when it came: our initiations carry it as mac2.
     cookie: Option<(Instant, macs::Tag)>,
+    /// Initiations a HINT may call for: one a second.
+    hint_budget: TokenBucket,
+    /// A HINT asked for an initiation from then on (none was in flight).
+    hinted_at: Option<Instant>,
 }
 
 impl Security {
@@ -301,6 +314,8 @@ impl Security {
             peer_macs,
             own_macs,
             cookie: None,
+            hint_budget: TokenBucket::new(HINTED_INITIATIONS_PER_SECOND, 1),
+            hinted_at: None,
         }
     }
 
@@ -312,7 +327,21 @@ impl Security {
         self.initiation = None;
         self.pending = None;
         self.outbox = None;
+        self.hinted_at = None;
         self.replay = ReplayWindow::default();
+    }
+
+    /// A HINT matched a packet of ours: the initiation in flight goes at once, or one
+    /// starts now. False when one was acted on within the last second.
+    pub(crate) fn on_matched_hint(&mut self, now: Instant) -> bool {
+        if !self.hint_budget.try_take(now) {
+            return false;
+        }
+        match self.initiation.as_mut() {
+            Some(i) => i.next_send = i.next_send.min(now),
+            None => self.hinted_at = Some(now),
+        }
+        true
     }
 
     /// The AEAD of the keys in use, once a handshake completed.
@@ -383,7 +412,9 @@ impl Security {
         if let Some(i) = &self.initiation {
             return i.next_send <= now;
         }
-        self.rekey_deadline().is_some_and(|t| t <= now) || self.rekey_by_count(next_pn)
+        self.hinted_at.is_some_and(|t| t <= now)
+            || self.rekey_deadline().is_some_and(|t| t <= now)
+            || self.rekey_by_count(next_pn)
     }
 
     fn rekey_by_count(&self, next_pn: u64) -> bool {
@@ -409,7 +440,10 @@ impl Security {
             return Some(i.next_send);
         }
         if established {
-            self.rekey_deadline()
+            [self.hinted_at, self.rekey_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
         } else {
             None
         }
@@ -438,6 +472,7 @@ impl Security {
             )
             .ok()?;
             macs::stamp_init(&mut init.datagram, &self.peer_macs, None);
+            self.hinted_at = None;
             self.initiation = Some(InitiationInFlight {
                 init,
                 next_send: now,

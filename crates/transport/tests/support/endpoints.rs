@@ -95,6 +95,8 @@ pub struct Layout {
     /// `Config::keepalive_interval` of the hub's associations and of the terminals'.
     pub hub_keepalive: Duration,
     pub terminal_keepalive: Duration,
+    /// The hub answers short packets for connection IDs it does not hold with HINTs.
+    pub hints: bool,
 }
 
 impl Default for Layout {
@@ -108,6 +110,7 @@ impl Default for Layout {
             rate_bps: 20_000_000,
             hub_keepalive: Config::for_rate(1).keepalive_interval,
             terminal_keepalive: Config::for_rate(1).keepalive_interval,
+            hints: false,
         }
     }
 }
@@ -159,8 +162,9 @@ pub fn hub_endpoint(layout: &Layout, seed: [u8; 32]) -> Endpoint {
             },
         )
     });
-    let mut endpoint =
-        Endpoint::new(EndpointConfig::new(layout.hub_cid_len), identity, seed).unwrap();
+    let mut cfg = EndpointConfig::new(layout.hub_cid_len);
+    cfg.hints = layout.hints;
+    let mut endpoint = Endpoint::new(cfg, identity, seed).unwrap();
     endpoint.set_peers(peers);
     endpoint
 }
@@ -354,14 +358,28 @@ impl Hubnet {
         }
     }
 
-    /// Advances to the next event and processes it. Returns false when nothing is pending.
-    pub fn step(&mut self) -> bool {
+    /// When the next timer fires or datagram arrives.
+    fn next_event(&self) -> Option<Instant> {
         let timers = self
             .nodes
             .iter()
             .flat_map(|n| n.assocs.values().filter_map(|(a, _)| a.poll_timeout()));
         let next_dgram = self.queue.peek().map(|Reverse((t, ..))| *t);
-        let Some(next) = timers.chain(next_dgram).min() else {
+        timers.chain(next_dgram).min()
+    }
+
+    /// Processes every event due within `d`, and leaves the clock at its end.
+    pub fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        while self.next_event().is_some_and(|t| t <= end) {
+            self.step();
+        }
+        self.now = self.now.max(end);
+    }
+
+    /// Advances to the next event and processes it. Returns false when nothing is pending.
+    pub fn step(&mut self) -> bool {
+        let Some(next) = self.next_event() else {
             return false;
         };
         self.now = self.now.max(next);
