@@ -961,7 +961,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 47, "every key of the schema");
+    assert_eq!(count, 50, "every key of the schema");
     // The `[[peer]]` form's keys, in config/hub-spoke.toml, which sets every one.
     let root = toml::de::DeTable::parse(HUB_SPOKE).expect("toml");
     let mut list_keys = std::collections::BTreeSet::new();
@@ -1552,4 +1552,87 @@ fn control_socket_must_be_an_absolute_file_path_a_socket_address_holds() {
     );
     let unknown = parse_err(&min_with("[control]\npath = \"/run/pepd/x.sock\"\n"));
     assert_eq!(unknown.key.as_deref(), Some("control.path"), "{unknown}");
+}
+
+#[test]
+fn quic_validation() {
+    let p = invalid(&min_with(
+        "[rules]
+quic = \"reject\"
+quic_ports = [443, 0, 443]
+quic_exceptions = [\"198.18.7.1/24\"]
+",
+    ));
+    let got: Vec<String> = p.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        got,
+        [
+            "test.toml line 9: `rules.quic_ports[1]` must be a port from 1 to 65535, not 0",
+            "test.toml line 9: `rules.quic_ports[2]` (443) is listed twice",
+            "test.toml line 10: `rules.quic_exceptions[0]` (198.18.7.1/24) has bits set after \
+             the prefix: write 198.18.7.0/24",
+        ]
+    );
+    assert_only(
+        &invalid(&min_with("[rules]\nquic_ports = []\n")),
+        "rules.quic_ports",
+        at(8),
+    );
+    assert_eq!(
+        parse_err(&min_with("[rules]\nquic = \"block\"\n")).to_string(),
+        "test.toml line 8: `rules.quic`: unknown value `block`, expected one of `pass`, \
+         `reject`, `drop`"
+    );
+    let c = PepdConfig::parse(&min_with("[rules]\nquic = \"drop\"\n")).expect("ok");
+    assert_eq!(c.rules.quic, QuicPolicy::Drop);
+    assert_eq!(c.rules.quic_ports, [443]);
+    assert_eq!(
+        PepdConfig::parse(MIN).expect("ok").rules.quic,
+        QuicPolicy::Pass
+    );
+}
+
+#[test]
+fn quic_warnings() {
+    let warnings = |extra: &str| {
+        PepdConfig::parse_named(&min_with(extra), "test.toml")
+            .expect("legal config")
+            .warnings()
+    };
+    // Refusing on ports whose TCP fallback is not intercepted.
+    assert_eq!(
+        warnings("[rules]\nports = [80]\nquic = \"reject\"\nquic_ports = [443, 80]\n"),
+        [
+            "test.toml line 9: `rules.quic` = \"reject\" sends clients to TCP port 443 that \
+             `rules.ports` does not intercept: their fallback is not accelerated either"
+        ]
+    );
+    assert!(warnings("[rules]\nquic = \"reject\"\n").is_empty());
+    assert!(warnings("[rules]\nports = [443]\nquic = \"drop\"\n").is_empty());
+    // Settings a "pass" ignores.
+    assert_eq!(
+        warnings("[rules]\nquic_ports = [8443]\nquic_exceptions = [\"198.18.7.0/24\"]\n"),
+        [
+            "test.toml line 8: `rules.quic_ports` has no effect with `rules.quic = \"pass\"`",
+            "test.toml line 9: `rules.quic_exceptions` has no effect with `rules.quic = \
+             \"pass\"`",
+        ]
+    );
+    // At a hub.
+    let hub = PepdConfig::parse_named(
+        &HUB.replace("# quic = \"pass\"", "quic = \"reject\""),
+        "hub.toml",
+    )
+    .expect("hub");
+    let w = hub.warnings();
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert!(
+        w[0].ends_with(
+            "`rules.quic` = \"reject\" at a hub refuses QUIC from the hub's own client side \
+             only; the terminals' clients are best refused at each terminal, since a refusal \
+             at the hub costs them a satellite round trip per attempt"
+        ),
+        "{}",
+        w[0]
+    );
 }

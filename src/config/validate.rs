@@ -227,9 +227,24 @@ impl PepdConfig {
                 c.fail(&key, format!("({port}) is listed twice"));
             }
         }
+        c.check(
+            !r.quic_ports.is_empty(),
+            "rules.quic_ports",
+            "must list at least one port (443 is HTTP/3's)",
+        );
+        let mut seen = HashSet::new();
+        for (i, port) in r.quic_ports.iter().enumerate() {
+            let key = format!("rules.quic_ports[{i}]");
+            if *port == 0 {
+                c.fail(&key, "must be a port from 1 to 65535, not 0");
+            } else if !seen.insert(port) {
+                c.fail(&key, format!("({port}) is listed twice"));
+            }
+        }
         for (list, subnets) in [
             ("rules.bypass_subnets", &r.bypass_subnets),
             ("rules.proxy_subnets", &r.proxy_subnets),
+            ("rules.quic_exceptions", &r.quic_exceptions),
         ] {
             for (i, subnet) in subnets.iter().enumerate() {
                 c.check(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::config::units::{approx, dur};
 use crate::config::{
     AeadSetting, BitRate, CcModeName, FailMode, LossDefault, OverLimit, PeerSpec, Peers,
-    PepdConfig, SecurityMode, Side,
+    PepdConfig, QuicPolicy, SecurityMode, Side,
 };
 
 impl PepdConfig {
@@ -65,6 +65,7 @@ impl PepdConfig {
             self.intercept.own_mark
         );
         let _ = writeln!(s, "rules:      {}", self.rules_summary());
+        let _ = writeln!(s, "quic:       {}", self.quic_summary());
         let _ = writeln!(
             s,
             "link:       tx {}, rx {}, MTU {} ({}-byte datagrams)",
@@ -194,6 +195,36 @@ impl PepdConfig {
                 )
             }
         }
+    }
+
+    /// One line on what the rules do with the clients' QUIC, e.g. "UDP to port 443 from lan0
+    /// rejected (ICMP port unreachable); 1 exception".
+    fn quic_summary(&self) -> String {
+        let r = &self.rules;
+        let ports = match r.quic_ports.as_slice() {
+            [one] => format!("port {one}"),
+            many => format!(
+                "ports {}",
+                many.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let verdict = match r.quic {
+            QuicPolicy::Pass => return format!("UDP to {ports} passes, unaccelerated"),
+            QuicPolicy::Reject => "rejected (ICMP port unreachable)",
+            QuicPolicy::Drop => "dropped",
+        };
+        let from = match r.interfaces.len() {
+            0 => "any interface".to_owned(),
+            _ => r.interfaces.join(", "),
+        };
+        let exceptions = match r.quic_exceptions.len() {
+            0 => String::new(),
+            n => format!("; {n} exception{}", if n == 1 { "" } else { "s" }),
+        };
+        format!("UDP to {ports} from {from} {verdict}{exceptions}")
     }
 
     /// One line on what `pepd nft-rules` intercepts, e.g. "TCP from lan0 to ports 80, 443;

@@ -152,6 +152,9 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 route_table,
                 fail,
                 table,
+                quic,
+                quic_ports,
+                quic_exceptions,
             },
         peer,
         tunnel,
@@ -247,6 +250,17 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
         ),
         key("rules.fail", RulesUnit, *fail != r.rules.fail),
         key("rules.table", RulesUnit, *table != r.rules.table),
+        key("rules.quic", RulesUnit, *quic != r.rules.quic),
+        key(
+            "rules.quic_ports",
+            RulesUnit,
+            *quic_ports != r.rules.quic_ports,
+        ),
+        key(
+            "rules.quic_exceptions",
+            RulesUnit,
+            *quic_exceptions != r.rules.quic_exceptions,
+        ),
     ];
     keys.extend(peer_keys(peer, &r.peer));
     keys.extend(tunnel_keys(tunnel.as_ref(), r.tunnel.as_ref()));
@@ -557,7 +571,7 @@ mod tests {
     use super::*;
     use crate::config::{
         example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, DatagramSizeName,
-        FailMode, LossDefault, OverLimit, SecurityMode, Side,
+        FailMode, LossDefault, OverLimit, QuicPolicy, SecurityMode, Side,
     };
 
     const HUB_SPOKE: &str = include_str!("../../../config/hub-spoke.toml");
@@ -686,6 +700,9 @@ mod tests {
                 "rules.route_table",
                 "rules.fail",
                 "rules.table",
+                "rules.quic",
+                "rules.quic_ports",
+                "rules.quic_exceptions",
             ]
         );
     }
@@ -891,6 +908,13 @@ mod tests {
             ("rules.route_table", |c| c.rules.route_table += 1),
             ("rules.fail", |c| c.rules.fail = FailMode::Closed),
             ("rules.table", |c| c.rules.table.push_str("_b")),
+            ("rules.quic", |c| c.rules.quic = QuicPolicy::Reject),
+            ("rules.quic_ports", |c| c.rules.quic_ports.push(8443)),
+            ("rules.quic_exceptions", |c| {
+                c.rules
+                    .quic_exceptions
+                    .push("198.18.7.0/24".parse().expect("subnet"))
+            }),
             ("peer.address", |c| pair(c).address.set_port(7401)),
             ("peer.bind", |c| pair(c).bind = None),
             ("peer.side", |c| pair(c).side = Side::Hub),
