@@ -13,6 +13,7 @@ use serde::Deserialize;
 mod bounds;
 pub mod budget;
 mod cidr;
+pub mod classes;
 pub mod control;
 mod error;
 pub mod keys;
@@ -25,6 +26,7 @@ mod validate;
 mod warnings;
 
 pub use cidr::{parse_subnet, CidrError};
+pub use classes::{ClassEntry, Dscp, TrafficClasses};
 pub use control::ControlConfig;
 pub use error::{ConfigError, Diagnostic};
 pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, MAX_WORKERS, PAIR_PEER_NAME};
@@ -69,6 +71,9 @@ pub struct PepdConfig {
     /// [`PepdConfig::security`], not when the config is parsed.
     #[serde(default)]
     pub security: SecuritySection,
+    /// `[[class]]`: the traffic classes a peer's flows share its capacity by.
+    #[serde(default)]
+    pub class: Vec<ClassEntry>,
     /// Where each key was written, so validation and warnings can name lines. Empty for a
     /// config built in code.
     #[serde(skip)]
@@ -598,6 +603,7 @@ impl PepdConfig {
         };
         c.wire_overhead = ip_udp + 16;
         c.max_flows = self.limits.max_flows;
+        c.classes = TrafficClasses::of(self).transport();
         c
     }
 }

@@ -80,6 +80,30 @@ impl PepdConfig {
                 }
             }
         }
+        let tx = self.link.tx_rate;
+        let mut priority_sum: u64 = 0;
+        for (i, class) in self.class.iter().enumerate() {
+            let Some(cap) = class.max_rate else { continue };
+            if class.priority {
+                priority_sum = priority_sum.saturating_add(cap.bps());
+            }
+            if cap > tx {
+                warn(
+                    &format!("class[{i}].max_rate"),
+                    format!("({cap}) is above `link.tx_rate` ({tx}): it caps nothing"),
+                );
+            }
+        }
+        if priority_sum >= tx.bps() && self.class.len() > 1 {
+            warn(
+                "class",
+                format!(
+                    "the priority classes' `max_rate`s add up to {}, all of `link.tx_rate` \
+                     ({tx}): while they send at their caps the other classes get nothing",
+                    super::BitRate(priority_sum)
+                ),
+            );
+        }
         if tr.loss_default == LossDefault::Congestion {
             warn(
                 "transport.loss_default",

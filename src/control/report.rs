@@ -66,6 +66,9 @@ impl PepdConfig {
         );
         let _ = writeln!(s, "rules:      {}", self.rules_summary());
         let _ = writeln!(s, "quic:       {}", self.quic_summary());
+        for line in self.classes_summary() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
             "link:       tx {}, rx {}, MTU {} ({}-byte datagrams)",
@@ -195,6 +198,48 @@ impl PepdConfig {
                 )
             }
         }
+    }
+
+    /// A line per traffic class, e.g. "class:      video (dscp AF41): priority up to 5
+    /// Mbit/s, weight 1"; none without `[[class]]`.
+    fn classes_summary(&self) -> Vec<String> {
+        if self.class.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for c in &self.class {
+            let mut takes = Vec::new();
+            if !c.dscp.is_empty() {
+                let d: Vec<String> = c.dscp.iter().map(ToString::to_string).collect();
+                takes.push(format!("dscp {}", d.join(", ")));
+            }
+            if !c.ports.is_empty() {
+                let p: Vec<String> = c.ports.iter().map(ToString::to_string).collect();
+                takes.push(format!("port {}", p.join(", ")));
+            }
+            if !c.subnets.is_empty() {
+                let n: Vec<String> = c.subnets.iter().map(ToString::to_string).collect();
+                takes.push(format!("to {}", n.join(", ")));
+            }
+            let takes = if takes.is_empty() {
+                "every other flow".to_owned()
+            } else {
+                takes.join("; ")
+            };
+            let share = match (c.priority, c.max_rate) {
+                (true, Some(cap)) => format!("priority up to {cap}, weight {}", c.weight),
+                (_, Some(cap)) => format!("weight {}, at most {cap}", c.weight),
+                (_, None) => format!("weight {}", c.weight),
+            };
+            out.push(format!("class:      {} ({takes}): {share}", c.name));
+        }
+        if !self.class.iter().any(|c| c.takes_everything()) {
+            out.push(format!(
+                "class:      {} (every other flow): weight 1",
+                crate::config::classes::DEFAULT_CLASS_NAME
+            ));
+        }
+        out
     }
 
     /// One line on what the rules do with the clients' QUIC, e.g. "UDP to port 443 from lan0

@@ -92,10 +92,12 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
         let first = &buf[..first_len];
         let opened = match peer {
             Some(peer) => match ctx.gateway.take_flow_slot() {
-                Some(slot) => match peer.open(meta, first) {
-                    Ok((flow, charge)) => Ok((peer, flow, charge.with_slot(slot))),
-                    Err(why) => Err((Some(why), first.to_vec())),
-                },
+                Some(slot) => {
+                    match peer.open_in_class(meta, ctx.gateway.classes.class_of(&meta), first) {
+                        Ok((flow, charge)) => Ok((peer, flow, charge.with_slot(slot))),
+                        Err(why) => Err((Some(why), first.to_vec())),
+                    }
+                }
                 None => {
                     PeerCounters::add(&peer.counters.flows_over_gateway, 1);
                     Err((Some(OpenRefused::GatewayFlowLimit), first.to_vec()))

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pep_transport::{
     Association, AssociationTimes, FlowError, FlowId, FlowInfo, FlowMeta, OpenError, PeerId,
-    ReadOutcome, ResetReason,
+    ReadOutcome, ResetReason, TrafficClassId,
 };
 use tokio::sync::Notify;
 
@@ -540,6 +540,16 @@ impl Peer {
     /// Opens a flow for an intercepted connection; `first` rides with the open. The flow
     /// counts against the budget until the returned charge is dropped.
     pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<(FlowRef, FlowCharge), OpenRefused> {
+        self.open_in_class(meta, 0, first)
+    }
+
+    /// [`open`](Self::open) in traffic class `class`.
+    pub fn open_in_class(
+        &self,
+        meta: FlowMeta,
+        class: TrafficClassId,
+        first: &[u8],
+    ) -> Result<(FlowRef, FlowCharge), OpenRefused> {
         let mut st = self.lock();
         if st.assoc.is_none() {
             return Err(OpenRefused::NotAssociated);
@@ -551,14 +561,14 @@ impl Peer {
         let Some(assoc) = st.assoc.as_mut() else {
             return Err(OpenRefused::NotAssociated);
         };
-        let id = assoc.open_flow(meta).map_err(|e| match e {
+        let id = assoc.open_flow_in_class(meta, class).map_err(|e| match e {
             OpenError::TooManyFlows => OpenRefused::FlowLimit,
         })?;
         // A new flow's send buffer holds far more than one read.
         let written = if first.is_empty() {
             0
         } else {
-            assoc.write(id, first).unwrap_or(0)
+            assoc.write_at(id, first, Instant::now()).unwrap_or(0)
         };
         let flow = st.insert_slot(id);
         st.report_send(&self.memory);
@@ -598,7 +608,7 @@ impl Peer {
         let mut st = self.lock();
         let n = st
             .flow_assoc(flow)?
-            .write(flow.id, data)
+            .write_at(flow.id, data, Instant::now())
             .map_err(|e| gone(e, flow))?;
         st.report_send(&self.memory);
         drop(st);

@@ -6,6 +6,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use crate::datagram_size::SizeMode;
+use crate::traffic_class::{TrafficClass, MAX_TRAFFIC_CLASSES};
 
 /// How the sender decides how much to put in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +125,9 @@ pub struct Config {
     /// than two packets). An event loop whose timers fire late by up to a millisecond
     /// needs about that much; a deterministic simulator needs none.
     pub pacing_burst: Duration,
+    /// How the flows share what the association sends, by class (flows start in class 0);
+    /// empty: one class, every flow alike (docs/PROTOCOL.md §5.10).
+    pub classes: Vec<TrafficClass>,
 }
 
 impl Config {
@@ -156,6 +160,7 @@ impl Config {
             idle_redundancy: true,
             initial_rtt: Duration::from_millis(600),
             pacing_burst: Duration::ZERO,
+            classes: Vec::new(),
         }
     }
 
@@ -213,6 +218,26 @@ impl Config {
         }
         if self.max_flows == 0 {
             return Err(InvalidConfig::new("max_flows", "must be at least 1"));
+        }
+        if self.classes.len() > MAX_TRAFFIC_CLASSES {
+            return Err(InvalidConfig::new("classes", "at most 64 traffic classes"));
+        }
+        for c in &self.classes {
+            if c.weight == 0 {
+                return Err(InvalidConfig::new("classes", "a weight must be at least 1"));
+            }
+            if c.priority && c.max_rate_bps.is_none() {
+                return Err(InvalidConfig::new(
+                    "classes",
+                    "a priority class needs a rate cap, or it could starve the others",
+                ));
+            }
+            if c.max_rate_bps.is_some_and(|r| r < 8_000) {
+                return Err(InvalidConfig::new(
+                    "classes",
+                    "a rate cap must be at least 8000 bit/s",
+                ));
+            }
         }
         Ok(())
     }
