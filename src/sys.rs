@@ -1,5 +1,7 @@
 //! What pepd asks of the operating system that the standard wrappers do not cover: socket
-//! options and systemd's notifications. Imports nothing of pepd.
+//! options, systemd's notifications, and serving a listener's connections with a bound.
+//! Imports nothing of pepd.
 
 pub mod notify;
+pub mod serve;
 pub mod sockopt;

@@ -17,7 +17,7 @@ const ROOMS: &[(&str, &[&str])] = &[
     ("sys", &[]),
     ("tunnel", &["config", "sys"]),
     ("proxy", &["tunnel", "config", "sys"]),
-    ("metrics", &["tunnel", "config"]),
+    ("metrics", &["tunnel", "config", "sys"]),
     ("control", &["proxy", "metrics", "tunnel", "config", "sys"]),
 ];
 

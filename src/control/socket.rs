@@ -13,7 +13,6 @@ use anyhow::Context as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use super::protocol::{
@@ -145,42 +144,11 @@ fn give_to_group(path: &Path) -> Option<String> {
 
 /// Answers on `listener` until `stop` turns true or its sender goes; connections still
 /// open then are dropped.
-pub async fn serve(
-    listener: UnixListener,
-    source: Arc<StatusSource>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut clients = JoinSet::new();
-    loop {
-        if *stop.borrow_and_update() {
-            return;
-        }
-        tokio::select! {
-            changed = stop.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            Some(done) = clients.join_next() => {
-                if let Err(e) = done {
-                    if e.is_panic() {
-                        warn!(%e, "control socket: a client's answer panicked");
-                    }
-                }
-            }
-            accepted = listener.accept(), if clients.len() < MAX_CLIENTS => match accepted {
-                Ok((stream, _)) => {
-                    let source = source.clone();
-                    clients.spawn(answer(stream, source));
-                }
-                Err(e) => {
-                    // Out of descriptors, typically: at once again would spin.
-                    warn!(%e, "control socket: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            },
-        }
-    }
+pub async fn serve(listener: UnixListener, source: Arc<StatusSource>, stop: watch::Receiver<bool>) {
+    crate::sys::serve::serve(listener, MAX_CLIENTS, stop, "control socket", |stream| {
+        answer(stream, source.clone())
+    })
+    .await;
 }
 
 /// Reads one request line and writes the answer.

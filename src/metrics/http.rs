@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use super::{encode, Snapshot};
@@ -63,44 +62,20 @@ pub async fn serve(
 pub(super) async fn serve_with(
     listener: TcpListener,
     source: SnapshotSource,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     limits: Limits,
 ) {
-    // Owning the connection tasks means dropping the set on return aborts them, so a
-    // stopped daemon does not keep answering scrapes.
-    let mut conns = JoinSet::new();
-    loop {
-        if *stop.borrow_and_update() {
-            return;
-        }
-        tokio::select! {
-            changed = stop.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            Some(done) = conns.join_next() => {
-                if let Err(err) = done {
-                    if err.is_panic() {
-                        warn!(%err, "metrics: a scrape handler panicked");
-                    }
-                }
-            }
-            accepted = listener.accept(), if conns.len() < limits.max_connections => {
-                match accepted {
-                    Ok((stream, _)) => {
-                        let source = source.clone();
-                        conns.spawn(async move { handle(stream, &*source, limits).await });
-                    }
-                    Err(err) => {
-                        // Typically out of file descriptors: retrying at once would spin.
-                        warn!(%err, "metrics: accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        }
-    }
+    crate::sys::serve::serve(
+        listener,
+        limits.max_connections,
+        stop,
+        "metrics",
+        |stream| {
+            let source = source.clone();
+            async move { handle(stream, &*source, limits).await }
+        },
+    )
+    .await;
 }
 
 #[derive(Debug, thiserror::Error)]
