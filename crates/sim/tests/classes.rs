@@ -103,8 +103,16 @@ fn a_priority_class_keeps_a_4_mbit_stream_beside_8_bulk_flows() {
     assert!(used >= 0.95, "link used {used}");
     // Its messages wait for nothing but the link: each arrives within 20 ms of the one-way
     // delay (serialising 5000 bytes at 10 Mbit/s takes 4 ms).
-    let slowest = out.interactive_latencies.iter().skip(100).max().expect("messages");
-    assert!(*slowest < ONE_WAY + Duration::from_millis(20), "{slowest:?}");
+    let slowest = out
+        .interactive_latencies
+        .iter()
+        .skip(100)
+        .max()
+        .expect("messages");
+    assert!(
+        *slowest < ONE_WAY + Duration::from_millis(20),
+        "{slowest:?}"
+    );
     // The bulk flows had the rest, alike.
     let mean = bulk.iter().sum::<u64>() as f64 / bulk.len() as f64;
     assert!(
