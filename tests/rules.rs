@@ -595,6 +595,30 @@ fn nft_rules_cli() {
         run(pepd_bin(), &["nft-rules", "-c", p, "--routes"]),
         pepd::control::rules::routes_script(&cfg)
     );
+    // Each QUIC policy: the CLI prints the ruleset the unit tests pin, with its verdict.
+    for (quic, verdict) in [
+        ("pass", None),
+        (
+            "reject",
+            Some("\t\tcounter reject with icmpx type port-unreachable\n"),
+        ),
+        ("drop", Some("\t\tcounter drop\n")),
+    ] {
+        std::fs::write(&path, quic_config(quic)).expect("write");
+        let cfg = PepdConfig::load(&path).expect("config");
+        let printed = run(pepd_bin(), &["nft-rules", "-c", p]);
+        assert_eq!(printed, pepd::control::rules::nft_ruleset(&cfg), "{quic}");
+        match verdict {
+            Some(v) => assert!(
+                printed.contains(v)
+                    && printed.contains(
+                        "\t\tiifname \"lan0\" udp dport 443 ct direction original jump quic\n"
+                    ),
+                "{quic}: {printed}"
+            ),
+            None => assert!(!printed.contains("udp"), "{printed}"),
+        }
+    }
     std::fs::write(&path, config("ajar")).expect("write");
     let out = Command::new(pepd_bin())
         .args(["nft-rules", "-c", p])
