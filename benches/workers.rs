@@ -234,7 +234,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
     let seeds: Vec<[u8; 32]> = (0..workers).map(|i| [0x40 + i as u8; 32]).collect();
     let tunnel = pepd::tunnel::setup::build(&cfg, &security, 1, &seeds).expect("tunnel");
     let gateway = tunnel.gateway.clone();
-    let sockets = tunnel_sockets(cfg.tunnel_bind(), 0, workers).expect("sockets");
+    let sockets = tunnel_sockets(cfg.tunnel_bind(), 0, workers, false).expect("sockets");
     let hub = sockets[0].local_addr().expect("addr");
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let live = Arc::new(RwLock::new(Live::from_config(&cfg)));

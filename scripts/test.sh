@@ -20,6 +20,12 @@ if ((${#need_pkgs[@]})); then
     fi
 fi
 
+# keepalived for the failover tests (installed so that it never starts outside their
+# namespaces).
+if [ "$(id -u)" = 0 ]; then
+    ./scripts/install-keepalived.sh
+fi
+
 # Unused dependencies (reads the sources, well under a second; also covers fuzz/).
 command -v cargo-machete >/dev/null 2>&1 || cargo install --locked cargo-machete
 

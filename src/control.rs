@@ -1,9 +1,11 @@
-//! The control plane: `pepd run` (start, signals, drain, watchdog), reload, the start-up
-//! self-check, the interception rules, the open-file limit, `check-config`'s report, and
-//! the status report with the control socket that serves it to `pepd status`.
+//! The control plane: `pepd run` (start, signals, drain, watchdog), reload, the health
+//! check (`/healthz`, `pepd health`), the start-up self-check, the interception rules, the
+//! open-file limit, `check-config`'s report, and the status report with the control socket
+//! that serves it to `pepd status`.
 
 pub mod client;
 pub mod fdlimit;
+pub mod health;
 pub mod protocol;
 pub mod reload;
 pub mod report;

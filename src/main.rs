@@ -71,6 +71,18 @@ enum Command {
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "1")]
         watch: Option<f64>,
     },
+    /// Ask the running daemon whether it serves (`GET /healthz` on its metrics endpoint):
+    /// every tunnel worker answers and it is not draining. Prints one line; exit status 0
+    /// when it serves, 1 otherwise (no answer included). For health checks such as
+    /// keepalived's `vrrp_script`.
+    Health {
+        /// The daemon's configuration file (its `[metrics] listen`).
+        #[arg(short, long, conflicts_with = "at")]
+        config: Option<PathBuf>,
+        /// The metrics endpoint's address (default 127.0.0.1:9464, or the config's).
+        #[arg(long, value_name = "ADDRESS")]
+        at: Option<std::net::SocketAddr>,
+    },
     /// Validate a configuration file and print the effective settings.
     CheckConfig {
         #[arg(short, long)]
@@ -143,6 +155,7 @@ fn main() -> ExitCode {
             json,
             watch,
         } => query(target, Ask::Flows, peer, SortKey::Name, json, watch),
+        Command::Health { config, at } => health(config.as_deref(), at),
         Command::CheckConfig { config } => check_config(&config),
         Command::NftRules {
             config,
@@ -201,6 +214,35 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pepd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn health(config: Option<&Path>, at: Option<std::net::SocketAddr>) -> ExitCode {
+    use pepd::control::health;
+    let listen = match (at, config) {
+        (Some(at), _) => at,
+        (None, Some(path)) => match PepdConfig::load(path) {
+            Ok(cfg) => cfg.metrics.listen,
+            Err(e) => {
+                println!("not serving: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        (None, None) => (
+            std::net::Ipv4Addr::LOCALHOST,
+            pepd::config::DEFAULT_METRICS_PORT,
+        )
+            .into(),
+    };
+    match health::ask(health::local_target(listen), health::ASK_TIMEOUT) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(line) => {
+            println!("{line}");
             ExitCode::FAILURE
         }
     }

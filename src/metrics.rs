@@ -14,7 +14,7 @@ mod http;
 mod snapshot;
 
 pub use encode::encode;
-pub use http::{serve, SnapshotSource, CONTENT_TYPE};
+pub use http::{serve, HealthSource, SnapshotSource, CONTENT_TYPE};
 pub use snapshot::{PeerSnapshot, RelaySnapshot, Snapshot, WorkerSnapshot};
 
 /// Prefix of every metric name.

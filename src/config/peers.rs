@@ -83,6 +83,11 @@ pub struct TunnelConfig {
     /// [`PepdConfig::workers`].
     #[serde(default)]
     pub workers: Option<usize>,
+    /// A hub of a redundant set sharing one static key and peer list (active/standby): it
+    /// binds its tunnel address whether or not this host holds it yet, and makes no
+    /// association before a terminal initiates. Read through [`PepdConfig::redundant`].
+    #[serde(default)]
+    pub redundant: bool,
 }
 
 /// One peer as pepd serves it, whichever form the config used.
@@ -275,6 +280,11 @@ impl PepdConfig {
         wanted
             .unwrap_or_else(crate::config::budget::runtime_threads)
             .clamp(1, MAX_WORKERS)
+    }
+
+    /// `[tunnel] redundant`: false in the `[peer]` form.
+    pub fn redundant(&self) -> bool {
+        self.tunnel.as_ref().is_some_and(|t| t.redundant)
     }
 
     /// Whether the tunnel runs over IPv6: the peer's family for the `[peer]` table (as it

@@ -1007,6 +1007,7 @@ fn every_key_in_the_example_is_documented() {
             "peer.tx_rate",
             "peer.weight",
             "tunnel.bind",
+            "tunnel.redundant",
             "tunnel.side",
             "tunnel.workers",
         ],
@@ -1503,6 +1504,57 @@ fn tunnel_workers_are_counted_clamped_and_printed() {
         e.to_string()
             .contains("`tunnel.workers` must be at least 1"),
         "{e}"
+    );
+}
+
+/// The 1-based line of the first line of `text` that starts with `start`.
+fn line_of(text: &str, start: &str) -> usize {
+    text.lines()
+        .position(|l| l.starts_with(start))
+        .map(|i| i + 1)
+        .unwrap_or_else(|| panic!("no line starts with {start:?}"))
+}
+
+#[test]
+fn a_redundant_hub_binds_a_specific_address_with_noise() {
+    let c = PepdConfig::parse(HUB_SPOKE).expect("hub-spoke.toml");
+    assert!(!c.redundant());
+    let redundant = HUB_SPOKE.replace("redundant = false", "redundant = true");
+    let c = PepdConfig::parse(&redundant).expect("redundant hub");
+    assert!(c.redundant());
+    // Its entries' addresses start nothing: each is pointed out.
+    let warnings = c.warnings();
+    let pointed: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("starts no association at a redundant hub"))
+        .collect();
+    assert_eq!(pointed.len(), 2, "{warnings:?}");
+    assert!(pointed[0].contains("`peer[0].address`"), "{}", pointed[0]);
+    let line = line_of(&redundant, "redundant = true");
+    // A wildcard bind: its replies could leave from another address.
+    let wildcard = redundant.replace("bind = \"198.18.0.1:7400\"", "bind = \"0.0.0.0:7400\"");
+    let ds = invalid(&wildcard);
+    assert_only(&ds, "tunnel.redundant", at(line));
+    assert!(ds[0].message.contains("not a wildcard"), "{}", ds[0]);
+    // No bind at all is the same.
+    let ds = invalid(&redundant.replace("bind = \"198.18.0.1:7400\"\n", ""));
+    assert_only(&ds, "tunnel.redundant", at(line - 1));
+    // A terminal is never redundant.
+    let terminal = "[tunnel]\nside = \"terminal\"\nbind = \"198.18.1.2:7400\"\nredundant = true\n\
+                    [[peer]]\nname = \"hub\"\naddress = \"198.18.0.1:7400\"\n\
+                    public_key = \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"\n\
+                    subnets = [\"0.0.0.0/0\"]\n[link]\ntx_rate = \"2M\"\nrx_rate = \"10M\"\n\
+                    [security]\nprivate_key_file = \"/nonexistent\"\n";
+    let ds = invalid(terminal);
+    assert_only(&ds, "tunnel.redundant", at(4));
+    assert!(ds[0].message.contains("is for hubs"), "{}", ds[0]);
+    // Not a boolean: a parse error at its line and column.
+    let d = parse_err(&redundant.replace("redundant = true", "redundant = \"yes\""));
+    assert_eq!(d.key.as_deref(), Some("tunnel.redundant"), "{d}");
+    assert_eq!(
+        d.position,
+        crate::config::error::Position::At { line, column: 13 },
+        "{d}"
     );
 }
 

@@ -434,6 +434,38 @@ impl PepdConfig {
                 "must be at least 1 (leave it out for one per core available)",
             );
         }
+        if self.redundant() {
+            self.check_redundant(c);
+        }
+    }
+
+    /// A redundant hub answers from the address that moves between the hubs, and tells its
+    /// terminals apart by their keys.
+    fn check_redundant(&self, c: &mut Checker<'_>) {
+        if self.side() != Side::Hub {
+            c.fail(
+                "tunnel.redundant",
+                "is for hubs: a terminal starts its association, and a set of redundant hubs \
+                 is one peer to it",
+            );
+        }
+        match self.tunnel.as_ref().and_then(|t| t.bind) {
+            Some(bind) if !bind.ip().is_unspecified() => {}
+            _ => c.fail(
+                "tunnel.redundant",
+                "needs `tunnel.bind` set to the virtual address the hubs share (not a \
+                 wildcard): a redundant hub binds it before it holds it, so that its replies \
+                 leave from it once it does",
+            ),
+        }
+        if self.security.mode != SecurityMode::Noise {
+            c.fail(
+                "tunnel.redundant",
+                "needs `security.mode = \"noise\"`: the hubs share one static key, which is \
+                 what lets a terminal's authenticated handshake reach whichever of them holds \
+                 the address",
+            );
+        }
     }
 
     /// The `[[peer]]` form: each entry on its own, then what entries must not share.

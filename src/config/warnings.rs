@@ -104,6 +104,18 @@ impl PepdConfig {
                 ),
             );
         }
+        if let (true, Peers::List(entries)) = (self.redundant(), &self.peer) {
+            for (i, e) in entries.iter().enumerate() {
+                if e.address.is_some() {
+                    warn(
+                        &format!("peer[{i}].address"),
+                        "starts no association at a redundant hub (`tunnel.redundant`): the \
+                         terminal initiates towards whichever hub holds the address"
+                            .into(),
+                    );
+                }
+            }
+        }
         if tr.loss_default == LossDefault::Congestion {
             warn(
                 "transport.loss_default",

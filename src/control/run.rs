@@ -60,7 +60,7 @@ impl Daemon {
         let live: LiveRef = Arc::new(RwLock::new(Live::from_config(&cfg)));
 
         let bind = cfg.tunnel_bind();
-        let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers)
+        let sockets = tunnel_sockets(bind, cfg.intercept.own_mark, workers, cfg.redundant())
             .with_context(|| format!("tunnel socket on {bind}"))?;
         let _claimed = crate::tunnel::steering::claim(bind)
             .with_context(|| format!("tunnel socket on {bind}"))?;
@@ -122,9 +122,15 @@ impl Daemon {
             driver_stop_rx.clone(),
         ));
         let metrics_gateway = gateway.clone();
+        let (health_gateway, health_live) = (gateway.clone(), live.clone());
+        let health: crate::metrics::HealthSource = Arc::new(move || {
+            let (gateway, live) = (health_gateway.clone(), health_live.clone());
+            Box::pin(async move { crate::control::health::serving(&gateway, &live).await })
+        });
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
             Arc::new(move || crate::metrics::Snapshot::of(&metrics_gateway)),
+            health,
             driver_stop_rx.clone(),
         ));
         if let Some(period) = notifier.watchdog_period() {

@@ -1,7 +1,9 @@
 //! The scrape endpoint: just enough HTTP/1.1 for a Prometheus server (or curl) to fetch
-//! `/metrics`. One request per connection, then close: scrapers do not need keep-alive,
+//! `/metrics`, and for a health check to ask `/healthz` whether the daemon serves. One request per connection, then close: scrapers do not need keep-alive,
 //! and it keeps a misbehaving client from holding a connection slot for long.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +20,13 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// The daemon's side of a scrape: called once per `GET /metrics`.
 pub type SnapshotSource = Arc<dyn Fn() -> Snapshot + Send + Sync>;
+
+/// The daemon's side of `GET /healthz`: Ok when it serves, else why not.
+pub type HealthSource = Arc<HealthFn>;
+
+/// What a [`HealthSource`] calls: one check per request.
+pub type HealthFn =
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync;
 
 /// Bounds on what one client can cost.
 #[derive(Debug, Clone, Copy)]
@@ -48,20 +57,22 @@ impl Default for Limits {
     }
 }
 
-/// Serves `GET /metrics` (and `HEAD`) on `listener` until `stop` turns true or its sender
-/// is dropped. Each connection is handled in its own task; connections still open when
-/// this returns are aborted.
+/// Serves `GET /metrics` and `GET /healthz` (and `HEAD`) on `listener` until `stop` turns
+/// true or its sender is dropped. Each connection is handled in its own task; connections
+/// still open when this returns are aborted.
 pub async fn serve(
     listener: TcpListener,
-    source: Arc<dyn Fn() -> Snapshot + Send + Sync>,
+    source: SnapshotSource,
+    health: HealthSource,
     stop: watch::Receiver<bool>,
 ) {
-    serve_with(listener, source, stop, Limits::default()).await;
+    serve_with(listener, source, health, stop, Limits::default()).await;
 }
 
 pub(super) async fn serve_with(
     listener: TcpListener,
     source: SnapshotSource,
+    health: HealthSource,
     stop: watch::Receiver<bool>,
     limits: Limits,
 ) {
@@ -71,8 +82,8 @@ pub(super) async fn serve_with(
         stop,
         "metrics",
         |stream| {
-            let source = source.clone();
-            async move { handle(stream, &*source, limits).await }
+            let (source, health) = (source.clone(), health.clone());
+            async move { handle(stream, &*source, &*health, limits).await }
         },
     )
     .await;
@@ -100,6 +111,7 @@ struct RequestLine {
 async fn handle(
     mut stream: TcpStream,
     source: &(dyn Fn() -> Snapshot + Send + Sync),
+    health: &HealthFn,
     limits: Limits,
 ) {
     let head = tokio::time::timeout(limits.read_timeout, read_head(&mut stream, limits.max_head));
@@ -119,6 +131,7 @@ async fn handle(
             status_only(400, "Bad Request")
         }
         Ok(Ok(head)) => match parse_request_line(&head) {
+            Ok(line) if line.path == "/healthz" => healthz(&line, health).await,
             Ok(line) => route(&line, source),
             Err(err) => {
                 debug!(%err, "metrics: bad request");
@@ -225,6 +238,29 @@ fn parse_request_line(head: &[u8]) -> Result<RequestLine, RequestError> {
         method: method.to_owned(),
         path: path.to_owned(),
     })
+}
+
+/// 200 `serving` or 503 `not serving: <why>`, one line of plain text either way.
+async fn healthz(req: &RequestLine, health: &HealthFn) -> Vec<u8> {
+    let head_only = match req.method.as_str() {
+        "GET" => false,
+        "HEAD" => true,
+        _ => return response(405, "Method Not Allowed", &[("Allow", "GET, HEAD")], None),
+    };
+    let (code, reason, body) = match health().await {
+        Ok(()) => (200, "OK", "serving\n".to_owned()),
+        Err(why) => (503, "Service Unavailable", format!("not serving: {why}\n")),
+    };
+    let mut r = response(
+        code,
+        reason,
+        &[("Content-Type", "text/plain; charset=utf-8")],
+        Some(body.len()),
+    );
+    if !head_only {
+        r.extend_from_slice(body.as_bytes());
+    }
+    r
 }
 
 fn route(req: &RequestLine, source: &(dyn Fn() -> Snapshot + Send + Sync)) -> Vec<u8> {

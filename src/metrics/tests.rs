@@ -787,7 +787,7 @@ async fn start(limits: Limits) -> Server {
     let addr = listener.local_addr().expect("addr");
     let (stop, rx) = watch::channel(false);
     let source: SnapshotSource = Arc::new(sample);
-    let task = tokio::spawn(serve_with(listener, source, rx, limits));
+    let task = tokio::spawn(serve_with(listener, source, healthy(), rx, limits));
     Server { addr, stop, task }
 }
 
@@ -993,9 +993,12 @@ async fn stop_already_set_returns_at_once() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let (_tx, rx) = watch::channel(true);
     let source: SnapshotSource = Arc::new(Snapshot::default);
-    tokio::time::timeout(Duration::from_secs(2), serve(listener, source, rx))
-        .await
-        .expect("serve returns");
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        serve(listener, source, healthy(), rx),
+    )
+    .await
+    .expect("serve returns");
 }
 
 #[tokio::test]
@@ -1011,10 +1014,52 @@ async fn a_panicking_source_costs_one_scrape_only() {
         }
         Snapshot::default()
     });
-    let task = tokio::spawn(serve_with(listener, source, rx, Limits::default()));
+    let task = tokio::spawn(serve_with(
+        listener,
+        source,
+        healthy(),
+        rx,
+        Limits::default(),
+    ));
     let r = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
     assert_eq!(status(&r), "HTTP/1.1 500 Internal Server Error");
     let r = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
     assert_eq!(status(&r), "HTTP/1.1 200 OK");
+    shut(Server { addr, stop, task }).await;
+}
+
+/// A daemon that always serves.
+fn healthy() -> HealthSource {
+    Arc::new(|| Box::pin(async { Ok(()) }))
+}
+
+#[tokio::test]
+async fn healthz_says_serving_or_why_not_in_one_line() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, rx) = watch::channel(false);
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = calls.clone();
+    // Serving at first, then draining.
+    let health: HealthSource = Arc::new(move || {
+        let first = c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0;
+        Box::pin(async move {
+            match first {
+                true => Ok(()),
+                false => Err("draining".to_owned()),
+            }
+        })
+    });
+    let source: SnapshotSource = Arc::new(Snapshot::default);
+    let task = tokio::spawn(serve_with(listener, source, health, rx, Limits::default()));
+    let r = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+    assert_eq!(status(&r), "HTTP/1.1 200 OK");
+    assert!(r.ends_with("\r\n\r\nserving\n"), "{r}");
+    let r = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+    assert_eq!(status(&r), "HTTP/1.1 503 Service Unavailable");
+    assert!(r.ends_with("\r\n\r\nnot serving: draining\n"), "{r}");
+    let r = exchange(addr, b"POST /healthz HTTP/1.1\r\n\r\n").await;
+    assert_eq!(status(&r), "HTTP/1.1 405 Method Not Allowed");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 2);
     shut(Server { addr, stop, task }).await;
 }

@@ -166,6 +166,11 @@ pub fn force_buffers(sock: &impl AsFd, bytes: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `IPV6_TRANSPARENT` is set (socket2 reads only the IPv4 option).
+pub fn ipv6_transparent(sock: &Socket) -> io::Result<bool> {
+    get_int(sock.as_raw_fd(), libc::SOL_IPV6, libc::IPV6_TRANSPARENT).map(|v| v != 0)
+}
+
 /// Lets a transparent bind leave the port to `connect`, so many upstream connections from
 /// one client address do not exhaust ports at bind time: `connect` then picks a port free
 /// for the whole 4-tuple, as it does for an unbound socket. Works on IPv6 sockets too (the

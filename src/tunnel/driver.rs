@@ -49,17 +49,28 @@ pub trait FlowAcceptor: Send + Sync + 'static {
 /// one is admitted against them) and accepted once it is released.
 type Accepts = Vec<(FlowRef, FlowMeta, FlowCharge)>;
 
-/// How a peer's association is made: at start for a peer whose address is configured, else
-/// by the driver on the peer's first authenticated initiation.
+/// How a peer's association is made: at start for a peer whose address is configured (but
+/// at a redundant hub), else by the driver on the peer's first authenticated initiation.
 #[derive(Clone)]
 pub struct AssocFactory {
     /// Every configured peer's.
     pub peers: HashMap<PeerId, PeerSettings>,
     pub role: Role,
     pub epoch: u64,
+    /// `[tunnel] redundant`: another hub with the same key may be serving the peer, so
+    /// this one waits for the peer's initiation instead of starting one.
+    pub redundant: bool,
 }
 
 impl AssocFactory {
+    /// Whether the association with a peer whose address is `address` is made before the
+    /// peer initiates: only when this gateway knows where to start it, and no other hub may
+    /// be serving the peer (an initiation with this start's newer epoch would take the peer
+    /// away from it).
+    pub fn makes_up_front(&self, address: Option<SocketAddr>) -> bool {
+        address.is_some() && !self.redundant
+    }
+
     pub fn make(
         &self,
         endpoint: &mut Endpoint,
@@ -72,14 +83,13 @@ impl AssocFactory {
                 why: "no settings for this peer",
             });
         };
-        endpoint.new_association(
-            now,
-            peer,
-            s.config.clone(),
-            self.role,
-            self.epoch,
-            s.security.clone(),
-        )
+        // REDUNDANT HUB, INITIATIONS: with `self.redundant`, this is where the association is
+        // told never to start a handshake but to rekey one that is up
+        // (`pep_transport::Config::initiate = Initiate::RekeyOnly`), once the transport
+        // offers that setting. Until then a redundant hub only leaves out the up-front
+        // associations (`makes_up_front`).
+        let config = s.config.clone();
+        endpoint.new_association(now, peer, config, self.role, self.epoch, s.security.clone())
     }
 
     /// Every peer's transport settings.
@@ -204,6 +214,9 @@ impl Driver {
             if self.wait(&wake, &mut stop).await? {
                 self.close(&mut b.tx).await;
                 return Ok(());
+            }
+            if let Some(w) = self.gateway.workers.get(self.worker) {
+                w.answer();
             }
             if self.apply_peer_changes(Instant::now(), &mut b.tx) {
                 b.peers_changed(self.table.peers.len());
@@ -1006,6 +1019,7 @@ mod tests {
                 peers: [(PeerId(0), settings)].into_iter().collect(),
                 role: Role::Responder,
                 epoch: 1,
+                redundant: false,
             };
             let (_, assoc) = factory
                 .make(&mut endpoint, Instant::now(), PeerId(0))

@@ -1,6 +1,6 @@
 //! The tunnel end of `pepd run`, built from the config: the endpoint in front of every
 //! association, one [`Peer`] per configured peer (with its association made up front when the peer's
-//! address is configured), the route table, and the addresses the socket takes datagrams
+//! address is configured and the hub is not redundant), the route table, and the addresses the socket takes datagrams
 //! from.
 
 use std::collections::HashSet;
@@ -62,6 +62,7 @@ pub fn build(
         peers: ids.iter().copied().zip(settings.iter().cloned()).collect(),
         role: cfg.role(),
         epoch,
+        redundant: cfg.redundant(),
     };
     let mut ecfg = EndpointConfig::new(cfg.cid_len());
     ecfg.shard_bits = crate::tunnel::workers::shard_bits(workers);
@@ -107,15 +108,15 @@ pub fn build(
     let mut peers = Vec::with_capacity(specs.len());
     for (&id, spec) in ids.iter().zip(&specs) {
         let endpoint = &mut endpoints[crate::tunnel::workers::owner(id, workers)];
-        let assoc = match spec.address {
-            Some(_) => {
+        let assoc = match factory.makes_up_front(spec.address) {
+            true => {
                 let (_, a) = factory
                     .make(endpoint, now, id)
                     .map_err(|e| anyhow::anyhow!("transport setting {}: {}", e.key, e.why))
                     .with_context(|| format!("the association with peer {}", spec.name))?;
                 Some(a)
             }
-            None => None,
+            false => None,
         };
         peers.push(Arc::new(Peer::new(
             id,
@@ -247,4 +248,29 @@ fn gateway_memory<'a>(
         receive_reserve(budget, configs),
         crate::config::budget::daemon_fixed(mtu, cfg.workers()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redundant_hub_makes_no_association_before_a_terminal_initiates() {
+        let text = include_str!("../../config/hub-spoke.toml");
+        let security = LoadedSecurity {
+            local: None,
+            warnings: Vec::new(),
+        };
+        // hub-spoke.toml gives two of its three terminals an address.
+        for (redundant, made) in [(false, 2), (true, 0)] {
+            let text = text.replace("redundant = false", &format!("redundant = {redundant}"));
+            let cfg = PepdConfig::parse(&text).expect("hub-spoke.toml");
+            let tunnel =
+                build(&cfg, &security, 1, &[[7; 32]; crate::config::MAX_WORKERS]).expect("tunnel");
+            let peers = tunnel.gateway.peers();
+            assert_eq!(peers.len(), 3);
+            let with_association = peers.iter().filter(|p| p.lock().assoc.is_some()).count();
+            assert_eq!(with_association, made, "redundant = {redundant}");
+        }
+    }
 }

@@ -12,16 +12,19 @@ use crate::sys::sockopt;
 /// Socket buffer of the tunnel socket: bursts at the link rate must not overflow it.
 const TUNNEL_SOCKET_BUFFER: usize = 8 << 20;
 
-/// The tunnel sockets, one per worker on the same address (see `workers::steering`).
+/// The tunnel sockets, one per worker on the same address (see `workers::steering`). With
+/// `freebind` they bind `bind` whether or not this host holds it yet (a redundant hub's
+/// virtual address): they receive nothing, and every send fails, until it does.
 pub fn tunnel_sockets(
     bind: SocketAddr,
     mark: u32,
     workers: usize,
+    freebind: bool,
 ) -> anyhow::Result<Vec<std::net::UdpSocket>> {
     let shard_bits = crate::tunnel::workers::shard_bits(workers);
     let (sockets, steered) =
         crate::tunnel::steering::bind_group(bind, workers, shard_bits, || {
-            tunnel_socket(bind, mark).map_err(std::io::Error::other)
+            tunnel_socket(bind, mark, freebind).map_err(std::io::Error::other)
         })?;
     if let Err(e) = steered {
         warn!(error = %e, workers, "the kernel did not take the tunnel sockets' steering program: datagrams reach the workers by the kernel's hash and are handed on to their association's worker");
@@ -30,10 +33,21 @@ pub fn tunnel_sockets(
 }
 
 /// One tunnel socket, not bound yet.
-fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<Socket> {
+///
+/// Never `IP_TRANSPARENT`: that would let a standby send from the virtual address before it
+/// holds it. `IP_FREEBIND` only allows the bind; the kernel still refuses to send from an
+/// address the host does not hold.
+fn tunnel_socket(bind: SocketAddr, mark: u32, freebind: bool) -> anyhow::Result<Socket> {
     let sock = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
     if bind.is_ipv6() {
         sock.set_only_v6(true)?;
+    }
+    if freebind {
+        match bind {
+            SocketAddr::V4(_) => sock.set_freebind(true),
+            SocketAddr::V6(_) => sock.set_freebind_ipv6(true),
+        }
+        .context("IP_FREEBIND on the tunnel socket")?;
     }
     if mark != 0 {
         sock.set_mark(mark)
@@ -47,4 +61,25 @@ fn tunnel_socket(bind: SocketAddr, mark: u32) -> anyhow::Result<Socket> {
     }
     sock.set_nonblocking(true)?;
     Ok(sock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tunnel_sockets_are_never_transparent_and_free_to_bind_only_when_asked() {
+        for bind in ["198.18.250.100:7400", "[fd00:198:18::100]:7400"] {
+            let bind: SocketAddr = bind.parse().expect("address");
+            for freebind in [false, true] {
+                let sock = tunnel_socket(bind, 0, freebind).expect("socket");
+                let (transparent, free) = match bind {
+                    SocketAddr::V4(_) => (sock.ip_transparent(), sock.freebind()),
+                    SocketAddr::V6(_) => (sockopt::ipv6_transparent(&sock), sock.freebind_ipv6()),
+                };
+                assert!(!transparent.expect("IP_TRANSPARENT readable"), "{bind}");
+                assert_eq!(free.expect("IP_FREEBIND readable"), freebind, "{bind}");
+            }
+        }
+    }
 }

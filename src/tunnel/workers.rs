@@ -122,6 +122,18 @@ pub struct Worker {
     pub handed_off: AtomicU64,
     /// Handoffs to it dropped because its inbox held [`INBOX_CAPACITY`].
     pub inbox_dropped: AtomicU64,
+    /// Health probes asked of its loop ([`Workers::ask`]), and the last one its loop saw
+    /// ([`Worker::answer`]): a loop that runs catches up within one pass.
+    asked: AtomicU64,
+    answered: AtomicU64,
+}
+
+impl Worker {
+    /// Called by the worker's loop at the top of every pass.
+    pub fn answer(&self) {
+        self.answered
+            .store(self.asked.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 /// Every worker of the gateway, by number.
@@ -161,6 +173,27 @@ impl Workers {
     /// The wake-up of the worker that owns `peer`.
     pub fn wake_of(&self, peer: PeerId) -> Arc<Notify> {
         self.workers[owner(peer, self.count())].wake.clone()
+    }
+
+    /// Asks every worker's loop to show that it runs, and wakes it: what each must answer,
+    /// by worker (see [`Workers::unanswered`]).
+    pub fn ask(&self) -> Vec<u64> {
+        self.workers
+            .iter()
+            .map(|w| {
+                let asked = w.asked.fetch_add(1, Ordering::Relaxed) + 1;
+                w.wake.notify_one();
+                asked
+            })
+            .collect()
+    }
+
+    /// The first worker whose loop has not yet answered what [`Workers::ask`] asked.
+    pub fn unanswered(&self, asked: &[u64]) -> Option<usize> {
+        self.workers
+            .iter()
+            .zip(asked)
+            .position(|(w, &a)| w.answered.load(Ordering::Relaxed) < a)
     }
 
     /// Wakes every worker (a reload queued changes for each).

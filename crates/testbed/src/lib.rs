@@ -27,12 +27,16 @@
 //! [`hub`] builds the hub-and-spoke form (`pep-testbed hub --terminals N`): one hub gateway,
 //! N terminal gateways each with its own client network, one shared emulated forward
 //! carrier and a return link per terminal; [`hub::HubTestbed`] keeps it up for tests.
+//!
+//! [`failover`] (`pep-testbed failover --scenario …`) probes through the hub topology while
+//! a hub fails and reports how long each terminal took to be answered again.
 
 pub mod addr;
 pub mod cmd;
 pub mod cpu;
 pub mod cross;
 pub mod daemon;
+pub mod failover;
 pub mod fakepepd;
 pub mod hub;
 pub mod pepd;

@@ -1,6 +1,7 @@
 //! `pep-testbed`: build the satellite testbed, move verified traffic through it, run scenarios.
 
 mod demo;
+mod failover_cmd;
 mod hub_cmd;
 mod soak;
 
@@ -210,6 +211,10 @@ enum Cmd {
     /// object (goodput, byte-exactness, request latency percentiles, Jain's index of
     /// goodput per weight, the busiest 5 s against each MIR).
     Hub(hub_cmd::HubArgs),
+    /// Terminals probing a server through pepd while a hub fails (--scenario): per
+    /// terminal the seconds until a new request is answered again, the flows reset or left
+    /// hanging, and whether every answer was exact, as one JSON object.
+    Failover(failover_cmd::FailoverArgs),
     /// The kernel split-TCP relay `run --mode split-tcp` starts on each gateway (TPROXY
     /// interception, one kernel TCP connection per flow across the link, splice(2)):
     /// `split-relay run -c FILE`.
@@ -383,6 +388,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Hub(args) => hub_cmd::run(&args)?,
+        Cmd::Failover(args) => failover_cmd::run(&args)?,
         Cmd::SplitRelay {
             cmd: SplitRelayCmd::Run { config },
         } => pep_testbed::split::relay::main(&config)?,

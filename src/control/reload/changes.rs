@@ -590,6 +590,7 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
         side,
         bind,
         workers,
+        redundant,
     }) = new
     else {
         return Vec::new();
@@ -609,6 +610,11 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
             "tunnel.workers",
             tunnel,
             running.is_none_or(|r| *workers != r.workers),
+        ),
+        key(
+            "tunnel.redundant",
+            tunnel,
+            running.is_none_or(|r| *redundant != r.redundant),
         ),
     ]
 }

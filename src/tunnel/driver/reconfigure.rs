@@ -116,7 +116,8 @@ impl Driver {
     }
 
     /// Puts the peer into the endpoint and the carrier, and makes its association now if
-    /// its address is configured (else on its first initiation).
+    /// its address is configured and the hub is not redundant (else on its first
+    /// initiation).
     fn add_peer(&mut self, now: Instant, peer: NewPeer) {
         let NewPeer {
             peer,
@@ -139,7 +140,7 @@ impl Driver {
         if let Some(share) = self.share.as_mut() {
             share.add(id, &spec, carrier_overhead);
         }
-        if spec.address.is_some() {
+        if self.factory.makes_up_front(spec.address) {
             match self.factory.make(&mut self.endpoint, now, id) {
                 Ok((handle, assoc)) => {
                     peer.lock().assoc = Some(assoc);

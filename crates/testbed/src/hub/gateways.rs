@@ -31,12 +31,13 @@ const TAIL_ON_PANIC: usize = 40;
 pub struct HubGateways {
     dir: PathBuf,
     keep: bool,
+    launch: Launch,
     /// The hub first, then terminal 1, 2, …
     daemons: Vec<Daemon>,
 }
 
 /// The hub's config: the carrier as its `link.tx_rate`, a `[[peer]]` per terminal.
-fn hub_config(
+pub(crate) fn hub_config(
     links: &HubLinks,
     rates: &[TerminalRates],
     hub_key: &KeyFile,
@@ -85,7 +86,7 @@ fn hub_config(
 }
 
 /// Terminal `i`'s config: the pair form, its receive rate its MIR (within the carrier).
-fn terminal_config(
+pub(crate) fn terminal_config(
     i: usize,
     links: &HubLinks,
     rates: &TerminalRates,
@@ -155,7 +156,12 @@ impl HubGateways {
                 return Err(e);
             }
         };
-        let mut g = HubGateways { dir, keep, daemons };
+        let mut g = HubGateways {
+            dir,
+            keep,
+            launch: launch.clone(),
+            daemons,
+        };
         let allowed = opts
             .ready_timeout
             .unwrap_or(Duration::from_secs(10) + 4 * links.rtt());
@@ -199,6 +205,21 @@ impl HubGateways {
 
     pub fn terminals(&self) -> &[Daemon] {
         &self.daemons[1..]
+    }
+
+    /// Kills the hub's pepd with SIGKILL.
+    pub fn kill_hub(&mut self) -> Result<std::process::ExitStatus, Error> {
+        self.daemons[0].kill()
+    }
+
+    /// Starts the hub's pepd again with the same config (after [`HubGateways::kill_hub`])
+    /// and waits up to `allowed` for its readiness; returns when it was started and when it
+    /// was ready.
+    pub fn restart_hub(&mut self, allowed: Duration) -> Result<(Instant, Instant), Error> {
+        let hub = &mut self.daemons[0];
+        let since = hub.spawn(&self.launch)?;
+        let ready = hub.wait_for(READY, since, since + allowed, allowed)?;
+        Ok((since, ready.at))
     }
 
     /// The temporary directory with configs, keys, logs and notify sockets.

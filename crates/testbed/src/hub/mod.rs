@@ -63,6 +63,10 @@ impl HubTestbed {
         &self.gateways
     }
 
+    pub fn gateways_mut(&mut self) -> &mut HubGateways {
+        &mut self.gateways
+    }
+
     pub fn links(&self) -> &HubLinks {
         &self.links
     }

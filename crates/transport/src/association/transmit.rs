@@ -239,11 +239,48 @@ impl Association {
         Some(out)
     }
 
+    /// Builds the next short packet: an ACK, control frames, stream data (or a redundant
+    /// copy, a probe or padding) under the packet's budget; seals it and records it for loss
+    /// detection and the controller. False when there was nothing to send.
     pub(super) fn build_packet(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         let pn = self.next_pn;
         if !self.may_seal(pn) {
             return false;
         }
+        let (pn_len, budget) = self.packet_layout(pn);
+        let mut payload = std::mem::take(&mut self.payload);
+        payload.clear();
+        let mut frames = self.sent.frame_list();
+
+        self.write_ack(now, &mut payload, budget);
+        self.write_control(now, &mut payload, budget, &mut frames);
+        let (planned, copy_of) = self.plan_payload(now, budget, &mut payload, &mut frames);
+
+        let implicit_data = implicit_data_of(&planned, &payload);
+        let header = ShortHeader {
+            dcid: self.peer_cid,
+            pn_truncated: pn & mask(pn_len),
+            pn_len,
+            key_phase: self.key_phase(),
+            implicit_data,
+        };
+        header.encode(out);
+        out.extend_from_slice(&payload);
+        self.payload = payload;
+        self.write_stream_data(out, planned, implicit_data.is_some(), &mut frames);
+
+        if out.len() == header.encoded_len() {
+            out.clear();
+            return false;
+        }
+        self.seal(pn, header.encoded_len(), out);
+        self.next_pn += 1;
+        self.record_sent(now, pn, out.len(), frames, copy_of);
+        true
+    }
+
+    /// The packet number's length and the bytes left for frames in packet `pn`.
+    fn packet_layout(&self, pn: u64) -> (usize, usize) {
         let unacked = pn - self.largest_acked.map_or(0, |l| l + 1) + 1;
         // Never fewer than 2 bytes: a 1-byte number is misread after reordering by more than
         // 128 packets (an ACK-only sender is never acknowledged, so the span rule alone
@@ -254,25 +291,38 @@ impl Association {
         let (size, _probe) = self.sizer.next_data_size();
         let header_len = 1 + self.peer_cid.len() + pn_len;
         let budget = size.min(self.cfg.max_datagram()) - header_len - self.tag_len();
-        let mut payload = std::mem::take(&mut self.payload);
-        payload.clear();
-        let mut frames = self.sent.frame_list();
+        (pn_len, budget)
+    }
 
-        if self.acks.has_pending() {
-            if let Some(mut ack) = self.acks.build(now) {
-                // Keep the newest ranges if they would crowd out everything else.
-                while ack.ranges.len() > 2 && frame::ack_len(&ack) > budget / 2 {
-                    ack.ranges.pop();
-                }
-                frame::encode_ack(&mut payload, &ack);
-                self.stats.acks_sent += 1;
-                if ack.has_holes() {
-                    self.stats.snacks_sent += 1;
-                }
-            }
+    /// The pending ACK (with SNACK ranges), if any, within half the budget.
+    fn write_ack(&mut self, now: Instant, payload: &mut Vec<u8>, budget: usize) {
+        if !self.acks.has_pending() {
+            return;
         }
-        self.write_control(now, &mut payload, budget, &mut frames);
+        let Some(mut ack) = self.acks.build(now) else {
+            return;
+        };
+        // Keep the newest ranges if they would crowd out everything else.
+        while ack.ranges.len() > 2 && frame::ack_len(&ack) > budget / 2 {
+            ack.ranges.pop();
+        }
+        frame::encode_ack(payload, &ack);
+        self.stats.acks_sent += 1;
+        if ack.has_holes() {
+            self.stats.snacks_sent += 1;
+        }
+    }
 
+    /// Fills the rest of the packet: stream data the window allows, else a redundant copy,
+    /// else a probe or the controller's padding. Returns the planned stream frames and, for
+    /// a copy, its original and whether the copy is complete.
+    fn plan_payload(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        payload: &mut Vec<u8>,
+        frames: &mut Vec<SentFrame>,
+    ) -> (Vec<Planned>, Option<(u64, bool)>) {
         let data_ok = self.outage_since.is_none() && self.window_allows();
         let mut planned: Vec<Planned> = Vec::new();
         let mut used = payload.len();
@@ -284,42 +334,29 @@ impl Association {
             copy_of = self.plan_copy(budget, &mut used, &mut planned, payload.is_empty());
         }
         if frames.is_empty() && planned.is_empty() && self.probes_pending > 0 {
-            frame::encode_ping(&mut payload);
+            frame::encode_ping(payload);
             frames.push(SentFrame::Ping);
             self.stats.probes_sent += 1;
         } else if frames.is_empty() && planned.is_empty() && self.cc.wants_padding() {
             // A full-size packet for the controller's measurement; PADDING is zeros.
-            frame::encode_ping(&mut payload);
+            frame::encode_ping(payload);
             payload.resize(budget, 0);
             frames.push(SentFrame::Ping);
         }
         self.probes_pending = 0;
+        (planned, copy_of)
+    }
 
-        // A FIN always travels with an explicit length, so a truncated datagram can never
-        // pass for a shorter stream.
-        let implicit_data = match planned.as_slice() {
-            [Planned::Data {
-                fin: false,
-                offset_len,
-                ..
-            }] if payload.is_empty() => Some(ImplicitData {
-                fin: false,
-                offset_len: *offset_len,
-            }),
-            _ => None,
-        };
-        let header = ShortHeader {
-            dcid: self.peer_cid,
-            pn_truncated: pn & mask(pn_len),
-            pn_len,
-            key_phase: self.key_phase(),
-            implicit_data,
-        };
-        header.encode(out);
-        out.extend_from_slice(&payload);
-        self.payload = payload;
-        // Stream bytes go from the send buffer straight into the datagram, the one copy
-        // they need before the AEAD seals them in place.
+    /// Writes the planned DATA frames after the header and the other frames. Stream bytes go
+    /// from the send buffer straight into the datagram, the one copy they need before the
+    /// AEAD seals them in place.
+    fn write_stream_data(
+        &self,
+        out: &mut Vec<u8>,
+        planned: Vec<Planned>,
+        implicit: bool,
+        frames: &mut Vec<SentFrame>,
+    ) {
         let count = planned.len();
         for (i, p) in planned.into_iter().enumerate() {
             let Planned::Data {
@@ -332,7 +369,7 @@ impl Association {
             let Some(f) = self.flows.get(&flow) else {
                 continue;
             };
-            if implicit_data.is_some() {
+            if implicit {
                 frame::encode_implicit_data_header(out, flow, offset, offset_len);
             } else {
                 // FIN always travels with an explicit length; so does every frame but the last.
@@ -347,15 +384,19 @@ impl Association {
                 fin,
             });
         }
+    }
 
-        if out.len() == header.encoded_len() {
-            out.clear();
-            return false;
-        }
-        self.seal(pn, header.encoded_len(), out);
-        self.next_pn += 1;
-
-        let wire = (out.len() + self.cfg.wire_overhead - self.tag_len()) as u64;
+    /// Accounts for a sealed packet of `len` bytes: statistics, pacer and controller, and,
+    /// when it elicits an ACK, its record for loss detection and redundancy.
+    fn record_sent(
+        &mut self,
+        now: Instant,
+        pn: u64,
+        len: usize,
+        frames: Vec<SentFrame>,
+        copy_of: Option<(u64, bool)>,
+    ) {
+        let wire = (len + self.cfg.wire_overhead - self.tag_len()) as u64;
         self.stats.packets_sent += 1;
         self.stats.wire_bytes_sent += wire;
         let app_limited = self.pacer.on_sent(now, wire);
@@ -370,39 +411,38 @@ impl Association {
         if let Some(pause) = self.cc.take_pause() {
             self.pacer.pause(pause);
         }
-        if !frames.is_empty() {
-            let has_data = frames.iter().any(|f| matches!(f, SentFrame::Data { .. }));
-            if has_data {
-                self.sizer.on_data_sent();
-            }
-            if self.sent.is_empty() {
-                self.sent_since = Some(now);
-            }
-            let group = copy_of.and_then(|(orig, complete)| self.sent.note_copy(orig, complete));
-            self.sent.insert(
-                pn,
-                SentPacket {
-                    time: now,
-                    wire_bytes: wire,
-                    frames,
-                    group,
-                    is_copy: copy_of.is_some(),
-                    copies: 0,
-                    has_data,
-                    app_limited,
-                },
-            );
-            if copy_of.is_none() && has_data {
-                // Copies go newest first: restart the search above the new original.
-                self.redundancy_cursor = self.next_pn;
-                self.redundancy_round = 1;
-            }
-            self.last_eliciting_sent = Some(now);
-        } else {
+        if frames.is_empty() {
             // An ACK-only packet is not recorded; its list goes back for the next one.
             self.sent.recycle(frames);
+            return;
         }
-        true
+        let has_data = frames.iter().any(|f| matches!(f, SentFrame::Data { .. }));
+        if has_data {
+            self.sizer.on_data_sent();
+        }
+        if self.sent.is_empty() {
+            self.sent_since = Some(now);
+        }
+        let group = copy_of.and_then(|(orig, complete)| self.sent.note_copy(orig, complete));
+        self.sent.insert(
+            pn,
+            SentPacket {
+                time: now,
+                wire_bytes: wire,
+                frames,
+                group,
+                is_copy: copy_of.is_some(),
+                copies: 0,
+                has_data,
+                app_limited,
+            },
+        );
+        if copy_of.is_none() && has_data {
+            // Copies go newest first: restart the search above the new original.
+            self.redundancy_cursor = self.next_pn;
+            self.redundancy_round = 1;
+        }
+        self.last_eliciting_sent = Some(now);
     }
 
     pub(super) fn write_control(
@@ -677,6 +717,23 @@ impl Association {
             });
         }
         (!planned.is_empty()).then_some((orig, complete))
+    }
+}
+
+/// The implicit-length form of the packet's one DATA frame, when that is all it carries.
+/// A FIN always travels with an explicit length, so a truncated datagram can never pass for
+/// a shorter stream.
+fn implicit_data_of(planned: &[Planned], payload: &[u8]) -> Option<ImplicitData> {
+    match planned {
+        [Planned::Data {
+            fin: false,
+            offset_len,
+            ..
+        }] if payload.is_empty() => Some(ImplicitData {
+            fin: false,
+            offset_len: *offset_len,
+        }),
+        _ => None,
     }
 }
 

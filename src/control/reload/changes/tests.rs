@@ -175,6 +175,7 @@ fn every_key_of_the_list_form_is_listed_once_and_every_entry_key_applies_live() 
             "tunnel.side",
             "tunnel.bind",
             "tunnel.workers",
+            "tunnel.redundant",
         ]
     );
     let settings: BTreeSet<Setting> = keys.iter().filter(|k| peer(k)).map(|k| k.setting).collect();

@@ -1,0 +1,296 @@
+//! The active/standby topology in network namespaces:
+//!
+//! ```text
+//!            sv 198.18.3.2 ─┐ br-lan (in sw) ┌─ h1 lan0 198.18.3.11   h1 sat0 198.19.0.11 ─┐ br-tp (in sw)
+//!                           └────────────────┴─ h2 lan0 198.18.3.12   h2 sat0 198.19.0.12 ─┤
+//!                                                                  mod tp0 198.19.0.254 ───┘
+//!  mod ═[carrier]═ sat ─┬─[return 1]─ t1 — c1
+//!                       └─ …          tN — cN
+//! ```
+//!
+//! `sw` is a switch: two bridges, one for the LAN side (the server and the hubs' `lan0`),
+//! one for the teleport segment (the hubs' `sat0` and the modem). `mod` is the modem: it
+//! routes between the teleport segment and the emulated carrier to `sat`, which fans out
+//! to the terminals as in [`crate::hub::topology`]. The hubs share two virtual addresses,
+//! which keepalived moves: [`TUNNEL_VIP`] on `sat0` (every terminal's hub address) and
+//! [`LAN_VIP`] on `lan0` (the server's default route). Neither is on any interface when
+//! the topology comes up.
+
+use std::net::Ipv4Addr;
+
+use pep_linkemu::{DirectionConfig, Emulator, Endpoint, LinkConfig, LinkStats};
+
+use crate::cmd::{ip_in, run, sysctl_in};
+use crate::hub::topology::{client, lan_gateway, terminal_sat, HubLinks, MAX_TERMINALS};
+use crate::topology::{
+    add_tun, fresh_base, remove_namespace, tune_host, HostTuning, HOST_DEV, LAN_DEV, SAT_DEV,
+};
+use crate::Error;
+
+/// The hubs' shared tunnel address: the hub topology's, so terminal configs are the same.
+pub const TUNNEL_VIP: Ipv4Addr = crate::hub::topology::HUB_SAT_V4;
+/// The hubs' shared LAN address, the server's next hop.
+pub const LAN_VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 1);
+/// The server, on the hubs' LAN segment.
+pub const SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 2);
+/// The modem's address on the teleport segment.
+pub const MODEM: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 254);
+/// Hubs in a redundant pair.
+pub const HUBS: usize = 2;
+
+/// Hub `k`'s (from 1) own address on the teleport segment.
+pub fn hub_sat(k: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 19, 0, 10 + k as u8)
+}
+
+/// Hub `k`'s own LAN address.
+pub fn hub_lan(k: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 3, 10 + k as u8)
+}
+
+const TELEPORT: &str = "198.19.0.0/24";
+const TERMINALS_NET: &str = "198.19.1.0/24";
+const BR_LAN: &str = "br-lan";
+const BR_TP: &str = "br-tp";
+const MOD_DEV: &str = "tp0";
+const SAT_HUB_DEV: &str = "hub0";
+
+fn sat_terminal_dev(i: usize) -> String {
+    format!("tm{i}")
+}
+
+/// Namespace names of one instance: `peptb-PID-N-ROLE`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StandbyNames {
+    pub base: String,
+    pub switch: String,
+    /// By hub, from hub 1.
+    pub hubs: Vec<String>,
+    pub server: String,
+    pub modem: String,
+    pub sat: String,
+    pub terminals: Vec<String>,
+    pub clients: Vec<String>,
+}
+
+impl StandbyNames {
+    fn fresh(terminals: usize) -> StandbyNames {
+        let base = fresh_base();
+        StandbyNames {
+            switch: format!("{base}-sw"),
+            hubs: (1..=HUBS).map(|k| format!("{base}-h{k}")).collect(),
+            server: format!("{base}-sv"),
+            modem: format!("{base}-mod"),
+            sat: format!("{base}-sat"),
+            terminals: (1..=terminals).map(|i| format!("{base}-t{i}")).collect(),
+            clients: (1..=terminals).map(|i| format!("{base}-c{i}")).collect(),
+            base,
+        }
+    }
+
+    fn all(&self) -> Vec<&str> {
+        let mut v = vec![self.switch.as_str()];
+        v.extend(self.hubs.iter().map(String::as_str));
+        v.extend([self.server.as_str(), &self.modem, &self.sat]);
+        v.extend(self.terminals.iter().map(String::as_str));
+        v.extend(self.clients.iter().map(String::as_str));
+        v
+    }
+}
+
+/// The topology up with its emulators running; dropping it tears everything down (and
+/// ends whatever still runs in its namespaces).
+pub struct StandbyTopology {
+    pub names: StandbyNames,
+    created: Vec<String>,
+    carrier: Option<Emulator>,
+    returns: Vec<Emulator>,
+}
+
+fn passthrough() -> DirectionConfig {
+    DirectionConfig::default()
+}
+
+impl StandbyTopology {
+    pub fn up(links: &HubLinks, hosts: &HostTuning) -> Result<StandbyTopology, Error> {
+        if !(1..=MAX_TERMINALS).contains(&links.terminals) {
+            return Err(Error::Invalid(format!(
+                "{} terminals: between 1 and {MAX_TERMINALS} fit the address plan",
+                links.terminals
+            )));
+        }
+        let mut t = StandbyTopology {
+            names: StandbyNames::fresh(links.terminals),
+            created: Vec::new(),
+            carrier: None,
+            returns: Vec::new(),
+        };
+        t.build(links.terminals, hosts)?;
+        t.start_emulators(links)?;
+        Ok(t)
+    }
+
+    fn build(&mut self, terminals: usize, hosts: &HostTuning) -> Result<(), Error> {
+        let n = self.names.clone();
+        for ns in n.all() {
+            run("ip", &["netns", "add", ns])?;
+            self.created.push(ns.to_owned());
+            ip_in(ns, &["link", "set", "lo", "up"])?;
+        }
+        for br in [BR_LAN, BR_TP] {
+            ip_in(&n.switch, &["link", "add", br, "type", "bridge"])?;
+            ip_in(&n.switch, &["link", "set", br, "up"])?;
+        }
+        let port = |ns: &str, dev: &str, addr: Ipv4Addr, sw_dev: &str, bridge: &str| {
+            switch_port(&n.switch, ns, dev, addr, sw_dev, bridge)
+        };
+        for (k, hub) in n.hubs.iter().enumerate() {
+            let k = k + 1;
+            port(hub, LAN_DEV, hub_lan(k), &format!("l{k}"), BR_LAN)?;
+            port(hub, SAT_DEV, hub_sat(k), &format!("s{k}"), BR_TP)?;
+            let modem = MODEM.to_string();
+            ip_in(hub, &["route", "add", TERMINALS_NET, "via", &modem])?;
+        }
+        port(&n.server, HOST_DEV, SERVER, "sv", BR_LAN)?;
+        ip_in(
+            &n.server,
+            &["route", "add", "default", "via", &LAN_VIP.to_string()],
+        )?;
+        tune_host(&n.server, hosts)?;
+        port(&n.modem, MOD_DEV, MODEM, "md", BR_TP)?;
+        sysctl_in(&n.modem, &["net.ipv4.ip_forward=1"])?;
+        add_tun(&n.modem, SAT_DEV)?;
+        ip_in(&n.modem, &["route", "add", TERMINALS_NET, "dev", SAT_DEV])?;
+        sysctl_in(&n.sat, &["net.ipv4.ip_forward=1"])?;
+        add_tun(&n.sat, SAT_HUB_DEV)?;
+        ip_in(&n.sat, &["route", "add", TELEPORT, "dev", SAT_HUB_DEV])?;
+        for i in 1..=terminals {
+            let (t, c) = (&n.terminals[i - 1], &n.clients[i - 1]);
+            veth(t, LAN_DEV, lan_gateway(i), c, HOST_DEV, client(i))?;
+            ip_in(
+                c,
+                &[
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &lan_gateway(i).to_string(),
+                ],
+            )?;
+            tune_host(c, hosts)?;
+            let dev = sat_terminal_dev(i);
+            let own = terminal_sat(i).to_string();
+            add_tun(&n.sat, &dev)?;
+            ip_in(&n.sat, &["route", "add", &own, "dev", &dev])?;
+            add_tun(t, SAT_DEV)?;
+            ip_in(t, &["addr", "add", &own, "dev", SAT_DEV])?;
+            ip_in(t, &["route", "add", TELEPORT, "dev", SAT_DEV])?;
+        }
+        Ok(())
+    }
+
+    fn start_emulators(&mut self, links: &HubLinks) -> Result<(), Error> {
+        let ep = |ns: &str, dev: &str| Endpoint {
+            netns: Some(ns.to_owned()),
+            dev: dev.to_owned(),
+        };
+        let carrier = LinkConfig {
+            forward: links.carrier.clone(),
+            ret: passthrough(),
+            seed: links.seed,
+            ..Default::default()
+        };
+        self.carrier = Some(Emulator::start(
+            &carrier,
+            &ep(&self.names.modem, SAT_DEV),
+            &ep(&self.names.sat, SAT_HUB_DEV),
+        )?);
+        for i in 1..=links.terminals {
+            let ret = LinkConfig {
+                forward: passthrough(),
+                ret: links.ret.clone(),
+                seed: links.seed.wrapping_add(i as u64),
+                ..Default::default()
+            };
+            self.returns.push(Emulator::start(
+                &ret,
+                &ep(&self.names.sat, &sat_terminal_dev(i)),
+                &ep(&self.names.terminals[i - 1], SAT_DEV),
+            )?);
+        }
+        Ok(())
+    }
+
+    /// The carrier's counters so far.
+    pub fn carrier_stats(&self) -> Option<LinkStats> {
+        self.carrier.as_ref().map(Emulator::stats)
+    }
+
+    /// Whether hub `k` (from 1) holds `addr` on `dev` now.
+    pub fn holds(&self, k: usize, dev: &str, addr: Ipv4Addr) -> Result<bool, Error> {
+        let out = ip_in(
+            &self.names.hubs[k - 1],
+            &["-4", "-o", "addr", "show", "dev", dev],
+        )?;
+        let needle = format!(" {addr}/");
+        Ok(out.contains(&needle))
+    }
+
+    /// Takes hub `k`'s interfaces down at once (its power cut: nothing leaves it after
+    /// this).
+    pub fn cut_hub(&self, k: usize) -> Result<(), Error> {
+        let ns = &self.names.hubs[k - 1];
+        crate::cmd::run_with_input(
+            "ip",
+            &["-n", ns, "-batch", "-"],
+            &format!("link set {LAN_DEV} down\nlink set {SAT_DEV} down\n"),
+        )
+        .map(drop)
+    }
+}
+
+impl Drop for StandbyTopology {
+    fn drop(&mut self) {
+        drop(self.carrier.take());
+        self.returns.clear();
+        for ns in self.created.drain(..) {
+            remove_namespace(&ns);
+        }
+    }
+}
+
+/// Namespace `ns`'s interface `dev` (address `addr`/24), whose other end `sw_dev` is a
+/// port of `bridge` in the switch namespace.
+fn switch_port(
+    switch: &str,
+    ns: &str,
+    dev: &str,
+    addr: Ipv4Addr,
+    sw_dev: &str,
+    bridge: &str,
+) -> Result<(), Error> {
+    ip_in(
+        ns,
+        &[
+            "link", "add", dev, "type", "veth", "peer", "name", sw_dev, "netns", switch,
+        ],
+    )?;
+    ip_in(switch, &["link", "set", sw_dev, "master", bridge, "up"])?;
+    ip_in(ns, &["addr", "add", &format!("{addr}/24"), "dev", dev])?;
+    ip_in(ns, &["link", "set", dev, "up"]).map(drop)
+}
+
+/// A veth pair from `a` (device `da`, address `aa`/24) to `b` (`db`, `ab`/24), both up.
+fn veth(a: &str, da: &str, aa: Ipv4Addr, b: &str, db: &str, ab: Ipv4Addr) -> Result<(), Error> {
+    ip_in(
+        a,
+        &[
+            "link", "add", da, "type", "veth", "peer", "name", db, "netns", b,
+        ],
+    )?;
+    for (ns, dev, addr) in [(a, da, aa), (b, db, ab)] {
+        ip_in(ns, &["addr", "add", &format!("{addr}/24"), "dev", dev])?;
+        ip_in(ns, &["link", "set", dev, "up"])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Failover of a hub on the netns testbed (pep-testbed failover): for each scenario in
+# SCENARIOS (restart standby-pepd standby-hub), RUNS (5) runs of 8 terminals on the geo
+# profile, each probing through pepd every 200 ms; the first run of each scenario also
+# runs its control (the same without the failure). Prints per scenario the worst and
+# median of the runs' worst terminal recovery, the flows reset and hung, and whether every
+# answer was exact. Needs root, and keepalived for the standby scenarios
+# (scripts/install-keepalived.sh). Timing needs an idle machine.
+# Usage: ./scripts/bench-failover.sh   (writes the JSON lines to OUT, target/bench/failover.jsonl)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-target/bench/failover.jsonl}
+runs=${RUNS:-5}
+scenarios=${SCENARIOS:-restart standby-pepd standby-hub}
+mkdir -p "$(dirname "$out")"
+: >"$out"
+cargo build --release -p pepd -p pep-testbed
+for s in $scenarios; do
+    for r in $(seq 1 "$runs"); do
+        control=()
+        [ "$r" = 1 ] && control=(--control)
+        ./target/release/pep-testbed failover --scenario "$s" "${control[@]}" --json >>"$out"
+    done
+done
+python3 - "$out" <<'PY'
+import json, statistics, sys
+by = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    by.setdefault(r["scenario"], []).append(r)
+for s, rs in by.items():
+    worst = [r["recovery_s"]["max"] for r in rs]
+    done = [w for w in worst if w is not None]
+    print(f"{s}: {len(rs)} runs, {len(rs[0]['per_terminal'])} terminals")
+    if done:
+        print(f"  recovery_s (worst terminal of a run): worst {max(done):.2f}, median {statistics.median(done):.2f}"
+              + (f"; {len(worst) - len(done)} runs with a terminal never answered again" if len(done) < len(worst) else ""))
+    else:
+        print("  no run in which every terminal was answered again")
+    print(f"  reset_flows {[r['reset_flows'] for r in rs]}, hung_flows {[r['hung_flows'] for r in rs]}, "
+          f"all_exact {all(r['all_exact'] for r in rs)}")
+    moved = [r.get("address_moved_after_s") for r in rs if "address_moved_after_s" in r]
+    if moved:
+        print(f"  address moved after (s): {moved}; spurious transitions {[r['spurious_transitions'] for r in rs]}")
+PY

@@ -1,0 +1,195 @@
+//! Redundant hubs end to end (root, namespaces): two hubs with the same key and peer list
+//! (`[tunnel] redundant = true`) on a switched teleport segment, the terminals behind an
+//! emulated carrier (pep_testbed::failover::topology). A hub binds the shared address
+//! before it holds it and serves once it does; with keepalived on both, killing pepd on
+//! the active hub moves the addresses, and the terminals are served by the other.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use pep_linkemu::DirectionConfig;
+use pep_testbed::failover::standby::StandbyTestbed;
+use pep_testbed::failover::topology::SERVER;
+use pep_testbed::hub::HubLinks;
+use pep_testbed::in_netns;
+use pep_testbed::topology::command_in;
+use pep_testbed::xfer::client::{exchange, rr_open, ClientOpts};
+use pep_testbed::xfer::pattern::Pattern;
+use pep_testbed::xfer::server::Server;
+use support::{heavy, options, pepd_bin};
+
+const PORT: u16 = 5001;
+
+/// `terminals` terminals on a 20 Mbit/s carrier and 2 Mbit/s returns, `one_way_ms` each way.
+fn links(terminals: usize, one_way_ms: u64) -> HubLinks {
+    let d = |rate_bps: f64| DirectionConfig {
+        rate_bps,
+        queue_bytes: 256_000,
+        delay: Duration::from_millis(one_way_ms),
+        ..Default::default()
+    };
+    HubLinks {
+        terminals,
+        carrier: d(20e6),
+        ret: d(2e6),
+        seed: 1,
+    }
+}
+
+/// `pepd health` in hub `k`'s namespace: its exit status and the line it printed.
+fn health(tb: &StandbyTestbed, k: usize) -> (Option<i32>, String) {
+    let out = command_in(tb.hub_namespace(k), pepd_bin())
+        .args(["health", "--at", "127.0.0.1:9464"])
+        .output()
+        .expect("pepd health runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+    )
+}
+
+/// One request of 1,000 bytes and its response from client `i` (from 1) to the server:
+/// whether the response was exact.
+fn request(tb: &StandbyTestbed, i: usize, seed: u64) -> Result<bool, String> {
+    let ns = tb.topology().names.clients[i - 1].clone();
+    in_netns(&ns, move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let o = ClientOpts {
+            server: SocketAddr::from((SERVER, PORT)),
+            cc: None,
+            seed,
+            max_duration: Duration::from_secs(20),
+        };
+        let mut s = rr_open(&o, seed, deadline).map_err(|e| e.to_string())?;
+        let (mut up, mut down) = (Pattern::new(seed, 0), Pattern::new(seed, 1));
+        exchange(&mut s, &mut up, &mut down, 1000, 1000, deadline)
+            .map(|(_, exact)| exact)
+            .map_err(|e| e.to_string())
+    })
+    .map_err(|e| e.to_string())?
+}
+
+fn server(tb: &StandbyTestbed) -> Server {
+    let at = SocketAddr::from((SERVER, PORT));
+    in_netns(&tb.topology().names.server, move || Server::bind(at, None))
+        .expect("server namespace")
+        .expect("server binds")
+}
+
+#[test]
+fn a_redundant_hub_binds_its_address_before_holding_it_and_serves_once_it_does() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _heavy = heavy();
+    let tb = StandbyTestbed::up(&links(2, 20), &options(), None)
+        .unwrap_or_else(|e| panic!("starting the hubs without their address: {e}"));
+    let _server = server(&tb);
+    // Both hubs started and serve (their workers answer), holding no address.
+    for k in 1..=2 {
+        assert!(!tb.holds_any(k).expect("ip addr"), "hub {k}");
+        assert_eq!(health(&tb, k), (Some(0), "serving".to_owned()), "hub {k}");
+    }
+    // The terminals initiate every second towards an address nobody holds.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(tb.associations(1), Some(0));
+    assert_eq!(tb.associations(2), Some(0));
+    tb.take_addresses(1).expect("address added");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    tb.wait_for_associations(1, 2, deadline)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(tb.associations(2), Some(0));
+    for i in 1..=2 {
+        assert_eq!(request(&tb, i, 100 + i as u64), Ok(true), "terminal {i}");
+    }
+}
+
+#[test]
+fn pepd_health_fails_once_the_daemon_is_gone() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _heavy = heavy();
+    let mut tb = StandbyTestbed::up(&links(1, 5), &options(), None)
+        .unwrap_or_else(|e| panic!("starting the hubs: {e}"));
+    assert_eq!(health(&tb, 2), (Some(0), "serving".to_owned()));
+    tb.kill_pepd(2).expect("killed");
+    let (code, line) = health(&tb, 2);
+    assert_eq!(code, Some(1), "{line}");
+    assert!(line.starts_with("no answer from 127.0.0.1:9464"), "{line}");
+    // Asked through the config instead of an address: the same endpoint.
+    let out = Command::new("ip")
+        .args(["netns", "exec", tb.hub_namespace(1)])
+        .arg(pepd_bin())
+        .args(["health", "-c"])
+        .arg(tb.dir().join("h1.toml"))
+        .output()
+        .expect("pepd health runs");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "serving\n");
+}
+
+#[test]
+fn a_standby_takes_over_when_pepd_on_the_active_is_killed() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    if Command::new("keepalived")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        // CI installs it (scripts/install-keepalived.sh); a skip there would be a pass
+        // that ran nothing.
+        assert!(
+            std::env::var_os("PEPD_REQUIRE_ROOT_TESTS").is_none(),
+            "keepalived is not installed: run scripts/install-keepalived.sh"
+        );
+        eprintln!("skipped: keepalived is not installed (scripts/install-keepalived.sh)");
+        return;
+    }
+    let _heavy = heavy();
+    let mut tb = StandbyTestbed::up(&links(2, 20), &options(), Some(Duration::from_millis(500)))
+        .unwrap_or_else(|e| panic!("starting the active/standby pair: {e}"));
+    let _server = server(&tb);
+    assert!(tb.is_active(1).expect("ip addr"));
+    assert!(!tb.holds_any(2).expect("ip addr"));
+    for i in 1..=2 {
+        assert_eq!(
+            request(&tb, i, 200 + i as u64),
+            Ok(true),
+            "terminal {i} before"
+        );
+    }
+    tb.kill_pepd(1).expect("killed");
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(30);
+    while !tb.is_active(2).expect("ip addr") {
+        assert!(
+            Instant::now() < deadline,
+            "hub 2 never took both addresses:\n{:#?}",
+            tb.log_tails(20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !tb.holds_any(1).expect("ip addr"),
+        "both hubs hold an address"
+    );
+    tb.wait_for_associations(2, 2, deadline)
+        .unwrap_or_else(|e| panic!("{e}"));
+    for i in 1..=2 {
+        assert_eq!(
+            request(&tb, i, 300 + i as u64),
+            Ok(true),
+            "terminal {i} after"
+        );
+    }
+    eprintln!(
+        "hub 2 served both terminals {:.1} s after pepd on hub 1 was killed",
+        killed.elapsed().as_secs_f64()
+    );
+}
