@@ -176,6 +176,7 @@ fn run_cells(cells: &[Cell], o: &Opts) -> anyhow::Result<Results> {
                     cross: Default::default(),
                     timeline: false,
                     settle: Duration::ZERO,
+                    content: pep_testbed::corpus::Content::Random,
                 };
                 let r = runner::run(&spec)?;
                 println!("{}", serde_json::to_string(&r)?);

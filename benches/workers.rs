@@ -160,6 +160,7 @@ fn terminals(
                         client: SocketAddr::from(([127, 0, 1, i as u8 + 1], 40_000)),
                         server,
                         dscp: 0,
+                        compression: false,
                     };
                     t.flow = t.assoc.open_flow(meta).ok();
                 }
@@ -244,6 +245,7 @@ fn bulk(workers: usize, n: usize, run: Duration, rate_bps: u64) -> String {
             live,
             gateway: gateway.clone(),
             runtime: rt.handle().clone(),
+            compression: None,
         })
     } else {
         Arc::new(MemorySource {

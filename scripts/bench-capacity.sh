@@ -8,6 +8,10 @@
 #   cargo build --release -p pepd -p pep-testbed && ./scripts/bench-capacity.sh
 #   CELLS="fade acm" RUNS=1 ./scripts/bench-capacity.sh
 #   PEPD_ONLY=1 ./scripts/bench-capacity.sh    # pepd's variants only (no plain CUBIC / BBR)
+#   CELLS=jitter ./scripts/bench-capacity.sh   # geo with jitter (not in the default cells):
+#       JITTER_KINDS (default "uniform wander slotted"), JITTER_MS (default 20), JITTER_ACM=1
+#       for the ACM steps 20->7->20 Mb/s every 10 s; each kind beside the same link without
+#       jitter, pepd, plain CUBIC and plain BBR alike
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${CARGO_TARGET_DIR:-target}/release"
@@ -79,6 +83,23 @@ for cell in $CELLS; do
     lawson)
         for ber in 0 1e-5; do
             run lawson "pepd-ber-$ber" --profile lawson --ber "$ber" --mode pepd --workload download --seconds 60 --max-seconds 120
+        done
+        ;;
+    jitter)
+        # A 50 MB download beside a 1 KB request every 200 ms on geo, the emulator's jitter
+        # (crates/sim/src/jitter.rs, the simulator's model) on both directions.
+        geo_jitter=(--profile geo --settle-s 2 --max-seconds 300 "${interactive[@]}" --bytes 50000000)
+        if [[ ${JITTER_ACM:-0} == 1 ]]; then
+            geo_jitter+=(--rate-schedule 0:20M,10:7M,20:20M,30:7M,40:20M,50:7M)
+        fi
+        for kind in none ${JITTER_KINDS:-uniform wander slotted}; do
+            jitter_args=()
+            if [[ $kind != none ]]; then
+                jitter_args=(--jitter-ms "${JITTER_MS:-20}" --jitter-kind "$kind")
+            fi
+            for mode in pepd plain-cubic plain-bbr; do
+                run "jitter-$kind" "$mode" "${geo_jitter[@]}" "${jitter_args[@]}" --mode "$mode"
+            done
         done
         ;;
     noisy)
@@ -198,6 +219,35 @@ for ber in ["0", "1e-5"]:
         rs = by[k]
         verdict(f"lawson 60 s BER {ber}: efficiency >= 0.95", intact(rs) and all(r["efficiency"] >= 0.95 for r in rs),
                 stat([r["efficiency"] for r in rs]))
+
+jitter_cells = sorted({c for (c, v) in by if c.startswith("jitter-") and c != "jitter-none"})
+if jitter_cells and ("jitter-none", "pepd") in by:
+    # The simulator's jitter rows' bounds (scripts/sim-acceptance.sh), on the testbed.
+    import os
+    bound_ms = float(os.environ.get("JITTER_MS", "20"))
+    lat99 = lambda r: p(r["latencies_s"], 0.99)
+    mean = lambda rs, f: statistics.mean(f(r) for r in rs)
+    print(f"jitter: geo, ±{bound_ms:g} ms; request p99 (s) and 50 MB completion (s), mean [min–max]")
+    for cell in ["jitter-none"] + jitter_cells:
+        show(cell, lat99, "request p99 s")
+        show(cell, lambda r: r["completion_s"], "completion s", "{:.2f}")
+    ref = by[("jitter-none", "pepd")]
+    for cell in jitter_cells:
+        rs = by.get((cell, "pepd"))
+        if not rs:
+            continue
+        ratio = mean(ref, lambda r: r["completion_s"]) / mean(rs, lambda r: r["completion_s"])
+        p99, ref_p99 = mean(rs, lat99), mean(ref, lat99)
+        limit = ref_p99 + (2 * bound_ms + 20) / 1e3
+        verdict(f"{cell}: goodput >= 0.93 x without jitter, request p99 <= {limit:.3f} s",
+                intact(rs) and ratio >= 0.93 and p99 <= limit, f"goodput {ratio:.3f} x, p99 {p99:.3f} s")
+        bbr = by.get((cell, "plain-bbr"))
+        if bbr:
+            g = mean(bbr, lambda r: r["completion_s"]) / mean(rs, lambda r: r["completion_s"])
+            l = mean(bbr, lat99) / p99
+            verdict(f"{cell}: ahead of plain BBR on goodput or p99, behind on neither by > 5 %",
+                    (g > 1 or l > 1) and g >= 0.95 and l >= 0.95,
+                    f"goodput {g:.3f} x BBR's, p99 {1 / l:.3f} x BBR's")
 
 if ("noisy", "pepd") in by:
     print("noisy: lawson (1.544 Mb/s, 570 ms RTT) at BER 1e-4, 60 s download; goodput (Mb/s), pepd's datagram size")

@@ -279,6 +279,18 @@ pub enum LossDefault {
     Congestion,
 }
 
+/// Whether flows may be compressed on the link (docs/SECURITY.md, "Compression").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressionMode {
+    /// Nothing is compressed, and the HELLO offers nothing: the peer compresses nothing
+    /// towards us either.
+    Off,
+    /// Offered to the peer; flows to `compression_ports` and `compression_prefixes` are
+    /// compressed where their data shrinks and the link is what they wait on.
+    Auto,
+}
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportConfig {
@@ -300,6 +312,12 @@ pub struct TransportConfig {
     #[serde(with = "humantime_serde")]
     pub pacing_burst: Duration,
     pub datagram_size: DatagramSizeName,
+    pub compression: CompressionMode,
+    /// Server ports whose flows `auto` compresses; empty: every port.
+    pub compression_ports: Vec<u16>,
+    /// Server addresses whose flows `auto` compresses; empty: every address.
+    #[serde(deserialize_with = "cidr::subnets")]
+    pub compression_prefixes: Vec<IpNet>,
 }
 
 impl Default for TransportConfig {
@@ -317,6 +335,9 @@ impl Default for TransportConfig {
             keepalive: t.keepalive_interval,
             pacing_burst: Duration::from_millis(2),
             datagram_size: DatagramSizeName::Adaptive,
+            compression: CompressionMode::Off,
+            compression_ports: Vec::new(),
+            compression_prefixes: Vec::new(),
         }
     }
 }
@@ -604,6 +625,12 @@ impl PepdConfig {
         c.wire_overhead = ip_udp + 16;
         c.max_flows = self.limits.max_flows;
         c.classes = TrafficClasses::of(self).transport();
+        c.compression = match t.compression {
+            CompressionMode::Off => None,
+            CompressionMode::Auto => Some(pep_transport::CompressionOffer::zstd(
+                pep_compress::OFFERED_BLOCK_LOG,
+            )),
+        };
         c
     }
 }

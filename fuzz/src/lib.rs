@@ -11,6 +11,67 @@ use pep_transport::frame::{self, Frame};
 use pep_transport::packet::{decode_header, parse_packet, Header};
 use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, ResetReason, Role};
 
+// ---- blocks ----------------------------------------------------------------------------
+
+/// A compressed flow's stream as a peer may send it: the first byte picks the agreed block
+/// size (2^10 to 2^17) and how the receiver takes the bytes (as the relay does, what the
+/// decoder wants; or in pieces of a size the second byte gives), the rest is the stream.
+/// Checks that no input panics, that nothing decodes to more than one block at a time or to
+/// more than `MAX_RATIO` bytes per byte taken, that the decoder holds at most one block, and
+/// that it stops at the first refused block. Then the same bytes, as application data, go
+/// through the encoder at each level and must come back exactly.
+pub fn check_blocks(data: &[u8]) {
+    use pep_compress::{encode_block, Decoder, Level, MAX_RATIO};
+    let [mode, piece, stream @ ..] = data else {
+        return;
+    };
+    let max_block = 1usize << (10 + (mode & 7));
+    let as_the_relay = mode & 8 == 0;
+    let piece = usize::from(*piece).max(1);
+    let mut d = Decoder::new(max_block);
+    let mut taken = 0usize;
+    let mut decoded = 0usize;
+    let mut at = 0;
+    while at < stream.len() {
+        let n = if as_the_relay { d.want() } else { piece }.min(stream.len() - at);
+        assert!(n > 0, "the decoder wants nothing");
+        let input = bytes::Bytes::copy_from_slice(&stream[at..at + n]);
+        at += n;
+        taken += n;
+        let r = d.feed(input, &mut |b: bytes::Bytes| {
+            assert!(
+                !b.is_empty() && b.len() <= max_block,
+                "{} bytes at once",
+                b.len()
+            );
+            decoded += b.len();
+        });
+        assert!(d.held() <= max_block, "holds {}", d.held());
+        assert!(decoded <= taken * MAX_RATIO, "{decoded} from {taken}");
+        if let Err(e) = r {
+            assert!(!e.reason().is_empty());
+            break;
+        }
+    }
+    let _ = d.finish();
+
+    let chunk = max_block.min(stream.len().max(1));
+    for level in [None, Some(Level::Fast), Some(Level::Hard)] {
+        let mut encoded = Vec::new();
+        for c in stream.chunks(chunk) {
+            encode_block(c, level, &mut encoded);
+        }
+        let mut d = Decoder::new(max_block);
+        let mut back = Vec::new();
+        d.feed(bytes::Bytes::from(encoded), &mut |b: bytes::Bytes| {
+            back.extend_from_slice(&b)
+        })
+        .expect("our own blocks decode");
+        d.finish().expect("our own blocks end on a boundary");
+        assert_eq!(back, stream, "round trip at {level:?}");
+    }
+}
+
 // ---- decoder ---------------------------------------------------------------------------
 
 /// Feeds `data` to every decoder a received datagram can reach and checks that whatever
@@ -149,6 +210,7 @@ pub fn meta(port: u16) -> FlowMeta {
         client: std::net::SocketAddr::from(([198, 18, 0, 1], port)),
         server: std::net::SocketAddr::from(([198, 19, 0, 1], 80)),
         dscp: 10,
+        compression: false,
     }
 }
 

@@ -56,6 +56,12 @@ pub fn driver_buffers(mtu: usize) -> u64 {
     DRIVER_RECEIVE + 2 * BATCH as u64 * mtu as u64
 }
 
+/// The zstd contexts a runtime thread keeps once its relays compressed or decompressed a
+/// block (pep-compress measures 1.27 MB after blocks at both levels;
+/// `compression_contexts_are_covered` checks), with headroom. Counted only with
+/// `transport.compression` on: without an offer the thread never makes them.
+pub const COMPRESSION_PER_RUNTIME_THREAD: u64 = 2 << 20;
+
 /// The threads of the runtime the relays run on, as tokio sizes them by default: one per CPU.
 pub fn runtime_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -99,9 +105,24 @@ impl PepdConfig {
         implied(
             self.limits.memory_budget.bytes(),
             t.assoc_window,
-            daemon_fixed(t.mtu, self.workers()),
+            self.fixed_memory(),
             self.limits.max_flows as u64,
         )
+    }
+
+    /// The daemon's fixed memory on this host: its buffers, and the compression contexts
+    /// of each runtime thread when compression is on.
+    pub fn fixed_memory(&self) -> u64 {
+        daemon_fixed(self.transport().mtu, self.workers()) + self.compression_contexts()
+    }
+
+    /// The compression contexts of the runtime threads, when compression is on.
+    pub fn compression_contexts(&self) -> u64 {
+        if self.transport().compression.is_some() {
+            COMPRESSION_PER_RUNTIME_THREAD * runtime_threads() as u64
+        } else {
+            0
+        }
     }
 }
 
@@ -118,6 +139,22 @@ mod tests {
         assert_eq!(fixed(1500, 2), 4_194_304 + 192_000 + 131_072 + 262_144);
         assert_eq!(fixed(1500, 2), 4_779_520);
         assert_eq!(fixed(9000, 1), 4_194_304 + 1_152_000 + 65_536 + 262_144);
+    }
+
+    #[test]
+    fn compression_contexts_are_covered() {
+        // Both levels and a decompression on this thread, at the block size pepd offers.
+        let block = 1usize << pep_compress::OFFERED_BLOCK_LOG;
+        let data: Vec<u8> = (0..block as u32).map(|i| (i * 7 % 253) as u8).collect();
+        let mut stream = Vec::new();
+        for level in pep_compress::Level::ALL {
+            pep_compress::encode_block(&data, Some(level), &mut stream);
+        }
+        let mut d = pep_compress::Decoder::new(block);
+        d.feed(bytes::Bytes::from(stream), &mut |_| {})
+            .expect("decodes");
+        let used = pep_compress::context_bytes() as u64;
+        assert!(used > 0 && used <= COMPRESSION_PER_RUNTIME_THREAD, "{used}");
     }
 
     #[test]

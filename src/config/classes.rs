@@ -232,6 +232,7 @@ mod tests {
             client: "198.18.1.2:40000".parse().expect("addr"),
             server: server.parse().expect("addr"),
             dscp,
+            compression: false,
         }
     }
 

@@ -241,7 +241,8 @@ fn unknown_key_names_key_and_exact_line() {
         d.to_string(),
         "test.toml line 9: unknown key `transport.foo` (expected one of `cc`, `vegas_alpha`, \
          `vegas_beta`, `vegas_gamma`, `loss_default`, `ack_every_packets`, `ack_max_delay`, \
-         `outage_limit`, `keepalive`, `pacing_burst`, `datagram_size`)"
+         `outage_limit`, `keepalive`, `pacing_burst`, `datagram_size`, `compression`, \
+         `compression_ports`, `compression_prefixes`)"
     );
     // A section with a single key: serde words the list differently.
     assert_parse_error(
@@ -961,7 +962,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 50, "every key of the schema");
+    assert_eq!(count, 53, "every key of the schema");
     // The `[[peer]]` form's keys, in config/hub-spoke.toml, which sets every one.
     let root = toml::de::DeTable::parse(HUB_SPOKE).expect("toml");
     let mut list_keys = std::collections::BTreeSet::new();

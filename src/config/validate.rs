@@ -758,6 +758,18 @@ impl PepdConfig {
             t.pacing_burst,
             ..=MAX_PACING_BURST,
         );
+        c.check(
+            !t.compression_ports.contains(&0),
+            "transport.compression_ports",
+            "port 0 is no server port",
+        );
+        for (i, subnet) in t.compression_prefixes.iter().enumerate() {
+            c.check(
+                !cidr::has_host_bits(subnet),
+                &format!("transport.compression_prefixes[{i}]"),
+                host_bits(subnet),
+            );
+        }
         self.check_vegas(c);
     }
 

@@ -95,6 +95,7 @@ impl PepdConfig {
             "transport:  cc {cc}, unexplained loss = {loss}, pacing burst {}",
             dur(tr.pacing_burst)
         );
+        let _ = writeln!(s, "compression: {}", compression_summary(tr));
         let _ = writeln!(
             s,
             "acks:       every {} packets or {}",
@@ -337,4 +338,30 @@ fn peer_line(p: &PeerSpec) -> String {
         dur(p.keepalive),
         p.max_flows
     )
+}
+
+/// `transport.compression` and where it applies, for the report.
+fn compression_summary(t: &crate::config::TransportConfig) -> String {
+    match t.compression {
+        crate::config::CompressionMode::Off => "off".to_owned(),
+        crate::config::CompressionMode::Auto => {
+            let ports = if t.compression_ports.is_empty() {
+                "every port".to_owned()
+            } else {
+                let p: Vec<String> = t.compression_ports.iter().map(u16::to_string).collect();
+                format!("ports {}", p.join(", "))
+            };
+            let prefixes = if t.compression_prefixes.is_empty() {
+                "every address".to_owned()
+            } else {
+                let p: Vec<String> = t
+                    .compression_prefixes
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect();
+                p.join(", ")
+            };
+            format!("auto (zstd), flows to {ports} of {prefixes}")
+        }
+    }
 }

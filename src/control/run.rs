@@ -90,10 +90,13 @@ impl Daemon {
 
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
+        // Read once at start, as the offer in the HELLO is.
+        let compression = crate::proxy::compression::Scope::from_config(&cfg);
         let acceptor: Arc<dyn FlowAcceptor> = Arc::new(UpstreamAcceptor {
             live: live.clone(),
             gateway: gateway.clone(),
             runtime: tokio::runtime::Handle::current(),
+            compression: compression.clone(),
         });
         let driver_tasks =
             start_drivers(tunnel, sockets, acceptor, notifier, driver_stop_rx.clone())?;
@@ -102,6 +105,7 @@ impl Daemon {
         let ctx = Arc::new(Interception {
             gateway: gateway.clone(),
             live: live.clone(),
+            compression,
         });
         for l in listeners {
             tokio::spawn(accept_loop(l, ctx.clone(), accept_stop_rx.clone()));

@@ -15,7 +15,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{Snapshot, WorkerSnapshot, PREFIX};
+use super::{CompressionSnapshot, Snapshot, WorkerSnapshot, PREFIX};
 use crate::tunnel::peer::AssociationState;
 
 mod peers;
@@ -52,6 +52,7 @@ impl Collector for SnapshotCollector {
         stream_payload(e, &s.stats)?;
         flows(e, s)?;
         traffic_classes(e, s)?;
+        compression(e, &s.relay.compression)?;
         memory(e, s)?;
         peers::encode(e, &s.peers)
     }
@@ -593,6 +594,59 @@ fn flows(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
         "Flows the transport association reset, either side's",
         None,
         st.flows_reset,
+    )
+}
+
+/// What the relays of compressed flows did: bytes before and after, blocks by level, CPU
+/// time, blocks refused.
+fn compression(e: &mut DescriptorEncoder, c: &CompressionSnapshot) -> fmt::Result {
+    counter_family(
+        e,
+        "compression_plain",
+        "Application bytes of compressed flows: read from TCP into blocks (to_peer), decoded from blocks and written to TCP (from_peer)",
+        BYTES,
+        "direction",
+        &[("to_peer", c.plain_sent), ("from_peer", c.plain_received)],
+    )?;
+    counter_family(
+        e,
+        "compression_block",
+        "Bytes of the blocks compressed flows carried, headers included: written to the flows (to_peer), taken from them (from_peer)",
+        BYTES,
+        "direction",
+        &[("to_peer", c.blocks_sent), ("from_peer", c.blocks_received)],
+    )?;
+    counter_family(
+        e,
+        "compression_blocks_sent",
+        "Blocks sent, by level: raw (did not shrink, not worth it, or not compressed here), fast (zstd 1), hard (zstd 6)",
+        None,
+        "level",
+        &merged(&c.blocks_by_level),
+    )?;
+    counter(
+        e,
+        "compression_over_budget",
+        "Blocks sent raw because the memory budget had no room for a compressed one",
+        None,
+        c.over_budget,
+    )?;
+    let mut m = e.encode_descriptor(
+        "compression_cpu",
+        "CPU time the relays spent compressing and decompressing blocks",
+        SECONDS,
+        MetricType::Counter,
+    )?;
+    for (work, ns) in [("compress", c.compress_ns), ("decompress", c.decompress_ns)] {
+        ConstCounter::new(ns as f64 / 1e9).encode(m.encode_family(&[("work", work)])?)?;
+    }
+    counter_family(
+        e,
+        "compression_refused",
+        "Flows reset because a block the peer sent was refused, by reason",
+        None,
+        "reason",
+        &merged(&c.refused),
     )
 }
 

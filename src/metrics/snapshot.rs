@@ -46,6 +46,27 @@ pub struct RelaySnapshot {
     /// Flows reset because their local TCP side took nothing for
     /// `limits.stalled_flow_timeout` under contention (also `resource_limit` above).
     pub flows_reset_stalled_total: u64,
+    /// What the relays of compressed flows did.
+    pub compression: CompressionSnapshot,
+}
+
+/// The relays' compression, summed over the peers (flows whose streams are blocks only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompressionSnapshot {
+    /// Application bytes read from TCP into blocks, and the bytes of those blocks.
+    pub plain_sent: u64,
+    pub blocks_sent: u64,
+    /// Bytes of blocks taken from the flows, and the application bytes they decoded to.
+    pub blocks_received: u64,
+    pub plain_received: u64,
+    /// Blocks sent, by treatment (`raw`, `fast`, `hard`).
+    pub blocks_by_level: Vec<(&'static str, u64)>,
+    /// Blocks sent raw because the budget had no room for a compressed one.
+    pub over_budget: u64,
+    pub compress_ns: u64,
+    pub decompress_ns: u64,
+    /// Flows reset for blocks the peer sent that were refused, by reason.
+    pub refused: Vec<(&'static str, u64)>,
 }
 
 /// Everything the daemon reports at one instant; the daemon fills it at scrape time.
@@ -168,6 +189,31 @@ impl Snapshot {
                 ],
                 flow_resets: by_reason(|c| c.flow_resets.snapshot()),
                 flows_reset_stalled_total: sum(|c| &c.flows_reset_stalled),
+                compression: CompressionSnapshot {
+                    plain_sent: sum(|c| &c.compression.plain_sent),
+                    blocks_sent: sum(|c| &c.compression.blocks_sent),
+                    blocks_received: sum(|c| &c.compression.blocks_received),
+                    plain_received: sum(|c| &c.compression.plain_received),
+                    blocks_by_level: vec![
+                        ("raw", sum(|c| &c.compression.sent_raw)),
+                        ("fast", sum(|c| &c.compression.sent_fast)),
+                        ("hard", sum(|c| &c.compression.sent_hard)),
+                    ],
+                    over_budget: sum(|c| &c.compression.over_budget),
+                    compress_ns: sum(|c| &c.compression.compress_ns),
+                    decompress_ns: sum(|c| &c.compression.decompress_ns),
+                    refused: pep_compress::BlockError::REASONS
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| {
+                            let n = counters
+                                .iter()
+                                .map(|c| get(&c.compression.refused[i]))
+                                .sum();
+                            (*r, n)
+                        })
+                        .collect(),
+                },
             },
             memory_in_use_bytes: send + recv,
             memory_accounted_bytes: gateway.memory.accounted(send, recv),

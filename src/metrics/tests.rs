@@ -140,6 +140,17 @@ fn sample() -> Snapshot {
             intercept_errors: vec![("accept", 136), ("inspect", 137)],
             flow_resets: vec![("aborted", 138), ("peer_restart", 139)],
             flows_reset_stalled_total: 191,
+            compression: CompressionSnapshot {
+                plain_sent: 201,
+                blocks_sent: 202,
+                blocks_received: 203,
+                plain_received: 204,
+                blocks_by_level: vec![("raw", 205), ("fast", 206), ("hard", 207)],
+                over_budget: 208,
+                compress_ns: 2_500_000_000,
+                decompress_ns: 125_000_000,
+                refused: vec![("over_ratio", 209), ("corrupt", 210)],
+            },
         },
         memory_in_use_bytes: 140,
         memory_accounted_bytes: 160,
@@ -374,6 +385,52 @@ fn encode_reports_every_value_exactly() {
         ("pepd_flow_resets_total", &[("reason", "aborted")], 138),
         ("pepd_flow_resets_total", &[("reason", "peer_restart")], 139),
         ("pepd_flows_reset_stalled_total", &[], 191),
+        (
+            "pepd_compression_plain_bytes_total",
+            &[("direction", "to_peer")],
+            201,
+        ),
+        (
+            "pepd_compression_block_bytes_total",
+            &[("direction", "to_peer")],
+            202,
+        ),
+        (
+            "pepd_compression_block_bytes_total",
+            &[("direction", "from_peer")],
+            203,
+        ),
+        (
+            "pepd_compression_plain_bytes_total",
+            &[("direction", "from_peer")],
+            204,
+        ),
+        (
+            "pepd_compression_blocks_sent_total",
+            &[("level", "raw")],
+            205,
+        ),
+        (
+            "pepd_compression_blocks_sent_total",
+            &[("level", "fast")],
+            206,
+        ),
+        (
+            "pepd_compression_blocks_sent_total",
+            &[("level", "hard")],
+            207,
+        ),
+        ("pepd_compression_over_budget_total", &[], 208),
+        (
+            "pepd_compression_refused_total",
+            &[("reason", "over_ratio")],
+            209,
+        ),
+        (
+            "pepd_compression_refused_total",
+            &[("reason", "corrupt")],
+            210,
+        ),
         ("pepd_association_flows_opened_total", &[], 119),
         ("pepd_association_flows_reset_total", &[], 120),
     ];
@@ -403,6 +460,20 @@ fn encode_reports_every_value_exactly() {
     );
 
     // Gauges.
+    assert_eq!(
+        v(
+            "pepd_compression_cpu_seconds_total",
+            &[("work", "compress")]
+        ),
+        2.5
+    );
+    assert_eq!(
+        v(
+            "pepd_compression_cpu_seconds_total",
+            &[("work", "decompress")]
+        ),
+        0.125
+    );
     assert_eq!(v("pepd_rtt_seconds", &[("kind", "min")]), 0.55);
     assert_eq!(v("pepd_rtt_seconds", &[("kind", "smoothed")]), 0.6125);
     assert_eq!(v("pepd_pacing_rate_bytes_per_second", &[]), 2_500_000.0);

@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 #[cfg(test)]
 use crate::config::{FailMode, OverLimit};
+use crate::proxy::compression::{FlowBlocks, Scope};
 use crate::proxy::live::{self, Live, LiveRef};
 use crate::proxy::relay::{log_end, Relay};
 use crate::proxy::upstream;
@@ -29,6 +30,8 @@ pub struct UpstreamAcceptor {
     /// The daemon's runtime: the relays run there whichever worker thread accepts their
     /// flow.
     pub runtime: tokio::runtime::Handle,
+    /// Where this gateway compresses what it sends; `None`: compression off.
+    pub compression: Option<Arc<Scope>>,
 }
 
 impl UpstreamAcceptor {
@@ -61,13 +64,35 @@ impl FlowAcceptor for UpstreamAcceptor {
             peer.reset(&flow, ResetReason::Refused);
             return;
         }
+        let blocks = match (meta.compression, peer.compression()) {
+            (false, _) => None,
+            (true, Some(agreed)) => Some(FlowBlocks::new(
+                agreed.max_block,
+                self.compression
+                    .as_ref()
+                    .is_some_and(|s| s.applies(meta.server)),
+            )),
+            (true, None) => {
+                peer.counters.compression.refuse("not_agreed");
+                debug!(peer = %peer.name, "compressed flow without an agreement: reset");
+                peer.reset(&flow, ResetReason::Protocol);
+                return;
+            }
+        };
         self.runtime
-            .spawn(from_peer(peer, flow, meta, live, charge));
+            .spawn(from_peer(peer, flow, meta, live, charge, blocks));
     }
 }
 
 /// A flow the peer opened: the connect to its destination, then the relay.
-async fn from_peer(peer: Arc<Peer>, flow: FlowRef, meta: FlowMeta, live: Live, charge: FlowCharge) {
+async fn from_peer(
+    peer: Arc<Peer>,
+    flow: FlowRef,
+    meta: FlowMeta,
+    live: Live,
+    charge: FlowCharge,
+    blocks: Option<FlowBlocks>,
+) {
     let connected = tokio::select! {
         r = upstream::connect(&meta, &live.upstream) => r,
         // The client may give up (reset) while the connect is still pending.
@@ -83,6 +108,7 @@ async fn from_peer(peer: Arc<Peer>, flow: FlowRef, meta: FlowMeta, live: Live, c
                 stalled_timeout: live.stalled_flow_timeout,
                 tcp_read_done: false,
                 charge,
+                blocks,
             };
             let id = relay.flow.id;
             let end = relay.run().await;
@@ -132,6 +158,7 @@ pub(crate) fn flow_tasks(
         client: "198.18.0.2:1000".parse().expect("addr"),
         server: "198.18.1.2:80".parse().expect("addr"),
         dscp: 0,
+        compression: false,
     };
     let gateway = Gateway::new(
         crate::tunnel::peer_table::PeerTable::new(vec![peer.clone()], Vec::new()),
@@ -143,6 +170,7 @@ pub(crate) fn flow_tasks(
     let ctx = Arc::new(crate::proxy::intercept::Interception {
         gateway: Arc::new(gateway),
         live: Arc::new(RwLock::new(live.clone())),
+        compression: None,
     });
     let conn = crate::proxy::tproxy::Intercepted {
         tcp,
@@ -151,6 +179,6 @@ pub(crate) fn flow_tasks(
         dscp: 0,
     };
     let charge = peer.charge_flow();
-    let peer = from_peer(peer, flow, meta, live, charge);
+    let peer = from_peer(peer, flow, meta, live, charge, None);
     (crate::proxy::intercept::intercepted(ctx, conn), peer)
 }

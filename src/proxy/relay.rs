@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use pep_compress::{BlockKind, Choice, Level, Signals, RAW_HEADER};
 use pep_transport::{ReadOutcome, ResetReason};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::proxy::compression::{with_block_buffers, FlowBlocks};
 use crate::proxy::scratch;
 use crate::tunnel::memory::FlowCharge;
 use crate::tunnel::peer::{FlowGone, FlowRef, Peer, PeerCounters};
@@ -47,6 +49,8 @@ pub struct Relay {
     pub tcp_read_done: bool,
     /// The flow's part of the memory budget, returned when the relay ends.
     pub charge: FlowCharge,
+    /// The flow's streams are compression blocks (docs/PROTOCOL.md §9).
+    pub blocks: Option<FlowBlocks>,
 }
 
 impl Relay {
@@ -59,6 +63,7 @@ impl Relay {
             stalled_timeout,
             tcp_read_done,
             charge,
+            blocks,
         } = self;
         let _active = ActiveRelay::new(&peer);
         let mut st = Pump {
@@ -71,6 +76,9 @@ impl Relay {
             fin_to_tcp: false,
             last_activity: Instant::now(),
             stalled_since: None,
+            blocks,
+            refused: false,
+            blocks_held: 0,
         };
         let end = st.run(idle_timeout, stalled_timeout).await;
         drop(st);
@@ -124,12 +132,18 @@ struct Pump<'a> {
     last_activity: Instant,
     /// Since when `pending` waits for a TCP side that takes none of it.
     stalled_since: Option<Instant>,
+    blocks: Option<FlowBlocks>,
+    /// The flow was reset here for a block the peer sent that was refused.
+    refused: bool,
+    /// What `blocks` holds (a block for the flow, a payload from it), as last counted in
+    /// the memory account.
+    blocks_held: usize,
 }
 
 impl Drop for Pump<'_> {
     fn drop(&mut self) {
         let held: usize = self.pending.iter().map(Bytes::len).sum();
-        self.peer.memory.release(held as u64);
+        self.peer.memory.release((held + self.blocks_held) as u64);
     }
 }
 
@@ -159,7 +173,11 @@ impl Pump<'_> {
                 Ok(room) => room,
                 Err(end) => return end,
             };
-            if !self.reading_tcp && self.fin_to_tcp && self.pending.is_empty() {
+            let sent_all = self
+                .blocks
+                .as_ref()
+                .is_none_or(|b| b.backlog.is_empty() && !b.fin_after_backlog);
+            if !self.reading_tcp && self.fin_to_tcp && self.pending.is_empty() && sent_all {
                 return RelayEnd::Closed;
             }
             let idle_deadline = idle_timeout.map(|t| self.last_activity + t);
@@ -236,9 +254,60 @@ impl Pump<'_> {
                     }
                     return Ok(());
                 }
+                Err(FlowGone::Reset(r)) if self.refused => return Err(RelayEnd::ResetLocally(r)),
                 Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
             }
         }
+    }
+
+    /// Feeds a piece of the flow to the block decoder; the bytes it decodes join `pending`.
+    /// Returns how many, or the reason the flow was reset for a refused block.
+    fn decode(&mut self, piece: Bytes) -> Result<usize, ResetReason> {
+        let Some(blocks) = self.blocks.as_mut() else {
+            return Ok(0);
+        };
+        let c = &self.peer.counters.compression;
+        PeerCounters::add(&c.blocks_received, piece.len() as u64);
+        let mut decoded = 0;
+        let pending = &mut self.pending;
+        let fed = blocks.decoder.feed(piece, &mut |b: Bytes| {
+            decoded += b.len();
+            pending.push_back(b);
+        });
+        self.peer.memory.hold(decoded as u64);
+        PeerCounters::add(&c.plain_received, decoded as u64);
+        let (_, spent) = blocks.decoder.take_decompressed();
+        PeerCounters::add(&c.decompress_ns, spent.as_nanos() as u64);
+        self.count_blocks_held();
+        match fed {
+            Ok(()) => Ok(decoded),
+            Err(e) => {
+                debug!(flow = self.flow.id, error = %e, "block refused");
+                Err(self.refuse_block(e.reason()))
+            }
+        }
+    }
+
+    /// Resets the flow for a block the peer sent that was refused, counted by `reason`.
+    fn refuse_block(&mut self, reason: &str) -> ResetReason {
+        self.peer.counters.compression.refuse(reason);
+        self.peer.reset(self.flow, ResetReason::Protocol);
+        self.refused = true;
+        ResetReason::Protocol
+    }
+
+    /// Brings the memory account up to what `blocks` holds now.
+    fn count_blocks_held(&mut self) {
+        let now = self
+            .blocks
+            .as_ref()
+            .map_or(0, |b| b.decoder.held() + b.backlog.capacity());
+        if now > self.blocks_held {
+            self.peer.memory.hold((now - self.blocks_held) as u64);
+        } else {
+            self.peer.memory.release((self.blocks_held - now) as u64);
+        }
+        self.blocks_held = now;
     }
 
     /// Takes up to [`CHUNK`] bytes (in at most [`WRITE_PIECES`] pieces) from the flow into
@@ -247,7 +316,30 @@ impl Pump<'_> {
     fn take_from_flow(&mut self) -> Option<Result<ReadOutcome, FlowGone>> {
         let mut taken = 0;
         while taken < CHUNK && self.pending.len() < WRITE_PIECES {
-            match self.peer.read(self.flow, CHUNK - taken) {
+            // Blocks: no more than the block in progress needs, so that a flow never has
+            // more than one block's content decoded and not yet written.
+            let max = self
+                .blocks
+                .as_ref()
+                .map_or(CHUNK - taken, |b| b.decoder.want().min(CHUNK - taken));
+            match self.peer.read(self.flow, max) {
+                Ok(ReadOutcome::Data(b)) if self.blocks.is_some() => {
+                    if self.pending.is_empty() {
+                        self.pending.reserve(WRITE_PIECES);
+                    }
+                    match self.decode(b) {
+                        Ok(n) => taken += n,
+                        Err(reason) => return Some(Err(FlowGone::Reset(reason))),
+                    }
+                }
+                Ok(ReadOutcome::Finished)
+                    if self
+                        .blocks
+                        .as_ref()
+                        .is_some_and(|b| b.decoder.finish().is_err()) =>
+                {
+                    return Some(Err(FlowGone::Reset(self.refuse_block("truncated"))));
+                }
                 Ok(ReadOutcome::Data(b)) => {
                     if self.pending.is_empty() {
                         self.pending.reserve(WRITE_PIECES);
@@ -297,6 +389,9 @@ impl Pump<'_> {
     /// Moves bytes from the TCP connection into the flow while it has room; returns the
     /// room left (0: wait for the flow to drain).
     fn tcp_to_flow(&mut self) -> Result<usize, RelayEnd> {
+        if self.blocks.is_some() {
+            return self.tcp_to_blocks();
+        }
         while self.reading_tcp {
             let room = match self.peer.write_room(self.flow) {
                 Ok(r) => r,
@@ -344,6 +439,220 @@ impl Pump<'_> {
             }
         }
         Ok(0)
+    }
+
+    /// [`tcp_to_flow`](Self::tcp_to_flow) for a flow whose streams are blocks: each read
+    /// becomes one block, raw or compressed as the policy says; what of a block the flow
+    /// has no room for waits in the backlog, and nothing more is read until it went.
+    fn tcp_to_blocks(&mut self) -> Result<usize, RelayEnd> {
+        loop {
+            if !self.write_backlog()? {
+                return Ok(0);
+            }
+            if !self.reading_tcp {
+                return Ok(0);
+            }
+            let room = match self.peer.write_room(self.flow) {
+                Ok(r) => r,
+                Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+                Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+            };
+            if room == 0 {
+                return Ok(0);
+            }
+            let choice = self.choose_block()?;
+            let read = match choice {
+                Choice::Raw => self.raw_block(room),
+                Choice::Zstd(level) => self.compressed_block(level),
+            };
+            self.count_blocks_held();
+            match read {
+                (Ok(0), _) => {
+                    self.reading_tcp = false;
+                    if let Some(b) = self.blocks.as_mut() {
+                        b.fin_after_backlog = true;
+                    }
+                }
+                (Ok(n), written) => {
+                    self.last_activity = Instant::now();
+                    PeerCounters::add(&self.peer.counters.bytes_to_peer, n as u64);
+                    match written {
+                        Some(Ok(())) | None => {}
+                        Some(Err(FlowGone::Reset(r))) => return Err(RelayEnd::ResetByPeer(r)),
+                        Some(Err(FlowGone::Closed)) => {
+                            return Err(self.local_reset(ResetReason::Closed))
+                        }
+                    }
+                }
+                (Err(e), _) if e.kind() == io::ErrorKind::WouldBlock => return Ok(room),
+                (Err(_), _) => return Err(self.local_reset(ResetReason::Aborted)),
+            }
+        }
+    }
+
+    /// Writes what the backlog holds; whether it is empty now (and the flow finished, if
+    /// TCP's FIN waited for it).
+    fn write_backlog(&mut self) -> Result<bool, RelayEnd> {
+        let Some(blocks) = self.blocks.as_mut() else {
+            return Ok(true);
+        };
+        if !blocks.backlog.is_empty() {
+            match self.peer.write(self.flow, &blocks.backlog) {
+                Ok(n) => {
+                    blocks.backlog.drain(..n);
+                }
+                Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+                Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+            }
+            if !blocks.backlog.is_empty() {
+                // A short write: the flow says when it has room again.
+                return Ok(false);
+            }
+            blocks.backlog = Vec::new();
+            self.count_blocks_held();
+        }
+        let Some(blocks) = self.blocks.as_mut() else {
+            return Ok(true);
+        };
+        if blocks.fin_after_backlog {
+            blocks.fin_after_backlog = false;
+            match self.peer.finish(self.flow) {
+                Ok(()) => {}
+                Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+                Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// What the next block is: raw where this gateway does not compress the flow, where the
+    /// data did not shrink, or where the memory budget has no room for a compressed block
+    /// that the flow cannot take at once; else the policy's level.
+    fn choose_block(&mut self) -> Result<Choice, RelayEnd> {
+        let Some(blocks) = self.blocks.as_ref() else {
+            return Ok(Choice::Raw);
+        };
+        let Some(policy) = blocks.policy.as_ref() else {
+            return Ok(Choice::Raw);
+        };
+        if policy.skipping() {
+            return Ok(Choice::Raw);
+        }
+        let link = match self
+            .peer
+            .send_conditions(self.flow, blocks.max_block as u64)
+        {
+            Ok(l) => l,
+            Err(FlowGone::Reset(r)) => return Err(RelayEnd::ResetByPeer(r)),
+            Err(FlowGone::Closed) => return Err(self.local_reset(ResetReason::Closed)),
+        };
+        let choice = policy.choose(Signals {
+            link_bound: link.link_bound,
+            source_drained: blocks.source_drained,
+            link_bps: link.link_bps,
+        });
+        if choice != Choice::Raw && !link.memory_room {
+            PeerCounters::add(&self.peer.counters.compression.over_budget, 1);
+            return Ok(Choice::Raw);
+        }
+        Ok(choice)
+    }
+
+    /// Reads what fits the flow's `room` into one raw block and writes it.
+    fn raw_block(&mut self, room: usize) -> (io::Result<usize>, Option<Result<(), FlowGone>>) {
+        let Some(blocks) = self.blocks.as_mut() else {
+            return (Ok(0), None);
+        };
+        // A room smaller than a header still takes a byte: the rest waits in the backlog.
+        let want = room
+            .saturating_sub(RAW_HEADER)
+            .clamp(1, scratch::SIZE - RAW_HEADER)
+            .min(blocks.max_block);
+        let peer = self.peer;
+        let flow = self.flow;
+        let tcp = self.tcp;
+        scratch::with(|buf| {
+            let r = tcp.try_read(&mut buf[RAW_HEADER..RAW_HEADER + want]);
+            let n = match r {
+                Ok(n) if n > 0 => n,
+                _ => return (r, None),
+            };
+            blocks.source_drained = n < want;
+            buf[..RAW_HEADER].copy_from_slice(&pep_compress::block::raw_header(n));
+            let block = &buf[..RAW_HEADER + n];
+            let written = peer.write(flow, block).map(|w| {
+                blocks.backlog.extend_from_slice(&block[w..]);
+            });
+            if let Some(p) = blocks.policy.as_mut() {
+                p.sent_raw(n);
+            }
+            let c = &peer.counters.compression;
+            PeerCounters::add(&c.plain_sent, n as u64);
+            PeerCounters::add(&c.blocks_sent, block.len() as u64);
+            PeerCounters::add(&c.sent_raw, 1);
+            (Ok(n), Some(written))
+        })
+    }
+
+    /// Reads up to a block's worth, compresses it at `level` (raw if that is smaller) and
+    /// writes it; what the flow has no room for waits in the backlog.
+    fn compressed_block(
+        &mut self,
+        level: Level,
+    ) -> (io::Result<usize>, Option<Result<(), FlowGone>>) {
+        let Some(blocks) = self.blocks.as_mut() else {
+            return (Ok(0), None);
+        };
+        let peer = self.peer;
+        let flow = self.flow;
+        let tcp = self.tcp;
+        with_block_buffers(blocks.max_block, |input, out| {
+            let mut filled = 0;
+            let mut ended = None;
+            while filled < input.len() {
+                match tcp.try_read(&mut input[filled..]) {
+                    Ok(0) => {
+                        ended = Some(Ok(0));
+                        break;
+                    }
+                    Ok(n) => filled += n,
+                    Err(e) => {
+                        ended = Some(Err(e));
+                        break;
+                    }
+                }
+            }
+            if filled == 0 {
+                return (ended.unwrap_or(Ok(0)), None);
+            }
+            if matches!(&ended, Some(Err(e)) if e.kind() != io::ErrorKind::WouldBlock) {
+                return (ended.unwrap_or(Ok(0)), None);
+            }
+            blocks.source_drained = filled < input.len();
+            let started = std::time::Instant::now();
+            let kind = pep_compress::encode_block(&input[..filled], Some(level), out);
+            let spent = started.elapsed().as_nanos() as u64;
+            let c = &peer.counters.compression;
+            PeerCounters::add(&c.compress_ns, spent);
+            PeerCounters::add(&c.plain_sent, filled as u64);
+            PeerCounters::add(&c.blocks_sent, out.len() as u64);
+            PeerCounters::add(
+                match (kind, level) {
+                    (BlockKind::Raw, _) => &c.sent_raw,
+                    (BlockKind::Zstd, Level::Fast) => &c.sent_fast,
+                    (BlockKind::Zstd, Level::Hard) => &c.sent_hard,
+                },
+                1,
+            );
+            if let Some(p) = blocks.policy.as_mut() {
+                p.compressed(level, filled, out.len(), spent);
+            }
+            let written = peer.write(flow, out).map(|w| {
+                blocks.backlog.extend_from_slice(&out[w..]);
+            });
+            // TCP's FIN right behind the data: taken on the next read.
+            (Ok(filled), Some(written))
+        })
     }
 
     fn local_reset(&self, reason: ResetReason) -> RelayEnd {

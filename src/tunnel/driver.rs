@@ -985,6 +985,7 @@ mod tests {
             client: SocketAddr::from(([198, 18, 0, 2], 40000)),
             server: SocketAddr::from(([198, 18, 1, 2], 80)),
             dscp: 0,
+            compression: false,
         }
     }
 

@@ -50,6 +50,21 @@ impl AssociationState {
     }
 }
 
+/// Bytes the association buffers to send beyond what the link carries in a round trip and
+/// this long mean its flows wait on the link, not on their applications or the CPU.
+const LINK_WAIT: Duration = Duration::from_millis(100);
+
+/// What a relay compressing a flow sees of the link and the budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SendConditions {
+    /// The association buffers more than the link carries in a round trip and 100 ms.
+    pub link_bound: bool,
+    /// The association's pacing rate, bit/s.
+    pub link_bps: u64,
+    /// The memory budget has room for one more block held by the relay.
+    pub memory_room: bool,
+}
+
 /// What a relay waits on: the driver pokes it when its flow becomes readable or writable,
 /// is reset, or is released.
 #[derive(Default)]
@@ -237,6 +252,8 @@ pub struct PeerCounters {
     pub flows_reset_stalled: AtomicU64,
     /// Relays running (their TCP connection still open).
     pub relays_active: AtomicU64,
+    /// What the relays of compressed flows did.
+    pub compression: CompressionCounters,
     /// Handshakes completed; every one after the first is a re-establishment.
     pub associations_established: AtomicU64,
     association_state: std::sync::atomic::AtomicU8,
@@ -267,6 +284,7 @@ impl PeerCounters {
             flows_over_gateway,
             flows_reset_stalled,
             relays_active: _,
+            compression,
             associations_established,
             association_state: _,
             state_since: _,
@@ -281,6 +299,7 @@ impl PeerCounters {
         add(&self.associations_established, associations_established);
         self.connect_errors.add_counts(connect_errors);
         self.flow_resets.add_counts(flow_resets);
+        self.compression.add_totals(compression);
     }
 
     pub fn set_state(&self, s: AssociationState) {
@@ -299,6 +318,73 @@ impl PeerCounters {
     pub fn state(&self) -> AssociationState {
         let i = usize::from(self.association_state.load(Ordering::Relaxed));
         AssociationState::ALL.get(i).copied().unwrap_or_default()
+    }
+}
+
+/// The relays' compression of one peer's flows (those whose streams are blocks): bytes
+/// before and after, blocks by treatment, CPU time, refused blocks by reason.
+#[derive(Default)]
+pub struct CompressionCounters {
+    /// Application bytes read from TCP into blocks.
+    pub plain_sent: AtomicU64,
+    /// Bytes of those blocks, headers included: what the flows carried.
+    pub blocks_sent: AtomicU64,
+    /// Bytes of blocks taken from the flows.
+    pub blocks_received: AtomicU64,
+    /// Application bytes they decoded to, written towards TCP.
+    pub plain_received: AtomicU64,
+    /// Blocks sent raw, compressed at the fast and at the hard level.
+    pub sent_raw: AtomicU64,
+    pub sent_fast: AtomicU64,
+    pub sent_hard: AtomicU64,
+    /// Blocks sent raw because the memory budget had no room for a compressed one.
+    pub over_budget: AtomicU64,
+    pub compress_ns: AtomicU64,
+    pub decompress_ns: AtomicU64,
+    /// Flows reset for blocks the peer sent that were refused, by
+    /// `pep_compress::BlockError::REASONS`.
+    pub refused: [AtomicU64; pep_compress::BlockError::REASONS.len()],
+}
+
+impl CompressionCounters {
+    /// Counts a flow reset for a refused block.
+    pub fn refuse(&self, reason: &str) {
+        if let Some(i) = pep_compress::BlockError::REASONS
+            .iter()
+            .position(|r| *r == reason)
+        {
+            self.refused[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn add_totals(&self, from: &CompressionCounters) {
+        let CompressionCounters {
+            plain_sent,
+            blocks_sent,
+            blocks_received,
+            plain_received,
+            sent_raw,
+            sent_fast,
+            sent_hard,
+            over_budget,
+            compress_ns,
+            decompress_ns,
+            refused,
+        } = from;
+        let add = |to: &AtomicU64, from: &AtomicU64| PeerCounters::add(to, PeerCounters::get(from));
+        add(&self.plain_sent, plain_sent);
+        add(&self.blocks_sent, blocks_sent);
+        add(&self.blocks_received, blocks_received);
+        add(&self.plain_received, plain_received);
+        add(&self.sent_raw, sent_raw);
+        add(&self.sent_fast, sent_fast);
+        add(&self.sent_hard, sent_hard);
+        add(&self.over_budget, over_budget);
+        add(&self.compress_ns, compress_ns);
+        add(&self.decompress_ns, decompress_ns);
+        for (to, from) in self.refused.iter().zip(refused) {
+            add(to, from);
+        }
     }
 }
 
@@ -537,8 +623,9 @@ impl Peer {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens a flow for an intercepted connection; `first` rides with the open. The flow
-    /// counts against the budget until the returned charge is dropped.
+    /// Opens a flow for an intercepted connection; `first` rides with the open (the caller
+    /// counts the application bytes it carries). The flow counts against the budget until
+    /// the returned charge is dropped.
     pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<(FlowRef, FlowCharge), OpenRefused> {
         self.open_in_class(meta, 0, first)
     }
@@ -564,20 +651,38 @@ impl Peer {
         let id = assoc.open_flow_in_class(meta, class).map_err(|e| match e {
             OpenError::TooManyFlows => OpenRefused::FlowLimit,
         })?;
-        // A new flow's send buffer holds far more than one read.
-        let written = if first.is_empty() {
-            0
-        } else {
-            assoc.write_at(id, first, Instant::now()).unwrap_or(0)
-        };
+        // A new flow's send buffer holds far more than one read (or one block of it).
+        if !first.is_empty() {
+            let _ = assoc.write_at(id, first, Instant::now());
+        }
         let flow = st.insert_slot(id);
         st.report_send(&self.memory);
         // Charged under the lock, so concurrent opens cannot all pass the check above.
         let charge = self.charge_flow();
-        PeerCounters::add(&self.counters.bytes_to_peer, written as u64);
         drop(st);
         self.wake();
         Ok((flow, charge))
+    }
+
+    /// What the association's flows may carry compressed, once the peer's HELLO came.
+    pub fn compression(&self) -> Option<pep_transport::Compression> {
+        self.lock().assoc.as_ref()?.compression()
+    }
+
+    /// What a relay compressing `flow` needs to know before its next block of up to
+    /// `block` bytes (pep_compress::policy).
+    pub fn send_conditions(&self, flow: &FlowRef, block: u64) -> Result<SendConditions, FlowGone> {
+        let mut st = self.lock();
+        let buffered = st.report_send(&self.memory);
+        let assoc = st.flow_assoc(flow)?;
+        let link_bps = assoc.pacing_rate_bps();
+        // What the link carries in a round trip and 100 ms: beyond that, bytes wait for it.
+        let carried = (link_bps / 8) as f64 * (assoc.smoothed_rtt() + LINK_WAIT).as_secs_f64();
+        Ok(SendConditions {
+            link_bound: buffered as f64 > carried,
+            link_bps,
+            memory_room: self.memory.send_room(self.memory.send_buffered()) >= block,
+        })
     }
 
     /// Bytes a relay may hand to the flow now: its own room, within the global budget and,

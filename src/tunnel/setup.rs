@@ -246,7 +246,7 @@ fn gateway_memory<'a>(
     MemoryAccount::new(
         budget,
         receive_reserve(budget, configs),
-        crate::config::budget::daemon_fixed(mtu, cfg.workers()),
+        crate::config::budget::daemon_fixed(mtu, cfg.workers()) + cfg.compression_contexts(),
     )
 }
 

@@ -242,6 +242,47 @@ mod tests {
     }
 
     #[test]
+    fn every_jitter_kind_delivers_at_the_simulators_arrival_times() {
+        // The emulator's delays are the shared model's, packet for packet: the same seed
+        // gives the same arrivals as the simulator's jitter process.
+        let kinds = [
+            (JitterKind::Uniform, false),
+            (JitterKind::Uniform, true),
+            (JitterKind::Wander, false),
+            (JitterKind::Slotted, false),
+        ];
+        for (kind, reorder) in kinds {
+            let jitter = JitterConfig {
+                kind,
+                bound: ms(20),
+                reorder,
+            };
+            let mut s = Shaper::new(
+                DirectionConfig {
+                    rate_bps: 10_000_000.0,
+                    delay: ms(300),
+                    jitter,
+                    ..Default::default()
+                },
+                7,
+            );
+            let mut model = Jitter::new(jitter, 7);
+            // 1000 bytes every millisecond at 10 Mb/s: 800 µs on the wire, never a queue.
+            for i in 0..2_000u64 {
+                let now = ms(i);
+                let tx_end = now + Duration::from_micros(800);
+                let expected = model.arrival(tx_end, ms(300));
+                assert_eq!(
+                    s.offer(now, 1000),
+                    Verdict::Deliver { at: expected },
+                    "{kind} reorder={reorder} packet {i}"
+                );
+                assert!(expected.abs_diff(tx_end + ms(300)) <= ms(20));
+            }
+        }
+    }
+
+    #[test]
     fn outage_drops_and_still_uses_the_slot() {
         let mut s = Shaper::new(
             DirectionConfig {

@@ -509,6 +509,7 @@ impl Simulation {
                 ),
                 server: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1)), 80),
                 dscp: 0,
+                compression: false,
             };
             let Ok(flow) = self.nodes[n].assoc.open_flow(meta) else {
                 self.flows[index].reset = true;
@@ -533,6 +534,7 @@ impl Simulation {
                 client: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), INTERACTIVE_PORT),
                 server: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1)), 80),
                 dscp: 0,
+                compression: false,
             };
             let class = self.sc.interactive.map_or(0, |m| m.class);
             if let Ok(flow) = self.nodes[n].assoc.open_flow_in_class(meta, class) {

@@ -223,6 +223,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                     cross: Default::default(),
                     timeline: false,
                     settle: case.settle(),
+                    content: pep_testbed::corpus::Content::Random,
                 };
                 let r = runner::run(&spec)
                     .with_context(|| format!("{} over {}", case.label, mode.as_str()))?;
@@ -323,6 +324,9 @@ mod tests {
             workload,
             ipv6: false,
             seed: 3,
+            content: pep_testbed::corpus::info(pep_testbed::corpus::Content::Random)
+                .expect("random needs no corpus"),
+            content_ratio: 1.0,
             outcome,
             ref_bps: 0.0,
             efficiency: 0.0,
@@ -334,6 +338,7 @@ mod tests {
             cross: None,
             timeline: None,
             pepd_capacity: None,
+            pepd_compression: None,
             gateway_cpu: None,
             link_average_bps: 0.0,
             efficiency_of_capacity: 0.0,

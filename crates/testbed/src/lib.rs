@@ -33,6 +33,7 @@
 
 pub mod addr;
 pub mod cmd;
+pub mod corpus;
 pub mod cpu;
 pub mod cross;
 pub mod daemon;

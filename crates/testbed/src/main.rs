@@ -327,10 +327,11 @@ fn main() -> anyhow::Result<()> {
                 max_seconds,
                 seed,
             } => {
+                pep_testbed::corpus::get(workload.content)?;
                 let opts = client::ClientOpts {
                     server: connect,
                     cc,
-                    seed,
+                    seed: workload.content.seed(seed),
                     max_duration: secs(max_seconds)?,
                 };
                 let out = client::run(&workload.workload(), &opts);
@@ -377,6 +378,7 @@ fn main() -> anyhow::Result<()> {
                 },
                 timeline,
                 settle: secs(settle_s)?,
+                content: workload.content,
             };
             let r = runner::run(&spec)?;
             if json {

@@ -419,6 +419,61 @@ impl CapacityReport {
     }
 }
 
+/// What a gateway sent on the hop and what its compression did, from its metrics.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CompressionReport {
+    /// Datagram bytes sent on the hop, UDP/IP headers included.
+    pub wire_bytes_sent: f64,
+    /// Application bytes read into blocks and the bytes of those blocks (sent side).
+    pub plain_sent: f64,
+    pub blocks_sent: f64,
+    /// Blocks sent raw, at the fast and at the hard level.
+    pub blocks_raw: f64,
+    pub blocks_fast: f64,
+    pub blocks_hard: f64,
+    pub compress_cpu_s: f64,
+    pub decompress_cpu_s: f64,
+    /// Flows reset for refused blocks, all reasons.
+    pub refused: f64,
+}
+
+impl CompressionReport {
+    pub fn from_metrics(text: &str) -> Result<CompressionReport, Error> {
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines)
+            .map_err(|e| Error::Invalid(format!("pepd metrics: {e}")))?;
+        let sum = |name: &str, label: Option<(&str, &str)>| -> f64 {
+            scrape
+                .samples
+                .iter()
+                .filter(|m| {
+                    m.metric == name && label.is_none_or(|(k, v)| m.labels.get(k) == Some(v))
+                })
+                .filter_map(|m| sample_value(&m.value))
+                .sum()
+        };
+        let level = |l| sum("pepd_compression_blocks_sent_total", Some(("level", l)));
+        let cpu = |w| sum("pepd_compression_cpu_seconds_total", Some(("work", w)));
+        Ok(CompressionReport {
+            wire_bytes_sent: sum("pepd_wire_bytes_total", Some(("direction", "sent"))),
+            plain_sent: sum(
+                "pepd_compression_plain_bytes_total",
+                Some(("direction", "to_peer")),
+            ),
+            blocks_sent: sum(
+                "pepd_compression_block_bytes_total",
+                Some(("direction", "to_peer")),
+            ),
+            blocks_raw: level("raw"),
+            blocks_fast: level("fast"),
+            blocks_hard: level("hard"),
+            compress_cpu_s: cpu("compress"),
+            decompress_cpu_s: cpu("decompress"),
+            refused: sum("pepd_compression_refused_total", None),
+        })
+    }
+}
+
 /// TOML snippets merged into one document in order (later keys win), so two snippets may
 /// both set keys of one table.
 pub fn merge_toml(snippets: &[&str]) -> Result<String, Error> {
@@ -815,6 +870,22 @@ impl Gateways {
     }
 
     /// The tails of both logs, keyed by gateway name.
+    /// Each gateway's [`CompressionReport`] now; a gateway whose metrics cannot be read is
+    /// left out.
+    pub fn compression_reports(&self) -> BTreeMap<String, CompressionReport> {
+        Side::BOTH
+            .into_iter()
+            .filter_map(|s| {
+                let g = self.gw(s);
+                let text = fetch_metrics(g.namespace()).ok()?;
+                Some((
+                    s.gateway().to_owned(),
+                    CompressionReport::from_metrics(&text).ok()?,
+                ))
+            })
+            .collect()
+    }
+
     pub fn log_tails(&self, lines: usize) -> BTreeMap<String, String> {
         Side::BOTH
             .into_iter()

@@ -10,6 +10,7 @@ use pep_sim::channel::reference_goodput_bps;
 use pep_sim::timeline::{step_responses, Bucket, StepResponse};
 use serde::Serialize;
 
+use crate::corpus::{Content, CorpusInfo};
 use crate::cpu::{CpuMeter, GatewayCpu};
 use crate::cross::{CrossOutcome, CrossSpec, CrossTraffic};
 use crate::pepd::{Gateways, PepdOptions, Side};
@@ -134,6 +135,8 @@ pub struct RunSpec {
     /// has been running a while when traffic comes (pepd measures the link in the first
     /// round trip after the association is established).
     pub settle: Duration,
+    /// What the streams carry.
+    pub content: Content,
 }
 
 impl RunSpec {
@@ -154,6 +157,7 @@ impl RunSpec {
             cross: CrossSpec::default(),
             timeline: false,
             settle: Duration::ZERO,
+            content: Content::Random,
         }
     }
 }
@@ -192,6 +196,11 @@ pub struct RunResult {
     pub workload: Workload,
     pub ipv6: bool,
     pub seed: u64,
+    /// What the streams carried, and the corpus that was.
+    pub content: CorpusInfo,
+    /// How much smaller that content gets as pepd compresses it at its hard level, in its
+    /// blocks (`pep_compress::offline_ratio`): what a compressed run is compared with.
+    pub content_ratio: f64,
     /// What the traffic tool measured (flattened into the JSON object).
     #[serde(flatten)]
     pub outcome: Outcome,
@@ -213,6 +222,10 @@ pub struct RunResult {
     /// In pepd mode, each gateway's congestion control at the end of the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pepd_capacity: Option<BTreeMap<String, crate::pepd::CapacityReport>>,
+    /// In pepd mode, what each gateway sent on the hop and what its compression did, over
+    /// the daemon's life (start, handshake and the workload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pepd_compression: Option<BTreeMap<String, crate::pepd::CompressionReport>>,
     /// The forward link's mean rate over the workload, rate steps counted and outages at
     /// zero, and the goodput over what an ideal TCP would carry at that rate (the `ref`
     /// formula).
@@ -232,6 +245,9 @@ pub struct RunResult {
 }
 
 pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
+    let content = crate::corpus::info(spec.content)?;
+    let seed = spec.content.seed(spec.seed);
+    let content_ratio = crate::corpus::offline_ratio(spec.content, seed)?;
     let hosts = spec.mode.host_tuning();
     let mut topo = Topology::up_over(spec.link_kind, &spec.link, &hosts)?;
     let gateways = start_gateways(spec, &topo)?;
@@ -241,7 +257,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
     let opts = client::ClientOpts {
         server: target,
         cc: Some(hosts.congestion_control),
-        seed: spec.seed,
+        seed,
         max_duration: spec.max_duration,
     };
     std::thread::sleep(spec.settle);
@@ -267,6 +283,10 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         .map(|g| g.log_tails(30));
     let pepd_capacity = match &gateways {
         Some(GatewayProcesses::Pepd(g)) => Some(g.capacity_reports()),
+        _ => None,
+    };
+    let pepd_compression = match &gateways {
+        Some(GatewayProcesses::Pepd(g)) => Some(g.compression_reports()),
         _ => None,
     };
     drop(gateways);
@@ -310,6 +330,8 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         workload: spec.workload.clone(),
         ipv6: spec.ipv6,
         seed: spec.seed,
+        content,
+        content_ratio,
         ref_bps,
         efficiency: if ref_bps > 0.0 {
             outcome.goodput_bps / ref_bps
@@ -325,6 +347,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, Error> {
         cross,
         timeline: spec.timeline.then_some(buckets),
         pepd_capacity,
+        pepd_compression,
         gateway_cpu,
         link_average_bps,
         efficiency_of_capacity,

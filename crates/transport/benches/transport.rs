@@ -21,6 +21,7 @@ fn meta() -> FlowMeta {
         client: "198.18.0.1:40000".parse().unwrap(),
         server: "198.19.0.1:80".parse().unwrap(),
         dscp: 0,
+        compression: false,
     }
 }
 

@@ -128,6 +128,9 @@ pub struct Config {
     /// How the flows share what the association sends, by class (flows start in class 0);
     /// empty: one class, every flow alike (docs/PROTOCOL.md §5.10).
     pub classes: Vec<TrafficClass>,
+    /// What this gateway can decompress, offered in its HELLO (docs/PROTOCOL.md §9); `None`
+    /// offers nothing, and the association's flows then carry no compressed blocks.
+    pub compression: Option<crate::compression::CompressionOffer>,
 }
 
 impl Config {
@@ -161,6 +164,7 @@ impl Config {
             initial_rtt: Duration::from_millis(600),
             pacing_burst: Duration::ZERO,
             classes: Vec::new(),
+            compression: None,
         }
     }
 

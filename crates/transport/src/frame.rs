@@ -28,6 +28,7 @@ const MAX_CLOSE_REASON: usize = 256;
 const OPEN_IPV6: u8 = 0x01;
 const OPEN_HAS_DATA: u8 = 0x02;
 const OPEN_FIN: u8 = 0x04;
+const OPEN_COMPRESSION: u8 = 0x08;
 
 /// Why a flow was reset; carried on the wire as one byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,6 +95,9 @@ pub struct FlowMeta {
     pub server: SocketAddr,
     /// DSCP of the client's packets (6 bits).
     pub dscp: u8,
+    /// Both streams of the flow are sequences of compression blocks (docs/PROTOCOL.md §9),
+    /// which only an association that agreed on compression carries.
+    pub compression: bool,
 }
 
 /// Stream offset as sent: its low `len` bytes. Expanded against the receiver's contiguous end.
@@ -389,6 +393,7 @@ fn decode_open<'a>(r: &mut Reader<'a>) -> Result<Frame<'a>, DecodeError> {
             client,
             server,
             dscp,
+            compression: flags & OPEN_COMPRESSION != 0,
         },
         data,
         fin: flags & OPEN_FIN != 0,
@@ -463,6 +468,9 @@ pub fn encode_open(out: &mut Vec<u8>, flow: u64, meta: &FlowMeta, data: &[u8], f
     }
     if fin {
         flags |= OPEN_FIN;
+    }
+    if meta.compression {
+        flags |= OPEN_COMPRESSION;
     }
     out.push(flags);
     out.push(meta.dscp & 0x3f);
@@ -601,12 +609,14 @@ mod tests {
                 client: "[fd00:198:18::1]:40000".parse().unwrap(),
                 server: "[fd00:198:18:1::2]:80".parse().unwrap(),
                 dscp: 46,
+                compression: true,
             }
         } else {
             FlowMeta {
                 client: "198.18.0.1:40000".parse().unwrap(),
                 server: "198.19.0.2:443".parse().unwrap(),
                 dscp: 10,
+                compression: false,
             }
         }
     }

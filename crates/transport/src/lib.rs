@@ -9,6 +9,7 @@ mod ack;
 mod association;
 pub mod cc;
 pub mod codec;
+pub mod compression;
 pub mod config;
 pub mod datagram_size;
 pub mod endpoint;
@@ -32,6 +33,7 @@ pub use association::{
     Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, LostReason, OpenError,
     ReadOutcome, Role,
 };
+pub use compression::{Compression, CompressionOffer};
 pub use config::{AckPolicy, CcMode, Config, InvalidConfig, LossCause, SizeMode, VegasParams};
 pub use endpoint::{
     AssocHandle, DatagramEvent, Endpoint, EndpointConfig, EndpointStats, PeerIdentity,

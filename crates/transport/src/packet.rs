@@ -3,6 +3,7 @@
 //! Layout: docs/PROTOCOL.md.
 
 use crate::codec::{put_uint, put_varint, DecodeError, Reader};
+use crate::compression::CompressionOffer;
 use crate::frame::{decode_payload, Frame, ImplicitData};
 use crate::ids::ConnectionId;
 
@@ -112,6 +113,9 @@ pub struct Hello {
     /// The AEADs the sender accepts, most preferred first: sent with security on, inside
     /// the handshake. `None` from a peer that sends none (before the offer existed).
     pub aeads: Option<AeadOffer>,
+    /// What the sender can decompress, if anything (docs/PROTOCOL.md §9). `None` from a
+    /// peer that sends none: its flows carry no compressed blocks.
+    pub compression: Option<CompressionOffer>,
 }
 
 impl Hello {
@@ -125,8 +129,15 @@ impl Hello {
         put_varint(out, self.params.initial_assoc_window);
         put_varint(out, self.params.max_ack_delay_us);
         self.cid.write_prefixed(out);
-        if let Some(aeads) = &self.aeads {
-            aeads.encode(out);
+        // The compression offer comes after the AEAD offer; a HELLO without security
+        // carries the AEAD offer of a gateway without one, which it ignores.
+        match (&self.aeads, &self.compression) {
+            (Some(aeads), _) => aeads.encode(out),
+            (None, Some(_)) => AeadOffer::implied().encode(out),
+            (None, None) => {}
+        }
+        if let Some(compression) = &self.compression {
+            compression.encode(out);
         }
     }
 
@@ -148,6 +159,11 @@ impl Hello {
                 None
             } else {
                 Some(AeadOffer::decode(r)?)
+            },
+            compression: if r.is_empty() {
+                None
+            } else {
+                Some(CompressionOffer::decode(r)?)
             },
         };
         if hello.epoch == 0 {
@@ -407,6 +423,7 @@ mod tests {
             },
             cid: ConnectionId::new(&[7, 9]).unwrap(),
             aeads: None,
+            compression: None,
         };
         let mut out = Vec::new();
         h.encode(&mut out);
@@ -414,7 +431,8 @@ mod tests {
             decode_header(&mut Reader::new(&out)).unwrap(),
             Header::Hello(h)
         );
-        // The AEAD offer follows the CID; bytes after it stay reserved and are ignored.
+        // The AEAD offer follows the CID; then the compression offer, and bytes after it
+        // stay reserved and are ignored.
         let offered = Hello {
             aeads: Some(AeadOffer::auto(true)),
             ..h
@@ -423,13 +441,44 @@ mod tests {
         offered.encode(&mut with_offer);
         assert_eq!(with_offer.len(), out.len() + 3);
         assert_eq!(with_offer[..out.len()], out[..]);
-        with_offer.extend_from_slice(&[0xEE, 0xEE]);
         assert_eq!(
             decode_header(&mut Reader::new(&with_offer)).unwrap(),
             Header::Hello(offered)
         );
+        // The compression offer follows the AEAD offer: without security, after the AEAD
+        // offer of a gateway without one.
+        let compressing = Hello {
+            compression: Some(CompressionOffer::zstd(17)),
+            ..offered
+        };
+        let mut with_compression = Vec::new();
+        compressing.encode(&mut with_compression);
+        assert_eq!(with_compression[..with_offer.len()], with_offer[..]);
+        assert_eq!(with_compression[with_offer.len()..], [1, 1, 17]);
+        with_compression.extend_from_slice(&[0xEE, 0xEE]);
+        assert_eq!(
+            decode_header(&mut Reader::new(&with_compression)).unwrap(),
+            Header::Hello(compressing)
+        );
+        let plain = Hello {
+            compression: Some(CompressionOffer::zstd(16)),
+            ..h
+        };
+        let mut plain_out = Vec::new();
+        plain.encode(&mut plain_out);
+        assert_eq!(plain_out[out.len()..], [1, 1, 1, 1, 16]);
+        assert_eq!(
+            decode_header(&mut Reader::new(&plain_out)).unwrap(),
+            Header::Hello(Hello {
+                aeads: Some(AeadOffer::implied()),
+                ..plain
+            })
+        );
         let mut malformed = out.clone();
         malformed.push(0);
+        assert!(decode_header(&mut Reader::new(&malformed)).is_err());
+        let mut malformed = with_offer.clone();
+        malformed.extend_from_slice(&[1, 1, 3]);
         assert!(decode_header(&mut Reader::new(&malformed)).is_err());
         let mut zero = h;
         zero.epoch = 0;

@@ -50,6 +50,7 @@ fn a_late_repair_of_bytes_already_held_is_read_at_its_own_offset() {
         client: "198.18.0.1:1000".parse().unwrap(),
         server: "198.19.0.1:80".parse().unwrap(),
         dscp: 0,
+        compression: false,
     };
     let flow = a.open_flow(meta).unwrap();
     let mut written = 0;

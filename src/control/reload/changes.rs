@@ -105,7 +105,7 @@ impl RestartSetting {
             RestartSetting::FlowBuffer => "limits.flow_buffer",
             RestartSetting::Transport => {
                 "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
-                 datagram_size)"
+                 datagram_size, compression)"
             }
             RestartSetting::Peer => "peer",
             RestartSetting::Tunnel => "tunnel",
@@ -181,6 +181,9 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 keepalive,
                 pacing_burst,
                 datagram_size,
+                compression,
+                compression_ports,
+                compression_prefixes,
             },
         limits:
             LimitsConfig {
@@ -331,6 +334,21 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             "transport.datagram_size",
             Restart(R::Transport),
             *datagram_size != r.transport.datagram_size,
+        ),
+        key(
+            "transport.compression",
+            Restart(R::Transport),
+            *compression != r.transport.compression,
+        ),
+        key(
+            "transport.compression_ports",
+            Restart(R::Transport),
+            *compression_ports != r.transport.compression_ports,
+        ),
+        key(
+            "transport.compression_prefixes",
+            Restart(R::Transport),
+            *compression_prefixes != r.transport.compression_prefixes,
         ),
         key(
             "limits.max_flows",

@@ -95,6 +95,7 @@ fn meta(port: u16) -> FlowMeta {
         client: format!("198.18.0.2:{port}").parse().expect("addr"),
         server: "198.18.1.2:80".parse().expect("addr"),
         dscp: 0,
+        compression: false,
     }
 }
 

@@ -111,6 +111,10 @@ pub struct WorkloadArgs {
     /// the previous one's response).
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
+    /// What the streams carry: seeded random bytes, the text corpus, or the text corpus
+    /// gzipped (`pep_testbed::corpus`).
+    #[arg(long, value_enum, default_value_t = crate::corpus::Content::Random)]
+    pub content: crate::corpus::Content,
 }
 
 impl WorkloadArgs {

@@ -1,57 +1,122 @@
-//! The seeded pseudo-random byte stream every transfer carries, so receivers can verify every
-//! byte without the sender shipping checksums. Generated in fixed blocks, so the stream is the
-//! same however reads and writes split it.
+//! The byte stream every transfer carries, so receivers can verify every byte without the
+//! sender shipping checksums: seeded pseudo-random bytes generated in fixed blocks (the same
+//! however reads and writes split it), or a corpus of real text (`corpus`) from a seeded
+//! offset. The top two bits of a seed name the content ([`Content::seed`]), so the seed in
+//! a transfer's header tells the server what to send.
+
+use std::sync::Arc;
 
 use pep_sim::channel::{seeded_rng, SeededRng};
 use rand::RngCore;
 
+use crate::corpus::{self, Content};
+
 const BLOCK: usize = 16 * 1024;
+const CONTENT_SHIFT: u32 = 62;
+
+impl Content {
+    /// `seed` marked as carrying this content (its low 62 bits stay the seed).
+    pub fn seed(self, seed: u64) -> u64 {
+        let tag = match self {
+            Content::Random => 0,
+            Content::Text => 1,
+            Content::Compressed => 2,
+        };
+        (seed & ((1 << CONTENT_SHIFT) - 1)) | (tag << CONTENT_SHIFT)
+    }
+
+    /// The content a seed names.
+    pub fn of_seed(seed: u64) -> Content {
+        match seed >> CONTENT_SHIFT {
+            1 => Content::Text,
+            2 => Content::Compressed,
+            _ => Content::Random,
+        }
+    }
+}
 
 pub struct Pattern {
-    rng: SeededRng,
-    block: Box<[u8; BLOCK]>,
-    pos: usize,
+    source: Source,
+}
+
+enum Source {
+    Random {
+        rng: SeededRng,
+        block: Box<[u8; BLOCK]>,
+        pos: usize,
+    },
+    Corpus {
+        bytes: Arc<[u8]>,
+        pos: usize,
+    },
 }
 
 impl Pattern {
-    /// Stream `lane` (e.g. 0 upstream, 1 downstream) of connection seed `seed`.
+    /// Stream `lane` (e.g. 0 upstream, 1 downstream) of connection seed `seed`. Panics if
+    /// the seed names a corpus this machine cannot build (the runner builds it first and
+    /// reports why).
     pub fn new(seed: u64, lane: u64) -> Pattern {
-        Pattern {
-            rng: seeded_rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ lane),
-            block: Box::new([0; BLOCK]),
-            pos: BLOCK,
+        let mix = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ lane;
+        let source = match corpus::get(Content::of_seed(seed)) {
+            Ok(Some(c)) => Source::Corpus {
+                bytes: c.bytes.clone(),
+                pos: (mix.wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 16) as usize
+                    % c.bytes.len().max(1),
+            },
+            Ok(None) => Source::Random {
+                rng: seeded_rng(mix),
+                block: Box::new([0; BLOCK]),
+                pos: BLOCK,
+            },
+            Err(e) => panic!("{e}"),
+        };
+        Pattern { source }
+    }
+
+    /// The next `n` bytes of the stream, given to `f` piece by piece.
+    fn next(&mut self, mut n: usize, mut f: impl FnMut(&[u8])) {
+        while n > 0 {
+            match &mut self.source {
+                Source::Random { rng, block, pos } => {
+                    if *pos == BLOCK {
+                        rng.fill_bytes(&mut block[..]);
+                        *pos = 0;
+                    }
+                    let k = (BLOCK - *pos).min(n);
+                    f(&block[*pos..*pos + k]);
+                    *pos += k;
+                    n -= k;
+                }
+                Source::Corpus { bytes, pos } => {
+                    if *pos >= bytes.len() {
+                        *pos = 0;
+                    }
+                    let k = (bytes.len() - *pos).min(n);
+                    f(&bytes[*pos..*pos + k]);
+                    *pos += k;
+                    n -= k;
+                }
+            }
         }
     }
 
     /// Next bytes of the stream into `out`.
     pub fn fill(&mut self, out: &mut [u8]) {
         let mut done = 0;
-        while done < out.len() {
-            if self.pos == BLOCK {
-                self.rng.fill_bytes(&mut self.block[..]);
-                self.pos = 0;
-            }
-            let n = (BLOCK - self.pos).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&self.block[self.pos..self.pos + n]);
-            self.pos += n;
-            done += n;
-        }
+        self.next(out.len(), |piece| {
+            out[done..done + piece.len()].copy_from_slice(piece);
+            done += piece.len();
+        });
     }
 
     /// Whether `got` is the next part of the stream (consumes it either way).
     pub fn verify(&mut self, got: &[u8]) -> bool {
         let mut ok = true;
         let mut done = 0;
-        while done < got.len() {
-            if self.pos == BLOCK {
-                self.rng.fill_bytes(&mut self.block[..]);
-                self.pos = 0;
-            }
-            let n = (BLOCK - self.pos).min(got.len() - done);
-            ok &= got[done..done + n] == self.block[self.pos..self.pos + n];
-            self.pos += n;
-            done += n;
-        }
+        self.next(got.len(), |piece| {
+            ok &= got[done..done + piece.len()] == *piece;
+            done += piece.len();
+        });
         ok
     }
 }
@@ -139,5 +204,30 @@ mod tests {
         }
         assert_eq!(d, expected_digest(9, 0, 40_000));
         assert_ne!(d, expected_digest(9, 0, 39_999));
+    }
+
+    #[test]
+    fn a_text_seed_streams_the_corpus_and_verifies_in_any_split() {
+        let seed = Content::Text.seed(5);
+        assert_eq!(Content::of_seed(seed), Content::Text);
+        assert_eq!(Content::of_seed(5), Content::Random);
+        assert_eq!(Content::Random.seed(5), 5);
+        if corpus::get(Content::Text).is_err() {
+            eprintln!("no Debian text corpus here: skipped");
+            return;
+        }
+        // Longer than the corpus, so it wraps.
+        let mut whole = vec![0u8; 3_000_000 + 77];
+        Pattern::new(seed, 1).fill(&mut whole);
+        assert!(whole.iter().all(|&b| b != 0));
+        let mut v = Pattern::new(seed, 1);
+        for chunk in whole.chunks(65_521) {
+            assert!(v.verify(chunk));
+        }
+        whole[2_999_999] ^= 1;
+        assert!(!Pattern::new(seed, 1).verify(&whole));
+        let mut other = vec![0u8; 64];
+        Pattern::new(seed, 0).fill(&mut other);
+        assert_ne!(&other[..], &whole[..64], "lanes start elsewhere");
     }
 }

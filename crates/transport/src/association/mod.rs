@@ -223,6 +223,8 @@ pub struct Association {
     local_epoch: u64,
     peer_epoch: Option<u64>,
     peer_params: Option<HelloParams>,
+    /// What the peer's HELLO said it can decompress.
+    peer_compression: Option<crate::compression::CompressionOffer>,
     established: bool,
     established_at: Option<Instant>,
     /// Peer epochs of earlier associations: a late HELLO from one is not a new restart.
@@ -400,6 +402,7 @@ impl Association {
             local_epoch: epoch,
             peer_epoch: None,
             peer_params: None,
+            peer_compression: None,
             established: false,
             established_at: None,
             retired_peer_epochs: VecDeque::new(),
@@ -539,6 +542,26 @@ impl Association {
             s.traffic_classes = self.sched.stats(self.flows.values().map(|f| f.class));
         }
         s
+    }
+
+    /// The rate the pacer sends at now (the congestion control's), bit/s on the wire: what
+    /// the link carries for this association. Cheaper than [`stats`](Self::stats).
+    pub fn pacing_rate_bps(&self) -> u64 {
+        self.pacer.rate_bps()
+    }
+
+    /// The smoothed round-trip time. Cheaper than [`stats`](Self::stats).
+    pub fn smoothed_rtt(&self) -> std::time::Duration {
+        self.rtt.smoothed()
+    }
+
+    /// What this association's flows may carry compressed (docs/PROTOCOL.md §9): the
+    /// agreement of our offer (`Config::compression`) and the peer's, once its HELLO came.
+    pub fn compression(&self) -> Option<crate::compression::Compression> {
+        crate::compression::negotiate(
+            self.cfg.compression.as_ref(),
+            self.peer_compression.as_ref(),
+        )
     }
 
     /// Bytes written by the application and not yet acknowledged, over all flows: what a

@@ -398,6 +398,7 @@ impl Association {
             _ => {}
         }
         self.peer_cid = h.cid;
+        self.peer_compression = h.compression;
         // Truncated offsets are unambiguous only for windows up to 1 GiB.
         self.peer_params = Some(HelloParams {
             initial_flow_window: h.params.initial_flow_window.min(MAX_WINDOW),

@@ -165,6 +165,7 @@ impl Association {
             },
             cid: self.local_cid,
             aeads: self.security.as_ref().map(|sec| sec.offer()),
+            compression: self.cfg.compression,
         }
     }
 

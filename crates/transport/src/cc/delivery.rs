@@ -18,6 +18,16 @@ struct Mark {
     /// It acknowledged a packet sent after the sender had fallen idle: the gap before it
     /// is the sender's, not the path's.
     app_limited: bool,
+    /// When the latest packet it acknowledged was sent, and the bytes sent up to and
+    /// including that packet: how fast what it acknowledged was sent.
+    sent: Option<SentMark>,
+}
+
+/// When a packet was sent, and the bytes sent up to and including it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentMark {
+    pub at: Instant,
+    pub total: u64,
 }
 
 /// A delivery rate over a span of ACKs.
@@ -27,6 +37,9 @@ pub struct Rate {
     /// Some of it was measured across a gap of the sender's own: it may understate the
     /// path, never overstate it.
     pub app_limited: bool,
+    /// How fast the packets it acknowledged were sent, where that is known: a delivery
+    /// rate below it means the path carried less than it was given.
+    pub sent_bps: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -35,6 +48,13 @@ pub struct DeliveryMeter {
     marks: VecDeque<Mark>,
     /// Smoothed time between ACKs (1/8 weight).
     ack_interval: Option<Duration>,
+    /// The mean time between ACKs over the last few dozen (1/32 weight): where ACKs come in
+    /// clumps the 1/8-weighted interval swings between the gaps within a clump and the one
+    /// between clumps.
+    mean_gap: Option<Duration>,
+    /// How regular the gaps between clumps are: the recent share, of the gaps of at least
+    /// half the longest, of those within a tenth of the longest (a moving average).
+    regular: f64,
     /// The longest recent gap between ACKs, falling back as time passes: on a path that
     /// delivers ACKs in clumps (a slotted return link), the time from one clump to the next.
     longest_gap: Duration,
@@ -55,10 +75,25 @@ const KEEP_MARKS: usize = 4096;
 /// Gaps between ACKs up to this long count as clumping (MF-TDMA frames are 25–100 ms); longer
 /// ones are an outage or an idle sender.
 const CLUMP_GAP_MAX: Duration = Duration::from_millis(100);
-/// ACKs come in clumps when the longest recent gap between them is this many smoothed
-/// intervals or more: a regular ACK pace varies by a factor of two at most (the timer against
-/// every eighth packet).
+/// ACKs come in clumps when the longest recent gap between them is more than this many
+/// smoothed intervals: a regular ACK pace varies by a factor of two at most (the timer
+/// against every eighth packet).
 const CLUMPED_GAPS: u32 = 4;
+/// ... or, where the gaps between clumps are regular (a slotted link), at least this many
+/// mean gaps: a slot frame that holds only two or three ACKs (7 Mb/s, 40 ms frames) leaves
+/// a smoothed interval that swings between the gaps within a clump and the one between
+/// clumps, never a quarter of the frame.
+const SLOT_GAPS: u32 = 2;
+/// The gaps between clumps are regular when at least this share of them come within a
+/// tenth of the longest: slots come every frame, and a clump split by a slot's end leaves
+/// the next gap short now and then; a jitter that holds packets behind each other releases
+/// them after gaps of any length up to its range, within a tenth of the longest one in ten.
+const REGULAR_SHARE: f64 = 0.5;
+const REGULAR_TENTHS: u32 = 10;
+/// Weight of one gap between clumps in how regular they are.
+const REGULAR_WEIGHT: f64 = 1.0 / 8.0;
+/// Weight (1/this) of one gap in the mean gap between ACKs.
+const MEAN_GAP_WEIGHT: u32 = 32;
 /// ... and at least this share of them came within an eighth of the smoothed interval of the
 /// one before (`BUNCHED_FRACTION`): a link layer that releases what it held at once (a
 /// slot, a scheduler) delivers ACKs together, while gaps that only vary (another sender's
@@ -82,7 +117,7 @@ impl DeliveryMeter {
     }
 
     /// Closes one ACK's worth of deliveries.
-    pub fn mark(&mut self, now: Instant, app_limited: bool) {
+    pub fn mark(&mut self, now: Instant, app_limited: bool, sent: Option<SentMark>) {
         // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
         let gap = self
             .marks
@@ -94,6 +129,10 @@ impl DeliveryMeter {
                 Some(s) => (s * 7 + gap) / 8,
                 None => gap,
             });
+            self.mean_gap = Some(match self.mean_gap {
+                Some(s) => (s * (MEAN_GAP_WEIGHT - 1) + gap) / MEAN_GAP_WEIGHT,
+                None => gap,
+            });
         }
         if let Some(last) = self.marks.back() {
             let gap = now.saturating_duration_since(last.at);
@@ -101,6 +140,10 @@ impl DeliveryMeter {
             self.longest_gap = self.longest_gap.mul_f64(1.0 - decay);
             if !app_limited && gap <= CLUMP_GAP_MAX {
                 self.longest_gap = self.longest_gap.max(gap);
+                if gap * 2 >= self.longest_gap {
+                    let full = gap * REGULAR_TENTHS >= self.longest_gap * (REGULAR_TENTHS - 1);
+                    self.regular += (f64::from(u8::from(full)) - self.regular) * REGULAR_WEIGHT;
+                }
             }
             let close = self
                 .ack_interval
@@ -111,6 +154,7 @@ impl DeliveryMeter {
             at: now,
             delivered: self.delivered,
             app_limited,
+            sent,
         });
         while self.marks.len() > KEEP_MARKS
             || self
@@ -132,13 +176,28 @@ impl DeliveryMeter {
         self.longest_gap
     }
 
-    /// Whether ACKs come in clumps: the longest recent gap between them is several times
-    /// their smoothed interval.
+    /// Whether ACKs come in clumps: many of them came hard on the heels of the one before,
+    /// and the longest recent gap between them is several times their smoothed interval,
+    /// or twice their mean gap where those gaps are regular.
     pub fn clumped(&self) -> bool {
         self.bunched >= BUNCHED_SHARE
-            && self
+            && (self
                 .ack_interval
                 .is_some_and(|i| self.longest_gap > i * CLUMPED_GAPS)
+                || self.regular_gaps())
+    }
+
+    /// Whether ACKs come in clumps at regular gaps, as a slotted link delivers them: the
+    /// clump period is then the frame's, and a measurement may start and end on its clumps.
+    pub fn slotted(&self) -> bool {
+        self.bunched >= BUNCHED_SHARE && self.regular_gaps()
+    }
+
+    fn regular_gaps(&self) -> bool {
+        self.regular >= REGULAR_SHARE
+            && self
+                .mean_gap
+                .is_some_and(|i| self.longest_gap >= i * SLOT_GAPS)
     }
 
     /// Delivery rate over the ACKs of the last `span`, from the first of them to the last
@@ -150,24 +209,37 @@ impl DeliveryMeter {
     pub fn rate(&self, now: Instant, span: Duration) -> Option<Rate> {
         let since = now.checked_sub(span)?;
         let start = self.marks.partition_point(|m| m.at < since);
-        if self.marks.len() - start < MIN_MARKS {
+        self.rate_over(start, self.marks.len())
+    }
+
+    /// Delivery rate over the ACKs that arrived from `from` to `to` (both included), cut at
+    /// clump ends as [`rate`](Self::rate) does: the ACKs of one measurement (a probe's).
+    pub fn rate_between(&self, from: Instant, to: Instant) -> Option<Rate> {
+        let start = self.marks.partition_point(|m| m.at < from);
+        let end = self.marks.partition_point(|m| m.at <= to);
+        self.rate_over(start, end)
+    }
+
+    /// The rate over marks `start..end`: from the first to the last, or from clump end to
+    /// clump end where ACKs come in clumps. A mark followed by a gap of half the clump period
+    /// or more ends a clump; the last mark there is, with none after it yet, may not.
+    fn rate_over(&self, start: usize, end: usize) -> Option<Rate> {
+        if end.saturating_sub(start) < MIN_MARKS {
             return None;
         }
         let (first, last) = if self.clumped() {
-            // A mark followed by a gap of half the clump period or more ends a clump.
             let gap = self.longest_gap / 2;
             let ends_clump = |&i: &usize| {
-                self.marks[i + 1]
-                    .at
-                    .saturating_duration_since(self.marks[i].at)
-                    >= gap
+                self.marks
+                    .get(i + 1)
+                    .is_some_and(|next| next.at.saturating_duration_since(self.marks[i].at) >= gap)
             };
-            let within = start..self.marks.len() - 1;
+            let within = start..end;
             let first = within.clone().find(ends_clump)?;
             let last = within.rev().find(ends_clump)?;
             (first, last)
         } else {
-            (start, self.marks.len() - 1)
+            (start, end - 1)
         };
         let (a, b) = (self.marks[first], self.marks[last]);
         let bps = bits_per_second(
@@ -176,7 +248,17 @@ impl DeliveryMeter {
         )?;
         // The first mark's own flag concerns the gap before it, which is outside the span.
         let app_limited = self.marks.range(first + 1..=last).any(|m| m.app_limited);
-        Some(Rate { bps, app_limited })
+        let sent_bps = a.sent.zip(b.sent).and_then(|(x, y)| {
+            bits_per_second(
+                y.total.saturating_sub(x.total),
+                y.at.saturating_duration_since(x.at),
+            )
+        });
+        Some(Rate {
+            bps,
+            app_limited,
+            sent_bps,
+        })
     }
 }
 
@@ -198,7 +280,7 @@ mod tests {
         // 1250 bytes every 1 ms: 10 Mb/s.
         for i in 0..100u64 {
             m.add(1250);
-            m.mark(t0 + ms(i), false);
+            m.mark(t0 + ms(i), false, None);
         }
         let r = m.rate(t0 + ms(99), ms(20)).expect("rate");
         assert!((r.bps - 10e6).abs() < 1.0, "{r:?}");
@@ -214,14 +296,70 @@ mod tests {
         let mut m = DeliveryMeter::default();
         for i in 0..10u64 {
             m.add(1000);
-            m.mark(t0 + ms(i), i == 5);
+            m.mark(t0 + ms(i), i == 5, None);
         }
         assert!(m.rate(t0 + ms(9), ms(6)).expect("rate").app_limited);
         // The flagged ACK opening the span does not count.
         assert!(!m.rate(t0 + ms(9), ms(4)).expect("rate").app_limited);
         assert_eq!(m.ack_interval(), Some(ms(1)));
         // An idle second is not the ACK pace.
-        m.mark(t0 + ms(1009), false);
+        m.mark(t0 + ms(1009), false, None);
         assert_eq!(m.ack_interval(), Some(ms(1)));
+    }
+
+    #[test]
+    fn three_acks_a_frame_are_slotted_clumps_and_rates_run_from_clump_end_to_clump_end() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let mut m = DeliveryMeter::default();
+        // A 40 ms frame delivers three ACKs of 10,000 bytes each, 100 µs apart.
+        for frame in 0..50u64 {
+            for k in 0..3u64 {
+                m.add(10_000);
+                m.mark(t0 + us(40_000 * frame + 100 * k), false, None);
+            }
+        }
+        assert!(m.clumped());
+        assert!(m.slotted());
+        // The frame's gap, less what it fell back by since the last one (half per second).
+        assert!(m.longest_gap() > us(39_700) && m.longest_gap() <= us(39_800));
+        // From the end of frame 40's clump to the end of frame 45's: five frames' bytes in
+        // five frames' time, 6 Mb/s; the span's edges inside clumps 40 and 46 do not count.
+        let r = m
+            .rate_between(t0 + us(40_000 * 40), t0 + us(40_000 * 46 + 100))
+            .expect("rate");
+        assert!((r.bps - 6e6).abs() < 1.0, "{r:?}");
+    }
+
+    #[test]
+    fn bunches_after_gaps_of_any_length_are_clumps_but_not_slots() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let mut m = DeliveryMeter::default();
+        // Bunches of eight ACKs 100 µs apart after gaps of 5 to 40 ms in turn: a jitter
+        // that holds packets behind each other and releases them together.
+        let mut at = Duration::ZERO;
+        for bunch in 0..60u64 {
+            at += us(5_000 + 7_000 * (bunch % 6));
+            for _ in 0..8 {
+                at += us(100);
+                m.add(1_000);
+                m.mark(t0 + at, false, None);
+            }
+        }
+        assert!(m.clumped());
+        assert!(!m.slotted());
+    }
+
+    #[test]
+    fn a_steady_ack_pace_is_no_clumps() {
+        let t0 = Instant::now();
+        let mut m = DeliveryMeter::default();
+        for i in 0..200u64 {
+            m.add(1_000);
+            m.mark(t0 + Duration::from_millis(i), false, None);
+        }
+        assert!(!m.clumped());
+        assert!(!m.slotted());
     }
 }

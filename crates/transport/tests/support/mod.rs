@@ -169,6 +169,7 @@ pub fn meta(port: u16) -> FlowMeta {
         client: format!("198.18.0.1:{port}").parse().unwrap(),
         server: "198.19.0.1:80".parse().unwrap(),
         dscp: 0,
+        compression: false,
     }
 }
 

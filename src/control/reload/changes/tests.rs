@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::{
-    example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, DatagramSizeName, FailMode,
-    LossDefault, OverLimit, QuicPolicy, SecurityMode, Side,
+    example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, CompressionMode,
+    DatagramSizeName, FailMode, LossDefault, OverLimit, QuicPolicy, SecurityMode, Side,
 };
 
 const HUB_SPOKE: &str = include_str!("../../../../config/hub-spoke.toml");
@@ -109,6 +109,9 @@ fn live_restart_and_rules_keys_as_documented() {
             "transport.keepalive",
             "transport.pacing_burst",
             "transport.datagram_size",
+            "transport.compression",
+            "transport.compression_ports",
+            "transport.compression_prefixes",
             "limits.flow_buffer",
             "metrics.listen",
             "control.socket",
@@ -383,6 +386,17 @@ fn a_change_to_one_key_is_seen_as_that_key_alone() {
         ("transport.datagram_size", |c| {
             c.transport.datagram_size = DatagramSizeName::Mtu
         }),
+        ("transport.compression", |c| {
+            c.transport.compression = CompressionMode::Auto
+        }),
+        ("transport.compression_ports", |c| {
+            c.transport.compression_ports.push(80)
+        }),
+        ("transport.compression_prefixes", |c| {
+            c.transport
+                .compression_prefixes
+                .push("198.18.0.0/15".parse().expect("prefix"))
+        }),
         ("limits.max_flows", |c| c.limits.max_flows += 1),
         ("limits.over_limit", |c| {
             c.limits.over_limit = OverLimit::Bypass
@@ -508,7 +522,7 @@ fn labels_in_the_reload_log() {
             "link.rx_rate/mtu/frame_overhead",
             "limits.flow_buffer",
             "transport (cc, vegas, loss_default, outage_limit, keepalive, pacing_burst, \
-             datagram_size)",
+             datagram_size, compression)",
             "peer",
             "intercept",
             "metrics",

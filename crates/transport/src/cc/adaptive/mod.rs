@@ -32,7 +32,7 @@ mod sent_log;
 
 use std::time::{Duration, Instant};
 
-use super::delivery::{DeliveryMeter, Rate};
+use super::delivery::{DeliveryMeter, Rate, SentMark};
 use super::evidence::QueueEvidence;
 use super::jitter::JitterMeter;
 use super::{AckSummary, AckedPacket, CapacityStats, CongestionController, SentInfo};
@@ -147,6 +147,12 @@ const RATE_CLUMPS: u32 = 4;
 /// ... and an overload does not take the estimate below the delivery rate over this many
 /// evidence spans (and twice `RATE_CLUMPS` clump periods).
 const KEPT_UP_SPANS: u32 = 4;
+/// A busy span that delivered at least this share of what its packets were sent at showed a
+/// path that carried what it was given: a delay that wanders stretches the ACKs by its slope
+/// (up to 8 % with the simulator's wander at ±30 ms), while a bottleneck we overran delivers
+/// its capacity, an ACM step's 1/2–1/4 of the pace. A drain judged needless after only such
+/// spans gives back the estimate they cut.
+const DELIVERED_ALL: f64 = 0.9;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
 const MAX_CUT: f64 = 4.0;
@@ -236,6 +242,11 @@ pub struct Adaptive {
     drained_queue: Duration,
     /// When the drain began, and the queue then: how fast the queue the drain saw grew.
     drain_began: Option<(Instant, Duration)>,
+    /// The estimate before the overloads since the last drain was judged: a drain judged
+    /// needless gives it back, unless one of their busy spans delivered clearly less than its
+    /// packets were sent at (`overran`).
+    before_drain: f64,
+    overran: bool,
     /// The next packet leaves after a drain: the gap before it is ours, not the path's.
     resuming: bool,
     probe: Option<Probe>,
@@ -247,11 +258,15 @@ pub struct Adaptive {
     /// ... and the first such probe goes with the first full-size packet, not waiting for
     /// the probe schedule.
     verify_now: bool,
+    /// The last probe succeeded: on a slotted path the next goes at the usual gain.
+    probe_found_more: bool,
     next_pn: u64,
     /// A pause the pacer owes after a probe.
     pause: Option<Duration>,
     /// The ACK being processed acknowledged a packet sent after an idle gap.
     event_app_limited: bool,
+    /// ... and when the latest packet it acknowledged was sent, with the bytes sent up to it.
+    event_sent: Option<SentMark>,
     last_sent: Option<Instant>,
     last_app_limited: Option<Instant>,
     sent_log: SentLog,
@@ -292,15 +307,19 @@ impl Adaptive {
             judging_drain: false,
             drained_queue: Duration::ZERO,
             drain_began: None,
+            before_drain: ceiling,
+            overran: false,
             resuming: false,
             probe: None,
             next_probe_at: None,
             probe_interval: Duration::ZERO,
             verify_train: false,
             verify_now: false,
+            probe_found_more: false,
             next_pn: 0,
             pause: None,
             event_app_limited: false,
+            event_sent: None,
             last_sent: None,
             last_app_limited: None,
             sent_log: SentLog::default(),
@@ -423,21 +442,31 @@ impl Adaptive {
         if matches!(self.state, State::Drain { .. }) {
             return;
         }
-        if self.another_senders_queue(now, rtt) {
+        // A probe's own queue says nothing of another sender's: on a slotted path a probe
+        // spans several frames, longer than the evidence span, and overloads as it fails.
+        let probing = self.probe.as_ref().is_some_and(|p| !p.train);
+        if !probing && self.another_senders_queue(now, rtt) {
             self.compete(now, rtt);
             return;
         }
         let from = self.estimate;
         self.busy_rates.clear();
+        // Overloads while the last drain is still being judged are one episode: a needless
+        // one gives back the estimate from before the first.
+        if !self.judging_drain {
+            self.before_drain = from;
+            self.overran = false;
+        }
         self.measure_busy_path(now, from, rtt);
         self.drained_queue = self.last_queue;
         self.drain_began = Some((now, self.last_queue));
         self.stats.drains += 1;
         // An overload while the train is being measured is the train's finding, and as
         // open to the host's timing as its own verdict; a later one is the path's.
-        self.verify_train = self.probe.is_some_and(|p| p.train);
+        self.verify_train = self.probe.as_ref().is_some_and(|p| p.train);
         self.verify_now = self.verify_train;
         self.probe = None;
+        self.probe_found_more = false;
         self.pause = None;
         self.judging_drain = false;
         // With nothing new sent, what is ahead of the latest ACK only shrinks: the drain
@@ -464,7 +493,6 @@ impl Adaptive {
     /// overload cuts to a quarter of `from` (the estimate before it) at most.
     fn measure_busy_path(&mut self, now: Instant, from: f64, rtt: &RttEstimator) {
         let span = self.span(rtt);
-        let valid = |r: Option<Rate>| r.filter(|r| !r.app_limited).map(|r| r.bps);
         if self.jittery() {
             self.measure_busy_jittery(now, from, span);
             return;
@@ -476,7 +504,8 @@ impl Adaptive {
         if recent.is_none() && promised >= STALL_ACKS {
             return;
         }
-        let measured = match (valid(self.meter.rate(now, span)), valid(recent)) {
+        let whole = self.meter.rate(now, span);
+        let measured = match (self.busy_measure(whole), self.busy_measure(recent)) {
             // Delivered much faster lately than over the span: a stall in its older half.
             (Some(w), Some(r)) if r > w * STALL_RATIO => return,
             // The newer half's few ACKs bunch both ways: the lower keeps noise out.
@@ -490,6 +519,17 @@ impl Adaptive {
             let lowest = (from / MAX_CUT).max(self.floor());
             self.estimate = bps.max(lowest).min(self.ceiling);
         }
+    }
+
+    /// One busy-span rate: `None` across an idle gap of the sender's. A span that delivered
+    /// clearly less than its packets were sent at marks this overload as one that overran
+    /// the path (`overran`).
+    fn busy_measure(&mut self, r: Option<Rate>) -> Option<f64> {
+        let r = r.filter(|r| !r.app_limited)?;
+        if r.sent_bps.is_some_and(|sent| r.bps < sent * DELIVERED_ALL) {
+            self.overran = true;
+        }
+        Some(r.bps)
     }
 
     /// Whether the path's delay jitters or its ACKs come in clumps: measurements then need
@@ -516,8 +556,8 @@ impl Adaptive {
     /// window moves past it within the drain.
     fn measure_busy_jittery(&mut self, now: Instant, from: f64, span: Duration) {
         let window = span.max(self.meter.longest_gap() * RATE_CLUMPS);
-        if let Some(r) = self.meter.rate(now, window).filter(|r| !r.app_limited) {
-            self.busy_rates.add(r.bps);
+        if let Some(bps) = self.busy_measure(self.meter.rate(now, window)) {
+            self.busy_rates.add(bps);
         }
         let long = (span * KEPT_UP_SPANS).max(self.meter.longest_gap() * RATE_CLUMPS * 2);
         let kept_up = self
@@ -603,10 +643,12 @@ impl Adaptive {
                 .evidence
                 .standing_any(now, span)
                 .is_some_and(|q| q > self.q_high())
-            && self
-                .meter
-                .rate(now, span)
-                .is_some_and(|r| !r.app_limited && r.bps < self.estimate * DEFICIT)
+            && self.meter.rate(now, span).is_some_and(|r| {
+                // Against the pace the acknowledged packets left at: the ACKs of a round trip
+                // after the estimate rose, or of a probe's pause, still report the pace before.
+                let sent = r.sent_bps.map_or(self.estimate, |s| s.min(self.estimate));
+                !r.app_limited && r.bps < sent * DEFICIT
+            })
     }
 
     /// After a drain, a queue that stays is ours unless we are delivered what we send,
@@ -728,8 +770,12 @@ impl Adaptive {
         } else if competing {
             self.maybe_probe(now, rtt, false);
         } else if judging && !self.queue_is_ours(now, span, rtt) {
-            // The drain emptied a queue that was not there: a longer path, or jitter.
+            // The drain emptied a queue that was not there: a longer path, or jitter. The
+            // bottleneck was not busy, so what the drain measured was not its capacity.
             self.stats.needless_drains += 1;
+            if !self.overran {
+                self.estimate = self.estimate.max(self.before_drain.min(self.top(now)));
+            }
             self.rebase(now, q, rtt);
         } else {
             self.overload(now, rtt);
@@ -778,11 +824,19 @@ impl Adaptive {
             self.ceiling
         } else if self.competing(now) {
             (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
-        } else if self.meter.clumped() {
+        } else if self.meter.clumped() && !(self.meter.slotted() && self.probe_found_more) {
             // A probe lengthened to span several clumps of ACKs goes at a gain that leaves
-            // no more queue than an ordinary one when the path cannot carry it.
+            // no more queue than an ordinary one when the path cannot carry it, or than one
+            // slot frame on a slotted path (a frame's wait is what the path's jitter is
+            // there); on a slotted path after one that found capacity (an ACM step is 2–4×)
+            // at the usual gain.
             let len = self.probe_len(self.estimate * PROBE_GAIN, rtt);
-            let gain = (1.0 + PROBE_MAX.as_secs_f64() / len.as_secs_f64()).min(PROBE_GAIN);
+            let queue = if self.meter.slotted() {
+                PROBE_MAX.max(self.meter.longest_gap())
+            } else {
+                PROBE_MAX
+            };
+            let gain = (1.0 + queue.as_secs_f64() / len.as_secs_f64()).min(PROBE_GAIN);
             (self.estimate * gain).min(self.ceiling)
         } else {
             (self.estimate * PROBE_GAIN).min(self.ceiling)
@@ -791,7 +845,9 @@ impl Adaptive {
             rate,
             until: now + self.probe_len(rate, rtt),
         };
-        self.probe = Some(Probe::new(rate, self.next_pn, false));
+        let mut probe = Probe::new(rate, self.next_pn, false);
+        probe.slotted = self.meter.slotted();
+        self.probe = Some(probe);
         self.stats.probes += 1;
     }
 
@@ -822,11 +878,12 @@ impl Adaptive {
         let Some(p) = self.probe.as_mut() else {
             return;
         };
-        if !p.on_ack(at, delivered, summary.largest_acked) {
+        if !p.on_ack(now, at, delivered, summary.largest_acked) {
             return;
         }
-        let p = *p;
-        self.probe = None;
+        let Some(p) = self.probe.take() else {
+            return;
+        };
         if p.train {
             self.judge_train(&p, now, rtt);
         } else {
@@ -840,30 +897,57 @@ impl Adaptive {
         self.next_probe_at = Some(now + self.probe_interval);
     }
 
+    /// What a probe measured: the lower of its ACK rate and its delay rate (`None`: too few
+    /// ACKs to tell).
+    fn probe_rate(&self, p: &Probe, now: Instant) -> Option<f64> {
+        // Measured the way it was sent: the ACK pattern may change while it is out (a queue
+        // it builds fills the gaps between frames).
+        let (by_acks, by_delay) = if p.slotted {
+            // ACKs in clumps one frame apart: both measures leave out its first frame (the
+            // ACKs of its first packets share their clump with those sent before it) and its
+            // last (the pause after it leaves them waiting for the peer's timer); the ACK
+            // rate runs over its own ACKs from clump end to clump end, and the delay rate
+            // compares the least RTT of its first and last frame of packets, a frame being
+            // long enough to hold a packet that waited for no slot.
+            let period = self.meter.longest_gap();
+            let (from, to) = p.arrivals?;
+            let from = p.settled_from(period).unwrap_or(from).max(from);
+            let to = p.settled_until(period).unwrap_or(to).min(to);
+            let by_acks = self.meter.rate_between(from, to)?.bps;
+            let noise = self.path_jitter() * JITTER_ALLOWANCE;
+            (by_acks, p.growth_over(period, noise).map(|(_, d)| d))
+        } else {
+            let v = p.verdict(false, 4 * self.mtu, self.growth_noise(p))?;
+            let mut by_acks = v.by_acks;
+            if self.meter.clumped() {
+                // Its ACKs came in clumps: the rate from clump end to clump end.
+                let window = p
+                    .first_ack_at()
+                    .map(|t| now.saturating_duration_since(t) + self.meter.longest_gap());
+                if let Some(r) = window.and_then(|w| self.meter.rate(now, w)) {
+                    by_acks = r.bps;
+                }
+            }
+            (by_acks, v.by_delay)
+        };
+        // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
+        // lower counts.
+        Some(by_delay.map_or(by_acks, |d| d.min(by_acks)))
+    }
+
     fn judge_probe(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let noise = self.growth_noise(p);
-        let Some(mut v) = p.verdict(false, 4 * self.mtu, noise) else {
+        let Some(rate) = self.probe_rate(p, now) else {
             // Too few ACKs to tell: try again later.
             self.backoff(now, rtt);
             return;
         };
-        if self.meter.clumped() {
-            // Its ACKs came in clumps: the rate from clump end to clump end.
-            let window = p
-                .first_ack_at()
-                .map(|t| now.saturating_duration_since(t) + self.meter.longest_gap());
-            if let Some(r) = window.and_then(|w| self.meter.rate(now, w)) {
-                v.by_acks = r.bps;
-            }
-        }
-        // ACKs bunching up make the ACK rate high, a delayed ACK the delay rate low: the
-        // lower counts.
-        let rate = v.by_delay.map_or(v.by_acks, |d| d.min(v.by_acks));
         if !p.app_limited || rate >= p.rate * PROBE_SUCCESS {
             self.verify_train = false;
         }
+        self.probe_found_more = false;
         if rate >= p.rate * PROBE_SUCCESS {
             // The path carried all of it: probe again at once.
+            self.probe_found_more = true;
             self.estimate = self.estimate.max(p.rate.min(rate)).min(self.top(now));
             self.probe_interval = Duration::ZERO;
             self.next_probe_at = None;
@@ -1041,6 +1125,10 @@ impl CongestionController for Adaptive {
         let Some(sample) = acked.rtt_sample else {
             return;
         };
+        self.event_sent = self.sent_log.total_through(acked.pn).map(|total| SentMark {
+            at: acked.sent_at,
+            total,
+        });
         if let Some(p) = self.probe.as_mut() {
             p.on_sample(acked.pn, (acked.sent_at, sample));
         }
@@ -1084,8 +1172,8 @@ impl CongestionController for Adaptive {
         if self.judging_drain && summary.largest_acked >= self.resumed_pn {
             self.resumed_acked_at.get_or_insert(now);
         }
-        self.meter
-            .mark(now, std::mem::take(&mut self.event_app_limited));
+        let app_limited = std::mem::take(&mut self.event_app_limited);
+        self.meter.mark(now, app_limited, self.event_sent.take());
         self.follow_probe(now, &summary, rtt);
         self.end_probe_if_due(now, rtt);
         if let State::Drain { until, from } = self.state {
@@ -1182,7 +1270,7 @@ mod tests {
         a.on_established(t0);
         assert!(a.wants_padding());
         // The new association numbers from 0, and so do the train and what is ahead.
-        assert_eq!(a.probe.map(|p| p.first_pn), Some(0));
+        assert_eq!(a.probe.as_ref().map(|p| p.first_pn), Some(0));
         for pn in 0..5 {
             a.on_sent(t0, sent(pn), &rtt);
         }

@@ -11,7 +11,7 @@ type Dated = (Instant, u64);
 /// An RTT sample of one of the probe's packets: (sent at, RTT).
 type Sample = (Instant, Duration);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Probe {
     /// The rate it was sent at.
     pub rate: f64,
@@ -20,6 +20,9 @@ pub struct Probe {
     pub last_pn: Option<u64>,
     /// The establishment train: its result may lower the estimate.
     pub train: bool,
+    /// It went out on a slotted path: it spans several frames and is measured from its
+    /// first whole frame to its last.
+    pub slotted: bool,
     /// Some of it went out after an idle gap: it can show more capacity, never less.
     pub app_limited: bool,
     /// When its first and latest packets left.
@@ -29,6 +32,11 @@ pub struct Probe {
     start: Option<Dated>,
     end: Option<Dated>,
     before_end: Option<Dated>,
+    /// When the first ACK of its packets and the latest that acknowledged nothing sent
+    /// after it arrived (not less the ACK delay): where its ACKs lie in the delivery meter.
+    pub arrivals: Option<(Instant, Instant)>,
+    /// Every RTT sample of its packets, in the order they came (at most `KEEP_SAMPLES`).
+    samples: Vec<Sample>,
     /// RTT samples of its packet with the least RTT (its earliest, unless that one's ACK
     /// waited on the way back: the queue only grows while a probe sends above the path's
     /// rate), its latest, and the one before the latest.
@@ -65,6 +73,9 @@ impl Probe {
             start: None,
             end: None,
             before_end: None,
+            slotted: false,
+            arrivals: None,
+            samples: Vec::new(),
             low_sample: None,
             last_sample: None,
             before_last_sample: None,
@@ -72,7 +83,6 @@ impl Probe {
         }
     }
 
-    /// When the first ACK of its packets arrived (less the ACK delay reported).
     pub fn first_ack_at(&self) -> Option<Instant> {
         self.start.map(|(at, _)| at)
     }
@@ -104,6 +114,9 @@ impl Probe {
         if let Some((_, last)) = self.last_sample {
             self.largest_fall = self.largest_fall.max(last.saturating_sub(sample.1));
         }
+        if self.samples.len() < KEEP_SAMPLES {
+            self.samples.push(sample);
+        }
         self.before_last_sample = self.last_sample;
         self.last_sample = Some(sample);
     }
@@ -112,11 +125,19 @@ impl Probe {
     /// `largest_acked`). Returns whether the probe is finished. Only ACKs within its packets
     /// count: the one that also acknowledges packets sent after it may have waited for
     /// them.
-    pub fn on_ack(&mut self, at: Instant, delivered: u64, largest_acked: u64) -> bool {
+    pub fn on_ack(
+        &mut self,
+        arrived: Instant,
+        at: Instant,
+        delivered: u64,
+        largest_acked: u64,
+    ) -> bool {
         if largest_acked < self.first_pn {
             return false;
         }
         if self.last_pn.is_none_or(|l| largest_acked <= l) {
+            let first = self.arrivals.map_or(arrived, |(a, _)| a);
+            self.arrivals = Some((first, arrived));
             if self.start.is_none() {
                 self.start = Some((at, delivered));
             } else {
@@ -166,7 +187,56 @@ impl Probe {
             growth,
         })
     }
+
+    /// When the ACK of the first of its packets sent at least `skip` after its first
+    /// arrived: where a measurement that leaves out its first stretch starts.
+    pub fn settled_from(&self, skip: Duration) -> Option<Instant> {
+        let (first, _) = self.sent?;
+        self.samples
+            .iter()
+            .find(|s| s.0 >= first + skip)
+            .map(|&(at, rtt)| at + rtt)
+    }
+
+    /// When the ACK of the last of its packets sent at least `skip` before its last arrived:
+    /// where a measurement that leaves out its last stretch ends (the packets the pause after
+    /// it leaves unacknowledged until the peer's timer, or the next packets, have them
+    /// acknowledged).
+    pub fn settled_until(&self, skip: Duration) -> Option<Instant> {
+        let (_, last) = self.sent?;
+        self.samples
+            .iter()
+            .filter(|s| s.0 + skip <= last)
+            .map(|&(at, rtt)| at + rtt)
+            .max()
+    }
+
+    /// How much the queue grew while it was sent, on a path whose ACKs come in clumps: the
+    /// least RTT of the packets sent in its last `window` less the least of those sent in its
+    /// first (a window as long as the clump period holds a packet that waited for no slot),
+    /// less `noise`; and the delay rate `R / (1 + g/t)` with `t` the time between the
+    /// windows' middles. `None` when it lasted less than two windows.
+    pub fn growth_over(&self, window: Duration, noise: Duration) -> Option<(Duration, f64)> {
+        let first = self.samples.iter().map(|s| s.0).min()?;
+        let last = self.samples.iter().map(|s| s.0).max()?;
+        let t = last.saturating_duration_since(first).checked_sub(window)?;
+        if t < window {
+            return None;
+        }
+        let least = |keep: &dyn Fn(Instant) -> bool| {
+            self.samples.iter().filter(|s| keep(s.0)).map(|s| s.1).min()
+        };
+        let early = least(&|at| at < first + window)?;
+        let late = least(&|at| at + window > last)?;
+        let growth = late.saturating_sub(early).saturating_sub(noise);
+        let rate = self.rate / (1.0 + growth.as_secs_f64() / t.as_secs_f64());
+        Some((growth, rate))
+    }
 }
+
+/// RTT samples a probe keeps: one per ACK, and a probe spans at most a few hundred
+/// milliseconds of them.
+const KEEP_SAMPLES: usize = 1024;
 
 #[cfg(test)]
 mod tests {
@@ -193,7 +263,7 @@ mod tests {
                 pn,
                 (sent, ms(600) + Duration::from_micros(500 * (pn - 100))),
             );
-            done = p.on_ack(t0 + ms(600 + 2 * k), delivered, pn);
+            done = p.on_ack(t0 + ms(600 + 2 * k), t0 + ms(600 + 2 * k), delivered, pn);
         }
         assert!(done);
         let v = p.verdict(false, 0, Duration::ZERO).expect("verdict");
@@ -238,12 +308,43 @@ mod tests {
         let ms = Duration::from_millis;
         let mut p = Probe::new(20e6, 10, false);
         p.last_pn = Some(19);
-        assert!(!p.on_ack(t0, 0, 9));
-        assert!(!p.on_ack(t0 + ms(1), 1000, 12));
-        assert!(!p.on_ack(t0 + ms(2), 2000, 16));
+        assert!(!p.on_ack(t0, t0, 0, 9));
+        assert!(!p.on_ack(t0 + ms(1), t0 + ms(1), 1000, 12));
+        assert!(!p.on_ack(t0 + ms(2), t0 + ms(2), 2000, 16));
         // Acknowledges 19 and the packets after it, held back by the peer's timer.
-        assert!(p.on_ack(t0 + ms(50), 5000, 25));
+        assert!(p.on_ack(t0 + ms(50), t0 + ms(50), 5000, 25));
         let v = p.verdict(false, 0, Duration::ZERO).expect("verdict");
         assert!((v.by_acks - 8e6).abs() < 1.0, "{v:?}");
+    }
+
+    #[test]
+    fn on_a_slotted_path_the_growth_runs_from_its_first_frame_to_its_last() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // A packet every millisecond for 160 ms into a path that carries half of it (the
+        // queue grows a millisecond per millisecond) and holds each packet for the next slot
+        // boundary, one every 40 ms from the first packet on.
+        let mut p = Probe::new(20e6, 0, false);
+        for t in 0..160u64 {
+            p.on_sent(t0 + ms(t), t, false);
+        }
+        p.last_pn = Some(159);
+        for t in 0..160u64 {
+            let wait = (40 - t % 40) % 40;
+            p.on_sample(t, (t0 + ms(t), ms(600 + t + wait)));
+        }
+        // Least RTT of packets sent in the first 40 ms: 600 (t = 0); in the last 40 ms:
+        // 720 (t = 120). The windows' middles are 119 ms apart.
+        let (growth, rate) = p.growth_over(ms(40), Duration::ZERO).expect("growth");
+        assert_eq!(growth, ms(120));
+        assert!((rate - 20e6 * 119.0 / 239.0).abs() < 1.0, "{rate}");
+        // The jitter allowed for comes off the growth.
+        assert_eq!(p.growth_over(ms(40), ms(20)).expect("growth").0, ms(100));
+        // Too short for two windows.
+        assert!(p.growth_over(ms(80), Duration::ZERO).is_none());
+        // Its first packet sent 40 ms in (t = 40) was acknowledged at 40 + 640; the latest
+        // acknowledgement of one sent 40 ms before its end (t <= 119) came at 119 + 720.
+        assert_eq!(p.settled_from(ms(40)), Some(t0 + ms(680)));
+        assert_eq!(p.settled_until(ms(40)), Some(t0 + ms(839)));
     }
 }

@@ -34,6 +34,15 @@ impl SentLog {
         }
     }
 
+    /// Bytes sent up to and including packet `pn`, while it is held (not yet forgotten).
+    pub fn total_through(&self, pn: u64) -> Option<u64> {
+        let i = pn.checked_sub(self.first_pn)?;
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.totals.get(i))
+            .copied()
+    }
+
     /// Bytes sent after packet `pn`. Numbers before the oldest held (already forgotten)
     /// count from it.
     pub fn bytes_after(&self, pn: u64) -> u64 {
