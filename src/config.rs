@@ -13,6 +13,7 @@ use serde::Deserialize;
 mod bounds;
 pub mod budget;
 mod cidr;
+pub mod classes;
 pub mod control;
 mod error;
 pub mod keys;
@@ -25,6 +26,7 @@ mod validate;
 mod warnings;
 
 pub use cidr::{parse_subnet, CidrError};
+pub use classes::{ClassEntry, Dscp, TrafficClasses};
 pub use control::ControlConfig;
 pub use error::{ConfigError, Diagnostic};
 pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, MAX_WORKERS, PAIR_PEER_NAME};
@@ -69,6 +71,9 @@ pub struct PepdConfig {
     /// [`PepdConfig::security`], not when the config is parsed.
     #[serde(default)]
     pub security: SecuritySection,
+    /// `[[class]]`: the traffic classes a peer's flows share its capacity by.
+    #[serde(default)]
+    pub class: Vec<ClassEntry>,
     /// Where each key was written, so validation and warnings can name lines. Empty for a
     /// config built in code.
     #[serde(skip)]
@@ -125,6 +130,29 @@ pub enum FailMode {
     Closed,
 }
 
+/// What the rules do with QUIC (UDP to `rules.quic_ports`) from the clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuicPolicy {
+    /// Routed like any other UDP, unaccelerated: it competes with pepd at the bottleneck.
+    Pass,
+    /// Answered with an ICMP port unreachable, so the client falls back to TCP at once.
+    Reject,
+    /// Dropped; the client falls back to TCP after its own QUIC timeout.
+    Drop,
+}
+
+impl QuicPolicy {
+    /// Its name in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuicPolicy::Pass => "pass",
+            QuicPolicy::Reject => "reject",
+            QuicPolicy::Drop => "drop",
+        }
+    }
+}
+
 /// Which TCP connections the interception rules (`pepd nft-rules`) divert to the
 /// `[intercept] listen` sockets, and the policy routing that delivers them locally.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -151,6 +179,13 @@ pub struct RulesConfig {
     /// Name of the nftables table (`table inet NAME`) the rules live in, so that two pepd
     /// instances on one host never replace each other's rules.
     pub table: String,
+    /// What happens to the clients' QUIC, whose TCP fallback pepd would accelerate.
+    pub quic: QuicPolicy,
+    /// The UDP destination ports `quic` covers.
+    pub quic_ports: Vec<u16>,
+    /// Destinations and sources `quic` never touches (VPNs and WebRTC on UDP 443).
+    #[serde(deserialize_with = "cidr::subnets")]
+    pub quic_exceptions: Vec<IpNet>,
 }
 
 impl Default for RulesConfig {
@@ -164,6 +199,9 @@ impl Default for RulesConfig {
             route_table: DEFAULT_ROUTE_TABLE,
             fail: FailMode::Open,
             table: DEFAULT_NFT_TABLE.to_owned(),
+            quic: QuicPolicy::Pass,
+            quic_ports: vec![DEFAULT_QUIC_PORT],
+            quic_exceptions: Vec::new(),
         }
     }
 }
@@ -171,6 +209,8 @@ impl Default for RulesConfig {
 pub const DEFAULT_TPROXY_MARK: u32 = 0x1;
 pub const DEFAULT_ROUTE_TABLE: u32 = 100;
 pub const DEFAULT_NFT_TABLE: &str = "pepd";
+/// HTTP/3's port.
+pub const DEFAULT_QUIC_PORT: u16 = 443;
 pub const DEFAULT_TUNNEL_PORT: u16 = 7400;
 
 /// Which end of the hop this gateway is. Decides the flow-id parity; the two ends of an
@@ -584,6 +624,7 @@ impl PepdConfig {
         };
         c.wire_overhead = ip_udp + 16;
         c.max_flows = self.limits.max_flows;
+        c.classes = TrafficClasses::of(self).transport();
         c.compression = match t.compression {
             CompressionMode::Off => None,
             CompressionMode::Auto => Some(pep_transport::CompressionOffer::zstd(

@@ -92,3 +92,85 @@ fn byte_and_flow_counters_match_the_traffic_sent() {
         assert_eq!(value(s, aead, Some(("aead", other))), 0.0);
     }
 }
+
+/// Reads `up` bytes and writes `down` back on each of `count` connections, one after the
+/// other.
+fn serve_exchanges(listener: std::net::TcpListener, count: usize, up: u64, down: u64) {
+    std::thread::spawn(move || {
+        for _ in 0..count {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            if read_digest(&mut s, up).is_err() {
+                return;
+            }
+            let _ = write_pattern(&mut s, 3, 1, down);
+        }
+    });
+}
+
+#[test]
+fn flows_are_classed_by_the_client_s_dscp_at_both_gateways() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let mut o = options();
+    o.extra_toml = "[[class]]\nname = \"video\"\ndscp = [\"AF41\"]\npriority = true\n\
+                    max_rate = \"5M\"\n"
+        .into();
+    let tb = up(&link(20e6, 50), &o);
+    let server = SocketAddr::new(addr::server(false), 5003);
+    serve_exchanges(listen_in_server(&tb, server), 2, 100_000, 400_000);
+    // One connection marked AF41 by its client, one unmarked: the video class and the
+    // default class.
+    for (tos, up_n, down_n) in [
+        (Some(34u32 << 2), 100_000u64, 400_000u64),
+        (None, 100_000, 400_000),
+    ] {
+        let mut c = tb
+            .in_client(move || -> std::io::Result<std::net::TcpStream> {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+                if let Some(tos) = tos {
+                    s.set_tos(tos)?;
+                }
+                s.connect_timeout(&server.into(), Duration::from_secs(10))?;
+                Ok(s.into())
+            })
+            .expect("client namespace")
+            .expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        write_pattern(&mut c, 3, 0, up_n).expect("up");
+        read_digest(&mut c, down_n).expect("down");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (a, b) = (
+        scrape_metrics(&tb.names().gw_a),
+        scrape_metrics(&tb.names().gw_b),
+    );
+    for class in ["video", "default"] {
+        let c = Some(("class", class));
+        // The terminal classed the flow it intercepted, the hub the flow the terminal
+        // opened, each by the client's mark; each sent its direction's bytes in it.
+        assert_eq!(
+            value(&a, "pepd_class_flows_opened_total", c),
+            1.0,
+            "{class}"
+        );
+        assert_eq!(
+            value(&b, "pepd_class_flows_opened_total", c),
+            1.0,
+            "{class}"
+        );
+        assert_eq!(
+            value(&a, "pepd_class_sent_bytes_total", c),
+            100_000.0,
+            "{class}"
+        );
+        assert_eq!(
+            value(&b, "pepd_class_sent_bytes_total", c),
+            400_000.0,
+            "{class}"
+        );
+    }
+}

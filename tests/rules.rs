@@ -7,21 +7,26 @@
 //!   the rest is routed;
 //! - `fail = "open"` without a listener: they are routed to the server unproxied;
 //! - with a listener: the gateway accepts them, and the accepted socket's local address is
-//!   the server the client dialled.
+//!   the server the client dialled;
+//! - `quic = "reject"`: a client's UDP to port 443 is answered with an ICMP port
+//!   unreachable (ECONNREFUSED on its connected socket); `"drop"`: it vanishes; `"pass"`: it
+//!   is forwarded; an exception, a bypassed subnet, the gateway's own address, the tunnel's
+//!   datagrams and UDP from the server side are untouched under every policy.
 //!
 //! ```text
 //! client eth0 ── lan0 gateway wan0 ── eth0 server
-//! 198.18.50.2    198.18.50.1  198.18.51.1   198.18.51.2, .3
+//! 198.18.50.2    198.18.50.1  198.18.51.1   198.18.51.2 to .5
 //! fd00:198:18:50::2  ::1      fd00:198:18:51::1  ::2
 //! ```
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,6 +41,14 @@ const SERVER_V4: &str = "198.18.51.2";
 const SERVER_V6: &str = "fd00:198:18:51::2";
 /// A second server address, listed in `bypass_subnets`.
 const BYPASSED_V4: &str = "198.18.51.3";
+/// A third, listed in `quic_exceptions` (a VPN server on UDP 443).
+const EXCEPTION_V4: &str = "198.18.51.4";
+/// A fourth: the peer gateway, whose tunnel port is 443.
+const PEER_V4: &str = "198.18.51.5";
+const QUIC_PORT: u16 = 443;
+/// The gateway's own tunnel port, and its mark (`intercept.own_mark`'s default).
+const TUNNEL_PORT: u16 = 7400;
+const OWN_MARK: u32 = 0x2;
 const TPROXY_PORT: u16 = 7000;
 /// The port the rules select; the server also listens on an unselected one.
 const SELECTED: u16 = 80;
@@ -184,7 +197,13 @@ fn topology(test: &str) -> Topology {
         (
             &t.server,
             "eth0",
-            &["198.18.51.2/24", "198.18.51.3/24", "fd00:198:18:51::2/64"],
+            &[
+                "198.18.51.2/24",
+                "198.18.51.3/24",
+                "198.18.51.4/24",
+                "198.18.51.5/24",
+                "fd00:198:18:51::2/64",
+            ],
         ),
     ];
     for (ns, dev, list) in addrs {
@@ -576,6 +595,30 @@ fn nft_rules_cli() {
         run(pepd_bin(), &["nft-rules", "-c", p, "--routes"]),
         pepd::control::rules::routes_script(&cfg)
     );
+    // Each QUIC policy: the CLI prints the ruleset the unit tests pin, with its verdict.
+    for (quic, verdict) in [
+        ("pass", None),
+        (
+            "reject",
+            Some("\t\tcounter reject with icmpx type port-unreachable\n"),
+        ),
+        ("drop", Some("\t\tcounter drop\n")),
+    ] {
+        std::fs::write(&path, quic_config(quic)).expect("write");
+        let cfg = PepdConfig::load(&path).expect("config");
+        let printed = run(pepd_bin(), &["nft-rules", "-c", p]);
+        assert_eq!(printed, pepd::control::rules::nft_ruleset(&cfg), "{quic}");
+        match verdict {
+            Some(v) => assert!(
+                printed.contains(v)
+                    && printed.contains(
+                        "\t\tiifname \"lan0\" udp dport 443 ct direction original jump quic\n"
+                    ),
+                "{quic}: {printed}"
+            ),
+            None => assert!(!printed.contains("udp"), "{printed}"),
+        }
+    }
     std::fs::write(&path, config("ajar")).expect("write");
     let out = Command::new(pepd_bin())
         .args(["nft-rules", "-c", p])
@@ -590,4 +633,240 @@ fn nft_rules_cli() {
             "pepd: {p} line 7: `rules.fail`: unknown value `ajar`, expected `open` or `closed`\n"
         )
     );
+}
+
+/// A gateway config refusing QUIC as `quic` says, with an exception, and the peer's tunnel
+/// on UDP 443.
+fn quic_config(quic: &str) -> String {
+    format!(
+        "[intercept]
+listen = [\"0.0.0.0:{TPROXY_PORT}\", \"[::]:{TPROXY_PORT}\"]
+[rules]
+interfaces = [\"lan0\"]
+ports = [{SELECTED}, {QUIC_PORT}]
+bypass_subnets = [\"{BYPASSED_V4}/32\"]
+quic = \"{quic}\"
+quic_exceptions = [\"{EXCEPTION_V4}/32\"]
+[peer]
+address = \"{PEER_V4}:{QUIC_PORT}\"
+bind = \"0.0.0.0:{TUNNEL_PORT}\"
+side = \"terminal\"
+[link]
+tx_rate = \"2M\"
+rx_rate = \"10M\"
+"
+    )
+}
+
+/// A UDP socket bound to `addr` in the calling thread's namespace, reads timing out.
+fn udp(addr: SocketAddr) -> UdpSocket {
+    let s = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    s
+}
+
+/// What became of one datagram a connected UDP socket sent.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// The peer's reply came back.
+    Reply,
+    /// The socket got ECONNREFUSED: an ICMP port unreachable came back.
+    Refused,
+    /// Nothing within the read timeout.
+    Silence,
+}
+
+/// Sends one datagram from a socket in `from` connected to `to`, and reads one answer;
+/// with how long the answer took.
+fn exchange_udp(from: &Netns, to: SocketAddr) -> (Answer, Duration) {
+    from.run(move || {
+        let local: SocketAddr = if to.is_ipv4() {
+            "0.0.0.0:0".parse().expect("addr")
+        } else {
+            "[::]:0".parse().expect("addr")
+        };
+        let s = udp(local);
+        s.connect(to).expect("connect");
+        let started = Instant::now();
+        s.send(b"quic?").expect("send");
+        let mut buf = [0u8; 64];
+        let answer = match s.recv(&mut buf) {
+            Ok(n) => {
+                assert_eq!(&buf[..n], b"reply");
+                Answer::Reply
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => Answer::Refused,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                Answer::Silence
+            }
+            Err(e) => panic!("recv from {to}: {e}"),
+        };
+        (answer, started.elapsed())
+    })
+}
+
+/// Sockets in `ns` on `addrs` that answer every datagram with "reply" until dropped, and
+/// count what they were sent.
+struct Echo {
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+    seen: Arc<Mutex<Vec<(SocketAddr, SocketAddr)>>>,
+}
+
+impl Echo {
+    fn start(ns: &Netns, addrs: &[SocketAddr], mark: Option<u32>) -> Echo {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        for &addr in addrs {
+            let sock = ns.run(move || {
+                let s = udp(addr);
+                if let Some(m) = mark {
+                    socket2::SockRef::from(&s).set_mark(m).expect("SO_MARK");
+                }
+                s.set_read_timeout(Some(Duration::from_millis(20)))
+                    .expect("timeout");
+                s
+            });
+            let (stop, seen) = (stop.clone(), seen.clone());
+            threads.push(thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((_, from)) = sock.recv_from(&mut buf) {
+                        seen.lock().expect("seen").push((addr, from));
+                        let _ = sock.send_to(b"reply", from);
+                    }
+                }
+            }));
+        }
+        Echo {
+            stop,
+            threads,
+            seen,
+        }
+    }
+
+    /// The datagrams `addr` was sent, by sender.
+    fn seen_at(&self, addr: SocketAddr) -> Vec<SocketAddr> {
+        let seen = self.seen.lock().expect("seen");
+        seen.iter()
+            .filter(|(a, _)| *a == addr)
+            .map(|(_, f)| *f)
+            .collect()
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The rules unit's reload, once per policy: the clients' QUIC is refused at once with
+/// `reject`, vanishes with `drop`, and is forwarded with `pass`; what the policy must not
+/// touch passes under every one of them.
+#[test]
+fn quic_policy_refuses_the_clients_quic_and_nothing_else() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let t = topology("quic");
+    let path = t.dir.join("pepd-quic.toml");
+    let server = Echo::start(
+        &t.server,
+        &[
+            sa(SERVER_V4, QUIC_PORT),
+            sa(SERVER_V6, QUIC_PORT),
+            sa(SERVER_V4, 8443),
+            sa(BYPASSED_V4, QUIC_PORT),
+            sa(EXCEPTION_V4, QUIC_PORT),
+            sa(PEER_V4, QUIC_PORT),
+        ],
+        None,
+    );
+    // On the gateway: a service on its own address, and its tunnel socket (pepd's mark).
+    let gateway_own = Echo::start(&t.gw, &[sa("198.18.50.1", QUIC_PORT)], None);
+    let tunnel_socket = sa("198.18.51.1", TUNNEL_PORT);
+    // And a client's own UDP 443, which the server side sends to.
+    let client_own = Echo::start(&t.client, &[sa(CLIENT_V4, QUIC_PORT)], None);
+
+    for quic in ["reject", "drop", "pass", "reject"] {
+        std::fs::write(&path, quic_config(quic)).expect("write config");
+        t.apply_rules(&path, "start");
+        let cfg = PepdConfig::load(&path).expect("config");
+        // The self-check finds the policy the config names in the table the unit loaded.
+        let warnings =
+            t.gw.run(move || pepd::control::selfcheck::startup_checks(&cfg));
+        assert_eq!(warnings, Vec::<String>::new(), "{quic}");
+
+        for to in [sa(SERVER_V4, QUIC_PORT), sa(SERVER_V6, QUIC_PORT)] {
+            let before = server.seen_at(to).len();
+            let (answer, took) = exchange_udp(&t.client, to);
+            let forwarded = server.seen_at(to).len() - before;
+            match quic {
+                "reject" => {
+                    assert_eq!(answer, Answer::Refused, "{quic} {to}");
+                    // The ICMP error crosses one veth hop: far below any QUIC timeout.
+                    assert!(took < Duration::from_millis(250), "{to}: {took:?}");
+                    eprintln!("quic = \"reject\": {to} refused after {took:?}");
+                    assert_eq!(forwarded, 0);
+                }
+                "drop" => {
+                    assert_eq!(answer, Answer::Silence, "{quic} {to}");
+                    assert_eq!(forwarded, 0);
+                }
+                _ => {
+                    assert_eq!(answer, Answer::Reply, "{quic} {to}");
+                    assert_eq!(forwarded, 1);
+                }
+            }
+        }
+        // Untouched under every policy: another port, a bypassed subnet, an exception, the
+        // peer's tunnel endpoint and this gateway's own address.
+        for to in [
+            sa(SERVER_V4, 8443),
+            sa(BYPASSED_V4, QUIC_PORT),
+            sa(EXCEPTION_V4, QUIC_PORT),
+            sa(PEER_V4, QUIC_PORT),
+            sa("198.18.50.1", QUIC_PORT),
+        ] {
+            assert_eq!(exchange_udp(&t.client, to).0, Answer::Reply, "{quic} {to}");
+        }
+        // The tunnel's own datagrams: from the gateway's marked socket to the peer's 443
+        // and back.
+        let tunnel = t.gw.run(move || {
+            let s = udp(tunnel_socket);
+            socket2::SockRef::from(&s)
+                .set_mark(OWN_MARK)
+                .expect("SO_MARK");
+            s.send_to(b"tunnel", sa(PEER_V4, QUIC_PORT)).expect("send");
+            let mut buf = [0u8; 64];
+            s.recv_from(&mut buf)
+                .map(|(n, from)| (buf[..n].to_vec(), from))
+        });
+        let (reply, from) = tunnel.expect("the tunnel's datagram was answered");
+        assert_eq!(
+            (reply.as_slice(), from),
+            (&b"reply"[..], sa(PEER_V4, QUIC_PORT))
+        );
+        // UDP 443 from the server side to a client is not the clients' QUIC.
+        let back = t.server.run(|| {
+            let s = udp("0.0.0.0:0".parse().expect("addr"));
+            s.send_to(b"quic?", sa(CLIENT_V4, QUIC_PORT)).expect("send");
+            let mut buf = [0u8; 64];
+            s.recv(&mut buf).map(|n| buf[..n].to_vec())
+        });
+        assert_eq!(back.expect("the client answered"), b"reply", "{quic}");
+    }
+    assert!(!gateway_own.seen_at(sa("198.18.50.1", QUIC_PORT)).is_empty());
+    assert!(!client_own.seen_at(sa(CLIENT_V4, QUIC_PORT)).is_empty());
+    // The counter on the refusing rule saw the refused datagrams (2 of the last round).
+    let listed =
+        t.gw.exec("nft", &["list", "chain", "inet", "pepd", "quic"], None);
+    assert!(listed.contains("counter packets 2 "), "{listed}");
+    t.apply_rules(&path, "stop");
 }

@@ -256,7 +256,7 @@ fn unknown_key_names_key_and_exact_line() {
 fn unknown_section_and_nested_keys() {
     const SECTIONS: &str = "(expected one of `log`, `intercept`, `rules`, `peer`, `tunnel`, \
                             `link`, `transport`, `limits`, `timeouts`, `upstream`, \
-                            `metrics`, `control`, `shutdown`, `security`)";
+                            `metrics`, `control`, `shutdown`, `security`, `class`)";
     assert_parse_error(
         &min_with("\n\n[tuning]\n"),
         Some("tuning"),
@@ -962,7 +962,7 @@ fn every_key_in_the_example_is_documented() {
             count += 1;
         }
     }
-    assert_eq!(count, 50, "every key of the schema");
+    assert_eq!(count, 53, "every key of the schema");
     // The `[[peer]]` form's keys, in config/hub-spoke.toml, which sets every one.
     let root = toml::de::DeTable::parse(HUB_SPOKE).expect("toml");
     let mut list_keys = std::collections::BTreeSet::new();
@@ -1633,4 +1633,190 @@ fn control_socket_must_be_an_absolute_file_path_a_socket_address_holds() {
     );
     let unknown = parse_err(&min_with("[control]\npath = \"/run/pepd/x.sock\"\n"));
     assert_eq!(unknown.key.as_deref(), Some("control.path"), "{unknown}");
+}
+
+#[test]
+fn quic_validation() {
+    let p = invalid(&min_with(
+        "[rules]
+quic = \"reject\"
+quic_ports = [443, 0, 443]
+quic_exceptions = [\"198.18.7.1/24\"]
+",
+    ));
+    let got: Vec<String> = p.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        got,
+        [
+            "test.toml line 9: `rules.quic_ports[1]` must be a port from 1 to 65535, not 0",
+            "test.toml line 9: `rules.quic_ports[2]` (443) is listed twice",
+            "test.toml line 10: `rules.quic_exceptions[0]` (198.18.7.1/24) has bits set after \
+             the prefix: write 198.18.7.0/24",
+        ]
+    );
+    assert_only(
+        &invalid(&min_with("[rules]\nquic_ports = []\n")),
+        "rules.quic_ports",
+        at(8),
+    );
+    assert_eq!(
+        parse_err(&min_with("[rules]\nquic = \"block\"\n")).to_string(),
+        "test.toml line 8: `rules.quic`: unknown value `block`, expected one of `pass`, \
+         `reject`, `drop`"
+    );
+    let c = PepdConfig::parse(&min_with("[rules]\nquic = \"drop\"\n")).expect("ok");
+    assert_eq!(c.rules.quic, QuicPolicy::Drop);
+    assert_eq!(c.rules.quic_ports, [443]);
+    assert_eq!(
+        PepdConfig::parse(MIN).expect("ok").rules.quic,
+        QuicPolicy::Pass
+    );
+}
+
+#[test]
+fn quic_warnings() {
+    let warnings = |extra: &str| {
+        PepdConfig::parse_named(&min_with(extra), "test.toml")
+            .expect("legal config")
+            .warnings()
+    };
+    // Refusing on ports whose TCP fallback is not intercepted.
+    assert_eq!(
+        warnings("[rules]\nports = [80]\nquic = \"reject\"\nquic_ports = [443, 80]\n"),
+        [
+            "test.toml line 9: `rules.quic` = \"reject\" sends clients to TCP port 443 that \
+             `rules.ports` does not intercept: their fallback is not accelerated either"
+        ]
+    );
+    assert!(warnings("[rules]\nquic = \"reject\"\n").is_empty());
+    assert!(warnings("[rules]\nports = [443]\nquic = \"drop\"\n").is_empty());
+    // Settings a "pass" ignores.
+    assert_eq!(
+        warnings("[rules]\nquic_ports = [8443]\nquic_exceptions = [\"198.18.7.0/24\"]\n"),
+        [
+            "test.toml line 8: `rules.quic_ports` has no effect with `rules.quic = \"pass\"`",
+            "test.toml line 9: `rules.quic_exceptions` has no effect with `rules.quic = \
+             \"pass\"`",
+        ]
+    );
+    // At a hub.
+    let hub = PepdConfig::parse_named(
+        &HUB.replace("# quic = \"pass\"", "quic = \"reject\""),
+        "hub.toml",
+    )
+    .expect("hub");
+    let w = hub.warnings();
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert!(
+        w[0].ends_with(
+            "`rules.quic` = \"reject\" at a hub refuses QUIC from the hub's own client side \
+             only; the terminals' clients are best refused at each terminal, since a refusal \
+             at the hub costs them a satellite round trip per attempt"
+        ),
+        "{}",
+        w[0]
+    );
+}
+
+#[test]
+fn classes_parse_and_convert() {
+    let c = PepdConfig::parse(&min_with(
+        "[[class]]
+name = \"video\"
+dscp = [\"AF41\", 36]
+priority = true
+max_rate = \"5M\"
+[[class]]
+name = \"web\"
+ports = [80, 443]
+subnets = [\"198.18.3.0/24\"]
+weight = 3
+",
+    ))
+    .expect("legal config");
+    assert_eq!(c.class.len(), 2);
+    assert_eq!(c.class[0].dscp, [Dscp(34), Dscp(36)]);
+    let t = c.transport().classes;
+    assert_eq!(
+        t,
+        [
+            pep_transport::TrafficClass::default(),
+            pep_transport::TrafficClass {
+                weight: 1,
+                priority: true,
+                max_rate_bps: Some(5_000_000),
+            },
+            pep_transport::TrafficClass {
+                weight: 3,
+                priority: false,
+                max_rate_bps: None,
+            },
+        ]
+    );
+    // Without `[[class]]` the transport has no classes: every flow alike.
+    assert!(PepdConfig::parse(MIN)
+        .expect("ok")
+        .transport()
+        .classes
+        .is_empty());
+}
+
+#[test]
+fn classes_validation() {
+    let p = invalid(&min_with(
+        "[[class]]
+name = \"all\"
+[[class]]
+name = \"all\"
+dscp = [\"CS1\", 8]
+ports = [0]
+priority = true
+[[class]]
+name = \"default\"
+weight = 0
+",
+    ));
+    let got: Vec<String> = p.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        got,
+        [
+            "test.toml line 9: `class[1]` never takes a flow: `class[0]` (line 8) has no \
+             `dscp`, `ports` or `subnets` and takes every flow that reaches it; put it last",
+            "test.toml line 9: `class[1].max_rate` is required with `class[1].priority = true` \
+             (line 13): a priority class without a cap could starve every other class",
+            "test.toml line 10: `class[1].name` is also `class[0].name` (line 8): each class \
+             needs its own name",
+            "test.toml line 11: `class[1].dscp[1]` (CS1) is listed twice",
+            "test.toml line 12: `class[1].ports[0]` must be a port from 1 to 65535, not 0",
+            "test.toml line 14: `class[2]` never takes a flow: `class[0]` (line 8) has no \
+             `dscp`, `ports` or `subnets` and takes every flow that reaches it; put it last",
+            "test.toml line 15: `class[2].name` (\"default\") is the name of the class of the \
+             flows no `[[class]]` takes: give this one another",
+            "test.toml line 16: `class[2].weight` must be 1 to 1000, not 0",
+        ]
+    );
+    assert_eq!(
+        parse_err(&min_with("[[class]]\nname = \"x\"\ndscp = [\"AF44\"]\n")).to_string(),
+        "test.toml line 9: `class[0].dscp[0]`: invalid value: string \"AF44\", expected a \
+         DSCP: 0 to 63, or a name like \"AF41\", \"EF\" or \"CS1\""
+    );
+    // A cap above the link's rate, and priority caps that take all of it.
+    let c = PepdConfig::parse_named(
+        &min_with(
+            "[[class]]\nname = \"a\"\ndscp = [\"EF\"]\npriority = true\nmax_rate = \"3M\"\n\
+             [[class]]\nname = \"b\"\n",
+        ),
+        "test.toml",
+    )
+    .expect("legal config");
+    assert_eq!(
+        c.warnings(),
+        [
+            "test.toml line 7: `class` the priority classes' `max_rate`s add up to 3 Mbit/s, all of \
+             `link.tx_rate` (2 Mbit/s): while they send at their caps the other classes get \
+             nothing",
+            "test.toml line 11: `class[0].max_rate` (3 Mbit/s) is above `link.tx_rate` (2 \
+             Mbit/s): it caps nothing",
+        ]
+    );
 }

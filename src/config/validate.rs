@@ -2,7 +2,7 @@
 //! Every problem is collected, so an operator fixes a file in one round rather than one
 //! error per restart.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Display;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::bounds::{Bounded, Bounds};
+use super::classes::{DEFAULT_CLASS_NAME, MAX_CLASSES};
 use super::error::{sort_by_position, Position};
 use super::peers::{self, PeerEntry, MAX_NAME_LEN, MAX_PEERS};
 use super::units::approx;
@@ -129,6 +130,7 @@ impl PepdConfig {
         self.check_timeouts(&mut c);
         self.check_security(&mut c);
         self.check_control(&mut c);
+        self.check_classes(&mut c);
         if c.found.is_empty() {
             // Ours are stricter; this catches a rule the transport gains later.
             if let Err(e) = self.transport().validate() {
@@ -142,6 +144,100 @@ impl PepdConfig {
         let mut found = c.found;
         sort_by_position(&mut found);
         Err(ConfigError::Invalid(found))
+    }
+
+    fn check_classes(&self, c: &mut Checker<'_>) {
+        let classes = &self.class;
+        if classes.len() > MAX_CLASSES {
+            c.fail(
+                "class",
+                format!(
+                    "has {} entries; at most {MAX_CLASSES} are supported",
+                    classes.len()
+                ),
+            );
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        // The first entry without selectors takes every flow after it.
+        let mut catch_all: Option<usize> = None;
+        for (i, e) in classes.iter().enumerate() {
+            let key = |field: &str| format!("class[{i}].{field}");
+            if !peers::is_valid_name(&e.name) {
+                c.fail(
+                    &key("name"),
+                    format!(
+                        "({:?}) must be 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'",
+                        e.name
+                    ),
+                );
+            } else if e.name == DEFAULT_CLASS_NAME {
+                c.fail(
+                    &key("name"),
+                    "(\"default\") is the name of the class of the flows no `[[class]]` takes: \
+                     give this one another",
+                );
+            } else if let Some(first) = names.insert(&e.name, i) {
+                c.fail(
+                    &key("name"),
+                    format!(
+                        "is also `class[{first}].name` ({}): each class needs its own name",
+                        c.map.describe(&format!("class[{first}].name"))
+                    ),
+                );
+            }
+            if let Some(first) = catch_all {
+                c.fail_at(
+                    &format!("class[{i}]"),
+                    class_position(c, i),
+                    format!(
+                        "never takes a flow: `class[{first}]` ({}) has no `dscp`, `ports` or \
+                         `subnets` and takes every flow that reaches it; put it last",
+                        c.map.describe(&format!("class[{first}].name"))
+                    ),
+                );
+            } else if e.takes_everything() {
+                catch_all = Some(i);
+            }
+            let mut seen = HashSet::new();
+            for (j, d) in e.dscp.iter().enumerate() {
+                if !seen.insert(d.0) {
+                    c.fail(
+                        &format!("class[{i}].dscp[{j}]"),
+                        format!("({d}) is listed twice"),
+                    );
+                }
+            }
+            let mut seen = HashSet::new();
+            for (j, port) in e.ports.iter().enumerate() {
+                let k = format!("class[{i}].ports[{j}]");
+                if *port == 0 {
+                    c.fail(&k, "must be a port from 1 to 65535, not 0");
+                } else if !seen.insert(port) {
+                    c.fail(&k, format!("({port}) is listed twice"));
+                }
+            }
+            for (j, subnet) in e.subnets.iter().enumerate() {
+                c.check(
+                    !cidr::has_host_bits(subnet),
+                    &format!("class[{i}].subnets[{j}]"),
+                    host_bits(subnet),
+                );
+            }
+            c.range(&key("weight"), e.weight, 1..=MAX_WEIGHT);
+            if let Some(rate) = e.max_rate {
+                c.range(&key("max_rate"), rate, MIN_RATE..=MAX_RATE);
+            } else if e.priority {
+                c.fail_at(
+                    &key("max_rate"),
+                    class_position(c, i),
+                    format!(
+                        "is required with `class[{i}].priority = true` ({}): a priority class \
+                         without a cap could starve every other class",
+                        c.map.describe(&key("priority"))
+                    ),
+                );
+            }
+        }
     }
 
     fn check_control(&self, c: &mut Checker<'_>) {
@@ -227,9 +323,24 @@ impl PepdConfig {
                 c.fail(&key, format!("({port}) is listed twice"));
             }
         }
+        c.check(
+            !r.quic_ports.is_empty(),
+            "rules.quic_ports",
+            "must list at least one port (443 is HTTP/3's)",
+        );
+        let mut seen = HashSet::new();
+        for (i, port) in r.quic_ports.iter().enumerate() {
+            let key = format!("rules.quic_ports[{i}]");
+            if *port == 0 {
+                c.fail(&key, "must be a port from 1 to 65535, not 0");
+            } else if !seen.insert(port) {
+                c.fail(&key, format!("({port}) is listed twice"));
+            }
+        }
         for (list, subnets) in [
             ("rules.bypass_subnets", &r.bypass_subnets),
             ("rules.proxy_subnets", &r.proxy_subnets),
+            ("rules.quic_exceptions", &r.quic_exceptions),
         ] {
             for (i, subnet) in subnets.iter().enumerate() {
                 c.check(
@@ -864,6 +975,14 @@ fn check_keepalive(c: &mut Checker<'_>, key: &str, keepalive: Duration, outage_l
                 c.map.describe("transport.outage_limit"),
             ),
         );
+    }
+}
+
+/// Where the `[[class]]` entry `i` starts: its header.
+fn class_position(c: &Checker<'_>, i: usize) -> Position {
+    match c.map.position(&format!("class[{i}]")) {
+        Position::Default => Position::Document,
+        at => at,
     }
 }
 

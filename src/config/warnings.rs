@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::error::sort_by_position;
 use super::units::{approx, dur};
-use super::{CcModeName, LossDefault, Peers, PepdConfig, SecurityMode};
+use super::{CcModeName, LossDefault, Peers, PepdConfig, QuicPolicy, SecurityMode, Side};
 
 /// The round trip a flow buffer must cover to keep a GEO link busy (two hops up and down,
 /// plus ground segments and ACK delay).
@@ -41,6 +41,68 @@ impl PepdConfig {
                 "has no effect on a terminal: its one association runs on one worker".into(),
             ),
             _ => {}
+        }
+        let rules = &self.rules;
+        if rules.quic != QuicPolicy::Pass {
+            let policy = rules.quic.name();
+            if self.side() == Side::Hub {
+                warn(
+                    "rules.quic",
+                    format!(
+                        "= \"{policy}\" at a hub refuses QUIC from the hub's own client side \
+                         only; the terminals' clients are best refused at each terminal, since \
+                         a refusal at the hub costs them a satellite round trip per attempt"
+                    ),
+                );
+            }
+            if !rules.ports.is_empty() {
+                let missed: Vec<String> = rules
+                    .quic_ports
+                    .iter()
+                    .filter(|p| !rules.ports.contains(p))
+                    .map(ToString::to_string)
+                    .collect();
+                if !missed.is_empty() {
+                    warn(
+                        "rules.quic",
+                        format!(
+                            "= \"{policy}\" sends clients to TCP port {} that `rules.ports` \
+                             does not intercept: their fallback is not accelerated either",
+                            missed.join(", ")
+                        ),
+                    );
+                }
+            }
+        } else if map.contains("rules.quic_ports") || map.contains("rules.quic_exceptions") {
+            for key in ["rules.quic_ports", "rules.quic_exceptions"] {
+                if map.contains(key) {
+                    warn(key, "has no effect with `rules.quic = \"pass\"`".into());
+                }
+            }
+        }
+        let tx = self.link.tx_rate;
+        let mut priority_sum: u64 = 0;
+        for (i, class) in self.class.iter().enumerate() {
+            let Some(cap) = class.max_rate else { continue };
+            if class.priority {
+                priority_sum = priority_sum.saturating_add(cap.bps());
+            }
+            if cap > tx {
+                warn(
+                    &format!("class[{i}].max_rate"),
+                    format!("({cap}) is above `link.tx_rate` ({tx}): it caps nothing"),
+                );
+            }
+        }
+        if priority_sum >= tx.bps() && self.class.len() > 1 {
+            warn(
+                "class",
+                format!(
+                    "the priority classes' `max_rate`s add up to {}, all of `link.tx_rate` \
+                     ({tx}): while they send at their caps the other classes get nothing",
+                    super::BitRate(priority_sum)
+                ),
+            );
         }
         if let (true, Peers::List(entries)) = (self.redundant(), &self.peer) {
             for (i, e) in entries.iter().enumerate() {

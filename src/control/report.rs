@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::config::units::{approx, dur};
 use crate::config::{
     AeadSetting, BitRate, CcModeName, FailMode, LossDefault, OverLimit, PeerSpec, Peers,
-    PepdConfig, SecurityMode, Side,
+    PepdConfig, QuicPolicy, SecurityMode, Side,
 };
 
 impl PepdConfig {
@@ -65,6 +65,10 @@ impl PepdConfig {
             self.intercept.own_mark
         );
         let _ = writeln!(s, "rules:      {}", self.rules_summary());
+        let _ = writeln!(s, "quic:       {}", self.quic_summary());
+        for line in self.classes_summary() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
             "link:       tx {}, rx {}, MTU {} ({}-byte datagrams)",
@@ -195,6 +199,78 @@ impl PepdConfig {
                 )
             }
         }
+    }
+
+    /// A line per traffic class, e.g. "class:      video (dscp AF41): priority up to 5
+    /// Mbit/s, weight 1"; none without `[[class]]`.
+    fn classes_summary(&self) -> Vec<String> {
+        if self.class.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for c in &self.class {
+            let mut takes = Vec::new();
+            if !c.dscp.is_empty() {
+                let d: Vec<String> = c.dscp.iter().map(ToString::to_string).collect();
+                takes.push(format!("dscp {}", d.join(", ")));
+            }
+            if !c.ports.is_empty() {
+                let p: Vec<String> = c.ports.iter().map(ToString::to_string).collect();
+                takes.push(format!("port {}", p.join(", ")));
+            }
+            if !c.subnets.is_empty() {
+                let n: Vec<String> = c.subnets.iter().map(ToString::to_string).collect();
+                takes.push(format!("to {}", n.join(", ")));
+            }
+            let takes = if takes.is_empty() {
+                "every other flow".to_owned()
+            } else {
+                takes.join("; ")
+            };
+            let share = match (c.priority, c.max_rate) {
+                (true, Some(cap)) => format!("priority up to {cap}, weight {}", c.weight),
+                (_, Some(cap)) => format!("weight {}, at most {cap}", c.weight),
+                (_, None) => format!("weight {}", c.weight),
+            };
+            out.push(format!("class:      {} ({takes}): {share}", c.name));
+        }
+        if !self.class.iter().any(|c| c.takes_everything()) {
+            out.push(format!(
+                "class:      {} (every other flow): weight 1",
+                crate::config::classes::DEFAULT_CLASS_NAME
+            ));
+        }
+        out
+    }
+
+    /// One line on what the rules do with the clients' QUIC, e.g. "UDP to port 443 from lan0
+    /// rejected (ICMP port unreachable); 1 exception".
+    fn quic_summary(&self) -> String {
+        let r = &self.rules;
+        let ports = match r.quic_ports.as_slice() {
+            [one] => format!("port {one}"),
+            many => format!(
+                "ports {}",
+                many.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let verdict = match r.quic {
+            QuicPolicy::Pass => return format!("UDP to {ports} passes, unaccelerated"),
+            QuicPolicy::Reject => "rejected (ICMP port unreachable)",
+            QuicPolicy::Drop => "dropped",
+        };
+        let from = match r.interfaces.len() {
+            0 => "any interface".to_owned(),
+            _ => r.interfaces.join(", "),
+        };
+        let exceptions = match r.quic_exceptions.len() {
+            0 => String::new(),
+            n => format!("; {n} exception{}", if n == 1 { "" } else { "s" }),
+        };
+        format!("UDP to {ports} from {from} {verdict}{exceptions}")
     }
 
     /// One line on what `pepd nft-rules` intercepts, e.g. "TCP from lan0 to ports 80, 443;

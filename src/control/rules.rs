@@ -7,6 +7,14 @@
 //! route is `local default`, so it is delivered here instead of forwarded. Later packets of
 //! the connection find pepd's socket through `socket transparent 1` and take the same path.
 //!
+//! `quic = "reject"` or `"drop"`: a forward chain refuses the clients' UDP to `quic_ports`,
+//! selected as the TCP is (interfaces, families, bypass and proxy subnets), so that a browser
+//! falls back to TCP, which pepd accelerates. Forward, not prerouting: only traffic routed
+//! through this host is a client's on its way out; what is addressed to the host itself, and
+//! the tunnel's own datagrams (sent and received by this host), never pass there. The peers'
+//! tunnel endpoints are exempt all the same, for a pepd in a namespace or VM behind this
+//! host.
+//!
 //! `fail = "closed"`: when no listener exists, `tproxy` matches nothing and evaluation goes
 //! on with the next rule, which drops the packet. Doing this in prerouting, right after the
 //! `tproxy` rule, needs no second copy of the selectors in a forward chain and also holds
@@ -17,7 +25,7 @@ use std::net::SocketAddr;
 
 use ipnet::IpNet;
 
-use crate::config::{FailMode, PepdConfig};
+use crate::config::{FailMode, PepdConfig, QuicPolicy};
 
 /// An address family pepd intercepts, i.e. one it has a listener for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +196,9 @@ pub fn nft_ruleset(cfg: &PepdConfig) -> String {
     for (f, elements) in proxy.iter().filter(|(_, e)| !e.is_empty()) {
         write_set(&mut s, &format!("proxy{}", f.suffix()), *f, elements);
     }
+    if r.quic != QuicPolicy::Pass {
+        write_quic_sets(&mut s, cfg, &fams);
+    }
 
     let _ = write!(
         s,
@@ -265,8 +276,132 @@ pub fn nft_ruleset(cfg: &PepdConfig) -> String {
              \t\tdrop\n",
         );
     }
-    s.push_str("\t}\n}\n");
+    s.push_str("\t}\n");
+    if r.quic != QuicPolicy::Pass {
+        write_quic_chains(&mut s, cfg, &fams, &proxy);
+    }
+    s.push_str("}\n");
     s
+}
+
+/// The name of the chain that decides about one client's QUIC datagram; the self-check
+/// looks for its verdict.
+pub const QUIC_CHAIN: &str = "quic";
+
+/// The peers' tunnel endpoints of `family`, as `address . port` elements.
+fn tunnel_endpoints(cfg: &PepdConfig, family: Family) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for peer in cfg.peer_specs() {
+        let Some(a) = peer.address else { continue };
+        if a.is_ipv4() != (family == Family::V4) {
+            continue;
+        }
+        let element = format!("{} . {}", a.ip(), a.port());
+        if !out.contains(&element) {
+            out.push(element);
+        }
+    }
+    out
+}
+
+fn write_quic_sets(s: &mut String, cfg: &PepdConfig, fams: &[Family]) {
+    let r = &cfg.rules;
+    let _ = writeln!(
+        s,
+        "\t# rules.quic_exceptions: never touched by rules.quic, as destination or source."
+    );
+    for f in fams {
+        let elements: Vec<String> = r
+            .quic_exceptions
+            .iter()
+            .filter(|c| f.holds(c))
+            .map(ToString::to_string)
+            .collect();
+        write_set(s, &format!("quic_exceptions{}", f.suffix()), *f, &elements);
+    }
+    s.push_str("\t# The peers' tunnel endpoints (address . port): never touched by rules.quic.\n");
+    for f in fams {
+        let _ = write!(
+            s,
+            "\tset tunnel{} {{\n\t\ttype {} . inet_service\n",
+            f.suffix(),
+            f.set_type()
+        );
+        let elements = tunnel_endpoints(cfg, *f);
+        if !elements.is_empty() {
+            let _ = writeln!(s, "\t\telements = {{ {} }}", elements.join(", "));
+        }
+        s.push_str("\t}\n\n");
+    }
+}
+
+/// The forward chain that selects the clients' QUIC as the prerouting chain selects their
+/// TCP, and the chain that refuses it unless an exception holds.
+fn write_quic_chains(
+    s: &mut String,
+    cfg: &PepdConfig,
+    fams: &[Family],
+    proxy: &[(Family, Vec<String>)],
+) {
+    let r = &cfg.rules;
+    let mut select = Vec::new();
+    if let [only] = fams {
+        select.push(format!("meta nfproto {}", only.nfproto()));
+    }
+    if !r.interfaces.is_empty() {
+        let quoted: Vec<String> = r.interfaces.iter().map(|n| format!("\"{n}\"")).collect();
+        select.push(format!("iifname {}", nft_list(&quoted)));
+    }
+    let ports: Vec<String> = r.quic_ports.iter().map(ToString::to_string).collect();
+    select.push(format!("udp dport {}", nft_list(&ports)));
+    select.push("ct direction original".to_owned());
+    let why = match r.quic {
+        QuicPolicy::Reject => {
+            "gets an ICMP port unreachable, so that they fall back at once\n\
+             \t\t# to TCP, which pepd accelerates."
+        }
+        _ => {
+            "is dropped, so that they fall back to TCP, which pepd\n\
+             \t\t# accelerates, after their own QUIC timeout."
+        }
+    };
+    let _ = write!(
+        s,
+        "\n\tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\t# rules.quic = \"{}\": the clients' QUIC (UDP to rules.quic_ports from\n\
+         \t\t# rules.interfaces) {why}\n\
+         \t\t{} jump {QUIC_CHAIN}\n\
+         \t}}\n\n\
+         \tchain {QUIC_CHAIN} {{\n\
+         \t\t# Never the tunnel's datagrams, rules.bypass_subnets or rules.quic_exceptions.\n",
+        r.quic.name(),
+        select.join(" ")
+    );
+    for f in fams {
+        let (nft, suffix) = (f.nft(), f.suffix());
+        let _ = write!(
+            s,
+            "\t\t{nft} daddr . udp dport @tunnel{suffix} return\n\
+             \t\t{nft} saddr . udp sport @tunnel{suffix} return\n\
+             \t\t{nft} daddr @bypass{suffix} return\n\
+             \t\t{nft} saddr @bypass{suffix} return\n\
+             \t\t{nft} daddr @quic_exceptions{suffix} return\n\
+             \t\t{nft} saddr @quic_exceptions{suffix} return\n"
+        );
+    }
+    for (f, elements) in proxy {
+        if elements.is_empty() {
+            let _ = writeln!(s, "\t\tmeta nfproto {} return", f.nfproto());
+        } else {
+            let _ = writeln!(s, "\t\t{} daddr != @proxy{} return", f.nft(), f.suffix());
+        }
+    }
+    let verdict = match r.quic {
+        QuicPolicy::Reject => "reject with icmpx type port-unreachable",
+        _ => "drop",
+    };
+    let _ = writeln!(s, "\t\tcounter {verdict}\n\t}}");
 }
 
 fn write_set(s: &mut String, name: &str, family: Family, elements: &[String]) {

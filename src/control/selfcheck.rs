@@ -1,8 +1,9 @@
 //! Start-up self-check for the usual reasons intercepted connections never reach pepd: no
 //! `tproxy` rule for our listener, no policy routing for the mark, forwarding off, strict
-//! reverse-path filtering, no route to the peer. Every check is independent and only
-//! produces warnings: pepd may run with rules it cannot see (iptables-legacy, another
-//! network namespace), and a missing tool must not stop the gateway.
+//! reverse-path filtering, no route to the peer; and loaded rules that refuse the clients'
+//! QUIC otherwise than `rules.quic` says. Every check is independent and only produces
+//! warnings: pepd may run with rules it cannot see (iptables-legacy, another network
+//! namespace), and a missing tool must not stop the gateway.
 
 use std::collections::HashSet;
 use std::io;
@@ -11,7 +12,7 @@ use std::process::Command;
 
 use serde::Deserialize;
 
-use crate::config::{FailMode, Peers, PepdConfig};
+use crate::config::{FailMode, Peers, PepdConfig, QuicPolicy};
 use crate::control::rules::{self, Family};
 
 /// What a command printed.
@@ -136,6 +137,27 @@ pub struct Ruleset {
     pub xt_tproxy: bool,
     /// The names of the `inet` tables, where `pepd nft-rules` puts its rules.
     pub inet_tables: Vec<String>,
+    /// What the `quic` chain of each `inet` table that has one does in the end, by table.
+    pub quic: Vec<(String, QuicVerdict)>,
+}
+
+/// How a loaded `quic` chain ([`rules::QUIC_CHAIN`]) refuses the clients' QUIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuicVerdict {
+    Reject,
+    Drop,
+    /// The chain is there but neither rejects nor drops: it refuses nothing.
+    Neither,
+}
+
+impl QuicVerdict {
+    fn policy(self) -> Option<QuicPolicy> {
+        match self {
+            QuicVerdict::Reject => Some(QuicPolicy::Reject),
+            QuicVerdict::Drop => Some(QuicPolicy::Drop),
+            QuicVerdict::Neither => None,
+        }
+    }
 }
 
 impl Ruleset {
@@ -148,7 +170,33 @@ impl Ruleset {
                 ruleset.inet_tables.push(table.name.clone());
             }
         }
+        for object in &listing.nftables {
+            let Some(chain) = object.chain.as_ref() else {
+                continue;
+            };
+            if chain.family == "inet" && chain.name == rules::QUIC_CHAIN {
+                ruleset
+                    .quic
+                    .push((chain.table.clone(), QuicVerdict::Neither));
+            }
+        }
         for rule in listing.nftables.into_iter().filter_map(|o| o.rule) {
+            if rule.family == "inet" && rule.chain == rules::QUIC_CHAIN {
+                let verdict = if rule.expr.iter().any(|s| s.reject) {
+                    Some(QuicVerdict::Reject)
+                } else if rule.expr.iter().any(|s| s.drop) {
+                    Some(QuicVerdict::Drop)
+                } else {
+                    None
+                };
+                if let Some(v) = verdict {
+                    for (table, seen) in ruleset.quic.iter_mut() {
+                        if *table == rule.table && *seen == QuicVerdict::Neither {
+                            *seen = v;
+                        }
+                    }
+                }
+            }
             let mark = rule
                 .expr
                 .iter()
@@ -189,11 +237,19 @@ struct NftListing {
     nftables: Vec<NftObject>,
 }
 
-/// One of a listing's tables, chains, sets, rules…; only tables and rules are read.
+/// One of a listing's tables, chains, sets, rules…; only tables, chains and rules are read.
 #[derive(Deserialize)]
 struct NftObject {
     table: Option<NftTable>,
+    chain: Option<NftChain>,
     rule: Option<NftRule>,
+}
+
+#[derive(Deserialize)]
+struct NftChain {
+    family: String,
+    table: String,
+    name: String,
 }
 
 #[derive(Deserialize)]
@@ -206,6 +262,10 @@ struct NftTable {
 struct NftRule {
     family: String,
     #[serde(default)]
+    table: String,
+    #[serde(default)]
+    chain: String,
+    #[serde(default)]
     expr: Vec<NftStatement>,
 }
 
@@ -215,6 +275,18 @@ struct NftStatement {
     tproxy: Option<NftTproxy>,
     mangle: Option<NftMangle>,
     xt: Option<serde_json::Value>,
+    /// `{"reject": {...}}`, or `{"reject": null}` for the default type.
+    #[serde(default, deserialize_with = "present")]
+    reject: bool,
+    /// `{"drop": null}`.
+    #[serde(default, deserialize_with = "present")]
+    drop: bool,
+}
+
+/// True for a key that is there, whatever its value (`null` too).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d)?;
+    Ok(true)
 }
 
 /// `addr` and `port` are expressions: a literal, or a map looked up per packet.
@@ -356,6 +428,44 @@ fn check_nft(cfg: &PepdConfig, probe: &dyn Probe, w: &mut Vec<String>) {
              `rules.table` may have replaced them; give each instance its own table"
         ));
     }
+    if ruleset.inet_tables.contains(table) {
+        check_quic(cfg, &ruleset.quic, w);
+    }
+}
+
+/// Whether the loaded table refuses QUIC as `rules.quic` says; a table loaded before the
+/// setting changed does not.
+fn check_quic(cfg: &PepdConfig, loaded: &[(String, QuicVerdict)], w: &mut Vec<String>) {
+    let table = &cfg.rules.table;
+    let want = cfg.rules.quic;
+    // `None`: no `quic` chain (rules of `quic = "pass"`, or from before the setting).
+    let loaded = loaded
+        .iter()
+        .find(|(t, _)| t == table)
+        .and_then(|(_, v)| v.policy());
+    const RELOAD: &str = "the rules loaded are not the config's; `systemctl reload pepd-rules` \
+                          (or load `pepd nft-rules`)";
+    let message = match (want, loaded) {
+        (QuicPolicy::Pass, Some(loaded)) => format!(
+            "table inet {table} refuses the clients' QUIC (\"{}\") while `rules.quic` is \
+             \"pass\": {RELOAD}",
+            loaded.name()
+        ),
+        (QuicPolicy::Pass, _) => return,
+        (want, Some(loaded)) if loaded == want => return,
+        (want, Some(loaded)) => format!(
+            "`rules.quic` is \"{}\" but table inet {table} refuses the clients' QUIC with \
+             \"{}\": {RELOAD}",
+            want.name(),
+            loaded.name()
+        ),
+        (want, _) => format!(
+            "`rules.quic` is \"{}\" but table inet {table} does not refuse the clients' QUIC: \
+             {RELOAD}",
+            want.name()
+        ),
+    };
+    w.push(message);
 }
 
 /// A rule of `ip -j -N rule show`.

@@ -51,6 +51,7 @@ impl Collector for SnapshotCollector {
         keys_and_protocol(e, &s.stats)?;
         stream_payload(e, &s.stats)?;
         flows(e, s)?;
+        traffic_classes(e, s)?;
         compression(e, &s.relay.compression)?;
         memory(e, s)?;
         peers::encode(e, &s.peers)
@@ -737,6 +738,73 @@ const AEADS: [PacketProtection; 2] = [
     PacketProtection::ChaCha20Poly1305,
     PacketProtection::Aes256Gcm,
 ];
+
+/// Each traffic class's bytes, flows and queue delay, summed over the peers; nothing
+/// without `[[class]]`.
+fn traffic_classes(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
+    if s.traffic_classes.is_empty() {
+        return Ok(());
+    }
+    let none = pep_transport::TrafficClassStats::default();
+    let classes: Vec<(&str, &pep_transport::TrafficClassStats)> = s
+        .traffic_classes
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            (
+                name.as_str(),
+                s.stats.traffic_classes.get(i).unwrap_or(&none),
+            )
+        })
+        .collect();
+    let of = |f: fn(&pep_transport::TrafficClassStats) -> u64| -> Vec<(&str, u64)> {
+        classes.iter().map(|(n, c)| (*n, f(c))).collect()
+    };
+    counter_family(
+        e,
+        "class_sent",
+        "Stream bytes of the class's flows sent to the peers for the first time",
+        BYTES,
+        "class",
+        &of(|c| c.bytes_sent),
+    )?;
+    counter_family(
+        e,
+        "class_retransmitted",
+        "Stream bytes of the class's flows sent again after a loss",
+        BYTES,
+        "class",
+        &of(|c| c.bytes_retransmitted),
+    )?;
+    let delays: Vec<(&str, f64)> = classes
+        .iter()
+        .map(|(n, c)| (*n, c.queue_delay_byte_seconds))
+        .collect();
+    counter_family(
+        e,
+        "class_queue_delay",
+        "Sum over the class's bytes sent for the first time of how long each waited in pepd between its write and its first transmission; its rate over the rate of class_sent_bytes is the class's mean queue delay",
+        Some(&Unit::Other("byte_seconds".to_owned())),
+        "class",
+        &delays,
+    )?;
+    gauge_family(
+        e,
+        "class_flows",
+        "Flows in the class now",
+        None,
+        "class",
+        &of(|c| c.flows_open),
+    )?;
+    counter_family(
+        e,
+        "class_flows_opened",
+        "Flows put in the class",
+        None,
+        "class",
+        &of(|c| c.flows_total),
+    )
+}
 
 fn counter(
     e: &mut DescriptorEncoder,

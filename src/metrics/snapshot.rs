@@ -97,6 +97,9 @@ pub struct Snapshot {
     pub peers: Vec<PeerSnapshot>,
     /// Each worker thread's share, by number (one for a pair and a terminal).
     pub workers: Vec<WorkerSnapshot>,
+    /// The traffic classes' names by number (`stats.traffic_classes` has their figures);
+    /// empty without `[[class]]`.
+    pub traffic_classes: Vec<String>,
 }
 
 /// One worker thread of a hub at one instant.
@@ -226,6 +229,7 @@ impl Snapshot {
             workers: worker_snapshots(gateway, &peers),
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
             peers: peers.iter().map(|l| peer_snapshot(l)).collect(),
+            traffic_classes: gateway.classes.names(),
         }
     }
 }

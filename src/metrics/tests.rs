@@ -113,6 +113,23 @@ fn sample() -> Snapshot {
             remote_moves: 161,
             // Counted from the peers, whatever the sum holds.
             aead: Some(pep_transport::security::PacketProtection::ChaCha20Poly1305),
+            // The third class ("bulk") has no association figures: it reports zeros.
+            traffic_classes: vec![
+                pep_transport::TrafficClassStats {
+                    bytes_sent: 401,
+                    bytes_retransmitted: 402,
+                    queue_delay_byte_seconds: 403.5,
+                    flows_open: 404,
+                    flows_total: 405,
+                },
+                pep_transport::TrafficClassStats {
+                    bytes_sent: 411,
+                    bytes_retransmitted: 412,
+                    queue_delay_byte_seconds: 0.25,
+                    flows_open: 414,
+                    flows_total: 415,
+                },
+            ],
         },
         associations: vec![AssociationState::Outage],
         association_restarts: 126,
@@ -165,6 +182,7 @@ fn sample() -> Snapshot {
             },
         ],
         build_info: ("0.1.0", 1),
+        traffic_classes: vec!["default".into(), "video".into(), "bulk".into()],
         peers: vec![
             PeerSnapshot {
                 name: "ship-7".into(),
@@ -510,6 +528,18 @@ fn encode_reports_every_value_exactly() {
     assert_eq!(v("pepd_memory_accounted_bytes", &[]), 160.0);
     assert_eq!(v("pepd_memory_budget_bytes", &[]), 141.0);
     assert_eq!(v("pepd_flows_at_share", &[]), 164.0);
+    for (class, sent, again, delay, open, total) in [
+        ("default", 401.0, 402.0, 403.5, 404.0, 405.0),
+        ("video", 411.0, 412.0, 0.25, 414.0, 415.0),
+        ("bulk", 0.0, 0.0, 0.0, 0.0, 0.0),
+    ] {
+        let c = [("class", class)];
+        assert_eq!(v("pepd_class_sent_bytes_total", &c), sent);
+        assert_eq!(v("pepd_class_retransmitted_bytes_total", &c), again);
+        assert_eq!(v("pepd_class_queue_delay_byte_seconds_total", &c), delay);
+        assert_eq!(v("pepd_class_flows", &c), open);
+        assert_eq!(v("pepd_class_flows_opened_total", &c), total);
+    }
     assert_eq!(v("pepd_worker_associations", &[("worker", "0")]), 192.0);
     assert_eq!(v("pepd_worker_associations", &[("worker", "1")]), 195.0);
     for (state, want) in [
@@ -830,6 +860,11 @@ fn empty_reason_lists_still_encode() {
         .iter()
         .any(|x| x.metric == "pepd_connect_errors_total"));
     assert_eq!(value(&s, "pepd_flows_refused_total", &[]), 0.0);
+    // Without `[[class]]`, no class series.
+    assert!(!s
+        .samples
+        .iter()
+        .any(|x| x.metric.starts_with("pepd_class_")));
 }
 
 // ---- HTTP ------------------------------------------------------------------------------

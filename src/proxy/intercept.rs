@@ -108,7 +108,11 @@ pub(crate) async fn intercepted(ctx: Arc<Interception>, conn: Intercepted) {
             .map(|b| first_block(b, first, peer.as_deref()));
         let opened = match peer {
             Some(peer) => match ctx.gateway.take_flow_slot() {
-                Some(slot) => match peer.open(meta, first_block.as_deref().unwrap_or(first)) {
+                Some(slot) => match peer.open_in_class(
+                    meta,
+                    ctx.gateway.classes.class_of(&meta),
+                    first_block.as_deref().unwrap_or(first),
+                ) {
                     Ok((flow, charge)) => {
                         PeerCounters::add(&peer.counters.bytes_to_peer, first.len() as u64);
                         Ok((peer, flow, charge.with_slot(slot)))

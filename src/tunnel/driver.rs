@@ -799,6 +799,13 @@ impl Driver {
                     Self::refuse_peer_flow(peer, st, flow);
                     return;
                 };
+                // Before the acceptor writes to it: its data is queued in its class.
+                let classes = &self.gateway.classes;
+                if !classes.is_empty() {
+                    if let Some(a) = st.assoc.as_mut() {
+                        a.set_flow_class(flow, classes.class_of(&meta));
+                    }
+                }
                 accepts.push((
                     st.insert_slot(flow),
                     meta,

@@ -9,6 +9,7 @@ use pep_transport::{EndpointStats, Stats};
 #[cfg(test)]
 use tokio::sync::Notify;
 
+use crate::config::TrafficClasses;
 use crate::tunnel::flowcount::{OpenFlow, OpenFlows};
 use crate::tunnel::memory::MemoryAccount;
 use crate::tunnel::peer::{Peer, PeerCounters};
@@ -34,6 +35,8 @@ pub struct Gateway {
     /// What the peers a reload removed had counted, so that the gateway's totals (counters
     /// to Prometheus) never go back when a peer's series go.
     retired: Retired,
+    /// `[[class]]`: the traffic class each new flow is put in.
+    pub classes: TrafficClasses,
 }
 
 #[derive(Default)]
@@ -117,7 +120,14 @@ impl Gateway {
             memory,
             open_flows: Arc::new(OpenFlows::new(max_flows)),
             retired: Retired::default(),
+            classes: TrafficClasses::default(),
         }
+    }
+
+    /// Puts new flows in `classes`.
+    pub fn with_classes(mut self, classes: TrafficClasses) -> Gateway {
+        self.classes = classes;
+        self
     }
 
     /// Keeps what a removed peer counted in the gateway's totals; `stats`: its

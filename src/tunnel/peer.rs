@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pep_transport::{
     Association, AssociationTimes, FlowError, FlowId, FlowInfo, FlowMeta, OpenError, PeerId,
-    ReadOutcome, ResetReason,
+    ReadOutcome, ResetReason, TrafficClassId,
 };
 use tokio::sync::Notify;
 
@@ -627,6 +627,16 @@ impl Peer {
     /// counts the application bytes it carries). The flow counts against the budget until
     /// the returned charge is dropped.
     pub fn open(&self, meta: FlowMeta, first: &[u8]) -> Result<(FlowRef, FlowCharge), OpenRefused> {
+        self.open_in_class(meta, 0, first)
+    }
+
+    /// [`open`](Self::open) in traffic class `class`.
+    pub fn open_in_class(
+        &self,
+        meta: FlowMeta,
+        class: TrafficClassId,
+        first: &[u8],
+    ) -> Result<(FlowRef, FlowCharge), OpenRefused> {
         let mut st = self.lock();
         if st.assoc.is_none() {
             return Err(OpenRefused::NotAssociated);
@@ -638,12 +648,12 @@ impl Peer {
         let Some(assoc) = st.assoc.as_mut() else {
             return Err(OpenRefused::NotAssociated);
         };
-        let id = assoc.open_flow(meta).map_err(|e| match e {
+        let id = assoc.open_flow_in_class(meta, class).map_err(|e| match e {
             OpenError::TooManyFlows => OpenRefused::FlowLimit,
         })?;
         // A new flow's send buffer holds far more than one read (or one block of it).
         if !first.is_empty() {
-            let _ = assoc.write(id, first);
+            let _ = assoc.write_at(id, first, Instant::now());
         }
         let flow = st.insert_slot(id);
         st.report_send(&self.memory);
@@ -703,7 +713,7 @@ impl Peer {
         let mut st = self.lock();
         let n = st
             .flow_assoc(flow)?
-            .write(flow.id, data)
+            .write_at(flow.id, data, Instant::now())
             .map_err(|e| gone(e, flow))?;
         st.report_send(&self.memory);
         drop(st);

@@ -13,7 +13,7 @@ use pep_transport::security::{LocalIdentity, HANDSHAKES_PER_SECOND, HANDSHAKE_BU
 use pep_transport::{Endpoint, EndpointConfig, PeerId, PeerIdentity};
 use tokio::sync::Notify;
 
-use crate::config::{LoadedSecurity, PeerSpec, Peers, PepdConfig};
+use crate::config::{LoadedSecurity, PeerSpec, Peers, PepdConfig, TrafficClasses};
 use crate::tunnel::carrier::CarrierShare;
 use crate::tunnel::driver::AssocFactory;
 use crate::tunnel::gateway::Gateway;
@@ -172,7 +172,8 @@ pub fn build(
         worker_set,
         memory,
         cfg.limits.max_flows,
-    );
+    )
+    .with_classes(TrafficClasses::of(cfg));
     Ok(Tunnel {
         gateway: Arc::new(gateway),
         shards,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pep_transport::cc::CapacityStats;
 use pep_transport::security::HintCounts;
-use pep_transport::{EndpointStats, LossCounts, SecurityCounts, Stats};
+use pep_transport::{EndpointStats, LossCounts, SecurityCounts, Stats, TrafficClassStats};
 
 /// Adds one association's stats to a total: counters and amounts add up; of the path
 /// gauges (RTT, queue delay, datagram size) the total keeps the largest, which is what an
@@ -59,6 +59,7 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
         reorder_window,
         // Each association's own: the metrics count the AEADs by peer, not from a total.
         aead: _,
+        traffic_classes,
     } = s;
     t.rtt_min = t.rtt_min.max(*rtt_min);
     t.rtt_smoothed = t.rtt_smoothed.max(*rtt_smoothed);
@@ -104,6 +105,28 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
     t.remote_moves += remote_moves;
     t.spurious_losses += spurious_losses;
     t.reorder_window = t.reorder_window.max(*reorder_window);
+    add_traffic_classes(&mut t.traffic_classes, traffic_classes);
+}
+
+/// Class by class: every association has the gateway's table of classes.
+fn add_traffic_classes(t: &mut Vec<TrafficClassStats>, s: &[TrafficClassStats]) {
+    if t.len() < s.len() {
+        t.resize(s.len(), TrafficClassStats::default());
+    }
+    for (t, s) in t.iter_mut().zip(s) {
+        let TrafficClassStats {
+            bytes_sent,
+            bytes_retransmitted,
+            queue_delay_byte_seconds,
+            flows_open,
+            flows_total,
+        } = s;
+        t.bytes_sent += bytes_sent;
+        t.bytes_retransmitted += bytes_retransmitted;
+        t.queue_delay_byte_seconds += queue_delay_byte_seconds;
+        t.flows_open += flows_open;
+        t.flows_total += flows_total;
+    }
 }
 
 fn add_capacity(t: &mut CapacityStats, s: &CapacityStats) {
@@ -254,6 +277,7 @@ pub fn counters_only(s: Stats) -> Stats {
         spurious_losses,
         reorder_window: _,
         aead,
+        traffic_classes,
     } = s;
     let CapacityStats {
         estimate_bps: _,
@@ -323,6 +347,10 @@ pub fn counters_only(s: Stats) -> Stats {
         spurious_losses,
         reorder_window: Duration::ZERO,
         aead,
+        traffic_classes: traffic_classes
+            .into_iter()
+            .map(|c| TrafficClassStats { flows_open: 0, ..c })
+            .collect(),
     }
 }
 

@@ -12,7 +12,7 @@ use pep_sim::link::LinkConfig;
 use pep_sim::report;
 use pep_sim::schedule::{BerSchedule, DelaySchedule, RateSchedule, Schedule};
 use pep_sim::sim::{CrossTraffic, Interactive, Scenario, Simulation, Workload};
-use pep_transport::{CcMode, Config, LossCause, SizeMode, VegasParams};
+use pep_transport::{CcMode, Config, LossCause, SizeMode, TrafficClass, VegasParams};
 
 /// Packets of the `--cross-cubic` flow on the wire: a full-size TCP segment.
 const CUBIC_PACKET_BYTES: u64 = 1500;
@@ -178,6 +178,10 @@ struct BulkArgs {
     interactive_ms: Option<u64>,
     #[arg(long, default_value_t = 1000)]
     interactive_bytes: usize,
+    /// Put the interactive flow in a priority traffic class capped at this rate (bit/s of
+    /// stream bytes), ahead of the bulk flows' class (default: one class for every flow).
+    #[arg(long)]
+    interactive_priority_bps: Option<u64>,
     /// Open the flows this many seconds after the association is established (default: at
     /// once).
     #[arg(long, default_value_t = 0.0)]
@@ -316,7 +320,17 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
         (None, Some(b)) => Workload::Bytes(b),
         (None, None) => bail!("give --seconds or --bytes"),
     };
-    let a_config = configure(forward_cfg_rate);
+    let mut a_config = configure(forward_cfg_rate);
+    if let Some(cap) = a.interactive_priority_bps {
+        a_config.classes = vec![
+            TrafficClass::default(),
+            TrafficClass {
+                weight: 1,
+                priority: true,
+                max_rate_bps: Some(cap),
+            },
+        ];
+    }
     let b_config = configure(return_rate);
     a_config.validate()?;
     b_config.validate()?;
@@ -338,6 +352,11 @@ fn scenario(a: &BulkArgs) -> Result<Scenario> {
         interactive: a.interactive_ms.map(|ms| Interactive {
             every: Duration::from_millis(ms),
             bytes: a.interactive_bytes.max(1),
+            class: if a.interactive_priority_bps.is_some() {
+                1
+            } else {
+                0
+            },
         }),
         start_after: Duration::try_from_secs_f64(a.start_after_s).context("--start-after-s")?,
     })

@@ -8,7 +8,9 @@ use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use pep_transport::{Association, Config, Event, FlowId, FlowMeta, ReadOutcome, Role, Stats};
+use pep_transport::{
+    Association, Config, Event, FlowId, FlowMeta, ReadOutcome, Role, Stats, TrafficClassId,
+};
 
 use crate::competitor::CubicFlow;
 use crate::link::{Link, LinkConfig, LinkStats, Offer};
@@ -51,11 +53,15 @@ pub struct CrossTraffic {
 }
 
 /// A message of `bytes` written every `every` on its own flow (a request, a keystroke, a
-/// game update); its latency is from the write at A to its last byte read at B.
+/// game update, a paced video stream); its latency is from the write at A to its last byte
+/// read at B.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Interactive {
     pub every: Duration,
     pub bytes: usize,
+    /// The traffic class of A's `Config::classes` its flow is put in; the bulk flows are in
+    /// class 0.
+    pub class: TrafficClassId,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -530,7 +536,8 @@ impl Simulation {
                 dscp: 0,
                 compression: false,
             };
-            if let Ok(flow) = self.nodes[n].assoc.open_flow(meta) {
+            let class = self.sc.interactive.map_or(0, |m| m.class);
+            if let Ok(flow) = self.nodes[n].assoc.open_flow_in_class(meta, class) {
                 self.interactive_flow = Some(flow);
                 self.push(self.now, EvKind::Message { k: 0 });
             }

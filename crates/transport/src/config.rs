@@ -6,6 +6,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use crate::datagram_size::SizeMode;
+use crate::traffic_class::{TrafficClass, MAX_TRAFFIC_CLASSES};
 
 /// How the sender decides how much to put in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +139,9 @@ pub struct Config {
     pub pacing_burst: Duration,
     /// When this side starts a handshake (security on; without it HELLOs go as always).
     pub initiate: Initiate,
+    /// How the flows share what the association sends, by class (flows start in class 0);
+    /// empty: one class, every flow alike (docs/PROTOCOL.md §5.10).
+    pub classes: Vec<TrafficClass>,
     /// What this gateway can decompress, offered in its HELLO (docs/PROTOCOL.md §9); `None`
     /// offers nothing, and the association's flows then carry no compressed blocks.
     pub compression: Option<crate::compression::CompressionOffer>,
@@ -174,6 +178,7 @@ impl Config {
             initial_rtt: Duration::from_millis(600),
             pacing_burst: Duration::ZERO,
             initiate: Initiate::Always,
+            classes: Vec::new(),
             compression: None,
         }
     }
@@ -232,6 +237,26 @@ impl Config {
         }
         if self.max_flows == 0 {
             return Err(InvalidConfig::new("max_flows", "must be at least 1"));
+        }
+        if self.classes.len() > MAX_TRAFFIC_CLASSES {
+            return Err(InvalidConfig::new("classes", "at most 64 traffic classes"));
+        }
+        for c in &self.classes {
+            if c.weight == 0 {
+                return Err(InvalidConfig::new("classes", "a weight must be at least 1"));
+            }
+            if c.priority && c.max_rate_bps.is_none() {
+                return Err(InvalidConfig::new(
+                    "classes",
+                    "a priority class needs a rate cap, or it could starve the others",
+                ));
+            }
+            if c.max_rate_bps.is_some_and(|r| r < 8_000) {
+                return Err(InvalidConfig::new(
+                    "classes",
+                    "a rate cap must be at least 8000 bit/s",
+                ));
+            }
         }
         Ok(())
     }

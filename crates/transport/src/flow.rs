@@ -3,6 +3,7 @@
 
 use crate::frame::{FlowMeta, ResetReason};
 use crate::stream::{RecvStream, SendStream};
+use crate::traffic_class::{TrafficClassId, WriteTimes};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenState {
@@ -36,8 +37,12 @@ pub struct Flow {
     pub reset: Option<ResetState>,
     pub credit_dirty: bool,
     pub in_send_queue: bool,
-    /// Stream bytes sent in this flow's current turn at the head of the send queue.
+    /// Stream bytes sent in this flow's current turn at the head of its class's queue.
     pub turn_bytes: usize,
+    /// The traffic class whose turns it takes.
+    pub class: TrafficClassId,
+    /// When its unsent bytes were written (kept while traffic classes are configured).
+    pub write_times: WriteTimes,
     pub in_control_queue: bool,
     pub readable_signaled: bool,
     pub write_blocked: bool,
@@ -66,6 +71,8 @@ impl Flow {
             credit_dirty: false,
             in_send_queue: false,
             turn_bytes: 0,
+            class: 0,
+            write_times: WriteTimes::default(),
             in_control_queue: false,
             readable_signaled: false,
             write_blocked: false,

@@ -27,6 +27,7 @@ pub mod security;
 mod sent;
 pub mod stats;
 mod stream;
+pub mod traffic_class;
 
 pub use association::{
     Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, LostReason, OpenError,
@@ -50,6 +51,7 @@ pub use sched::{
 };
 pub use security::SecurityCounts;
 pub use stats::Stats;
+pub use traffic_class::{TrafficClass, TrafficClassId, TrafficClassStats, MAX_TRAFFIC_CLASSES};
 
 /// Version carried in HELLO and in front of every handshake message; peers with another
 /// version do not associate. 2: connection IDs.

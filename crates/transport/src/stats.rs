@@ -6,6 +6,7 @@ use crate::cc::CapacityStats;
 use crate::datagram_size::ClassLoss;
 use crate::loss::LossCounts;
 use crate::security::{HintCounts, PacketProtection, SecurityCounts};
+use crate::traffic_class::TrafficClassStats;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
@@ -86,4 +87,6 @@ pub struct Stats {
     /// The AEAD the two HELLOs settled on for the keys in use: `None` before the first
     /// handshake completes and without security.
     pub aead: Option<PacketProtection>,
+    /// Each configured traffic class, by number (empty when none is configured).
+    pub traffic_classes: Vec<TrafficClassStats>,
 }

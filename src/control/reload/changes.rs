@@ -9,9 +9,9 @@
 use std::collections::BTreeSet;
 
 use crate::config::{
-    ControlConfig, InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig, PairConfig,
-    PeerEntry, Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig, TimeoutsConfig,
-    TransportConfig, TunnelConfig, UpstreamConfig,
+    ClassEntry, ControlConfig, InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig,
+    PairConfig, PeerEntry, Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig,
+    TimeoutsConfig, TransportConfig, TunnelConfig, UpstreamConfig,
 };
 
 /// Keys a reload applies to the running daemon, grouped as they are applied; in the
@@ -59,6 +59,8 @@ pub enum RestartSetting {
     /// Keys are read once at start; a changed file at the same path needs a restart too,
     /// which no comparison of configs can see.
     Security,
+    /// `[[class]]`: every association's class table is set when it is made.
+    Classes,
 }
 
 /// How a changed key takes effect.
@@ -111,6 +113,7 @@ impl RestartSetting {
             RestartSetting::Metrics => "metrics",
             RestartSetting::Control => "control",
             RestartSetting::Security => "security",
+            RestartSetting::Classes => "class",
         }
     }
 }
@@ -152,6 +155,9 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 route_table,
                 fail,
                 table,
+                quic,
+                quic_ports,
+                quic_exceptions,
             },
         peer,
         tunnel,
@@ -206,6 +212,7 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 rekey_after_packets,
                 aead,
             },
+        class,
         // Where keys were written, not a setting.
         source_map: _,
     } = new;
@@ -250,6 +257,17 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
         ),
         key("rules.fail", RulesUnit, *fail != r.rules.fail),
         key("rules.table", RulesUnit, *table != r.rules.table),
+        key("rules.quic", RulesUnit, *quic != r.rules.quic),
+        key(
+            "rules.quic_ports",
+            RulesUnit,
+            *quic_ports != r.rules.quic_ports,
+        ),
+        key(
+            "rules.quic_exceptions",
+            RulesUnit,
+            *quic_exceptions != r.rules.quic_exceptions,
+        ),
     ];
     keys.extend(peer_keys(peer, &r.peer));
     keys.extend(tunnel_keys(tunnel.as_ref(), r.tunnel.as_ref()));
@@ -419,7 +437,52 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
             *aead != r.security.aead,
         ),
     ]);
+    keys.extend(class_keys(class, &r.class));
     keys
+}
+
+/// The `[[class]]` fields, when either config has entries: `class[].weight` is changed when
+/// any entry's weight is, or an entry came or went. Every association's class table is made
+/// with them, so all wait for a restart.
+fn class_keys(new: &[ClassEntry], running: &[ClassEntry]) -> Vec<Key> {
+    if new.is_empty() && running.is_empty() {
+        return Vec::new();
+    }
+    let new: Vec<_> = new.iter().map(class_fields).collect();
+    let running: Vec<_> = running.iter().map(class_fields).collect();
+    let names = class_fields(&ClassEntry::default()).map(|(name, _)| name);
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let changed = new.len() != running.len()
+                || new.iter().zip(&running).any(|(a, b)| a[i].1 != b[i].1);
+            key(name, Setting::Restart(RestartSetting::Classes), changed)
+        })
+        .collect()
+}
+
+/// Each field of an entry, by key, as text to compare. Taken apart without `..`: a field
+/// the schema gains does not compile here until it is listed.
+fn class_fields(c: &ClassEntry) -> [(&'static str, String); 7] {
+    let ClassEntry {
+        name,
+        dscp,
+        ports,
+        subnets,
+        weight,
+        priority,
+        max_rate,
+    } = c;
+    [
+        ("class[].name", name.clone()),
+        ("class[].dscp", format!("{dscp:?}")),
+        ("class[].ports", format!("{ports:?}")),
+        ("class[].subnets", format!("{subnets:?}")),
+        ("class[].weight", weight.to_string()),
+        ("class[].priority", priority.to_string()),
+        ("class[].max_rate", format!("{max_rate:?}")),
+    ]
 }
 
 fn key(name: &'static str, setting: Setting, changed: bool) -> Key {

@@ -87,6 +87,12 @@ const RULESET: &str = include_str!("captured/nft-ruleset.json");
 /// The same for the `config("interfaces = [\"lan0\"]")` below: listeners 0.0.0.0:7000 and
 /// [::]:7000, mark 0x1, fail open.
 const RULESET_HEALTHY: &str = include_str!("captured/nft-ruleset-healthy.json");
+/// `RULESET_HEALTHY`'s config with `quic = "reject"`.
+const RULESET_HEALTHY_QUIC: &str = include_str!("captured/nft-ruleset-healthy-quic.json");
+/// `RULESET`'s config (src/rules/tests.rs's `FULL`) with `quic = "reject"` and an exception
+/// in each family, and with `quic = "drop"`.
+const RULESET_QUIC_REJECT: &str = include_str!("captured/nft-ruleset-quic-reject.json");
+const RULESET_QUIC_DROP: &str = include_str!("captured/nft-ruleset-quic-drop.json");
 /// A namespace without rules.
 const RULESET_EMPTY: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}]}
 "#;
@@ -174,6 +180,20 @@ fn parses_tproxy_statements() {
         Ruleset::default()
     );
     assert!(Ruleset::from_json("table inet pepd {\n}\n").is_err());
+}
+
+#[test]
+fn parses_the_quic_chain_s_verdict() {
+    let verdict = |json: &str| Ruleset::from_json(json).expect("json").quic;
+    let pepd = |v| vec![("pepd".to_owned(), v)];
+    assert_eq!(verdict(RULESET_QUIC_REJECT), pepd(QuicVerdict::Reject));
+    assert_eq!(verdict(RULESET_QUIC_DROP), pepd(QuicVerdict::Drop));
+    assert_eq!(verdict(RULESET_HEALTHY_QUIC), pepd(QuicVerdict::Reject));
+    assert_eq!(verdict(RULESET), []);
+    assert_eq!(verdict(RULESET_EMPTY), []);
+    // Edited from RULESET_QUIC_DROP: the chain holds no verdict any more.
+    let emptied = RULESET_QUIC_DROP.replace(r#"{"drop": null}"#, r#"{"accept": null}"#);
+    assert_eq!(verdict(&emptied), pepd(QuicVerdict::Neither));
 }
 
 #[test]
@@ -281,6 +301,44 @@ fn healthy() -> Fake {
 fn a_healthy_gateway_gets_no_warnings() {
     let cfg = config("interfaces = [\"lan0\"]");
     assert_eq!(startup_checks_with(&cfg, &healthy()), Vec::<String>::new());
+}
+
+#[test]
+fn the_loaded_quic_policy_is_the_configured_one() {
+    let with = |ruleset: &str| healthy().ok("nft -j list ruleset", ruleset);
+    let lan0 = "interfaces = [\"lan0\"]";
+    let reject = config(&format!("{lan0}\nquic = \"reject\""));
+    assert_eq!(
+        startup_checks_with(&reject, &with(RULESET_HEALTHY_QUIC)),
+        Vec::<String>::new()
+    );
+    // The rules were loaded before the setting changed.
+    assert_eq!(
+        startup_checks_with(&reject, &with(RULESET_HEALTHY)),
+        [
+            "`rules.quic` is \"reject\" but table inet pepd does not refuse the clients' QUIC: \
+          the rules loaded are not the config's; `systemctl reload pepd-rules` (or load `pepd \
+          nft-rules`)"
+        ]
+    );
+    let drop = config(&format!("{lan0}\nquic = \"drop\""));
+    assert_eq!(
+        startup_checks_with(&drop, &with(RULESET_HEALTHY_QUIC)),
+        [
+            "`rules.quic` is \"drop\" but table inet pepd refuses the clients' QUIC with \
+          \"reject\": the rules loaded are not the config's; `systemctl reload pepd-rules` (or \
+          load `pepd nft-rules`)"
+        ]
+    );
+    let pass = config(lan0);
+    assert_eq!(
+        startup_checks_with(&pass, &with(RULESET_HEALTHY_QUIC)),
+        [
+            "table inet pepd refuses the clients' QUIC (\"reject\") while `rules.quic` is \
+          \"pass\": the rules loaded are not the config's; `systemctl reload pepd-rules` (or \
+          load `pepd nft-rules`)"
+        ]
+    );
 }
 
 #[test]

@@ -30,6 +30,7 @@ use crate::rtt::RttEstimator;
 use crate::security::{HandshakeGuard, Security, SecurityConfig};
 use crate::sent::{SentFrame, SentPacket, SentPackets};
 use crate::stats::Stats;
+use crate::traffic_class::{FlowScheduler, TrafficClassId};
 use crate::PROTOCOL_VERSION;
 
 /// Which flow ids this side allocates: the initiator even, the responder odd.
@@ -290,7 +291,8 @@ pub struct Association {
 
     // Flows.
     flows: BTreeMap<FlowId, Flow>,
-    send_queue: VecDeque<FlowId>,
+    /// The flows with data to send, queued by traffic class.
+    sched: FlowScheduler,
     /// Recent packet loss rate; idle redundancy only pays when losses are common.
     loss_rate: crate::loss::LossRate,
     control_queue: VecDeque<FlowId>,
@@ -446,7 +448,7 @@ impl Association {
             sent_since: None,
             acks: AckTracker::new(cfg.ack),
             flows: BTreeMap::new(),
-            send_queue: VecDeque::new(),
+            sched: FlowScheduler::new(&cfg.classes, cfg.mtu, cfg.pacing_burst),
             loss_rate: crate::loss::LossRate::default(),
             control_queue: VecDeque::new(),
             next_local_flow: role.parity(),
@@ -536,6 +538,9 @@ impl Association {
         s.flows_open = self.flows.len() as u64;
         s.flows_waiting_for_quota = self.flows_waiting_for_quota();
         s.aead = self.security.as_ref().and_then(|sec| sec.protection());
+        if self.sched.measures_delay() {
+            s.traffic_classes = self.sched.stats(self.flows.values().map(|f| f.class));
+        }
         s
     }
 
@@ -622,9 +627,19 @@ impl Association {
 
     // ---- flows: application side -------------------------------------------------------
 
-    /// Opens a flow for an intercepted connection. Data written before the packet leaves
-    /// rides in the FLOW_OPEN.
+    /// Opens a flow for an intercepted connection, in traffic class 0. Data written before
+    /// the packet leaves rides in the FLOW_OPEN.
     pub fn open_flow(&mut self, meta: FlowMeta) -> Result<FlowId, OpenError> {
+        self.open_flow_in_class(meta, 0)
+    }
+
+    /// [`open_flow`](Self::open_flow) in traffic class `class` (class 0 if no such class is
+    /// configured).
+    pub fn open_flow_in_class(
+        &mut self,
+        meta: FlowMeta,
+        class: TrafficClassId,
+    ) -> Result<FlowId, OpenError> {
         if self.flows.len() >= self.cfg.max_flows {
             self.stats.flows_over_limit += 1;
             return Err(OpenError::TooManyFlows);
@@ -632,17 +647,44 @@ impl Association {
         let id = self.next_local_flow;
         self.next_local_flow += 2;
         let credit = self.peer_params.map_or(0, |p| p.initial_flow_window);
-        let flow = Flow::new(
+        let mut flow = Flow::new(
             Some(meta),
             OpenState::Pending,
             credit,
             self.cfg.send_buffer,
             self.cfg.flow_window,
         );
+        flow.class = self.sched.known(class);
+        self.sched.count_flow(flow.class, true);
         self.flows.insert(id, flow);
         self.stats.flows_opened_total += 1;
         self.queue_control(id);
         Ok(id)
+    }
+
+    /// Puts `flow` in traffic class `class` (class 0 if no such class is configured): for a
+    /// flow the peer opened, as soon as its `FlowOpened` event is seen. Its queued data moves
+    /// with it.
+    pub fn set_flow_class(&mut self, flow: FlowId, class: TrafficClassId) {
+        let class = self.sched.known(class);
+        let Some(f) = self.flows.get_mut(&flow) else {
+            return;
+        };
+        if f.class == class {
+            return;
+        }
+        let old = std::mem::replace(&mut f.class, class);
+        let queued = f.in_send_queue;
+        self.sched.count_flow(old, false);
+        self.sched.count_flow(class, true);
+        if queued && self.sched.remove(old, flow) {
+            self.sched.push_back(class, flow);
+        }
+    }
+
+    /// The traffic class `flow` is in.
+    pub fn flow_class(&self, flow: FlowId) -> Option<TrafficClassId> {
+        self.flows.get(&flow).map(|f| f.class)
     }
 
     pub fn flow_meta(&self, flow: FlowId) -> Option<FlowMeta> {
@@ -684,8 +726,20 @@ impl Association {
         }
     }
 
-    /// Queues bytes for sending; returns how many fit in the flow's send buffer.
+    /// Queues bytes for sending; returns how many fit in the flow's send buffer. Written at
+    /// the latest time given to the association, for the queue delay of its traffic class.
     pub fn write(&mut self, flow: FlowId, data: &[u8]) -> Result<usize, FlowError> {
+        self.write_at(flow, data, self.last_input)
+    }
+
+    /// [`write`](Self::write) at `now`, from which the bytes' queue delay counts.
+    pub fn write_at(
+        &mut self,
+        flow: FlowId,
+        data: &[u8],
+        now: Instant,
+    ) -> Result<usize, FlowError> {
+        let measure = self.sched.measures_delay();
         let f = self.flows.get_mut(&flow).ok_or(FlowError::UnknownFlow)?;
         if let Some(r) = f.reset {
             return Err(FlowError::Reset(r.reason));
@@ -696,6 +750,9 @@ impl Association {
         let n = f.send.write(data);
         if n < data.len() {
             f.write_blocked = true;
+        }
+        if measure && n > 0 {
+            f.write_times.written(f.send.end(), now);
         }
         if n > 0 {
             self.queue_send(flow);

@@ -515,7 +515,7 @@ impl Association {
         self.redundancy_round = 1;
         self.recovery_start_pn = 0;
         self.acks = AckTracker::new(self.cfg.ack);
-        self.send_queue.clear();
+        self.sched.clear();
         self.control_queue.clear();
         self.next_local_flow = self.role.parity();
         self.peer_closed = RangeSet::new();
@@ -653,6 +653,7 @@ impl Association {
             self.cfg.flow_window,
         );
         self.flows.insert(flow, f);
+        self.sched.count_flow(0, true);
         self.stats.flows_opened_total += 1;
         if self.flows.len() > self.cfg.max_flows {
             self.stats.flows_over_limit += 1;

@@ -382,21 +382,39 @@ impl Association {
             }
             if self.has_paced_work() {
                 consider(pacer.or(self.last_eliciting_sent));
+            } else if let Some(held) = self.data_held_until() {
+                consider(later_of(held));
             }
         }
         t
     }
 
     pub(super) fn has_paced_work(&self) -> bool {
-        self.established
-            && (self.probes_pending > 0
-                || !self.control_queue.is_empty()
-                || !self.orphan_resets.is_empty()
-                || self.assoc_credit_pending
-                || (self.outage_since.is_none() && self.cc.wants_padding())
-                || (self.outage_since.is_none()
-                    && self.window_allows()
-                    && (!self.send_queue.is_empty() || self.redundancy_available())))
+        self.established && (self.has_paced_work_besides_data() || self.data_ready())
+    }
+
+    fn has_paced_work_besides_data(&self) -> bool {
+        self.probes_pending > 0
+            || !self.control_queue.is_empty()
+            || !self.orphan_resets.is_empty()
+            || self.assoc_credit_pending
+            || (self.outage_since.is_none() && self.cc.wants_padding())
+    }
+
+    /// Stream data (or a redundant copy) may go now, as far as the window and the traffic
+    /// classes' caps say.
+    fn data_ready(&self) -> bool {
+        self.outage_since.is_none()
+            && self.window_allows()
+            && (self.sched.ready(self.last_input) || self.redundancy_available())
+    }
+
+    /// When queued data that only the traffic classes' caps hold back may go.
+    fn data_held_until(&self) -> Option<Instant> {
+        if self.outage_since.is_some() || !self.window_allows() {
+            return None;
+        }
+        self.sched.held_until(self.last_input)
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::packet::HINT_TAG_TAIL_LEN;
+use crate::traffic_class::SCHEDULING_QUANTUM;
 
 /// A frame picked for the packet being built.
 enum Planned {
@@ -13,11 +14,6 @@ enum Planned {
         offset_len: usize,
     },
 }
-
-/// Stream bytes a flow may send per turn before the next flow's: a typical web object, so
-/// short responses are not interleaved packet by packet with each other, while bulk flows
-/// still share the link in turns of a few packets.
-const SCHEDULING_QUANTUM: usize = 8 * 1024;
 
 /// Offset bytes of a repair or a redundant copy: its original may have arrived after all, and
 /// data sent after it may have arrived first, so the receiver may have moved on by any amount
@@ -32,7 +28,7 @@ impl Association {
     pub(super) fn redundancy_available(&self) -> bool {
         self.cfg.idle_redundancy
             && self.loss_rate.worth_redundancy()
-            && self.send_queue.is_empty()
+            && self.sched.is_empty()
             && self.next_to_copy().is_some()
     }
 
@@ -56,7 +52,7 @@ impl Association {
         if let Some(f) = self.flows.get_mut(&id) {
             if !f.in_send_queue && f.reset.is_none() {
                 f.in_send_queue = true;
-                self.send_queue.push_back(id);
+                self.sched.push_back(f.class, id);
             }
         }
     }
@@ -264,8 +260,8 @@ impl Association {
         let mut frames = self.sent.frame_list();
 
         self.write_ack(now, &mut payload, budget);
-        self.write_control(&mut payload, budget, &mut frames);
-        let (planned, copy_of) = self.plan_payload(budget, &mut payload, &mut frames);
+        self.write_control(now, &mut payload, budget, &mut frames);
+        let (planned, copy_of) = self.plan_payload(now, budget, &mut payload, &mut frames);
 
         let implicit_data = implicit_data_of(&planned, &payload);
         let header = ShortHeader {
@@ -329,6 +325,7 @@ impl Association {
     /// a copy, its original and whether the copy is complete.
     fn plan_payload(
         &mut self,
+        now: Instant,
         budget: usize,
         payload: &mut Vec<u8>,
         frames: &mut Vec<SentFrame>,
@@ -337,7 +334,7 @@ impl Association {
         let mut planned: Vec<Planned> = Vec::new();
         let mut used = payload.len();
         if data_ok {
-            self.plan_data(budget, &mut used, &mut planned, payload.is_empty());
+            self.plan_data(now, budget, &mut used, &mut planned, payload.is_empty());
         }
         let mut copy_of = None;
         if data_ok && planned.is_empty() && frames.is_empty() && self.redundancy_available() {
@@ -462,6 +459,7 @@ impl Association {
 
     pub(super) fn write_control(
         &mut self,
+        now: Instant,
         payload: &mut Vec<u8>,
         budget: usize,
         frames: &mut Vec<SentFrame>,
@@ -520,6 +518,11 @@ impl Association {
                 if let Some(c) = chunk {
                     self.assoc_sent += c.len as u64;
                     self.stats.stream_bytes_sent += c.len as u64;
+                    let queued_for = f
+                        .write_times
+                        .sent_from(0)
+                        .map(|t| now.saturating_duration_since(t));
+                    self.sched.on_sent(f.class, now, c.len, true, queued_for);
                     frames.push(SentFrame::Data {
                         flow: id,
                         offset: 0,
@@ -567,23 +570,25 @@ impl Association {
         }
     }
 
-    /// Picks DATA frames across flows until the packet is full: deficit round robin with a
+    /// Picks DATA frames across flows until the packet is full: the traffic classes' turns
+    /// (priority within caps, then weights), and inside a class deficit round robin with a
     /// quantum of [`SCHEDULING_QUANTUM`] stream bytes per turn.
     fn plan_data(
         &mut self,
+        now: Instant,
         budget: usize,
         used: &mut usize,
         planned: &mut Vec<Planned>,
         empty: bool,
     ) {
-        let mut rounds = self.send_queue.len();
+        let mut rounds = self.sched.len();
         while rounds > 0 {
             rounds -= 1;
-            let Some(id) = self.send_queue.pop_front() else {
+            let Some((class, id)) = self.sched.pop_next(now) else {
                 break;
             };
             let allowance = self.assoc_allowance();
-            let others = !self.send_queue.is_empty();
+            let others = !self.sched.is_empty();
             let Some(f) = self.flows.get_mut(&id) else {
                 continue;
             };
@@ -605,7 +610,7 @@ impl Association {
             // carry: a repair of a whole packet's bytes then fits one packet, as they did.
             let reserved = header + REPAIR_OFFSET_LEN;
             if room <= reserved {
-                self.send_queue.push_front(id);
+                self.sched.push_front(class, id);
                 break;
             }
             let chunk = if f.reset.is_none() && f.open != OpenState::Pending {
@@ -617,12 +622,16 @@ impl Association {
                 f.in_send_queue = false;
                 continue;
             };
-            if c.retransmit {
+            let queued_for = if c.retransmit {
                 self.stats.stream_bytes_retransmitted += c.len as u64;
+                None
             } else {
                 self.assoc_sent += c.len as u64;
                 self.stats.stream_bytes_sent += c.len as u64;
-            }
+                f.write_times
+                    .sent_from(c.offset)
+                    .map(|t| now.saturating_duration_since(t))
+            };
             *used += overhead + c.len;
             planned.push(Planned::Data {
                 flow: id,
@@ -641,11 +650,13 @@ impl Association {
             } else if f.turn_bytes < SCHEDULING_QUANTUM {
                 // A short response goes out whole before the next flow's turn, so its
                 // connection can ask again a little sooner than under per-packet turns.
-                self.send_queue.push_front(id);
+                self.sched.push_front(class, id);
             } else {
                 f.turn_bytes = 0;
-                self.send_queue.push_back(id);
+                self.sched.push_back(class, id);
             }
+            self.sched
+                .on_sent(class, now, c.len, !c.retransmit, queued_for);
             if budget.saturating_sub(*used) < 32 {
                 break;
             }

@@ -3,7 +3,7 @@ use std::time::Duration;
 use super::*;
 use crate::config::{
     example_with_every_key, AeadSetting, BitRate, ByteSize, CcModeName, CompressionMode,
-    DatagramSizeName, FailMode, LossDefault, OverLimit, SecurityMode, Side,
+    DatagramSizeName, FailMode, LossDefault, OverLimit, QuicPolicy, SecurityMode, Side,
 };
 
 const HUB_SPOKE: &str = include_str!("../../../../config/hub-spoke.toml");
@@ -135,6 +135,9 @@ fn live_restart_and_rules_keys_as_documented() {
             "rules.route_table",
             "rules.fail",
             "rules.table",
+            "rules.quic",
+            "rules.quic_ports",
+            "rules.quic_exceptions",
         ]
     );
 }
@@ -341,6 +344,13 @@ fn a_change_to_one_key_is_seen_as_that_key_alone() {
         ("rules.route_table", |c| c.rules.route_table += 1),
         ("rules.fail", |c| c.rules.fail = FailMode::Closed),
         ("rules.table", |c| c.rules.table.push_str("_b")),
+        ("rules.quic", |c| c.rules.quic = QuicPolicy::Reject),
+        ("rules.quic_ports", |c| c.rules.quic_ports.push(8443)),
+        ("rules.quic_exceptions", |c| {
+            c.rules
+                .quic_exceptions
+                .push("198.18.7.0/24".parse().expect("subnet"))
+        }),
         ("peer.address", |c| pair(c).address.set_port(7401)),
         ("peer.bind", |c| pair(c).bind = None),
         ("peer.side", |c| pair(c).side = Side::Hub),
