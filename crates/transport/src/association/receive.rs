@@ -364,12 +364,18 @@ impl Association {
     }
 
     /// Whether a handshake carrying `h` replaces the keys of the running association
-    /// rather than starting a new one: the peer is the one we hold (its epoch), and it is
-    /// associated with us (it echoes ours). A peer that echoes another epoch is associated
-    /// elsewhere (a terminal back from another hub with the same key, or from an earlier
-    /// run of ours), and its packet numbers began again there.
+    /// rather than starting a new one: the peer is the one we hold (its epoch), and, at a
+    /// hub that shares its key with other hubs (`Initiate::RekeyOnly`), it is associated
+    /// with us (it echoes ours). There a peer that echoes another epoch is associated
+    /// elsewhere (a terminal back from another hub with the same key), and its packet
+    /// numbers began again there. Elsewhere the echo is not required: a gateway that
+    /// initiates after its restart meets the peer's initiation from the outage, which
+    /// still echoes the epoch before the restart, and must take it as the rekey it is.
     fn is_rekey(&self, h: &Hello) -> bool {
-        self.established && self.peer_epoch == Some(h.epoch) && h.echo == self.local_epoch
+        let echo_required = self.cfg.initiate == Initiate::RekeyOnly;
+        self.established
+            && self.peer_epoch == Some(h.epoch)
+            && (h.echo == self.local_epoch || !echo_required)
     }
 
     /// Puts the keys of a completed handshake in use: for a new association the peer's
@@ -383,9 +389,11 @@ impl Association {
         phase: impl FnOnce(&Security, bool) -> bool,
     ) {
         let rekey = self.is_rekey(&h);
-        if !rekey && self.peer_epoch == Some(h.epoch) {
-            // The same peer epoch starting a new association: applying the HELLO alone
-            // would keep the old one.
+        if !rekey && self.established && self.peer_epoch == Some(h.epoch) {
+            // The same peer epoch starting a new association over an established one:
+            // applying the HELLO alone would keep the old one. Not yet established, the
+            // association is the one this handshake completes (the peer's epoch was
+            // applied when its initiation crossed ours), and its flows are already new.
             self.restart_association(ResetReason::PeerRestart);
             self.stats.peer_restarts += 1;
             self.events.push_back(Event::PeerRestarted);
