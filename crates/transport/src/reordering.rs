@@ -1,6 +1,6 @@
 //! How far the path reorders packets, measured in time, and which declared losses were not
 //! losses at all. Loss detection asks it how long a packet may trail a later one before it
-//! counts as lost: on a path that does not reorder, as today (three later packets, or 9/8 of
+//! counts as lost: on a path that does not reorder, the classic rules (three later packets, or 9/8 of
 //! the RTT); on one that does, a time window that covers the reordering seen (RACK, RFC 8985:
 //! a packet is lost once a packet sent after it was acknowledged and the window has passed
 //! since that one's RTT would have brought it). docs/PROTOCOL.md §5.3 gives the rules.
