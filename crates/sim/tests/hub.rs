@@ -5,8 +5,10 @@
 //! few small datagrams; the fair share is the scheduler's own tests'). Its own test binary,
 //! so the counting allocator sees only this test.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicIsize, Ordering as AtomicOrdering};
@@ -165,28 +167,7 @@ enum Ev {
     Flood,
 }
 
-struct Queued {
-    at: Instant,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Queued {}
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Queued {
-    fn cmp(&self, o: &Self) -> Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
+type Queued = common::Queued<Ev>;
 
 struct Sim {
     base: Instant,

@@ -6,7 +6,9 @@
 //! scripts/sim-acceptance.sh (`cargo test -p pep-sim --release --test standby -- --ignored
 //! --nocapture` prints the figures): it takes longer than the test suite's budget allows.
 
-use std::cmp::{Ordering, Reverse};
+mod common;
+
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
@@ -205,28 +207,7 @@ enum Ev {
     },
 }
 
-struct Queued {
-    at: Instant,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Queued {}
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Queued {
-    fn cmp(&self, o: &Self) -> Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
+type Queued = common::Queued<Ev>;
 
 struct Sim {
     base: Instant,
