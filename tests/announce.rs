@@ -1,9 +1,10 @@
-//! Announcements end to end (root, namespaces): a hub with `[announce]` serving two
+//! Announcements end to end (root, namespaces): a hub with `[announce]` serving three
 //! terminals (pep_testbed::hub) keeps exactly one blackhole route per subnet of each
 //! terminal it serves in its table, moves a terminal's route to the outage table while the
 //! terminal is silent and back when it answers, removes it when the terminal closes its
-//! association, empties both tables when it starts (stale routes of a killed run) and when
-//! it stops; `pepd announce --flush` empties them after a SIGKILL.
+//! association or a reload removes its entry, empties both tables when it starts (stale
+//! routes of a killed run) and when it stops; `pepd announce --flush` empties them after a
+//! SIGKILL.
 
 mod support;
 
@@ -32,7 +33,7 @@ fn links() -> HubLinks {
         ..Default::default()
     };
     HubLinks {
-        terminals: 2,
+        terminals: 3,
         carrier: d(20e6),
         ret: d(2e6),
         seed: 1,
@@ -119,6 +120,20 @@ fn signal(pid: Option<u32>, s: Signal) {
     kill(Pid::from_raw(pid as i32), s).expect("signal");
 }
 
+/// Rewrites the config at `path` without the `[[peer]]` entry named `name`.
+fn remove_peer(path: &std::path::Path, name: &str) {
+    let text = std::fs::read_to_string(path).expect("hub config");
+    let mut t: toml::Table = text.parse().expect("hub config TOML");
+    let peers = t
+        .get_mut("peer")
+        .and_then(toml::Value::as_array_mut)
+        .expect("[[peer]] entries");
+    let before = peers.len();
+    peers.retain(|p| p.get("name").and_then(toml::Value::as_str) != Some(name));
+    assert_eq!(peers.len() + 1, before, "one entry named {name}");
+    std::fs::write(path, toml::to_string(&t).expect("TOML")).expect("hub config written");
+}
+
 fn ip_in(ns: &str, args: &[&str]) {
     let out = command_in(ns, "ip").args(args).output().expect("ip runs");
     assert!(
@@ -144,17 +159,23 @@ fn announcements_follow_the_association() {
             cir_bps: 0.0,
             weight: 1,
         };
-        2
+        3
     ];
     let mut tb = HubTestbed::up(&links(), &rates, &opts)
         .unwrap_or_else(|e| panic!("starting the hub testbed: {e}"));
     let hub = tb.gateways().hub().namespace().to_owned();
-    let (t1, t2) = (lan_prefix(1), lan_prefix(2));
+    let (t1, t2, t3) = (lan_prefix(1), lan_prefix(2), lan_prefix(3));
 
-    // Both terminals served: one route each in the serving table.
-    wait_for_tables(&hub, &[&t1, &t2], &[], "both established");
-    assert_eq!(gauge(&hub, "serving"), Some(2.0));
+    // Every terminal served: one route each in the serving table.
+    wait_for_tables(&hub, &[&t1, &t2, &t3], &[], "all established");
+    assert_eq!(gauge(&hub, "serving"), Some(3.0));
     assert_eq!(gauge(&hub, "outage"), Some(0.0));
+
+    // A reload that removes terminal 3's entry closes its association: its route goes.
+    let config = tb.gateways().hub().config_path().to_owned();
+    remove_peer(&config, "t3");
+    signal(tb.gateways().hub().pid(), Signal::SIGHUP);
+    wait_for_tables(&hub, &[&t1, &t2], &[], "terminal 3 removed by a reload");
 
     // Terminal 2 silent: its route moves to the outage table, and back when it answers.
     let t2_pid = tb.gateways().terminals()[1].pid();
@@ -172,7 +193,6 @@ fn announcements_follow_the_association() {
     // Killed, the hub withdraws nothing; `pepd announce --flush` does.
     tb.gateways_mut().kill_hub().expect("SIGKILL");
     wait_for_tables(&hub, &[&t2], &[], "hub killed");
-    let config = tb.gateways().hub().config_path().to_owned();
     let out = command_in(&hub, pepd_bin())
         .args(["announce", "--flush", "-c"])
         .arg(&config)
