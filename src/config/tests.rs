@@ -1860,8 +1860,21 @@ fn announce_is_off_unless_set_and_its_example_is_documented() {
     for key in keys {
         assert!(DOC.contains(&format!("| `{key}` |")), "announce.{key}");
     }
+    assert!(
+        c.summary().lines().any(|l| l
+            == "announce:   the served terminals' subnets in table 200, moved to table 201 \
+                in an outage"),
+        "{}",
+        c.summary()
+    );
     // Without `outage_table` a terminal's routes stay in `table` through an outage.
     let one = PepdConfig::parse(&text.replace("outage_table = 201\n", "")).expect("one table");
+    assert!(
+        one.summary().lines().any(|l| l
+            == "announce:   the served terminals' subnets in table 200, kept there in an outage"),
+        "{}",
+        one.summary()
+    );
     let a = one.announce.expect("[announce]");
     assert_eq!((a.outage_table(), a.tables()), (200, vec![200]));
 }
