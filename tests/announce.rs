@@ -69,9 +69,14 @@ fn routes(ns: &str, table: u32) -> Value {
     Value::Array(all)
 }
 
-/// What `ip -json -4 route show` prints for pepd's marker route to `net`.
+/// What `ip -json route show` prints for pepd's marker route to `net`: IPv6 routes carry
+/// the loopback device, the kernel's default metric and a preference.
 fn blackhole(net: &str) -> Value {
-    json!({"type": "blackhole", "dst": net, "flags": []})
+    if net.contains(':') {
+        json!({"type": "blackhole", "dst": net, "dev": "lo", "metric": 1024, "flags": [], "pref": "medium"})
+    } else {
+        json!({"type": "blackhole", "dst": net, "flags": []})
+    }
 }
 
 /// Waits until `ns`'s tables are `serving` and `outage`, exactly; panics with what they
@@ -134,6 +139,25 @@ fn remove_peer(path: &std::path::Path, name: &str) {
     std::fs::write(path, toml::to_string(&t).expect("TOML")).expect("hub config written");
 }
 
+/// Rewrites the config at `path` with `subnets` for the `[[peer]]` entry named `name`.
+fn set_subnets(path: &std::path::Path, name: &str, subnets: &[&str]) {
+    let text = std::fs::read_to_string(path).expect("hub config");
+    let mut t: toml::Table = text.parse().expect("hub config TOML");
+    let entry = t
+        .get_mut("peer")
+        .and_then(toml::Value::as_array_mut)
+        .and_then(|peers| {
+            peers
+                .iter_mut()
+                .find(|p| p.get("name").and_then(toml::Value::as_str) == Some(name))
+        })
+        .and_then(toml::Value::as_table_mut)
+        .expect("an entry named {name}");
+    let list = subnets.iter().map(|&s| toml::Value::from(s)).collect();
+    entry.insert("subnets".into(), toml::Value::Array(list));
+    std::fs::write(path, toml::to_string(&t).expect("TOML")).expect("hub config written");
+}
+
 fn ip_in(ns: &str, args: &[&str]) {
     let out = command_in(ns, "ip").args(args).output().expect("ip runs");
     assert!(
@@ -177,22 +201,36 @@ fn announcements_follow_the_association() {
     signal(tb.gateways().hub().pid(), Signal::SIGHUP);
     wait_for_tables(&hub, &[&t1, &t2], &[], "terminal 3 removed by a reload");
 
+    // A reload that gives terminal 2 an IPv6 subnet too makes it another peer: announced
+    // with both once it associates again.
+    let t2_v6 = "fd00:198:18:102::/64";
+    set_subnets(&config, "t2", &[&t2, t2_v6]);
+    signal(tb.gateways().hub().pid(), Signal::SIGHUP);
+    wait_for_tables(
+        &hub,
+        &[&t1, &t2, t2_v6],
+        &[],
+        "terminal 2 with an IPv6 subnet",
+    );
+
     // Terminal 2 silent: its route moves to the outage table, and back when it answers.
     let t2_pid = tb.gateways().terminals()[1].pid();
     signal(t2_pid, Signal::SIGSTOP);
-    wait_for_tables(&hub, &[&t1], &[&t2], "terminal 2 silent");
-    assert_eq!(gauge(&hub, "outage"), Some(1.0));
+    wait_for_tables(&hub, &[&t1], &[&t2, t2_v6], "terminal 2 silent");
+    assert_eq!(gauge(&hub, "serving"), Some(1.0));
+    assert_eq!(gauge(&hub, "outage"), Some(2.0));
     signal(t2_pid, Signal::SIGCONT);
-    wait_for_tables(&hub, &[&t1, &t2], &[], "terminal 2 answering again");
+    wait_for_tables(&hub, &[&t1, &t2, t2_v6], &[], "terminal 2 answering again");
 
     // Terminal 1 stops: its CLOSE ends the association, and its route goes.
     signal(tb.gateways().terminals()[0].pid(), Signal::SIGTERM);
-    wait_for_tables(&hub, &[&t2], &[], "terminal 1 closed");
-    assert_eq!(gauge(&hub, "serving"), Some(1.0));
+    wait_for_tables(&hub, &[&t2, t2_v6], &[], "terminal 1 closed");
+    assert_eq!(gauge(&hub, "serving"), Some(2.0));
+    assert_eq!(gauge(&hub, "outage"), Some(0.0));
 
     // Killed, the hub withdraws nothing; `pepd announce --flush` does.
     tb.gateways_mut().kill_hub().expect("SIGKILL");
-    wait_for_tables(&hub, &[&t2], &[], "hub killed");
+    wait_for_tables(&hub, &[&t2, t2_v6], &[], "hub killed");
     let out = command_in(&hub, pepd_bin())
         .args(["announce", "--flush", "-c"])
         .arg(&config)
@@ -231,7 +269,7 @@ fn announcements_follow_the_association() {
     tb.gateways_mut()
         .restart_hub(WAIT)
         .unwrap_or_else(|e| panic!("restarting the hub: {e}"));
-    wait_for_tables(&hub, &[&t2], &[], "hub restarted");
+    wait_for_tables(&hub, &[&t2, t2_v6], &[], "hub restarted");
 
     // SIGTERM: the hub drains, stops and empties its tables before it exits.
     let hub_daemon = tb.gateways_mut().hub_mut();
