@@ -1915,4 +1915,13 @@ fn announce_is_for_a_hub() {
     let ds = invalid(terminal);
     assert_eq!(ds.len(), 1, "{ds:#?}");
     assert_eq!(ds[0].key.as_deref(), Some("announce"), "{}", ds[0]);
+    // Nor a hub in the pair form, whose one peer is every destination.
+    let pair = "[peer]\naddress = \"198.18.1.2:7400\"\nside = \"hub\"\n\
+                [link]\ntx_rate = \"50Mbit\"\nrx_rate = \"5Mbit\"\n\
+                [security]\nmode = \"none\"\n\
+                [announce]\ntable = 200\n";
+    let ds = invalid(pair);
+    assert_eq!(ds.len(), 1, "{ds:#?}");
+    assert_eq!(ds[0].key.as_deref(), Some("announce"), "{}", ds[0]);
+    assert!(ds[0].to_string().contains("[[peer]]"), "{}", ds[0]);
 }

@@ -252,6 +252,12 @@ impl PepdConfig {
                 "announce",
                 "is for a hub: a terminal's subnets are behind it, not behind its hub",
             );
+        } else if matches!(self.peer, Peers::Pair(_)) {
+            c.fail(
+                "announce",
+                "needs `[[peer]]` entries: the `[peer]` table's one peer is every destination \
+                 (0.0.0.0/0 and ::/0), which no hub should announce",
+            );
         }
         let mut tables = vec![("announce.table", a.table)];
         if let Some(t) = a.outage_table {
