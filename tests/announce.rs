@@ -2,9 +2,9 @@
 //! terminals (pep_testbed::hub) keeps exactly one blackhole route per subnet of each
 //! terminal it serves in its table, moves a terminal's route to the outage table while the
 //! terminal is silent and back when it answers, removes it when the terminal closes its
-//! association or a reload removes its entry, empties both tables when it starts (stale
-//! routes of a killed run) and when it stops; `pepd announce --flush` empties them after a
-//! SIGKILL.
+//! association or a reload removes its entry, sets right routes changed by hand, empties
+//! both tables when it starts (stale routes of a killed run) and when it stops;
+//! `pepd announce --flush` empties them after a SIGKILL.
 
 mod support;
 
@@ -22,7 +22,8 @@ use support::{heavy, metric_value, options, pepd_bin, scrape_metrics};
 const TABLE: u32 = 200;
 const OUTAGE_TABLE: u32 = 201;
 /// Long enough for a batch (50 ms after a change), the outage detection of a silent
-/// terminal on these links and a restarted terminal's new association.
+/// terminal on these links, a restarted terminal's new association and the comparison of
+/// the tables with what they should hold (every 10 s).
 const WAIT: Duration = Duration::from_secs(20);
 
 fn links() -> HubLinks {
@@ -270,6 +271,21 @@ fn announcements_follow_the_association() {
         .restart_hub(WAIT)
         .unwrap_or_else(|e| panic!("restarting the hub: {e}"));
     wait_for_tables(&hub, &[&t2, t2_v6], &[], "hub restarted");
+
+    // Routes changed by hand are set right by the next comparison (every 10 s).
+    ip_in(&hub, &["route", "del", &t2, "table", &table]);
+    let extra = [
+        "route",
+        "add",
+        "blackhole",
+        "198.18.251.0/24",
+        "table",
+        &outage_table,
+    ];
+    ip_in(&hub, &extra);
+    wait_for_tables(&hub, &[&t2, t2_v6], &[], "tables changed by hand");
+    let errors = metric_value(&scrape_metrics(&hub), "pepd_announce_errors_total", None);
+    assert_eq!(errors, Some(0.0));
 
     // SIGTERM: the hub drains, stops and empties its tables before it exits.
     let hub_daemon = tb.gateways_mut().hub_mut();
