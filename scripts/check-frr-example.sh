@@ -3,8 +3,8 @@
 # vtysh parses it (dry run), and in two network namespaces made here (a hub running zebra,
 # bgpd and bfdd with the example, and a LAN router) the router learns by eBGP the
 # blackhole route pepd would write to table 200, learns it with the prepended path once
-# it moves to table 201, and loses it when the tables are emptied. Root; the namespaces
-# and daemons go on exit. Exit status 0 when every step holds.
+# it moves to table 201, and loses it when the tables are emptied; the session has BFD up.
+# Root; the namespaces and daemons go on exit. Exit status 0 when every step holds.
 set -euo pipefail
 example="$(cd "$(dirname "$0")/.." && pwd)/deploy/frr/frr.conf.example"
 hub=pepd-frrchk-hub-$$
@@ -74,6 +74,13 @@ wait_for() { # what, expected, seconds
 }
 wait_for path "65011" 20
 echo "served (table 200): router has '$(learned)', AS path $(path)"
+# The session is watched by BFD (bfdd in both namespaces).
+bfd() {
+    ip netns exec "$rtr" vtysh --vty_socket "$dir/rtr" -c 'show bfd peers json' |
+        python3 -c 'import json,sys; print(" ".join(p["status"] for p in json.load(sys.stdin)))'
+}
+wait_for bfd "up" 10
+echo "BFD session with the hub: $(bfd)"
 ip -n "$hub" -batch - <<'BATCH'
 route replace blackhole 198.18.40.0/24 table 201
 route del 198.18.40.0/24 table 200
