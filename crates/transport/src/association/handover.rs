@@ -35,17 +35,6 @@ pub struct Hubs {
     pub return_after: Option<Duration>,
 }
 
-/// Trials of another hub that ended, by how.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TrialCounts {
-    /// The candidate answered and the terminal moved to it.
-    pub moved: u64,
-    /// The current hub answered first, or within the settle, and the terminal stayed.
-    pub stayed: u64,
-    /// The candidate did not answer its initiation.
-    pub unanswered: u64,
-}
-
 /// The hub list and the trial under way.
 pub(super) struct Handover {
     hubs: Hubs,

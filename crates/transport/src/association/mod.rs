@@ -1002,4 +1002,4 @@ mod receive;
 mod recovery;
 mod transmit;
 
-pub use handover::{Hubs, TrialCounts, CLOSE_HANDOVER, MAX_HUBS};
+pub use handover::{Hubs, CLOSE_HANDOVER, MAX_HUBS};
