@@ -245,6 +245,11 @@ fn a_terminal_listing_two_hubs_is_served_by_the_second_once_the_first_is_gone() 
     );
     let text = tb.terminal_metrics(1).expect("terminal metrics");
     assert_eq!(metric(&text, "pepd_handovers_total"), Some(1.0));
+    let logged = tb.log_tails(200).into_iter().any(|(who, log)| {
+        who == "terminal 1"
+            && log.contains("handover: now served by hub 198.19.0.12:7400 (was 198.19.0.11:7400)")
+    });
+    assert!(logged, "{:#?}", tb.log_tails(20));
     assert_eq!(
         metric(&text, "pepd_peer_hub_rank{peer=\"peer\"}"),
         Some(1.0)

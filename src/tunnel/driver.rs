@@ -854,7 +854,7 @@ impl Driver {
                 c.set_state(AssociationState::Connecting);
                 info!(
                     name = %peer.name,
-                    "handover: hub {from} stopped answering, now served by {to}; {} flows reset",
+                    "handover: now served by hub {to} (was {from}); {} flows reset",
                     st.flows_reset_by_handover()
                 );
                 self.notifier.status(&format!("served by hub {to}"));

@@ -213,6 +213,17 @@ fn a_dead_hub_is_left_for_the_next_that_answers() {
     complete(&mut n, t, &pair, SECOND * 30);
     n.advance(SECOND * 30);
     assert_eq!(handovers(&n, t), vec![(hub_at(A), hub_at(B))]);
+    // The flows' resets, the move, then the association with B.
+    let events = &n.app(T, t).events;
+    let moved = events
+        .iter()
+        .position(|e| matches!(e, Event::Handover { .. }))
+        .unwrap();
+    assert!(events[..moved].contains(&Event::FlowReset {
+        flow: up,
+        reason: ResetReason::Handover
+    }));
+    assert_eq!(events.get(moved + 1), Some(&Event::Established));
     let s = terminal(&n, t).stats();
     assert_eq!((s.handovers, s.handover_trials.moved), (1, 1));
     assert_eq!(sent_to(&n, A).0, before + 1, "nothing more went to A");

@@ -326,11 +326,12 @@ impl Association {
             sec.reset_session();
         }
         self.remote = Some(to);
-        self.start_session(now, answer.hello, answer.keys, |_, _| false);
-        self.probes_pending = self.probes_pending.max(1);
         self.stats.handovers += 1;
         self.stats.handover_trials.moved += 1;
+        // Before `Established`: the flows' resets, the move, then the new association.
         self.events.push_back(Event::Handover { from, to });
+        self.start_session(now, answer.hello, answer.keys, |_, _| false);
+        self.probes_pending = self.probes_pending.max(1);
     }
 
     /// Ends trials whose time is up, commits a settled answer, and starts the trial called
