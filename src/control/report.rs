@@ -64,6 +64,18 @@ impl PepdConfig {
                 );
             }
         }
+        if let Some(a) = &self.announce {
+            let outage = if a.outage_table() == a.table {
+                "kept there in an outage".to_owned()
+            } else {
+                format!("moved to table {} in an outage", a.outage_table())
+            };
+            let _ = writeln!(
+                s,
+                "announce:   the served terminals' subnets in table {}, {outage}",
+                a.table
+            );
+        }
         let listen: Vec<String> = self
             .intercept
             .listen

@@ -30,8 +30,13 @@
 //!
 //! [`failover`] (`pep-testbed failover --scenario …`) probes through the hub topology while
 //! a hub fails and reports how long each terminal took to be answered again.
+//!
+//! [`browser`] (`pep-testbed browser`) has headless chromium load a page from caddy
+//! (HTTP/1.1, 2 and 3) across the link, without pepd or through pepd with a QUIC policy,
+//! and reports each visit's load time and the protocol of every object.
 
 pub mod addr;
+pub mod browser;
 pub mod cmd;
 pub mod corpus;
 pub mod cpu;

@@ -1,5 +1,6 @@
 //! `pep-testbed`: build the satellite testbed, move verified traffic through it, run scenarios.
 
+mod browser_cmd;
 mod demo;
 mod failover_cmd;
 mod hub_cmd;
@@ -222,6 +223,10 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SplitRelayCmd,
     },
+    /// Headless chromium loads a page of 30 objects (3 MB) from caddy (HTTP/1.1, 2 and 3)
+    /// across the emulated link, a first and a repeat visit, without pepd and through pepd
+    /// with `quic = "pass"` or `"reject"`: load times and each object's protocol as JSON.
+    Browser(browser_cmd::BrowserArgs),
     /// A stand-in for pepd that relays intercepted TCP over the routed path (tests the
     /// testbed's interception plumbing): `fake-pepd run -c FILE`.
     #[command(hide = true)]
@@ -391,6 +396,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Soak(args) => soak::run(&args)?,
         Cmd::Hub(args) => hub_cmd::run(&args)?,
         Cmd::Failover(args) => failover_cmd::run(&args)?,
+        Cmd::Browser(args) => browser_cmd::run(&args)?,
         Cmd::SplitRelay {
             cmd: SplitRelayCmd::Run { config },
         } => pep_testbed::split::relay::main(&config)?,
