@@ -193,3 +193,65 @@ fn a_standby_takes_over_when_pepd_on_the_active_is_killed() {
         killed.elapsed().as_secs_f64()
     );
 }
+
+/// The value of the sample `name` (without labels) in a metrics text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Two hubs at their own tunnel addresses (no virtual address, no keepalived), the
+/// terminal listing both; pepd on the first is killed for good. The terminal moves to the
+/// second, and a request through pepd is answered exactly within 30 s.
+#[test]
+fn a_terminal_listing_two_hubs_is_served_by_the_second_once_the_first_is_gone() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    let _heavy = heavy();
+    let mut tb = StandbyTestbed::up_listed(&links(1, 20), &options())
+        .unwrap_or_else(|e| panic!("starting two hubs and a terminal listing both: {e}"));
+    let _server = server(&tb);
+    assert_eq!(tb.associations(2), Some(0));
+    assert_eq!(request(&tb, 1, 400), Ok(true), "before");
+    let text = tb.terminal_metrics(1).expect("terminal metrics");
+    assert_eq!(
+        metric(&text, "pepd_peer_hub_rank{peer=\"peer\"}"),
+        Some(0.0)
+    );
+    tb.kill_pepd(1).expect("killed");
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(30);
+    tb.wait_for_associations(2, 1, deadline)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut seed = 500;
+    loop {
+        match request(&tb, 1, seed) {
+            Ok(exact) => {
+                assert!(exact, "the answer through hub 2 was not exact");
+                break;
+            }
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "no answer through hub 2 within 30 s: {e}\n{:#?}",
+                tb.log_tails(20)
+            ),
+        }
+        seed += 1;
+    }
+    eprintln!(
+        "answered through hub 2 {:.1} s after pepd on hub 1 was killed",
+        killed.elapsed().as_secs_f64()
+    );
+    let text = tb.terminal_metrics(1).expect("terminal metrics");
+    assert_eq!(metric(&text, "pepd_handovers_total"), Some(1.0));
+    let logged = tb.log_tails(200).into_iter().any(|(who, log)| {
+        who == "terminal 1"
+            && log.contains("handover: now served by hub 198.19.0.12:7400 (was 198.19.0.11:7400)")
+    });
+    assert!(logged, "{:#?}", tb.log_tails(20));
+    assert_eq!(
+        metric(&text, "pepd_peer_hub_rank{peer=\"peer\"}"),
+        Some(1.0)
+    );
+}

@@ -7,6 +7,7 @@
 //! pep-testbed failover --scenario restart --terminals 8 --profile geo --control
 //! pep-testbed failover --scenario standby-pepd --advert-int 0.5
 //! pep-testbed failover --scenario standby-hub
+//! pep-testbed failover --scenario handover
 //! ```
 
 use std::time::Duration;

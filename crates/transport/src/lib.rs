@@ -30,8 +30,8 @@ mod stream;
 pub mod traffic_class;
 
 pub use association::{
-    Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, LostReason, OpenError,
-    ReadOutcome, Role,
+    Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, Hubs, LostReason,
+    OpenError, ReadOutcome, Role, CLOSE_HANDOVER, MAX_HUBS,
 };
 pub use compression::{Compression, CompressionOffer};
 pub use config::{
@@ -50,7 +50,7 @@ pub use sched::{
     DEMAND_HEADROOM,
 };
 pub use security::SecurityCounts;
-pub use stats::Stats;
+pub use stats::{Stats, TrialCounts};
 pub use traffic_class::{TrafficClass, TrafficClassId, TrafficClassStats, MAX_TRAFFIC_CLASSES};
 
 /// Version carried in HELLO and in front of every handshake message; peers with another

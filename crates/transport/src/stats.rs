@@ -84,9 +84,25 @@ pub struct Stats {
     pub rekeys: u64,
     /// Times the peer's address changed after it proved it is at the new one.
     pub remote_moves: u64,
+    /// Moves of a terminal to another hub of its list.
+    pub handovers: u64,
+    /// Trials of another hub of the list, by how they ended.
+    pub handover_trials: TrialCounts,
     /// The AEAD the two HELLOs settled on for the keys in use: `None` before the first
     /// handshake completes and without security.
     pub aead: Option<PacketProtection>,
     /// Each configured traffic class, by number (empty when none is configured).
     pub traffic_classes: Vec<TrafficClassStats>,
+}
+
+/// A terminal's trials of another hub of its list that ended, by how (docs/PROTOCOL.md
+/// §10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrialCounts {
+    /// The candidate answered and the terminal moved to it.
+    pub moved: u64,
+    /// The hub serving the terminal answered first, or within the settle, and it stayed.
+    pub stayed: u64,
+    /// The candidate did not answer its initiation.
+    pub unanswered: u64,
 }

@@ -8,6 +8,9 @@
 //!   is started again after the pause without taking them back.
 //! - `standby-hub`: the same pair; the active hub is gone at once (its interfaces down,
 //!   then pepd and keepalived killed).
+//! - `handover`: the same two hubs at their own addresses, no keepalived, every terminal
+//!   listing both in `[peer] address` ([`standby::HubAddressing::Listed`]); the first hub's
+//!   pepd gets SIGKILL for good, and the terminals move to the second by themselves.
 //!
 //! Every terminal's client runs a [`probe::Prober`] from the start to the end of the run.
 //! With a control run, the same topology and traffic run once more without the failure,
@@ -46,13 +49,16 @@ pub enum Scenario {
     StandbyPepd,
     /// The active hub is gone: interfaces down, pepd and keepalived killed.
     StandbyHub,
+    /// Two hubs at their own addresses, listed by every terminal; the first one's pepd is
+    /// killed with SIGKILL for good.
+    Handover,
 }
 
 impl Scenario {
     fn hubs(self) -> usize {
         match self {
             Scenario::Restart => 1,
-            Scenario::StandbyPepd | Scenario::StandbyHub => topology::HUBS,
+            Scenario::StandbyPepd | Scenario::StandbyHub | Scenario::Handover => topology::HUBS,
         }
     }
 }
@@ -118,10 +124,11 @@ pub struct FailoverResult {
     pub pepd_log_tail: Option<BTreeMap<String, String>>,
 }
 
-/// What the standby scenarios observe of the hubs.
+/// What the two-hub scenarios observe of the hubs.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StandbyFigures {
-    pub advert_int_s: f64,
+    /// keepalived's advertisement interval; `None` without keepalived (`handover`).
+    pub advert_int_s: Option<f64>,
     /// From the failure until hub 2 held both virtual addresses; `None` if it never did.
     pub address_moved_after_s: Option<f64>,
     /// Address moves other than the injected one: hub 1 not active or hub 2 holding an
@@ -148,6 +155,7 @@ pub fn run(spec: &FailoverSpec) -> Result<FailoverResult, Error> {
     let once = |fail| match spec.scenario {
         Scenario::Restart => run_hub(spec, fail),
         Scenario::StandbyPepd | Scenario::StandbyHub => run_standby(spec, fail),
+        Scenario::Handover => run_handover(spec, fail),
     };
     let control = match spec.control {
         true => Some(once(false)?),
@@ -285,7 +293,7 @@ fn run_standby(spec: &FailoverSpec, fail: bool) -> Result<Probed, Error> {
     let until = epoch + spec.fail_at + spec.after;
     sleep_until(epoch + spec.fail_at);
     let mut figures = StandbyFigures {
-        advert_int_s: spec.advert_int.as_secs_f64(),
+        advert_int_s: Some(spec.advert_int.as_secs_f64()),
         ..Default::default()
     };
     let ready_before = tb.is_active(1)? && !tb.holds_any(2)?;
@@ -327,6 +335,38 @@ fn run_standby(spec: &FailoverSpec, fail: bool) -> Result<Probed, Error> {
         logs,
         failure_at_s,
         hub_ready_after_s,
+        standby: Some(figures),
+        log_tails: tb.log_tails(30),
+    })
+}
+
+/// Two hubs at their own addresses and terminals listing both, with probes on every
+/// terminal; with `fail`, hub 1's pepd is killed at `fail_at` and stays down.
+fn run_handover(spec: &FailoverSpec, fail: bool) -> Result<Probed, Error> {
+    let mut tb = StandbyTestbed::up_listed(&spec.links, &spec.pepd)?;
+    let server_at = SocketAddr::from((topology::SERVER, XFER_PORT));
+    let _server = in_netns(&tb.topology().names.server, move || {
+        Server::bind(server_at, None)
+    })??;
+    let (epoch, probes) = start_probes(spec, &tb.topology().names.clients, server_at);
+    sleep_until(epoch + spec.fail_at);
+    let mut failure_at_s = spec.fail_at.as_secs_f64();
+    if fail {
+        failure_at_s = epoch.elapsed().as_secs_f64();
+        if let Err(e) = tb.kill_pepd(1) {
+            let _ = finish_probes(probes);
+            return Err(e);
+        }
+    }
+    let logs = finish_probes(probes)?;
+    let figures = StandbyFigures {
+        associations_after: (1..=topology::HUBS).map(|k| tb.associations(k)).collect(),
+        ..Default::default()
+    };
+    Ok(Probed {
+        logs,
+        failure_at_s,
+        hub_ready_after_s: None,
         standby: Some(figures),
         log_tails: tb.log_tails(30),
     })

@@ -10,16 +10,26 @@ use crate::hub::gateways::{established_associations, hub_config, terminal_config
 use crate::hub::{HubLinks, TerminalRates};
 use crate::pepd::{
     fetch_metrics, fresh_dir, remove_dir, write_key, PepdOptions, TunnelSecurity,
-    ASSOCIATION_ESTABLISHED, KEEP_ENV, READY,
+    ASSOCIATION_ESTABLISHED, KEEP_ENV, READY, TUNNEL_PORT,
 };
 use crate::topology::{HostTuning, LAN_DEV, SAT_DEV};
 use crate::Error;
 
 use super::keepalived::{self, Keepalived, VrrpSettings};
-use super::topology::{StandbyTopology, HUBS, LAN_VIP, TUNNEL_VIP};
+use super::topology::{hub_sat, StandbyTopology, HUBS, LAN_VIP, TUNNEL_VIP};
 
 /// What the hubs' configs get over the hub topology's.
 const REDUNDANT_TOML: &str = "[tunnel]\nredundant = true";
+
+/// How the terminals reach the hubs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HubAddressing {
+    /// One tunnel address, which keepalived (or a test) moves between the hubs.
+    Shared,
+    /// Each hub at its own address on the teleport segment, which every terminal lists in
+    /// `[peer] address`, hub 1 first: no virtual address, no keepalived.
+    Listed,
+}
 
 /// Hub 1 starts as the active one: its priority is the higher.
 const PRIORITIES: [u8; HUBS] = [150, 100];
@@ -44,6 +54,21 @@ impl StandbyTestbed {
         links: &HubLinks,
         opts: &PepdOptions,
         advert_int: Option<Duration>,
+    ) -> Result<StandbyTestbed, Error> {
+        Self::start(links, opts, advert_int, HubAddressing::Shared)
+    }
+
+    /// Both hubs up at their own addresses and every terminal listing both, hub 1 first
+    /// ([`HubAddressing::Listed`]); returns once hub 1 has every terminal's association.
+    pub fn up_listed(links: &HubLinks, opts: &PepdOptions) -> Result<StandbyTestbed, Error> {
+        Self::start(links, opts, None, HubAddressing::Listed)
+    }
+
+    fn start(
+        links: &HubLinks,
+        opts: &PepdOptions,
+        advert_int: Option<Duration>,
+        addressing: HubAddressing,
     ) -> Result<StandbyTestbed, Error> {
         if advert_int.is_some() {
             keepalived::require()?;
@@ -70,7 +95,7 @@ impl StandbyTestbed {
             dir,
             keep,
         };
-        tb.daemons = prepare(&tb.dir, &tb.topo, links, opts, &tb.launch)?;
+        tb.daemons = prepare(&tb.dir, &tb.topo, links, opts, &tb.launch, addressing)?;
         let allowed = opts
             .ready_timeout
             .unwrap_or(Duration::from_secs(15) + 4 * links.rtt());
@@ -87,6 +112,12 @@ impl StandbyTestbed {
             for d in tb.daemons.iter_mut().skip(HUBS) {
                 let at = d.spawn(&tb.launch)?;
                 d.wait_for(READY, at, deadline, allowed)?;
+                if addressing == HubAddressing::Listed {
+                    d.wait_for(ASSOCIATION_ESTABLISHED, at, deadline, allowed)?;
+                }
+            }
+            if addressing == HubAddressing::Listed {
+                tb.wait_for_associations(1, links.terminals, deadline)?;
             }
             return Ok(tb);
         };
@@ -192,6 +223,11 @@ impl StandbyTestbed {
             .map(|text| established_associations(&text))
     }
 
+    /// Terminal `i`'s (from 1) metrics now.
+    pub fn terminal_metrics(&self, i: usize) -> Result<String, Error> {
+        fetch_metrics(self.daemons[HUBS + i - 1].namespace())
+    }
+
     /// SIGKILL to hub `k`'s pepd.
     pub fn kill_pepd(&mut self, k: usize) -> Result<(), Error> {
         self.daemons[k - 1].kill().map(drop)
@@ -242,13 +278,15 @@ impl Drop for StandbyTestbed {
     }
 }
 
-/// Both hubs (one key, one config) and every terminal prepared, none started.
+/// Both hubs (one key, one config, but for the bind address when each has its own) and
+/// every terminal prepared, none started.
 fn prepare(
     dir: &Path,
     topo: &StandbyTopology,
     links: &HubLinks,
     opts: &PepdOptions,
     launch: &Launch,
+    addressing: HubAddressing,
 ) -> Result<Vec<Daemon>, Error> {
     let rates = vec![
         TerminalRates {
@@ -262,21 +300,35 @@ fn prepare(
     let terminal_keys = (1..=links.terminals)
         .map(|i| write_key(dir, &format!("t{i}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let hub_text = hub_config(
-        links,
-        &rates,
-        &hub_key,
-        &terminal_keys,
-        &[
-            opts.rules_base(),
-            &opts.extra_toml,
-            REDUNDANT_TOML,
-            &opts.hub_toml,
-        ],
-    )?;
+    let (own_bind, listed) = match addressing {
+        HubAddressing::Shared => (false, String::new()),
+        HubAddressing::Listed => {
+            let list: Vec<String> = (1..=HUBS)
+                .map(|k| format!("\"{}:{TUNNEL_PORT}\"", hub_sat(k)))
+                .collect();
+            (true, format!("[peer]\naddress = [{}]", list.join(", ")))
+        }
+    };
     let mut daemons = Vec::new();
     for (k, ns) in topo.names.hubs.iter().enumerate() {
         let k = k + 1;
+        let bind = match own_bind {
+            true => format!("[tunnel]\nbind = \"{}:{TUNNEL_PORT}\"", hub_sat(k)),
+            false => String::new(),
+        };
+        let hub_text = hub_config(
+            links,
+            &rates,
+            &hub_key,
+            &terminal_keys,
+            &[
+                opts.rules_base(),
+                &opts.extra_toml,
+                REDUNDANT_TOML,
+                &bind,
+                &opts.hub_toml,
+            ],
+        )?;
         let d = Daemon::prepare(dir, &format!("h{k}"), &format!("hub {k}"), ns, &hub_text)?;
         opts.install_rules(ns, &launch.program, d.config_path())?;
         daemons.push(d);
@@ -289,7 +341,12 @@ fn prepare(
             &rates[i - 1],
             key,
             &hub_key,
-            &[opts.rules_base(), &opts.extra_toml, &opts.terminal_toml],
+            &[
+                opts.rules_base(),
+                &opts.extra_toml,
+                &listed,
+                &opts.terminal_toml,
+            ],
         )?;
         let ns = &topo.names.terminals[i - 1];
         let d = Daemon::prepare(dir, &format!("t{i}"), &format!("terminal {i}"), ns, &text)?;
