@@ -1,4 +1,4 @@
-//! An active/standby pair of hubs up on [`StandbyTopology`]: pepd on both hubs with the same
+//! An active/standby pair of hubs up on [`FailoverTopology`]: pepd on both hubs with the same
 //! config (`[tunnel] redundant = true`, the same key and `[[peer]]` list), keepalived on
 //! both, pepd on every terminal; and the failures the scenarios inject.
 
@@ -16,7 +16,7 @@ use crate::topology::{HostTuning, LAN_DEV, SAT_DEV};
 use crate::Error;
 
 use super::keepalived::{self, Keepalived, VrrpSettings};
-use super::topology::{StandbyTopology, HUBS, LAN_VIP, TUNNEL_VIP};
+use super::topology::{FailoverTopology, Layout, HUBS, LAN_VIP, TUNNEL_VIP};
 
 /// What the hubs' configs get over the hub topology's.
 const REDUNDANT_TOML: &str = "[tunnel]\nredundant = true";
@@ -30,7 +30,7 @@ pub struct StandbyTestbed {
     keepalived: Vec<Keepalived>,
     /// Hub 1, hub 2, then terminal 1, 2, …
     daemons: Vec<Daemon>,
-    topo: StandbyTopology,
+    topo: FailoverTopology,
     launch: Launch,
     dir: PathBuf,
     keep: bool,
@@ -53,11 +53,12 @@ impl StandbyTestbed {
                 "redundant hubs share one static key: they need noise".into(),
             ));
         }
-        let topo = StandbyTopology::up(
+        let topo = FailoverTopology::up(
             links,
             &HostTuning {
                 congestion_control: "cubic".into(),
             },
+            Layout::STANDBY,
         )?;
         let launch = opts.launch()?;
         let dir = fresh_dir(&topo.names.base)?;
@@ -115,7 +116,7 @@ impl StandbyTestbed {
         Ok(tb)
     }
 
-    pub fn topology(&self) -> &StandbyTopology {
+    pub fn topology(&self) -> &FailoverTopology {
         &self.topo
     }
 
@@ -245,7 +246,7 @@ impl Drop for StandbyTestbed {
 /// Both hubs (one key, one config) and every terminal prepared, none started.
 fn prepare(
     dir: &Path,
-    topo: &StandbyTopology,
+    topo: &FailoverTopology,
     links: &HubLinks,
     opts: &PepdOptions,
     launch: &Launch,

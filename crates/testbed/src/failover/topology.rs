@@ -1,4 +1,4 @@
-//! The active/standby topology in network namespaces:
+//! The failover topology in network namespaces. The active/standby layout:
 //!
 //! ```text
 //!            sv 198.18.3.2 ─┐ br-lan (in sw) ┌─ h1 lan0 198.18.3.11   h1 sat0 198.19.0.11 ─┐ br-tp (in sw)
@@ -15,6 +15,16 @@
 //! which keepalived moves: [`TUNNEL_VIP`] on `sat0` (every terminal's hub address) and
 //! [`LAN_VIP`] on `lan0` (the server's default route). Neither is on any interface when
 //! the topology comes up.
+//!
+//! The active-set layout ([`Layout::active_set`]) has three or more hubs, each serving on
+//! its own addresses, and puts the server behind a router:
+//!
+//! ```text
+//!  sv 198.18.4.2 ── rtr 198.18.4.1 | 198.18.3.254 on br-lan ── h1 … hN lan0 198.18.3.1k
+//! ```
+//!
+//! `rtr` learns each terminal's LAN from the hub that serves the terminal (BGP, see
+//! [`super::frr`]), so the server's replies to a client's own address reach that hub.
 
 use std::net::Ipv4Addr;
 
@@ -37,6 +47,36 @@ pub const SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 2);
 pub const MODEM: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 254);
 /// Hubs in a redundant pair.
 pub const HUBS: usize = 2;
+/// The server in the active-set layout, behind the router.
+pub const ROUTED_SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 2);
+/// The router's address on the server's segment.
+pub const ROUTER_SERVER_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 1);
+/// The router's address on the hubs' LAN segment.
+pub const ROUTER: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 254);
+/// The most hubs the address plan and the router's config are written for.
+pub const MAX_HUBS: usize = 8;
+
+/// How many hubs, and where the server sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub hubs: usize,
+    /// The server behind a router that learns the terminals' LANs by BGP; otherwise on the
+    /// hubs' segment, its default route the LAN virtual address.
+    pub routed: bool,
+}
+
+impl Layout {
+    /// Two hubs sharing virtual addresses, the server on their segment.
+    pub const STANDBY: Layout = Layout {
+        hubs: HUBS,
+        routed: false,
+    };
+
+    /// `hubs` hubs on their own addresses, the server behind the router.
+    pub fn active_set(hubs: usize) -> Layout {
+        Layout { hubs, routed: true }
+    }
+}
 
 /// Hub `k`'s (from 1) own address on the teleport segment.
 pub fn hub_sat(k: usize) -> Ipv4Addr {
@@ -49,6 +89,8 @@ pub fn hub_lan(k: usize) -> Ipv4Addr {
 }
 
 const TELEPORT: &str = "198.19.0.0/24";
+const SERVER_NET: &str = "198.18.4.0/24";
+const ROUTER_SERVER_DEV: &str = "sv0";
 const TERMINALS_NET: &str = "198.19.1.0/24";
 const BR_LAN: &str = "br-lan";
 const BR_TP: &str = "br-tp";
@@ -61,11 +103,13 @@ fn sat_terminal_dev(i: usize) -> String {
 
 /// Namespace names of one instance: `peptb-PID-N-ROLE`.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct StandbyNames {
+pub struct FailoverNames {
     pub base: String,
     pub switch: String,
     /// By hub, from hub 1.
     pub hubs: Vec<String>,
+    /// The active-set layout's router.
+    pub router: Option<String>,
     pub server: String,
     pub modem: String,
     pub sat: String,
@@ -73,12 +117,13 @@ pub struct StandbyNames {
     pub clients: Vec<String>,
 }
 
-impl StandbyNames {
-    fn fresh(terminals: usize) -> StandbyNames {
+impl FailoverNames {
+    fn fresh(terminals: usize, layout: Layout) -> FailoverNames {
         let base = fresh_base();
-        StandbyNames {
+        FailoverNames {
             switch: format!("{base}-sw"),
-            hubs: (1..=HUBS).map(|k| format!("{base}-h{k}")).collect(),
+            hubs: (1..=layout.hubs).map(|k| format!("{base}-h{k}")).collect(),
+            router: layout.routed.then(|| format!("{base}-rtr")),
             server: format!("{base}-sv"),
             modem: format!("{base}-mod"),
             sat: format!("{base}-sat"),
@@ -91,6 +136,7 @@ impl StandbyNames {
     fn all(&self) -> Vec<&str> {
         let mut v = vec![self.switch.as_str()];
         v.extend(self.hubs.iter().map(String::as_str));
+        v.extend(self.router.as_deref());
         v.extend([self.server.as_str(), &self.modem, &self.sat]);
         v.extend(self.terminals.iter().map(String::as_str));
         v.extend(self.clients.iter().map(String::as_str));
@@ -100,8 +146,9 @@ impl StandbyNames {
 
 /// The topology up with its emulators running; dropping it tears everything down (and
 /// ends whatever still runs in its namespaces).
-pub struct StandbyTopology {
-    pub names: StandbyNames,
+pub struct FailoverTopology {
+    pub names: FailoverNames,
+    pub layout: Layout,
     created: Vec<String>,
     carrier: Option<Emulator>,
     returns: Vec<Emulator>,
@@ -111,16 +158,27 @@ fn passthrough() -> DirectionConfig {
     DirectionConfig::default()
 }
 
-impl StandbyTopology {
-    pub fn up(links: &HubLinks, hosts: &HostTuning) -> Result<StandbyTopology, Error> {
+impl FailoverTopology {
+    pub fn up(
+        links: &HubLinks,
+        hosts: &HostTuning,
+        layout: Layout,
+    ) -> Result<FailoverTopology, Error> {
         if !(1..=MAX_TERMINALS).contains(&links.terminals) {
             return Err(Error::Invalid(format!(
                 "{} terminals: between 1 and {MAX_TERMINALS} fit the address plan",
                 links.terminals
             )));
         }
-        let mut t = StandbyTopology {
-            names: StandbyNames::fresh(links.terminals),
+        if !(2..=MAX_HUBS).contains(&layout.hubs) {
+            return Err(Error::Invalid(format!(
+                "{} hubs: between 2 and {MAX_HUBS} fit the address plan",
+                layout.hubs
+            )));
+        }
+        let mut t = FailoverTopology {
+            names: FailoverNames::fresh(links.terminals, layout),
+            layout,
             created: Vec::new(),
             carrier: None,
             returns: Vec::new(),
@@ -150,12 +208,32 @@ impl StandbyTopology {
             port(hub, SAT_DEV, hub_sat(k), &format!("s{k}"), BR_TP)?;
             let modem = MODEM.to_string();
             ip_in(hub, &["route", "add", TERMINALS_NET, "via", &modem])?;
+            if n.router.is_some() {
+                let router = ROUTER.to_string();
+                ip_in(hub, &["route", "add", SERVER_NET, "via", &router])?;
+            }
         }
-        port(&n.server, HOST_DEV, SERVER, "sv", BR_LAN)?;
-        ip_in(
-            &n.server,
-            &["route", "add", "default", "via", &LAN_VIP.to_string()],
-        )?;
+        match &n.router {
+            Some(rtr) => {
+                port(rtr, LAN_DEV, ROUTER, "rt", BR_LAN)?;
+                sysctl_in(rtr, &["net.ipv4.ip_forward=1"])?;
+                veth(
+                    rtr,
+                    ROUTER_SERVER_DEV,
+                    ROUTER_SERVER_SIDE,
+                    &n.server,
+                    HOST_DEV,
+                    ROUTED_SERVER,
+                )?;
+                let via = ROUTER_SERVER_SIDE.to_string();
+                ip_in(&n.server, &["route", "add", "default", "via", &via])?;
+            }
+            None => {
+                port(&n.server, HOST_DEV, SERVER, "sv", BR_LAN)?;
+                let via = LAN_VIP.to_string();
+                ip_in(&n.server, &["route", "add", "default", "via", &via])?;
+            }
+        }
         tune_host(&n.server, hosts)?;
         port(&n.modem, MOD_DEV, MODEM, "md", BR_TP)?;
         sysctl_in(&n.modem, &["net.ipv4.ip_forward=1"])?;
@@ -221,6 +299,14 @@ impl StandbyTopology {
         Ok(())
     }
 
+    /// The server's address in this layout.
+    pub fn server(&self) -> Ipv4Addr {
+        match self.layout.routed {
+            true => ROUTED_SERVER,
+            false => SERVER,
+        }
+    }
+
     /// The carrier's counters so far.
     pub fn carrier_stats(&self) -> Option<LinkStats> {
         self.carrier.as_ref().map(Emulator::stats)
@@ -249,7 +335,7 @@ impl StandbyTopology {
     }
 }
 
-impl Drop for StandbyTopology {
+impl Drop for FailoverTopology {
     fn drop(&mut self) {
         drop(self.carrier.take());
         self.returns.clear();

@@ -1,0 +1,381 @@
+//! Several active hubs (N+1) up on [`FailoverTopology`]'s active-set layout: every hub runs
+//! pepd on its own tunnel address with the same key and `[[peer]]` list
+//! (`[tunnel] redundant = true`), connects upstream from the client's own address
+//! (`transparent_source`) and writes the routes of the terminals it serves for FRR to
+//! announce (`[announce]`); every terminal lists the hubs in its own order of preference,
+//! its home hub first. The router learns each terminal's LAN from the hub that serves it.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::daemon::{Daemon, Launch};
+use crate::hub::gateways::{established_associations, hub_config, terminal_config};
+use crate::hub::topology::lan_prefix;
+use crate::hub::{HubLinks, TerminalRates};
+use crate::pepd::{
+    fetch_metrics, fresh_dir, remove_dir, write_key, Interception, PepdOptions, TunnelSecurity,
+    ASSOCIATION_ESTABLISHED, KEEP_ENV, READY, TUNNEL_PORT,
+};
+use crate::topology::HostTuning;
+use crate::Error;
+
+use super::frr::{self, Frr, OUTAGE_TABLE, SERVING_TABLE};
+use super::topology::{hub_lan, hub_sat, FailoverTopology, Layout};
+
+/// How the hubs divide the one carrier.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct ActiveSet {
+    pub hubs: usize,
+    /// Each hub's `link.tx_rate` as a part of the carrier's rate: `1/N` never oversubscribes
+    /// it; `1/(N−1)` uses it fully once one hub is gone.
+    pub hub_tx_share: f64,
+}
+
+/// Terminal `i`'s (from 1) home hub (from 1): the terminals are spread evenly, in blocks.
+pub fn home_hub(i: usize, terminals: usize, hubs: usize) -> usize {
+    (i - 1) * hubs / terminals + 1
+}
+
+/// Terminal `i`'s hubs in order of preference: its home, then the following ones,
+/// wrapping around, so that a failed hub's terminals spread over the others.
+pub fn hub_order(i: usize, terminals: usize, hubs: usize) -> Vec<usize> {
+    let home = home_hub(i, terminals, hubs);
+    (0..hubs).map(|d| (home - 1 + d) % hubs + 1).collect()
+}
+
+pub struct ActiveSetTestbed {
+    // Declared first so they drop first: the routing daemons and pepd stop before their
+    // namespaces go.
+    /// Hub 1, …, hub N, then the router.
+    frr: Vec<Frr>,
+    /// Hub 1, …, hub N, then terminal 1, 2, …
+    daemons: Vec<Daemon>,
+    topo: FailoverTopology,
+    set: ActiveSet,
+    terminals: usize,
+    launch: Launch,
+    dir: PathBuf,
+    keep: bool,
+}
+
+impl ActiveSetTestbed {
+    /// Everything up: FRR on every hub and the router, pepd on every hub and terminal, and
+    /// every terminal associated with its home hub and announced by it.
+    pub fn up(
+        links: &HubLinks,
+        opts: &PepdOptions,
+        set: ActiveSet,
+    ) -> Result<ActiveSetTestbed, Error> {
+        frr::require()?;
+        if opts.security.effective()? != TunnelSecurity::Noise {
+            return Err(Error::Invalid(
+                "hubs that serve each other's terminals share one static key: they need noise"
+                    .into(),
+            ));
+        }
+        if !(set.hub_tx_share > 0.0 && set.hub_tx_share <= 1.0) {
+            return Err(Error::Invalid(format!(
+                "a hub's share of the carrier must be in (0, 1], not {}",
+                set.hub_tx_share
+            )));
+        }
+        let topo = FailoverTopology::up(
+            links,
+            &HostTuning {
+                congestion_control: "cubic".into(),
+            },
+            Layout::active_set(set.hubs),
+        )?;
+        // The router's BGP session reaches the hubs' own addresses; a deployment's rules
+        // (`pepd nft-rules`) leave traffic to the host itself alone.
+        let opts = PepdOptions {
+            interception: Interception::Pepd,
+            ..opts.clone()
+        };
+        let launch = opts.launch()?;
+        let dir = fresh_dir(&topo.names.base)?;
+        let keep = std::env::var_os(KEEP_ENV).is_some();
+        let mut tb = ActiveSetTestbed {
+            frr: Vec::new(),
+            daemons: Vec::new(),
+            topo,
+            set,
+            terminals: links.terminals,
+            launch,
+            dir,
+            keep,
+        };
+        tb.daemons = prepare(&tb.dir, &tb.topo, links, &opts, set, &tb.launch)?;
+        for k in 1..=set.hubs {
+            let ns = tb.topo.names.hubs[k - 1].clone();
+            tb.frr.push(Frr::start(
+                &tb.dir,
+                &ns,
+                &format!("h{k}"),
+                &frr::hub_zebra(k),
+                &frr::hub_bgpd(k),
+            )?);
+        }
+        let router = tb.router_namespace().to_owned();
+        tb.frr.push(Frr::start(
+            &tb.dir,
+            &router,
+            "rtr",
+            &frr::router_zebra(),
+            &frr::router_bgpd(set.hubs),
+        )?);
+        let allowed = opts
+            .ready_timeout
+            .unwrap_or(Duration::from_secs(15) + 4 * links.rtt());
+        let deadline = Instant::now() + allowed;
+        let mut since = Vec::new();
+        for d in tb.daemons.iter_mut() {
+            since.push(d.spawn(&tb.launch)?);
+        }
+        for (d, at) in tb.daemons.iter_mut().zip(since.iter().copied()) {
+            d.wait_for(READY, at, deadline, allowed)?;
+        }
+        for (d, at) in tb.daemons.iter_mut().skip(set.hubs).zip(since.into_iter().skip(set.hubs)) {
+            d.wait_for(ASSOCIATION_ESTABLISHED, at, deadline, allowed)?;
+        }
+        for k in 1..=set.hubs {
+            let homed = (1..=links.terminals)
+                .filter(|&i| home_hub(i, links.terminals, set.hubs) == k)
+                .count();
+            tb.wait_for_associations(k, homed, deadline)?;
+        }
+        for i in 1..=links.terminals {
+            let home = home_hub(i, links.terminals, set.hubs);
+            tb.wait_for_route(i, Some(hub_lan(home)), deadline)?;
+        }
+        Ok(tb)
+    }
+
+    pub fn topology(&self) -> &FailoverTopology {
+        &self.topo
+    }
+
+    pub fn set(&self) -> ActiveSet {
+        self.set
+    }
+
+    fn router_namespace(&self) -> &str {
+        self.topo
+            .names
+            .router
+            .as_deref()
+            .expect("the active-set layout has a router")
+    }
+
+    /// The hub (from 1) the router sends terminal `i`'s LAN to now (`None`: no route).
+    pub fn routed_to(&self, i: usize) -> Result<Option<usize>, Error> {
+        let hop = frr::router_next_hop(self.router_namespace(), &lan_prefix(i))?;
+        Ok(hop.and_then(|a| (1..=self.set.hubs).find(|&k| hub_lan(k) == a)))
+    }
+
+    /// Waits until the router sends terminal `i`'s LAN to `via` (`None`: no route).
+    fn wait_for_route(
+        &self,
+        i: usize,
+        via: Option<Ipv4Addr>,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let prefix = lan_prefix(i);
+        loop {
+            let hop = frr::router_next_hop(self.router_namespace(), &prefix)?;
+            if hop == via {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let router = self.frr.last().map(|f| f.log_tail(20)).unwrap_or_default();
+                return Err(Error::Invalid(format!(
+                    "the router sends {prefix} via {hop:?}, not {via:?}; its FRR log:\n{router}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Polls hub `k`'s metrics until it counts `count` associations established.
+    pub fn wait_for_associations(
+        &self,
+        k: usize,
+        count: usize,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        loop {
+            let established = self.associations(k);
+            if established == Some(count) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(self.daemons[k - 1].failure(&format!(
+                    "has {established:?} of {count} associations established"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Hub `k`'s associations established now (None: its metrics do not answer).
+    pub fn associations(&self, k: usize) -> Option<usize> {
+        fetch_metrics(self.daemons[k - 1].namespace())
+            .ok()
+            .map(|text| established_associations(&text))
+    }
+
+    /// The hub (from 1) terminal `i`'s pepd is associated with now, from its
+    /// `pepd_peer_endpoint` gauge (`None`: no metrics, or no hub address in them).
+    pub fn served_by(&self, i: usize) -> Option<usize> {
+        let text = fetch_metrics(self.daemons[self.set.hubs + i - 1].namespace()).ok()?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("pepd_peer_endpoint{") && l.trim_end().ends_with(" 1"))?;
+        (1..=self.set.hubs).find(|&k| line.contains(&format!("\"{}:{TUNNEL_PORT}\"", hub_sat(k))))
+    }
+
+    /// Terminal `i`'s home hub.
+    pub fn home(&self, i: usize) -> usize {
+        home_hub(i, self.terminals, self.set.hubs)
+    }
+
+    /// Hub `k` gone at once: its interfaces down, then pepd and its routing daemons killed
+    /// (a power cut: nothing leaves it after the first step).
+    pub fn cut_hub(&mut self, k: usize) -> Result<(), Error> {
+        self.topo.cut_hub(k)?;
+        self.frr[k - 1].kill();
+        self.daemons[k - 1].kill().map(drop)
+    }
+
+    /// The end of every pepd log and every FRR log.
+    pub fn log_tails(&self, lines: usize) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .daemons
+            .iter()
+            .map(|d| (d.label().to_owned(), d.log_tail(lines)))
+            .collect();
+        for (k, f) in self.frr.iter().enumerate() {
+            let name = match k < self.set.hubs {
+                true => format!("frr h{}", k + 1),
+                false => "frr rtr".to_owned(),
+            };
+            v.push((name, f.log_tail(lines)));
+        }
+        v
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for ActiveSetTestbed {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for d in &self.daemons {
+                d.dump_tail(40);
+            }
+        }
+        self.frr.clear();
+        self.daemons.clear();
+        remove_dir(&self.dir, self.keep);
+    }
+}
+
+/// What hub `k`'s config gets over the hub topology's.
+fn hub_toml(k: usize) -> String {
+    format!(
+        "[tunnel]\nbind = \"{}:{TUNNEL_PORT}\"\nredundant = true\n\
+         [announce]\ntable = {SERVING_TABLE}\noutage_table = {OUTAGE_TABLE}\n\
+         [upstream]\ntransparent_source = true\n",
+        hub_sat(k)
+    )
+}
+
+/// What terminal `i`'s config gets over the hub topology's: its hubs in order.
+fn terminal_toml(i: usize, terminals: usize, hubs: usize) -> String {
+    let list: Vec<String> = hub_order(i, terminals, hubs)
+        .into_iter()
+        .map(|k| format!("\"{}:{TUNNEL_PORT}\"", hub_sat(k)))
+        .collect();
+    format!("[peer]\naddress = [{}]\n", list.join(", "))
+}
+
+/// Every hub (one key, one peer list) and every terminal prepared, none started.
+fn prepare(
+    dir: &Path,
+    topo: &FailoverTopology,
+    links: &HubLinks,
+    opts: &PepdOptions,
+    set: ActiveSet,
+    launch: &Launch,
+) -> Result<Vec<Daemon>, Error> {
+    let mut hub_links = links.clone();
+    hub_links.carrier.rate_bps = links.carrier.rate_bps * set.hub_tx_share;
+    let rates = vec![
+        TerminalRates {
+            mir_bps: hub_links.carrier.rate_bps,
+            cir_bps: 0.0,
+            weight: 1,
+        };
+        links.terminals
+    ];
+    let hub_key = write_key(dir, "hub")?;
+    let terminal_keys = (1..=links.terminals)
+        .map(|i| write_key(dir, &format!("t{i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut daemons = Vec::new();
+    for (k, ns) in topo.names.hubs.iter().enumerate() {
+        let k = k + 1;
+        let text = hub_config(
+            &hub_links,
+            &rates,
+            &hub_key,
+            &terminal_keys,
+            &[opts.rules_base(), &opts.extra_toml, &hub_toml(k), &opts.hub_toml],
+        )?;
+        let d = Daemon::prepare(dir, &format!("h{k}"), &format!("hub {k}"), ns, &text)?;
+        opts.install_rules(ns, &launch.program, d.config_path())?;
+        daemons.push(d);
+    }
+    for (i, key) in terminal_keys.iter().enumerate() {
+        let i = i + 1;
+        let text = terminal_config(
+            i,
+            links,
+            &rates[i - 1],
+            key,
+            &hub_key,
+            &[
+                opts.rules_base(),
+                &opts.extra_toml,
+                &terminal_toml(i, links.terminals, set.hubs),
+                &opts.terminal_toml,
+            ],
+        )?;
+        let ns = &topo.names.terminals[i - 1];
+        let d = Daemon::prepare(dir, &format!("t{i}"), &format!("terminal {i}"), ns, &text)?;
+        opts.install_rules(ns, &launch.program, d.config_path())?;
+        daemons.push(d);
+    }
+    Ok(daemons)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn homes_are_spread_evenly_and_backups_rotate() {
+        let homes: Vec<usize> = (1..=12).map(|i| home_hub(i, 12, 3)).collect();
+        assert_eq!(homes, [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+        assert_eq!(hub_order(1, 12, 3), [1, 2, 3]);
+        assert_eq!(hub_order(5, 12, 3), [2, 3, 1]);
+        assert_eq!(hub_order(12, 12, 3), [3, 1, 2]);
+        assert_eq!(
+            terminal_toml(6, 12, 3),
+            "[peer]\naddress = [\"198.19.0.12:7400\", \"198.19.0.13:7400\", \"198.19.0.11:7400\"]\n"
+        );
+    }
+}
