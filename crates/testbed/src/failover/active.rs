@@ -6,21 +6,17 @@
 //! its home hub first. The router learns each terminal's LAN from the hub that serves it.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::daemon::{Daemon, Launch};
-use crate::hub::gateways::{established_associations, hub_config, terminal_config};
 use crate::hub::topology::lan_prefix;
-use crate::hub::{HubLinks, TerminalRates};
-use crate::pepd::{
-    fetch_metrics, fresh_dir, remove_dir, write_key, Interception, PepdOptions, TunnelSecurity,
-    ASSOCIATION_ESTABLISHED, KEEP_ENV, READY, TUNNEL_PORT,
-};
+use crate::hub::HubLinks;
+use crate::pepd::{fetch_metrics, Interception, PepdOptions, TUNNEL_PORT};
 use crate::topology::HostTuning;
 use crate::Error;
 
 use super::frr::{self, Frr, OUTAGE_TABLE, SERVING_TABLE};
+use super::gateways::{Additions, FailoverGateways};
 use super::topology::{hub_lan, hub_sat, FailoverTopology, Layout};
 
 /// How the hubs divide the one carrier.
@@ -49,14 +45,10 @@ pub struct ActiveSetTestbed {
     // namespaces go.
     /// Hub 1, …, hub N, then the router.
     frr: Vec<Frr>,
-    /// Hub 1, …, hub N, then terminal 1, 2, …
-    daemons: Vec<Daemon>,
+    gateways: FailoverGateways,
     topo: FailoverTopology,
     set: ActiveSet,
     terminals: usize,
-    launch: Launch,
-    dir: PathBuf,
-    keep: bool,
 }
 
 impl ActiveSetTestbed {
@@ -68,12 +60,6 @@ impl ActiveSetTestbed {
         set: ActiveSet,
     ) -> Result<ActiveSetTestbed, Error> {
         frr::require()?;
-        if opts.security.effective()? != TunnelSecurity::Noise {
-            return Err(Error::Invalid(
-                "hubs that serve each other's terminals share one static key: they need noise"
-                    .into(),
-            ));
-        }
         if !(set.hub_tx_share > 0.0 && set.hub_tx_share <= 1.0) {
             return Err(Error::Invalid(format!(
                 "a hub's share of the carrier must be in (0, 1], not {}",
@@ -87,30 +73,34 @@ impl ActiveSetTestbed {
             },
             Layout::active_set(set.hubs),
         )?;
-        // The router's BGP session reaches the hubs' own addresses; a deployment's rules
+        // The router's BGP sessions reach the hubs' own addresses; a deployment's rules
         // (`pepd nft-rules`) leave traffic to the host itself alone.
         let opts = PepdOptions {
             interception: Interception::Pepd,
             ..opts.clone()
         };
-        let launch = opts.launch()?;
-        let dir = fresh_dir(&topo.names.base)?;
-        let keep = std::env::var_os(KEEP_ENV).is_some();
+        let terminals = links.terminals;
+        let gateways = FailoverGateways::prepare(
+            &topo,
+            links,
+            &opts,
+            &Additions {
+                hub: &hub_toml,
+                terminal: &|i| terminal_toml(i, terminals, set.hubs),
+                hub_tx_share: set.hub_tx_share,
+            },
+        )?;
         let mut tb = ActiveSetTestbed {
             frr: Vec::new(),
-            daemons: Vec::new(),
+            gateways,
             topo,
             set,
-            terminals: links.terminals,
-            launch,
-            dir,
-            keep,
+            terminals,
         };
-        tb.daemons = prepare(&tb.dir, &tb.topo, links, &opts, set, &tb.launch)?;
         for k in 1..=set.hubs {
             let ns = tb.topo.names.hubs[k - 1].clone();
             tb.frr.push(Frr::start(
-                &tb.dir,
+                tb.gateways.dir(),
                 &ns,
                 &format!("h{k}"),
                 &frr::hub_zebra(k),
@@ -119,7 +109,7 @@ impl ActiveSetTestbed {
         }
         let router = tb.router_namespace().to_owned();
         tb.frr.push(Frr::start(
-            &tb.dir,
+            tb.gateways.dir(),
             &router,
             "rtr",
             &frr::router_zebra(),
@@ -129,24 +119,16 @@ impl ActiveSetTestbed {
             .ready_timeout
             .unwrap_or(Duration::from_secs(15) + 4 * links.rtt());
         let deadline = Instant::now() + allowed;
-        let mut since = Vec::new();
-        for d in tb.daemons.iter_mut() {
-            since.push(d.spawn(&tb.launch)?);
-        }
-        for (d, at) in tb.daemons.iter_mut().zip(since.iter().copied()) {
-            d.wait_for(READY, at, deadline, allowed)?;
-        }
-        for (d, at) in tb.daemons.iter_mut().skip(set.hubs).zip(since.into_iter().skip(set.hubs)) {
-            d.wait_for(ASSOCIATION_ESTABLISHED, at, deadline, allowed)?;
-        }
+        tb.gateways.start_hubs(deadline, allowed)?;
+        tb.gateways.start_terminals(deadline, allowed, true)?;
         for k in 1..=set.hubs {
-            let homed = (1..=links.terminals)
-                .filter(|&i| home_hub(i, links.terminals, set.hubs) == k)
+            let homed = (1..=terminals)
+                .filter(|&i| home_hub(i, terminals, set.hubs) == k)
                 .count();
-            tb.wait_for_associations(k, homed, deadline)?;
+            tb.gateways.wait_for_associations(k, homed, deadline)?;
         }
-        for i in 1..=links.terminals {
-            let home = home_hub(i, links.terminals, set.hubs);
+        for i in 1..=terminals {
+            let home = home_hub(i, terminals, set.hubs);
             tb.wait_for_route(i, Some(hub_lan(home)), deadline)?;
         }
         Ok(tb)
@@ -197,38 +179,15 @@ impl ActiveSetTestbed {
         }
     }
 
-    /// Polls hub `k`'s metrics until it counts `count` associations established.
-    pub fn wait_for_associations(
-        &self,
-        k: usize,
-        count: usize,
-        deadline: Instant,
-    ) -> Result<(), Error> {
-        loop {
-            let established = self.associations(k);
-            if established == Some(count) {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(self.daemons[k - 1].failure(&format!(
-                    "has {established:?} of {count} associations established"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
     /// Hub `k`'s associations established now (None: its metrics do not answer).
     pub fn associations(&self, k: usize) -> Option<usize> {
-        fetch_metrics(self.daemons[k - 1].namespace())
-            .ok()
-            .map(|text| established_associations(&text))
+        self.gateways.associations(k)
     }
 
     /// The hub (from 1) terminal `i`'s pepd is associated with now, from its
     /// `pepd_peer_endpoint` gauge (`None`: no metrics, or no hub address in them).
     pub fn served_by(&self, i: usize) -> Option<usize> {
-        let text = fetch_metrics(self.daemons[self.set.hubs + i - 1].namespace()).ok()?;
+        let text = fetch_metrics(self.gateways.terminal(i).namespace()).ok()?;
         let line = text
             .lines()
             .find(|l| l.starts_with("pepd_peer_endpoint{") && l.trim_end().ends_with(" 1"))?;
@@ -245,16 +204,12 @@ impl ActiveSetTestbed {
     pub fn cut_hub(&mut self, k: usize) -> Result<(), Error> {
         self.topo.cut_hub(k)?;
         self.frr[k - 1].kill();
-        self.daemons[k - 1].kill().map(drop)
+        self.gateways.kill_hub(k)
     }
 
     /// The end of every pepd log and every FRR log.
     pub fn log_tails(&self, lines: usize) -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = self
-            .daemons
-            .iter()
-            .map(|d| (d.label().to_owned(), d.log_tail(lines)))
-            .collect();
+        let mut v = self.gateways.log_tails(lines);
         for (k, f) in self.frr.iter().enumerate() {
             let name = match k < self.set.hubs {
                 true => format!("frr h{}", k + 1),
@@ -266,20 +221,7 @@ impl ActiveSetTestbed {
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-}
-
-impl Drop for ActiveSetTestbed {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for d in &self.daemons {
-                d.dump_tail(40);
-            }
-        }
-        self.frr.clear();
-        self.daemons.clear();
-        remove_dir(&self.dir, self.keep);
+        self.gateways.dir()
     }
 }
 
@@ -300,66 +242,6 @@ fn terminal_toml(i: usize, terminals: usize, hubs: usize) -> String {
         .map(|k| format!("\"{}:{TUNNEL_PORT}\"", hub_sat(k)))
         .collect();
     format!("[peer]\naddress = [{}]\n", list.join(", "))
-}
-
-/// Every hub (one key, one peer list) and every terminal prepared, none started.
-fn prepare(
-    dir: &Path,
-    topo: &FailoverTopology,
-    links: &HubLinks,
-    opts: &PepdOptions,
-    set: ActiveSet,
-    launch: &Launch,
-) -> Result<Vec<Daemon>, Error> {
-    let mut hub_links = links.clone();
-    hub_links.carrier.rate_bps = links.carrier.rate_bps * set.hub_tx_share;
-    let rates = vec![
-        TerminalRates {
-            mir_bps: hub_links.carrier.rate_bps,
-            cir_bps: 0.0,
-            weight: 1,
-        };
-        links.terminals
-    ];
-    let hub_key = write_key(dir, "hub")?;
-    let terminal_keys = (1..=links.terminals)
-        .map(|i| write_key(dir, &format!("t{i}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut daemons = Vec::new();
-    for (k, ns) in topo.names.hubs.iter().enumerate() {
-        let k = k + 1;
-        let text = hub_config(
-            &hub_links,
-            &rates,
-            &hub_key,
-            &terminal_keys,
-            &[opts.rules_base(), &opts.extra_toml, &hub_toml(k), &opts.hub_toml],
-        )?;
-        let d = Daemon::prepare(dir, &format!("h{k}"), &format!("hub {k}"), ns, &text)?;
-        opts.install_rules(ns, &launch.program, d.config_path())?;
-        daemons.push(d);
-    }
-    for (i, key) in terminal_keys.iter().enumerate() {
-        let i = i + 1;
-        let text = terminal_config(
-            i,
-            links,
-            &rates[i - 1],
-            key,
-            &hub_key,
-            &[
-                opts.rules_base(),
-                &opts.extra_toml,
-                &terminal_toml(i, links.terminals, set.hubs),
-                &opts.terminal_toml,
-            ],
-        )?;
-        let ns = &topo.names.terminals[i - 1];
-        let d = Daemon::prepare(dir, &format!("t{i}"), &format!("terminal {i}"), ns, &text)?;
-        opts.install_rules(ns, &launch.program, d.config_path())?;
-        daemons.push(d);
-    }
-    Ok(daemons)
 }
 
 #[cfg(test)]

@@ -9,14 +9,15 @@
 //! opens a session (`passive`), so its connections never meet a hub's interception rules
 //! on the way in.
 
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{chown, Group, Pid, User};
 
+use crate::cmd::{file_tail, spawn_logged};
 use crate::topology::command_in;
 use crate::Error;
 
@@ -159,7 +160,6 @@ impl Frr {
             let conf_path = run_dir.join(format!("{daemon}.conf"));
             fs::write(&conf_path, conf)?;
             let log = run_dir.join(format!("{daemon}.log"));
-            let out = OpenOptions::new().create(true).append(true).open(&log)?;
             let mut cmd = command_in(ns, Path::new(DAEMONS).join(daemon));
             cmd.arg("-f")
                 .arg(&conf_path)
@@ -169,15 +169,8 @@ impl Frr {
                 .arg(&zserv)
                 .arg("--vty_socket")
                 .arg(&run_dir)
-                .args(["-u", FRR_USER, "-g", FRR_USER, "--log", "stdout"])
-                .stdin(Stdio::null())
-                .stdout(out.try_clone()?)
-                .stderr(out);
-            let child = cmd.spawn().map_err(|source| Error::Spawn {
-                cmd: format!("{cmd:?}"),
-                source,
-            })?;
-            frr.children.push(child);
+                .args(["-u", FRR_USER, "-g", FRR_USER, "--log", "stdout"]);
+            frr.children.push(spawn_logged(cmd, &log)?);
             frr.logs.push(log);
             if daemon == "zebra" {
                 // bgpd gives up on a zebra socket that is not there yet only after retries;
@@ -199,7 +192,9 @@ impl Frr {
     /// Runs `vtysh -c COMMAND` against this instance's daemons and returns its output.
     pub fn vtysh(&self, ns: &str, command: &str) -> Result<String, Error> {
         let mut cmd = command_in(ns, "vtysh");
-        cmd.arg("--vty_socket").arg(&self.run_dir).args(["-c", command]);
+        cmd.arg("--vty_socket")
+            .arg(&self.run_dir)
+            .args(["-c", command]);
         let out = cmd.output().map_err(|source| Error::Spawn {
             cmd: format!("{cmd:?}"),
             source,
@@ -209,14 +204,8 @@ impl Frr {
 
     /// The end of each daemon's log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let mut s = String::new();
-        for log in &self.logs {
-            let text = fs::read_to_string(log).unwrap_or_default();
-            let all: Vec<&str> = text.lines().collect();
-            s.push_str(&all[all.len().saturating_sub(lines)..].join("\n"));
-            s.push('\n');
-        }
-        s
+        let tails: Vec<String> = self.logs.iter().map(|l| file_tail(l, lines)).collect();
+        tails.join("\n")
     }
 }
 

@@ -19,6 +19,7 @@
 
 pub mod active;
 pub mod frr;
+pub mod gateways;
 pub mod keepalived;
 pub mod probe;
 pub mod report;
@@ -80,7 +81,6 @@ pub struct FailoverSpec {
     /// `active-set`: the hubs and their shares of the carrier.
     pub active_set: ActiveSet,
 }
-
 
 impl FailoverSpec {
     fn hubs(&self) -> usize {

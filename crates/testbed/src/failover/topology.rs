@@ -28,10 +28,12 @@
 
 use std::net::Ipv4Addr;
 
-use pep_linkemu::{DirectionConfig, Emulator, Endpoint, LinkConfig, LinkStats};
+use pep_linkemu::LinkStats;
 
 use crate::cmd::{ip_in, run, sysctl_in};
-use crate::hub::topology::{client, lan_gateway, terminal_sat, HubLinks, MAX_TERMINALS};
+use crate::hub::topology::{
+    build_spokes, wire, HubLinks, SpokeLinks, MAX_TERMINALS, TERMINALS_NET,
+};
 use crate::topology::{
     add_tun, fresh_base, remove_namespace, tune_host, HostTuning, HOST_DEV, LAN_DEV, SAT_DEV,
 };
@@ -91,16 +93,9 @@ pub fn hub_lan(k: usize) -> Ipv4Addr {
 const TELEPORT: &str = "198.19.0.0/24";
 const SERVER_NET: &str = "198.18.4.0/24";
 const ROUTER_SERVER_DEV: &str = "sv0";
-const TERMINALS_NET: &str = "198.19.1.0/24";
 const BR_LAN: &str = "br-lan";
 const BR_TP: &str = "br-tp";
 const MOD_DEV: &str = "tp0";
-const SAT_HUB_DEV: &str = "hub0";
-
-fn sat_terminal_dev(i: usize) -> String {
-    format!("tm{i}")
-}
-
 /// Namespace names of one instance: `peptb-PID-N-ROLE`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FailoverNames {
@@ -150,12 +145,7 @@ pub struct FailoverTopology {
     pub names: FailoverNames,
     pub layout: Layout,
     created: Vec<String>,
-    carrier: Option<Emulator>,
-    returns: Vec<Emulator>,
-}
-
-fn passthrough() -> DirectionConfig {
-    DirectionConfig::default()
+    links: Option<SpokeLinks>,
 }
 
 impl FailoverTopology {
@@ -180,11 +170,16 @@ impl FailoverTopology {
             names: FailoverNames::fresh(links.terminals, layout),
             layout,
             created: Vec::new(),
-            carrier: None,
-            returns: Vec::new(),
+            links: None,
         };
+        // On error `t` drops here and removes whatever was already built.
         t.build(links.terminals, hosts)?;
-        t.start_emulators(links)?;
+        t.links = Some(SpokeLinks::start(
+            links,
+            (&t.names.modem, SAT_DEV),
+            &t.names.sat,
+            &t.names.terminals,
+        )?);
         Ok(t)
     }
 
@@ -217,7 +212,7 @@ impl FailoverTopology {
             Some(rtr) => {
                 port(rtr, LAN_DEV, ROUTER, "rt", BR_LAN)?;
                 sysctl_in(rtr, &["net.ipv4.ip_forward=1"])?;
-                veth(
+                wire(
                     rtr,
                     ROUTER_SERVER_DEV,
                     ROUTER_SERVER_SIDE,
@@ -239,64 +234,13 @@ impl FailoverTopology {
         sysctl_in(&n.modem, &["net.ipv4.ip_forward=1"])?;
         add_tun(&n.modem, SAT_DEV)?;
         ip_in(&n.modem, &["route", "add", TERMINALS_NET, "dev", SAT_DEV])?;
-        sysctl_in(&n.sat, &["net.ipv4.ip_forward=1"])?;
-        add_tun(&n.sat, SAT_HUB_DEV)?;
-        ip_in(&n.sat, &["route", "add", TELEPORT, "dev", SAT_HUB_DEV])?;
-        for i in 1..=terminals {
-            let (t, c) = (&n.terminals[i - 1], &n.clients[i - 1]);
-            veth(t, LAN_DEV, lan_gateway(i), c, HOST_DEV, client(i))?;
-            ip_in(
-                c,
-                &[
-                    "route",
-                    "add",
-                    "default",
-                    "via",
-                    &lan_gateway(i).to_string(),
-                ],
-            )?;
-            tune_host(c, hosts)?;
-            let dev = sat_terminal_dev(i);
-            let own = terminal_sat(i).to_string();
-            add_tun(&n.sat, &dev)?;
-            ip_in(&n.sat, &["route", "add", &own, "dev", &dev])?;
-            add_tun(t, SAT_DEV)?;
-            ip_in(t, &["addr", "add", &own, "dev", SAT_DEV])?;
-            ip_in(t, &["route", "add", TELEPORT, "dev", SAT_DEV])?;
-        }
-        Ok(())
-    }
-
-    fn start_emulators(&mut self, links: &HubLinks) -> Result<(), Error> {
-        let ep = |ns: &str, dev: &str| Endpoint {
-            netns: Some(ns.to_owned()),
-            dev: dev.to_owned(),
-        };
-        let carrier = LinkConfig {
-            forward: links.carrier.clone(),
-            ret: passthrough(),
-            seed: links.seed,
-            ..Default::default()
-        };
-        self.carrier = Some(Emulator::start(
-            &carrier,
-            &ep(&self.names.modem, SAT_DEV),
-            &ep(&self.names.sat, SAT_HUB_DEV),
-        )?);
-        for i in 1..=links.terminals {
-            let ret = LinkConfig {
-                forward: passthrough(),
-                ret: links.ret.clone(),
-                seed: links.seed.wrapping_add(i as u64),
-                ..Default::default()
-            };
-            self.returns.push(Emulator::start(
-                &ret,
-                &ep(&self.names.sat, &sat_terminal_dev(i)),
-                &ep(&self.names.terminals[i - 1], SAT_DEV),
-            )?);
-        }
-        Ok(())
+        build_spokes(
+            &n.sat,
+            TELEPORT,
+            &n.terminals[..terminals],
+            &n.clients,
+            hosts,
+        )
     }
 
     /// The server's address in this layout.
@@ -309,7 +253,7 @@ impl FailoverTopology {
 
     /// The carrier's counters so far.
     pub fn carrier_stats(&self) -> Option<LinkStats> {
-        self.carrier.as_ref().map(Emulator::stats)
+        self.links.as_ref().map(SpokeLinks::carrier_stats)
     }
 
     /// Whether hub `k` (from 1) holds `addr` on `dev` now.
@@ -337,8 +281,7 @@ impl FailoverTopology {
 
 impl Drop for FailoverTopology {
     fn drop(&mut self) {
-        drop(self.carrier.take());
-        self.returns.clear();
+        drop(self.links.take());
         for ns in self.created.drain(..) {
             remove_namespace(&ns);
         }
@@ -364,19 +307,4 @@ fn switch_port(
     ip_in(switch, &["link", "set", sw_dev, "master", bridge, "up"])?;
     ip_in(ns, &["addr", "add", &format!("{addr}/24"), "dev", dev])?;
     ip_in(ns, &["link", "set", dev, "up"]).map(drop)
-}
-
-/// A veth pair from `a` (device `da`, address `aa`/24) to `b` (`db`, `ab`/24), both up.
-fn veth(a: &str, da: &str, aa: Ipv4Addr, b: &str, db: &str, ab: Ipv4Addr) -> Result<(), Error> {
-    ip_in(
-        a,
-        &[
-            "link", "add", da, "type", "veth", "peer", "name", db, "netns", b,
-        ],
-    )?;
-    for (ns, dev, addr) in [(a, da, aa), (b, db, ab)] {
-        ip_in(ns, &["addr", "add", &format!("{addr}/24"), "dev", dev])?;
-        ip_in(ns, &["link", "set", dev, "up"])?;
-    }
-    Ok(())
 }
