@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Checks the systemd units in deploy/: `systemd-analyze verify` on both, and the
+# Checks the systemd units in deploy/: `systemd-analyze verify` on both (pepd.service
+# also with the drop-in deploy/pepd-announce.conf), and the
 # sandboxing score of pepd.service from `systemd-analyze security --offline=true`.
 # Prints the exposure score (0 = locked down, 10 = exposed) and fails above MAX_EXPOSURE
 # (default 3.0; docs/OPERATIONS.md records the current score).
@@ -42,6 +43,19 @@ echo "== systemd-analyze verify"
 # verify prints problems and exits non-zero on errors; warnings alone are shown too, so
 # any output is treated as a failure.
 out=$(systemd-analyze verify --man=no "$work/pepd.service" "$work/pepd-rules.service" 2>&1) || {
+    echo "$out" >&2
+    exit 1
+}
+if [ -n "$out" ]; then
+    echo "$out" >&2
+    exit 1
+fi
+echo "ok"
+
+echo "== systemd-analyze verify pepd.service with deploy/pepd-announce.conf"
+mkdir "$work/pepd.service.d"
+sed -e "s|/usr/bin/pepd|$pepd|g" deploy/pepd-announce.conf >"$work/pepd.service.d/announce.conf"
+out=$(SYSTEMD_UNIT_PATH="$work:" systemd-analyze verify --man=no "$work/pepd.service" 2>&1) || {
     echo "$out" >&2
     exit 1
 }

@@ -20,10 +20,11 @@ if ((${#need_pkgs[@]})); then
     fi
 fi
 
-# keepalived for the failover tests (installed so that it never starts outside their
-# namespaces).
+# keepalived for the failover tests, FRR for the check of its example (installed so that
+# neither ever starts outside the namespaces of those tests).
 if [ "$(id -u)" = 0 ]; then
     ./scripts/install-keepalived.sh
+    ./scripts/install-frr.sh
 fi
 
 # Unused dependencies (reads the sources, well under a second; also covers fuzz/).
@@ -37,3 +38,7 @@ cargo test --workspace --release
 ./scripts/sim-acceptance.sh
 # The systemd units: `systemd-analyze verify` and the sandboxing score (installs systemd).
 ./scripts/check-unit.sh
+# deploy/frr/frr.conf.example: FRR takes it and advertises pepd's table (root, namespaces).
+if [ "$(id -u)" = 0 ]; then
+    ./scripts/check-frr-example.sh
+fi

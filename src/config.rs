@@ -10,6 +10,7 @@ use ipnet::IpNet;
 use pep_transport::security::{AeadOffer, PacketProtection};
 use serde::Deserialize;
 
+mod announce;
 mod bounds;
 pub mod budget;
 mod cidr;
@@ -25,6 +26,7 @@ pub(crate) mod units;
 mod validate;
 mod warnings;
 
+pub use announce::{AnnounceConfig, RESERVED_TABLES};
 pub use cidr::{parse_subnet, CidrError};
 pub use classes::{ClassEntry, Dscp, TrafficClasses};
 pub use control::ControlConfig;
@@ -74,6 +76,10 @@ pub struct PepdConfig {
     /// `[[class]]`: the traffic classes a peer's flows share its capacity by.
     #[serde(default)]
     pub class: Vec<ClassEntry>,
+    /// `[announce]`: a hub's served terminals' subnets written into kernel routing tables
+    /// for a routing daemon; off when absent.
+    #[serde(default)]
+    pub announce: Option<AnnounceConfig>,
     /// Where each key was written, so validation and warnings can name lines. Empty for a
     /// config built in code.
     #[serde(skip)]

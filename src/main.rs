@@ -83,6 +83,16 @@ enum Command {
         #[arg(long, value_name = "ADDRESS")]
         at: Option<std::net::SocketAddr>,
     },
+    /// Show the routes in the `[announce]` tables, or with `--flush` empty them: for a
+    /// service manager to withdraw a stopped hub's announcements however it ended
+    /// (`ExecStopPost`, deploy/pepd-announce.conf).
+    Announce {
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Empty the tables instead.
+        #[arg(long)]
+        flush: bool,
+    },
     /// Validate a configuration file and print the effective settings.
     CheckConfig {
         #[arg(short, long)]
@@ -156,6 +166,7 @@ fn main() -> ExitCode {
             watch,
         } => query(target, Ask::Flows, peer, SortKey::Name, json, watch),
         Command::Health { config, at } => health(config.as_deref(), at),
+        Command::Announce { config, flush } => report(announce(&config, flush)),
         Command::CheckConfig { config } => check_config(&config),
         Command::NftRules {
             config,
@@ -246,6 +257,32 @@ fn health(config: Option<&Path>, at: Option<std::net::SocketAddr>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn announce(path: &Path, flush: bool) -> anyhow::Result<()> {
+    use pepd::sys::route_table;
+    let cfg = PepdConfig::load(path)?;
+    let Some(a) = cfg.announce else {
+        println!(
+            "{}: no [announce]: no tables to show or empty",
+            path.display()
+        );
+        return Ok(());
+    };
+    if flush {
+        pepd::control::announce::flush(&a)?;
+        let tables: Vec<String> = a.tables().iter().map(u32::to_string).collect();
+        println!("emptied announcement table {}", tables.join(" and "));
+        return Ok(());
+    }
+    for table in a.tables() {
+        let nets = route_table::read(table)
+            .with_context(|| format!("reading announcement table {table}"))?;
+        for net in nets {
+            println!("table {table}: {net}");
+        }
+    }
+    Ok(())
 }
 
 fn genkey(file: &Path) -> anyhow::Result<()> {

@@ -15,7 +15,9 @@ mod snapshot;
 
 pub use encode::encode;
 pub use http::{serve, HealthSource, SnapshotSource, CONTENT_TYPE};
-pub use snapshot::{CompressionSnapshot, PeerSnapshot, RelaySnapshot, Snapshot, WorkerSnapshot};
+pub use snapshot::{
+    AnnounceSnapshot, CompressionSnapshot, PeerSnapshot, RelaySnapshot, Snapshot, WorkerSnapshot,
+};
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "pepd";

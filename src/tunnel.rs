@@ -2,7 +2,8 @@
 //! worker's loop driving its part of the endpoint, the table of peers and each peer's
 //! connection state, the split of a hub's carrier between its terminals, and the running
 //! count against the memory budget. It reaches the TCP side only through
-//! [`driver::FlowAcceptor`].
+//! [`driver::FlowAcceptor`], and tells the peers' state changes only through
+//! [`state_feed::StateFeed`].
 
 pub mod carrier;
 pub mod driver;
@@ -18,6 +19,7 @@ pub mod setup;
 pub mod sockets;
 pub mod spawn;
 pub mod stamp;
+pub mod state_feed;
 pub mod steering;
 pub mod totals;
 pub mod udp;

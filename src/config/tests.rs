@@ -256,7 +256,7 @@ fn unknown_key_names_key_and_exact_line() {
 fn unknown_section_and_nested_keys() {
     const SECTIONS: &str = "(expected one of `log`, `intercept`, `rules`, `peer`, `tunnel`, \
                             `link`, `transport`, `limits`, `timeouts`, `upstream`, \
-                            `metrics`, `control`, `shutdown`, `security`, `class`)";
+                            `metrics`, `control`, `shutdown`, `security`, `class`, `announce`)";
     assert_parse_error(
         &min_with("\n\n[tuning]\n"),
         Some("tuning"),
@@ -1819,4 +1819,87 @@ weight = 0
              Mbit/s): it caps nothing",
         ]
     );
+}
+
+// ---- [announce] ------------------------------------------------------------------------
+
+/// config/hub-spoke.toml with its commented `[announce]` section set.
+fn hub_announcing() -> String {
+    HUB_SPOKE
+        .lines()
+        .map(|l| match l {
+            "# [announce]" | "# table = 200" | "# outage_table = 201" => &l[2..],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn announce_is_off_unless_set_and_its_example_is_documented() {
+    const DOC: &str = include_str!("../../docs/CONFIG.md");
+    assert_eq!(PepdConfig::parse(HUB_SPOKE).expect("hub").announce, None);
+    let text = hub_announcing();
+    let c = PepdConfig::parse(&text).expect("announcing hub");
+    let a = c.announce.expect("[announce]");
+    assert_eq!(
+        (a.table, a.outage_table(), a.tables()),
+        (200, 201, vec![200, 201])
+    );
+    assert!(DOC.contains("### `[announce]`"));
+    let root = toml::de::DeTable::parse(&text).expect("toml");
+    let section = root.get_ref().get("announce").expect("section");
+    let keys: Vec<String> = section
+        .get_ref()
+        .as_table()
+        .expect("table")
+        .keys()
+        .map(|k| k.get_ref().to_string())
+        .collect();
+    assert_eq!(keys, ["outage_table", "table"]);
+    for key in keys {
+        assert!(DOC.contains(&format!("| `{key}` |")), "announce.{key}");
+    }
+    // Without `outage_table` a terminal's routes stay in `table` through an outage.
+    let one = PepdConfig::parse(&text.replace("outage_table = 201\n", "")).expect("one table");
+    let a = one.announce.expect("[announce]");
+    assert_eq!((a.outage_table(), a.tables()), (200, vec![200]));
+}
+
+#[test]
+fn announce_refuses_the_kernel_s_tables_and_the_interception_s() {
+    let text = hub_announcing();
+    let line = line_of(&text, "table = 200");
+    for reserved in ["0", "253", "254", "255"] {
+        let ds = invalid(&text.replace("table = 200", &format!("table = {reserved}")));
+        assert_only(&ds, "announce.table", at(line));
+        assert!(ds[0].to_string().contains("reserves"), "{}", ds[0]);
+    }
+    let outage = line_of(&text, "outage_table = 201");
+    let ds = invalid(&text.replace("outage_table = 201", "outage_table = 255"));
+    assert_only(&ds, "announce.outage_table", at(outage));
+    // rules.route_table (100 by default) holds the interception's `local` route.
+    let ds = invalid(&text.replace("outage_table = 201", "outage_table = 100"));
+    assert_only(&ds, "announce.outage_table", at(outage));
+    assert!(ds[0].to_string().contains("rules.route_table"), "{}", ds[0]);
+    // `table` is required; unknown keys and negative numbers are refused where written.
+    let d = parse_err(&text.replace("table = 200\n", ""));
+    assert!(d.to_string().contains("table"), "{d}");
+    let d = parse_err(&text.replace("outage_table = 201", "outage = 201"));
+    assert_eq!(d.position.line(), at(outage), "{d}");
+    let d = parse_err(&text.replace("table = 200", "table = -1"));
+    assert_eq!(d.position.line(), at(line), "{d}");
+}
+
+#[test]
+fn announce_is_for_a_hub() {
+    let terminal = "[tunnel]\nside = \"terminal\"\nbind = \"198.18.1.2:7400\"\n\
+                    [link]\ntx_rate = \"5Mbit\"\nrx_rate = \"50Mbit\"\n\
+                    [security]\nmode = \"none\"\n\
+                    [[peer]]\nname = \"hub\"\naddress = \"198.18.1.1:7400\"\n\
+                    subnets = [\"0.0.0.0/0\"]\n\
+                    [announce]\ntable = 200\n";
+    let ds = invalid(terminal);
+    assert_eq!(ds.len(), 1, "{ds:#?}");
+    assert_eq!(ds[0].key.as_deref(), Some("announce"), "{}", ds[0]);
 }

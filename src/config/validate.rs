@@ -131,6 +131,7 @@ impl PepdConfig {
         self.check_security(&mut c);
         self.check_control(&mut c);
         self.check_classes(&mut c);
+        self.check_announce(&mut c);
         if c.found.is_empty() {
             // Ours are stricter; this catches a rule the transport gains later.
             if let Err(e) = self.transport().validate() {
@@ -234,6 +235,43 @@ impl PepdConfig {
                         "is required with `class[{i}].priority = true` ({}): a priority class \
                          without a cap could starve every other class",
                         c.map.describe(&key("priority"))
+                    ),
+                );
+            }
+        }
+    }
+
+    /// The announcement tables are pepd's alone: never a table the kernel reserves, nor the
+    /// one the interception's `local` route lives in, which the flush would empty.
+    fn check_announce(&self, c: &mut Checker<'_>) {
+        let Some(a) = &self.announce else {
+            return;
+        };
+        if self.side() != Side::Hub {
+            c.fail(
+                "announce",
+                "is for a hub: a terminal's subnets are behind it, not behind its hub",
+            );
+        }
+        let mut tables = vec![("announce.table", a.table)];
+        if let Some(t) = a.outage_table {
+            tables.push(("announce.outage_table", t));
+        }
+        for (key, table) in tables {
+            if super::RESERVED_TABLES.contains(&table) {
+                c.fail(
+                    key,
+                    format_args!(
+                        "({table}) is a table the kernel reserves (0 unspecified, 253 default, \
+                         254 main, 255 local): pepd empties its tables at start and at exit"
+                    ),
+                );
+            } else if table == self.rules.route_table {
+                c.fail(
+                    key,
+                    format_args!(
+                        "({table}) is `rules.route_table`, which holds the interception's \
+                         `local` route: pepd empties its announcement tables at start and at exit"
                     ),
                 );
             }

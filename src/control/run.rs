@@ -88,6 +88,17 @@ impl Daemon {
         // Removes the socket file when the daemon ends.
         let _control_file = control.file;
 
+        // Emptied before any association can be made: routes a killed run left behind, or
+        // another box's state, must not be announced.
+        if let Some(a) = &cfg.announce {
+            crate::control::announce::flush(a)?;
+        }
+        let feed = cfg.announce.and_then(|_| {
+            gateway
+                .states
+                .watch(crate::control::announce::FEED_CAPACITY)
+        });
+
         let (stop_driver, driver_stop_rx) = watch::channel(false);
         let (stop_accepting, accept_stop_rx) = watch::channel(false);
         // Read once at start, as the offer in the HELLO is.
@@ -102,6 +113,19 @@ impl Daemon {
             start_drivers(tunnel, sockets, acceptor, notifier, driver_stop_rx.clone())?;
         let mut running = driver_tasks.len();
         let mut ended = watch_drivers(driver_tasks);
+        // Stops with the drivers, after the drain: a draining hub still serves its flows.
+        let announce_counters = Arc::new(crate::control::announce::AnnounceCounters::default());
+        let announcer = match (cfg.announce, feed) {
+            (Some(a), Some(feed)) => {
+                let task = crate::control::announce::Announcer {
+                    cfg: a,
+                    gateway: gateway.clone(),
+                    counters: announce_counters.clone(),
+                };
+                Some(tokio::spawn(task.run(feed, driver_stop_rx.clone())))
+            }
+            _ => None,
+        };
         let ctx = Arc::new(Interception {
             gateway: gateway.clone(),
             live: live.clone(),
@@ -126,6 +150,7 @@ impl Daemon {
             driver_stop_rx.clone(),
         ));
         let metrics_gateway = gateway.clone();
+        let announcing = announcer.is_some();
         let (health_gateway, health_live) = (gateway.clone(), live.clone());
         let health: crate::metrics::HealthSource = Arc::new(move || {
             let (gateway, live) = (health_gateway.clone(), health_live.clone());
@@ -133,7 +158,13 @@ impl Daemon {
         });
         tokio::spawn(crate::metrics::serve(
             metrics_listener,
-            Arc::new(move || crate::metrics::Snapshot::of(&metrics_gateway)),
+            Arc::new(move || {
+                let mut s = crate::metrics::Snapshot::of(&metrics_gateway);
+                if announcing {
+                    s.announce = Some(announce_counters.snapshot());
+                }
+                s
+            }),
             health,
             driver_stop_rx.clone(),
         ));
@@ -206,7 +237,21 @@ impl Daemon {
         for peer in &gateway.peers() {
             peer.counters.set_state(AssociationState::Closed);
         }
+        if let Some(task) = announcer {
+            withdraw(task).await;
+        }
         result
+    }
+}
+
+/// Waits for the announcements to end, which empties their tables. A failure is logged
+/// and leaves the daemon's result alone: the unit's `ExecStopPost` empties them again.
+async fn withdraw(task: tokio::task::JoinHandle<anyhow::Result<()>>) {
+    match tokio::time::timeout(Duration::from_secs(5), task).await {
+        Ok(Ok(Ok(()))) => info!("announcements withdrawn"),
+        Ok(Ok(Err(e))) => error!("withdrawing the announcements: {e:#}"),
+        Ok(Err(e)) => error!("withdrawing the announcements: the task failed: {e}"),
+        Err(_) => error!("withdrawing the announcements: no end within 5 s"),
     }
 }
 

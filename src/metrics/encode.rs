@@ -15,7 +15,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{CompressionSnapshot, Snapshot, WorkerSnapshot, PREFIX};
+use super::{AnnounceSnapshot, CompressionSnapshot, Snapshot, WorkerSnapshot, PREFIX};
 use crate::tunnel::peer::AssociationState;
 
 mod peers;
@@ -54,6 +54,9 @@ impl Collector for SnapshotCollector {
         traffic_classes(e, s)?;
         compression(e, &s.relay.compression)?;
         memory(e, s)?;
+        if let Some(a) = &s.announce {
+            announcements(e, a)?;
+        }
         peers::encode(e, &s.peers)
     }
 }
@@ -803,6 +806,26 @@ fn traffic_classes(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
         None,
         "class",
         &of(|c| c.flows_total),
+    )
+}
+
+/// The routes `[announce]` writes for a routing daemon, by why they are there.
+fn announcements(e: &mut DescriptorEncoder, a: &AnnounceSnapshot) -> fmt::Result {
+    gauge_family(
+        e,
+        "announced_prefixes",
+        "Prefixes this hub announces: of terminals it serves (table=\"serving\") and of \
+         terminals in an outage (table=\"outage\")",
+        None,
+        "table",
+        &[("serving", a.serving), ("outage", a.outage)],
+    )?;
+    counter(
+        e,
+        "announce_errors",
+        "Changes to the announcement tables that failed (an `ip` batch or read)",
+        None,
+        a.errors,
     )
 }
 

@@ -100,6 +100,19 @@ pub struct Snapshot {
     /// The traffic classes' names by number (`stats.traffic_classes` has their figures);
     /// empty without `[[class]]`.
     pub traffic_classes: Vec<String>,
+    /// The announcement routes; `None` without `[announce]`.
+    pub announce: Option<AnnounceSnapshot>,
+}
+
+/// The announcement routes (`[announce]`) at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnnounceSnapshot {
+    /// Prefixes of terminals whose association is established, in `announce.table`.
+    pub serving: u64,
+    /// Prefixes of terminals whose association is in an outage, in `announce.outage_table`.
+    pub outage: u64,
+    /// `ip` batches (and reads of the tables) that failed.
+    pub errors: u64,
 }
 
 /// One worker thread of a hub at one instant.
@@ -230,6 +243,8 @@ impl Snapshot {
             build_info: (env!("CARGO_PKG_VERSION"), pep_transport::PROTOCOL_VERSION),
             peers: peers.iter().map(|l| peer_snapshot(l)).collect(),
             traffic_classes: gateway.classes.names(),
+            // The announcements are the daemon's, not the gateway's: it adds them.
+            announce: None,
         }
     }
 }

@@ -183,6 +183,11 @@ fn sample() -> Snapshot {
         ],
         build_info: ("0.1.0", 1),
         traffic_classes: vec!["default".into(), "video".into(), "bulk".into()],
+        announce: Some(AnnounceSnapshot {
+            serving: 310,
+            outage: 311,
+            errors: 312,
+        }),
         peers: vec![
             PeerSnapshot {
                 name: "ship-7".into(),
@@ -849,6 +854,28 @@ fn encoding_is_a_pure_function_of_the_snapshot() {
         encode(&snap).expect("encodes"),
         encode(&snap).expect("encodes")
     );
+}
+
+#[test]
+fn announcements_are_reported_as_written_and_only_with_announce() {
+    let text = encode(&sample()).expect("encodes");
+    let want =
+        "# HELP pepd_announced_prefixes Prefixes this hub announces: of terminals it serves \
+                (table=\"serving\") and of terminals in an outage (table=\"outage\")\n\
+                # TYPE pepd_announced_prefixes gauge\n\
+                pepd_announced_prefixes{table=\"serving\"} 310\n\
+                pepd_announced_prefixes{table=\"outage\"} 311\n\
+                # HELP pepd_announce_errors Changes to the announcement tables that failed (an \
+                `ip` batch or read)\n\
+                # TYPE pepd_announce_errors counter\n\
+                pepd_announce_errors_total 312\n";
+    assert!(text.contains(want), "{text}");
+    let without = Snapshot {
+        announce: None,
+        ..sample()
+    };
+    let text = encode(&without).expect("encodes");
+    assert!(!text.contains("pepd_announce"), "{text}");
 }
 
 #[test]

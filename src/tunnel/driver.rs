@@ -765,6 +765,12 @@ impl Driver {
         }
     }
 
+    /// Records the peer's new state for the metrics and tells the state feed.
+    fn set_state(&self, peer: &Peer, state: AssociationState) {
+        peer.counters.set_state(state);
+        self.gateway.states.changed(peer.id, state);
+    }
+
     fn dispatch(&self, peer: &Peer, st: &mut PeerState, ev: Event, accepts: &mut Accepts) {
         let remote = st.assoc.as_ref().and_then(Association::remote);
         // The address while known (the pair form always knows it), else the name.
@@ -773,14 +779,14 @@ impl Driver {
         match ev {
             Event::Established => {
                 PeerCounters::add(&c.associations_established, 1);
-                c.set_state(AssociationState::Established);
+                self.set_state(peer, AssociationState::Established);
                 let rtt = st.assoc.as_ref().map(|a| a.stats().rtt_smoothed);
                 info!(peer = %at, name = %peer.name, ?rtt, "association established");
                 self.notifier
                     .status(&format!("association established with {at}"));
             }
             Event::PeerRestarted => {
-                c.set_state(AssociationState::Connecting);
+                self.set_state(peer, AssociationState::Connecting);
                 warn!(peer = %at, name = %peer.name, "peer gateway restarted; its flows were reset");
             }
             Event::FlowOpened { flow, meta } => {
@@ -820,12 +826,12 @@ impl Driver {
             }
             Event::FlowClosed { flow } => st.flow_closed(flow),
             Event::OutageStarted => {
-                c.set_state(AssociationState::Outage);
+                self.set_state(peer, AssociationState::Outage);
                 warn!(peer = %at, name = %peer.name, "satellite link outage: no answer from the peer");
                 self.notifier.status("link outage");
             }
             Event::OutageEnded { duration } => {
-                c.set_state(AssociationState::Established);
+                self.set_state(peer, AssociationState::Established);
                 info!(?duration, name = %peer.name, "satellite link back");
                 self.notifier
                     .status(&format!("association established with {at}"));
@@ -834,7 +840,7 @@ impl Driver {
                 info!(name = %peer.name, %from, %to, "peer now sends from a new address; following it");
             }
             Event::AssociationLost { reason } => {
-                c.set_state(AssociationState::Connecting);
+                self.set_state(peer, AssociationState::Connecting);
                 warn!(
                     ?reason,
                     name = %peer.name,

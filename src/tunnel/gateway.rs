@@ -14,6 +14,7 @@ use crate::tunnel::flowcount::{OpenFlow, OpenFlows};
 use crate::tunnel::memory::MemoryAccount;
 use crate::tunnel::peer::{Peer, PeerCounters};
 use crate::tunnel::peer_table::{PeerSet, PeerTable};
+use crate::tunnel::state_feed::StateFeed;
 use crate::tunnel::totals;
 use crate::tunnel::workers::Workers;
 
@@ -37,6 +38,8 @@ pub struct Gateway {
     retired: Retired,
     /// `[[class]]`: the traffic class each new flow is put in.
     pub classes: TrafficClasses,
+    /// Every peer's association state change, for the announcements.
+    pub states: StateFeed,
 }
 
 #[derive(Default)]
@@ -121,6 +124,7 @@ impl Gateway {
             open_flows: Arc::new(OpenFlows::new(max_flows)),
             retired: Retired::default(),
             classes: TrafficClasses::default(),
+            states: StateFeed::default(),
         }
     }
 

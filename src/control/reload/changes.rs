@@ -9,9 +9,9 @@
 use std::collections::BTreeSet;
 
 use crate::config::{
-    ClassEntry, ControlConfig, InterceptConfig, LimitsConfig, LinkConfig, LogConfig, MetricsConfig,
-    PairConfig, PeerEntry, Peers, PepdConfig, RulesConfig, SecuritySection, ShutdownConfig,
-    TimeoutsConfig, TransportConfig, TunnelConfig, UpstreamConfig,
+    AnnounceConfig, ClassEntry, ControlConfig, InterceptConfig, LimitsConfig, LinkConfig,
+    LogConfig, MetricsConfig, PairConfig, PeerEntry, Peers, PepdConfig, RulesConfig,
+    SecuritySection, ShutdownConfig, TimeoutsConfig, TransportConfig, TunnelConfig, UpstreamConfig,
 };
 
 /// Keys a reload applies to the running daemon, grouped as they are applied; in the
@@ -61,6 +61,8 @@ pub enum RestartSetting {
     Security,
     /// `[[class]]`: every association's class table is set when it is made.
     Classes,
+    /// `[announce]`: the tables are emptied and taken at start.
+    Announce,
 }
 
 /// How a changed key takes effect.
@@ -114,6 +116,7 @@ impl RestartSetting {
             RestartSetting::Control => "control",
             RestartSetting::Security => "security",
             RestartSetting::Classes => "class",
+            RestartSetting::Announce => "announce",
         }
     }
 }
@@ -213,6 +216,7 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
                 aead,
             },
         class,
+        announce,
         // Where keys were written, not a setting.
         source_map: _,
     } = new;
@@ -438,6 +442,7 @@ pub fn compare(running: &PepdConfig, new: &PepdConfig) -> Vec<Key> {
         ),
     ]);
     keys.extend(class_keys(class, &r.class));
+    keys.extend(announce_keys(announce.as_ref(), r.announce.as_ref()));
     keys
 }
 
@@ -639,6 +644,25 @@ fn tunnel_keys(new: Option<&TunnelConfig>, running: Option<&TunnelConfig>) -> Ve
             "tunnel.redundant",
             tunnel,
             running.is_none_or(|r| *redundant != r.redundant),
+        ),
+    ]
+}
+
+/// `[announce]`'s keys, when either config has the section: adding, changing or removing
+/// it waits for a restart, which empties the old tables and takes the new ones.
+fn announce_keys(new: Option<&AnnounceConfig>, running: Option<&AnnounceConfig>) -> Vec<Key> {
+    if new.is_none() && running.is_none() {
+        return Vec::new();
+    }
+    let announce = Setting::Restart(RestartSetting::Announce);
+    let table = |a: Option<&AnnounceConfig>| a.map(|a| a.table);
+    let outage = |a: Option<&AnnounceConfig>| a.map(AnnounceConfig::outage_table);
+    vec![
+        key("announce.table", announce, table(new) != table(running)),
+        key(
+            "announce.outage_table",
+            announce,
+            outage(new) != outage(running),
         ),
     ]
 }

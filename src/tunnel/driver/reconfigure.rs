@@ -110,7 +110,7 @@ impl Driver {
         st.reset_all_flows(REMOVED);
         st.report_send(&peer.memory);
         drop(st);
-        peer.counters.set_state(AssociationState::Closed);
+        self.set_state(peer, AssociationState::Closed);
         self.gateway.retire(peer, last_stats);
         info!(peer = %peer.name, "peer removed: its association is closed and its flows reset");
     }

@@ -203,6 +203,11 @@ impl HubGateways {
         &self.daemons[0]
     }
 
+    /// The hub's pepd, to signal it or wait for its exit.
+    pub fn hub_mut(&mut self) -> &mut Daemon {
+        &mut self.daemons[0]
+    }
+
     pub fn terminals(&self) -> &[Daemon] {
         &self.daemons[1..]
     }
