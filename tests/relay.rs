@@ -377,6 +377,7 @@ fn a_thousand_concurrent_flows_are_each_byte_exact() {
             up: 0,
             down: 0,
             duration_ms: 0,
+            pace_kbps: 0,
         };
         let mut msg = h.encode().to_vec();
         msg.extend_from_slice(&(REQUEST as u32).to_be_bytes());

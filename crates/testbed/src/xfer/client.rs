@@ -15,8 +15,9 @@ use super::io::{self as xio, Limit};
 use super::pattern::{Digest, Pattern};
 use super::proto::{decode_report, Header, Op, REPORT_LEN};
 use super::server::send;
-use super::{Amount, Outcome, Workload, PAGE_OBJECTS, PAGE_OBJECT_BYTES, PAGE_PARALLEL};
+use super::{Amount, ClassesOutcome, ClassesSpec, Outcome, Workload};
 use super::{PAGE_FIRST_BYTES, PAGE_REQUEST_BYTES};
+use super::{PAGE_OBJECTS, PAGE_OBJECT_BYTES, PAGE_PARALLEL};
 
 const CHUNK: usize = 64 * 1024;
 
@@ -45,6 +46,7 @@ pub fn run(w: &Workload, o: &ClientOpts) -> Outcome {
         Workload::Flows { count, amount } => flows(o, *count, *amount, deadline),
         Workload::HalfClose { up, down } => half_close(o, *up, *down, deadline),
         Workload::Bidir { up, down } => bidir(o, *up, *down, deadline),
+        Workload::Classes(c) => classes(o, c, deadline),
         Workload::Interactive {
             download: amount,
             request,
@@ -65,11 +67,24 @@ pub fn run(w: &Workload, o: &ClientOpts) -> Outcome {
 }
 
 fn connect(o: &ClientOpts, deadline: Instant) -> io::Result<TcpStream> {
+    connect_marked(o, None, deadline)
+}
+
+/// Connects with `dscp` in the IP header of every packet, the SYN included (where a
+/// gateway reads the client's marking).
+fn connect_marked(o: &ClientOpts, dscp: Option<u8>, deadline: Instant) -> io::Result<TcpStream> {
     let sock = Socket::new(
         Domain::for_address(o.server),
         Type::STREAM,
         Some(Protocol::TCP),
     )?;
+    if let Some(dscp) = dscp {
+        let tos = u32::from(dscp) << 2;
+        match o.server {
+            SocketAddr::V4(_) => sock.set_tos(tos)?,
+            SocketAddr::V6(_) => sock.set_tclass_v6(tos)?,
+        }
+    }
     if let Some(cc) = &o.cc {
         sock.set_tcp_congestion(cc.as_bytes())?;
     }
@@ -109,7 +124,15 @@ fn limit(deadline: Instant) -> Limit<'static> {
 }
 
 fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome {
-    download_counting(o, a, seed, deadline, |_| {})
+    download_counting(o, a, seed, deadline, Marking::default(), |_| {})
+}
+
+/// How a download is asked for: the DSCP the client marks it with, and the rate the
+/// server paces it at (0: unpaced).
+#[derive(Clone, Copy, Debug, Default)]
+struct Marking {
+    dscp: Option<u8>,
+    pace_kbps: u32,
 }
 
 /// A download of `a` (verified as any), and the bytes that arrived in each `bin` from its
@@ -117,7 +140,7 @@ fn download(o: &ClientOpts, a: Amount, seed: u64, deadline: Instant) -> Outcome 
 pub fn download_sampled(o: &ClientOpts, a: Amount, bin: Duration) -> (Outcome, Vec<u64>) {
     let t0 = Instant::now();
     let mut bins = Vec::new();
-    let mut out = download_counting(o, a, o.seed, t0 + o.max_duration, |n| {
+    let mut out = download_counting(o, a, o.seed, t0 + o.max_duration, Marking::default(), |n| {
         let at = (t0.elapsed().as_nanos() / bin.as_nanos().max(1)) as usize;
         if bins.len() <= at {
             bins.resize(at + 1, 0);
@@ -136,6 +159,7 @@ fn download_counting(
     a: Amount,
     seed: u64,
     deadline: Instant,
+    how: Marking,
     mut arrived: impl FnMut(usize),
 ) -> Outcome {
     let t0 = Instant::now();
@@ -143,7 +167,7 @@ fn download_counting(
     let mut ok = true;
     let mut digest = Digest::default();
     let r = (|| -> io::Result<()> {
-        let mut s = connect(o, deadline)?;
+        let mut s = connect_marked(o, how.dscp, deadline)?;
         let (down, duration_ms) = match a {
             Amount::Bytes(n) => (n, 0),
             Amount::Seconds(secs) => (0, (secs * 1000.0).round() as u32),
@@ -154,6 +178,7 @@ fn download_counting(
             up: 0,
             down,
             duration_ms,
+            pace_kbps: how.pace_kbps,
         };
         xio::write_all(&mut s, &h.encode(), limit(deadline))?;
         let mut p = Pattern::new(seed, 1);
@@ -208,6 +233,7 @@ fn upload(o: &ClientOpts, a: Amount, deadline: Instant) -> Outcome {
             up: if total == u64::MAX { 0 } else { total },
             down: 0,
             duration_ms: 0,
+            pace_kbps: 0,
         };
         xio::write_all(s, &h.encode(), limit(deadline))?;
         let mut p = Pattern::new(o.seed, 0);
@@ -279,6 +305,7 @@ pub fn rr_open(o: &ClientOpts, seed: u64, deadline: Instant) -> io::Result<TcpSt
         up: 0,
         down: 0,
         duration_ms: 0,
+        pace_kbps: 0,
     };
     xio::write_all(&mut s, &h.encode(), limit(deadline))?;
     Ok(s)
@@ -572,6 +599,88 @@ fn flows(o: &ClientOpts, count: usize, a: Amount, deadline: Instant) -> Outcome 
     out
 }
 
+/// A paced stream beside bulk downloads, each marked as `c` says, read for `c.seconds`
+/// (what a gateway still holds then is not waited for); the rates over the run's last five
+/// sixths (the first sixth is the start-up of every flow) in [`Outcome::classes`].
+fn classes(o: &ClientOpts, c: &ClassesSpec, deadline: Instant) -> Outcome {
+    let t0 = Instant::now();
+    let window_from = t0 + Duration::from_secs_f64(c.seconds / 6.0);
+    let end = t0 + Duration::from_secs_f64(c.seconds);
+    let planned = end <= deadline;
+    let deadline = deadline.min(end);
+    let amount = Amount::Seconds(c.seconds);
+    let stream = Marking {
+        dscp: Some(c.stream_dscp),
+        pace_kbps: (c.stream_bps / 1e3).round() as u32,
+    };
+    let bulk = Marking {
+        dscp: Some(c.bulk_dscp),
+        pace_kbps: 0,
+    };
+    let hows: Vec<Marking> = std::iter::once(stream)
+        .chain(std::iter::repeat_n(bulk, c.bulk))
+        .collect();
+    let results: Vec<(Outcome, u64)> = thread::scope(|sc| {
+        let handles: Vec<_> = hows
+            .iter()
+            .enumerate()
+            .map(|(i, how)| {
+                sc.spawn(move || {
+                    let mut in_window = 0u64;
+                    let mut r =
+                        download_counting(o, amount, o.seed + i as u64, deadline, *how, |n| {
+                            if Instant::now() >= window_from {
+                                in_window += n as u64;
+                            }
+                        });
+                    if r.completion_s > 0.0 {
+                        r.goodput_bps = r.bytes as f64 * 8.0 / r.completion_s;
+                    }
+                    (r, in_window)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    let failed = Outcome {
+                        error: Some("flow thread panicked".into()),
+                        intact: Some(false),
+                        ..Default::default()
+                    };
+                    (failed, 0)
+                })
+            })
+            .collect()
+    });
+    let window_s = (Instant::now() - window_from).as_secs_f64();
+    let mut out = Outcome {
+        intact: Some(true),
+        ..Default::default()
+    };
+    for (r, _) in &results {
+        out.bytes += r.bytes;
+        out.flows_bps.push(r.goodput_bps);
+        // Every flow is cut at the end: only the run's cap coming first is a cut short.
+        out.capped |= r.capped && !planned;
+        if r.intact != Some(true) {
+            out.intact = Some(false);
+        }
+        if out.error.is_none() {
+            out.error.clone_from(&r.error);
+        }
+    }
+    out.completion_s = t0.elapsed().as_secs_f64();
+    let rate = |bytes: u64| bytes as f64 * 8.0 / window_s.max(1e-9);
+    out.classes = Some(ClassesOutcome {
+        window_s,
+        stream_bps: rate(results[0].1),
+        bulk_bps: rate(results[1..].iter().map(|(_, b)| b).sum()),
+    });
+    out
+}
+
 fn half_close(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome {
     let t0 = Instant::now();
     let mut out = Outcome::default();
@@ -585,6 +694,7 @@ fn half_close(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome 
             up,
             down,
             duration_ms: 0,
+            pace_kbps: 0,
         };
         xio::write_all(&mut s, &h.encode(), limit(deadline))?;
         let mut buf = vec![0u8; CHUNK];
@@ -630,6 +740,7 @@ fn bidir(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome {
             up,
             down,
             duration_ms: 0,
+            pace_kbps: 0,
         };
         xio::write_all(&mut s, &h.encode(), limit(deadline))?;
         let mut tx = s.try_clone()?;
@@ -681,4 +792,35 @@ fn bidir(o: &ClientOpts, up: u64, down: u64, deadline: Instant) -> Outcome {
     out.down_digest = Some(digest.hex());
     conclude(&mut out, t0, r);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xfer::server::Server;
+
+    #[test]
+    fn the_classes_mix_delivers_every_flow_exactly_over_loopback() {
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), None).expect("binds");
+        let o = ClientOpts {
+            server: server.local_addr(),
+            cc: None,
+            seed: 7,
+            max_duration: Duration::from_secs(20),
+        };
+        let w = Workload::Classes(ClassesSpec {
+            stream_bps: 2e6,
+            stream_dscp: 34,
+            bulk: 2,
+            bulk_dscp: 8,
+            seconds: 1.2,
+        });
+        let out = run(&w, &o);
+        assert_eq!(out.error, None);
+        assert_eq!(out.intact, Some(true));
+        assert!(!out.capped);
+        assert_eq!(out.flows_bps.len(), 3);
+        let c = out.classes.expect("the window's figures");
+        assert!(c.stream_bps > 0.0 && c.bulk_bps > 0.0, "{c:?}");
+    }
 }

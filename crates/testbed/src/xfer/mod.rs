@@ -52,6 +52,9 @@ pub enum Workload {
         up: u64,
         down: u64,
     },
+    /// A stream the server paces, beside bulk downloads, each marked with its own DSCP:
+    /// how the gateways' traffic classes share the link.
+    Classes(ClassesSpec),
     /// A download, and beside it on a second connection a request every `every_ms`
     /// (`request` bytes up, `response` bytes back) for as long as the download runs: the
     /// latency interactive traffic sees behind bulk traffic.
@@ -61,6 +64,30 @@ pub enum Workload {
         response: usize,
         every_ms: u64,
     },
+}
+
+/// The [`Workload::Classes`] mix.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassesSpec {
+    /// The stream's rate at the server.
+    pub stream_bps: f64,
+    /// The DSCP (0 to 63) the client marks the stream with.
+    pub stream_dscp: u8,
+    /// Bulk downloads beside it.
+    pub bulk: usize,
+    pub bulk_dscp: u8,
+    /// How long every flow runs.
+    pub seconds: f64,
+}
+
+/// What [`Workload::Classes`] measured over its window (the run after its first sixth).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClassesOutcome {
+    pub window_s: f64,
+    /// The stream's goodput.
+    pub stream_bps: f64,
+    /// The bulk downloads' goodput together.
+    pub bulk_bps: f64,
 }
 
 impl Workload {
@@ -81,6 +108,7 @@ pub enum WorkloadKind {
     Halfclose,
     Bidir,
     Interactive,
+    Classes,
 }
 
 /// Workload selection and sizes on the command line.
@@ -107,6 +135,15 @@ pub struct WorkloadArgs {
     /// flows: number of concurrent flows.
     #[arg(long, default_value_t = 4)]
     pub flows: usize,
+    /// classes: the stream's rate in bit/s, paced by the server.
+    #[arg(long, default_value_t = 4e6)]
+    pub stream_bps: f64,
+    /// classes: the stream's DSCP (34: AF41).
+    #[arg(long, default_value_t = 34, value_parser = clap::value_parser!(u8).range(0..64))]
+    pub stream_dscp: u8,
+    /// classes: the bulk downloads' DSCP (8: CS1); their number is --flows.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(0..64))]
+    pub bulk_dscp: u8,
     /// interactive: milliseconds between the starts of two requests (a request waits for
     /// the previous one's response).
     #[arg(long, default_value_t = 200)]
@@ -147,6 +184,16 @@ impl WorkloadArgs {
                 response: self.response_bytes,
                 every_ms: self.interval_ms,
             },
+            WorkloadKind::Classes => Workload::Classes(ClassesSpec {
+                stream_bps: self.stream_bps,
+                stream_dscp: self.stream_dscp,
+                bulk: self.flows,
+                bulk_dscp: self.bulk_dscp,
+                seconds: match amount {
+                    Amount::Seconds(s) => s,
+                    Amount::Bytes(_) => 60.0,
+                },
+            }),
             WorkloadKind::Bidir => {
                 let each = self.bytes.unwrap_or(10_000_000);
                 Workload::Bidir {
@@ -174,6 +221,9 @@ pub struct Outcome {
     pub flows_bps: Vec<f64>,
     pub jain_fairness: Option<f64>,
     pub error: Option<String>,
+    /// classes: the stream's and the bulk flows' goodput over the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<ClassesOutcome>,
     /// FNV-1a digest (hex) of what the client received (download, halfclose, bidir).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub down_digest: Option<String>,

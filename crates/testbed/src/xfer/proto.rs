@@ -1,5 +1,5 @@
 //! The traffic tool's per-connection header: the client says what it wants, the server obeys.
-//! Fixed 40 bytes, big-endian: magic, op, seed, upload bytes, download bytes, duration.
+//! Fixed 40 bytes, big-endian: magic, op, seed, upload bytes, download bytes, duration, pace.
 
 use std::io::{self, Read};
 
@@ -33,6 +33,9 @@ pub struct Header {
     pub up: u64,
     pub down: u64,
     pub duration_ms: u32,
+    /// Download: the rate the server paces its sending at, in kbit/s (0: as fast as the
+    /// connection takes it).
+    pub pace_kbps: u32,
 }
 
 impl Header {
@@ -44,6 +47,7 @@ impl Header {
         b[16..24].copy_from_slice(&self.up.to_be_bytes());
         b[24..32].copy_from_slice(&self.down.to_be_bytes());
         b[32..36].copy_from_slice(&self.duration_ms.to_be_bytes());
+        b[36..40].copy_from_slice(&self.pace_kbps.to_be_bytes());
         b
     }
 
@@ -71,6 +75,7 @@ impl Header {
             up: u64_at(16),
             down: u64_at(24),
             duration_ms: u32::from_be_bytes([b[32], b[33], b[34], b[35]]),
+            pace_kbps: u32::from_be_bytes([b[36], b[37], b[38], b[39]]),
         })
     }
 
@@ -125,6 +130,7 @@ mod tests {
             up: 1 << 40,
             down: 7,
             duration_ms: 1500,
+            pace_kbps: 4000,
         };
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         let mut junk = h.encode();

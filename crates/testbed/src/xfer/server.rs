@@ -205,16 +205,14 @@ fn serve(mut s: TcpStream, stop: &AtomicBool) -> io::Result<()> {
             let until = (h.duration_ms > 0)
                 .then(|| Instant::now() + Duration::from_millis(h.duration_ms.into()));
             let total = if until.is_some() { u64::MAX } else { h.down };
-            send(
-                &mut s,
-                &mut down,
-                total,
-                &mut buf,
-                Limit {
-                    deadline: until,
-                    ..limit
-                },
-            )
+            let until_limit = Limit {
+                deadline: until,
+                ..limit
+            };
+            match h.pace_kbps {
+                0 => send(&mut s, &mut down, total, &mut buf, until_limit),
+                kbps => send_paced(&mut s, &mut down, total, f64::from(kbps) * 1e3, until_limit),
+            }
             .or_else(|e| {
                 if xio::is_capped(&e) && !limit.expired() {
                     Ok(0)
@@ -268,6 +266,41 @@ fn receive_to_eof(
         digest.update(&buf[..got]);
         n += got as u64;
     }
+}
+
+/// Bytes a paced stream writes at a time: small enough that its rate is smooth over a few
+/// milliseconds.
+const PACED_CHUNK: usize = 1_250;
+
+/// Sends `total` bytes of the pattern at `rate_bps` (until the limit when `total` is
+/// `u64::MAX`), as a live source produces them: each chunk is due when the bytes before it
+/// have had their time at the rate, and what fell due while the connection did not take
+/// it is written as soon as it does.
+fn send_paced(
+    s: &mut TcpStream,
+    p: &mut Pattern,
+    total: u64,
+    rate_bps: f64,
+    limit: Limit,
+) -> io::Result<u64> {
+    let mut buf = [0u8; PACED_CHUNK];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < total {
+        let due = start + Duration::from_secs_f64(sent as f64 * 8.0 / rate_bps);
+        let now = Instant::now();
+        if due > now {
+            if limit.deadline.is_some_and(|d| d <= due) {
+                return Err(xio::capped());
+            }
+            thread::sleep(due - now);
+        }
+        let n = (total - sent).min(PACED_CHUNK as u64) as usize;
+        p.fill(&mut buf[..n]);
+        xio::write_all(s, &buf[..n], limit)?;
+        sent += n as u64;
+    }
+    Ok(sent)
 }
 
 /// Sends `total` bytes of the pattern (until the limit when `total` is `u64::MAX`).
