@@ -17,6 +17,7 @@ mod cidr;
 pub mod classes;
 pub mod control;
 mod error;
+mod hubs;
 pub mod keys;
 mod messages;
 mod peers;
@@ -31,6 +32,7 @@ pub use cidr::{parse_subnet, CidrError};
 pub use classes::{ClassEntry, Dscp, TrafficClasses};
 pub use control::ControlConfig;
 pub use error::{ConfigError, Diagnostic};
+pub use hubs::{HubAddresses, MAX_HUB_ADDRESSES};
 pub use peers::{PeerEntry, PeerSpec, Peers, TunnelConfig, MAX_PEERS, MAX_WORKERS, PAIR_PEER_NAME};
 pub use security::{LoadedSecurity, LocalKeys};
 pub use source::SourceMap;
@@ -232,12 +234,30 @@ pub enum Side {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PairConfig {
-    /// The peer gateway's tunnel address (UDP).
-    pub address: SocketAddr,
+    /// The peer gateway's tunnel address (UDP); at a terminal, several hubs' in order of
+    /// preference, one peer served by one of them at a time.
+    pub address: HubAddresses,
     /// Local tunnel address; defaults to the unspecified address of the peer's family on
     /// port 7400.
     pub bind: Option<SocketAddr>,
     pub side: Side,
+    /// With several hub addresses: go back to the first when it answers again, at a moment
+    /// with no open flow.
+    #[serde(default)]
+    pub return_to_preferred: bool,
+    /// With `return_to_preferred`: how long on another hub before trying the first again.
+    #[serde(default = "default_return_after", with = "humantime_serde")]
+    pub return_after: Duration,
+}
+
+/// `peer.return_after` unless set.
+pub const DEFAULT_RETURN_AFTER: Duration = Duration::from_secs(600);
+
+/// The shortest `peer.return_after`: every move resets the terminal's flows.
+pub const MIN_RETURN_AFTER: Duration = Duration::from_secs(60);
+
+fn default_return_after() -> Duration {
+    DEFAULT_RETURN_AFTER
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -191,7 +191,7 @@ impl PepdConfig {
             Peers::Pair(pair) => vec![PeerSpec {
                 name: PAIR_PEER_NAME.to_owned(),
                 public_key: decode(self.security.peer_public_key.as_ref()),
-                address: Some(pair.address),
+                address: Some(pair.address.first()),
                 subnets: vec![IpNet::V4(Ipv4Net::default()), IpNet::V6(Ipv6Net::default())],
                 tx_bps: self.link.tx_rate.bps(),
                 rx_bps: self.link.rx_rate.bps(),
@@ -233,7 +233,7 @@ impl PepdConfig {
     /// (first) peer address's family, port 7400; IPv4 when no peer has an address.
     pub fn tunnel_bind(&self) -> SocketAddr {
         let (bind, first_address) = match &self.peer {
-            Peers::Pair(pair) => (pair.bind, Some(pair.address)),
+            Peers::Pair(pair) => (pair.bind, Some(pair.address.first())),
             Peers::List(entries) => (
                 self.tunnel.as_ref().and_then(|t| t.bind),
                 entries.iter().find_map(|e| e.address),
@@ -294,6 +294,26 @@ impl PepdConfig {
             .clamp(1, MAX_WORKERS)
     }
 
+    /// Every address a peer may send from: each peer's, and every hub of a terminal's list.
+    pub fn peer_addresses(&self) -> Vec<SocketAddr> {
+        match &self.peer {
+            Peers::Pair(pair) => pair.address.all().to_vec(),
+            Peers::List(entries) => entries.iter().filter_map(|e| e.address).collect(),
+        }
+    }
+
+    /// A terminal's hubs, when `[peer] address` lists several: the transport tries the
+    /// others while the one serving it is silent (docs/PROTOCOL.md §10).
+    pub fn hubs(&self) -> Option<pep_transport::Hubs> {
+        let Peers::Pair(pair) = &self.peer else {
+            return None;
+        };
+        (pair.address.all().len() > 1).then(|| pep_transport::Hubs {
+            addresses: pair.address.all().to_vec(),
+            return_after: pair.return_to_preferred.then_some(pair.return_after),
+        })
+    }
+
     /// `[tunnel] redundant`: false in the `[peer]` form.
     pub fn redundant(&self) -> bool {
         self.tunnel.as_ref().is_some_and(|t| t.redundant)
@@ -303,7 +323,7 @@ impl PepdConfig {
     /// always was), the bind address's for `[[peer]]` entries.
     pub(super) fn tunnel_is_ipv6(&self) -> bool {
         match &self.peer {
-            Peers::Pair(pair) => pair.address.is_ipv6(),
+            Peers::Pair(pair) => pair.address.first().is_ipv6(),
             Peers::List(_) => self.tunnel_bind().is_ipv6(),
         }
     }

@@ -13,10 +13,10 @@ use super::bounds::{Bounded, Bounds};
 use super::classes::{DEFAULT_CLASS_NAME, MAX_CLASSES};
 use super::error::{sort_by_position, Position};
 use super::peers::{self, PeerEntry, MAX_NAME_LEN, MAX_PEERS};
-use super::units::approx;
+use super::units::{approx, dur};
 use super::{
     cidr, BitRate, ByteSize, ConfigError, Diagnostic, PairConfig, Peers, PepdConfig, SecurityMode,
-    Side, SourceMap,
+    Side, SourceMap, MIN_RETURN_AFTER,
 };
 
 const MIN_RATE: BitRate = BitRate(8_000);
@@ -435,8 +435,21 @@ impl PepdConfig {
     }
 
     fn check_peer(&self, pair: &PairConfig, c: &mut Checker<'_>) {
-        let addr = pair.address;
-        check_peer_address(c, "peer.address", addr);
+        let addr = pair.address.first();
+        for &a in pair.address.all() {
+            check_peer_address(c, "peer.address", a);
+        }
+        if let Some(&other) = pair
+            .address
+            .alternates()
+            .iter()
+            .find(|a| a.is_ipv4() != addr.is_ipv4())
+        {
+            c.fail(
+                "peer.address",
+                format!("lists {other} and {addr}: every hub must be of one address family"),
+            );
+        }
         if let Some(bind) = pair.bind {
             c.check(
                 bind.is_ipv4() == addr.is_ipv4(),
@@ -444,6 +457,31 @@ impl PepdConfig {
                 format!("({bind}) must be of the same address family as `peer.address` ({addr})"),
             );
         }
+        let several = pair.address.all().len() > 1;
+        if several && pair.side == Side::Hub {
+            c.fail(
+                "peer.address",
+                format!(
+                    "({}) lists several hubs, which only a terminal can: a hub's peer is one                      terminal",
+                    pair.address
+                ),
+            );
+        }
+        if several && self.security.mode != SecurityMode::Noise {
+            c.fail(
+                "peer.address",
+                "lists several hubs, which needs `security.mode = \"noise\"`: a terminal moves                  only to a hub whose handshake authenticated",
+            );
+        }
+        c.check(
+            pair.return_after >= MIN_RETURN_AFTER,
+            "peer.return_after",
+            format!(
+                "({}) must be at least {}: every move resets the terminal's flows",
+                dur(pair.return_after),
+                dur(MIN_RETURN_AFTER)
+            ),
+        );
     }
 
     /// `[tunnel]` belongs to the `[[peer]]` form, and that form needs it.

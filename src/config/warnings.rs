@@ -203,6 +203,15 @@ impl PepdConfig {
             ),
             _ => {}
         }
+        if let Peers::Pair(pair) = &self.peer {
+            if pair.return_to_preferred && pair.address.all().len() < 2 {
+                warn(
+                    "peer.return_to_preferred",
+                    "has no effect with one hub address: there is no other hub to return from"
+                        .into(),
+                );
+            }
+        }
         if self.link.mtu > 1500 {
             warn(
                 "link.mtu",

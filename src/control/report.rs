@@ -28,6 +28,18 @@ impl PepdConfig {
                     pair.address,
                     self.tunnel_bind()
                 );
+                if let Some(hubs) = self.hubs() {
+                    let back = match hubs.return_after {
+                        Some(d) => format!("back to the first when idle after {}", dur(d)),
+                        None => "staying where it moved".to_owned(),
+                    };
+                    let _ = writeln!(
+                        s,
+                        "hubs:       {} in order of preference, one at a time; another is \
+                         tried while the one serving is silent, {back}",
+                        hubs.addresses.len()
+                    );
+                }
             }
             Peers::List(entries) => {
                 let n = entries.len();

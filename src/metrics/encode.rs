@@ -409,6 +409,26 @@ fn handshakes(e: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
         "Associations begun by a peer that echoed another epoch than ours: it came from another hub of the same key, or from an earlier run of this one",
         None,
         s.stats.associations_taken_over,
+    )?;
+    counter(
+        e,
+        "handovers",
+        "Moves of this terminal to another hub of its address list; each resets its flows",
+        None,
+        s.stats.handovers,
+    )?;
+    let t = &s.stats.handover_trials;
+    counter_family(
+        e,
+        "handover_trials",
+        "Tries of another hub of the address list while the one serving this terminal was silent (or of the first, to return), by how they ended",
+        None,
+        "result",
+        &[
+            ("moved", t.moved),
+            ("stayed", t.stayed),
+            ("unanswered", t.unanswered),
+        ],
     )
 }
 

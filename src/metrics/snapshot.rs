@@ -137,6 +137,9 @@ pub struct PeerSnapshot {
     /// Where its association sends now: configured, learned from its initiation, or moved
     /// by roaming. `None` before a peer without a configured address has associated.
     pub endpoint: Option<SocketAddr>,
+    /// Which hub of a terminal's address list serves it (0: the preferred); `None` with
+    /// one address.
+    pub hub_rank: Option<u64>,
     /// Its association's counters (all zero while it has none).
     pub stats: pep_transport::Stats,
     /// Flows with a live local TCP connection.
@@ -280,6 +283,7 @@ fn peer_snapshot(peer: &Peer) -> PeerSnapshot {
         name: peer.name.to_string(),
         state: c.state(),
         endpoint: peer.remote(),
+        hub_rank: peer.hub_rank(),
         stats: peer.stats().map(|(s, _, _)| s).unwrap_or_default(),
         flows_active: get(&c.relays_active),
         bytes_to_peer_total: get(&c.bytes_to_peer),

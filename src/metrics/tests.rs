@@ -111,6 +111,12 @@ fn sample() -> Snapshot {
             rekeys: 152,
             // Reported per peer only.
             remote_moves: 161,
+            handovers: 310,
+            handover_trials: pep_transport::TrialCounts {
+                moved: 311,
+                stayed: 312,
+                unanswered: 313,
+            },
             // Counted from the peers, whatever the sum holds.
             aead: Some(pep_transport::security::PacketProtection::ChaCha20Poly1305),
             // The third class ("bulk") has no association figures: it reports zeros.
@@ -146,7 +152,7 @@ fn sample() -> Snapshot {
             bytes_from_peer_total: 133,
             connect_errors: vec![("refused", 134), ("unreachable", 135), ("timeout", 0)],
             intercept_errors: vec![("accept", 136), ("inspect", 137)],
-            flow_resets: vec![("aborted", 138), ("peer_restart", 139)],
+            flow_resets: vec![("aborted", 138), ("peer_restart", 139), ("handover", 314)],
             flows_reset_stalled_total: 191,
             compression: CompressionSnapshot {
                 plain_sent: 201,
@@ -193,6 +199,7 @@ fn sample() -> Snapshot {
                 name: "ship-7".into(),
                 state: AssociationState::Established,
                 endpoint: Some("198.19.0.7:40123".parse().expect("address")),
+                hub_rank: Some(2),
                 stats: Stats {
                     wire_bytes_sent: 201,
                     wire_bytes_received: 202,
@@ -381,6 +388,14 @@ fn encode_reports_every_value_exactly() {
         ("pepd_hints_received_total", &[("result", "unmatched")], 305),
         ("pepd_hints_received_total", &[("result", "elsewhere")], 306),
         ("pepd_hints_received_total", &[("result", "ignored")], 307),
+        ("pepd_handovers_total", &[], 310),
+        ("pepd_handover_trials_total", &[("result", "moved")], 311),
+        ("pepd_handover_trials_total", &[("result", "stayed")], 312),
+        (
+            "pepd_handover_trials_total",
+            &[("result", "unanswered")],
+            313,
+        ),
         ("pepd_worker_datagrams_total", &[("worker", "0")], 193),
         ("pepd_worker_datagrams_total", &[("worker", "1")], 196),
         ("pepd_worker_handoffs_total", &[("worker", "0")], 194),
@@ -411,6 +426,7 @@ fn encode_reports_every_value_exactly() {
         ("pepd_intercept_errors_total", &[("reason", "inspect")], 137),
         ("pepd_flow_resets_total", &[("reason", "aborted")], 138),
         ("pepd_flow_resets_total", &[("reason", "peer_restart")], 139),
+        ("pepd_flow_resets_total", &[("reason", "handover")], 314),
         ("pepd_flows_reset_stalled_total", &[], 191),
         (
             "pepd_compression_plain_bytes_total",
@@ -675,6 +691,7 @@ fn per_peer_series_have_exact_labels() {
             1,
         ),
         ("pepd_peer_aead", &[ship, ("aead", "aes-256-gcm")], 1),
+        ("pepd_peer_hub_rank", &[ship], 2),
         ("pepd_peer_endpoint_moves_total", &[ship], 208),
         ("pepd_peer_endpoint_moves_total", &[rig], 0),
         (
@@ -780,6 +797,13 @@ fn per_peer_series_have_exact_labels() {
         .filter(|m| m.metric == "pepd_peer_aead")
         .collect();
     assert_eq!(aeads.len(), 1);
+    // A hub rank only for a terminal with a list of hubs.
+    let ranks = s
+        .samples
+        .iter()
+        .filter(|m| m.metric == "pepd_peer_hub_rank")
+        .count();
+    assert_eq!(ranks, 1);
     // Foreign datagrams belong to no peer.
     assert!(!s
         .samples
@@ -796,6 +820,7 @@ fn per_peer_series_have_exact_labels() {
         ("pepd_peer_association_state", "gauge"),
         ("pepd_peer_endpoint", "gauge"),
         ("pepd_peer_endpoint_moves", "counter"),
+        ("pepd_peer_hub_rank", "gauge"),
         ("pepd_peer_wire_bytes", "counter"),
         ("pepd_peer_datagrams_dropped", "counter"),
     ] {

@@ -60,6 +60,9 @@ pub struct AssocFactory {
     /// `[tunnel] redundant`: another hub with the same key may be serving the peer, so
     /// this one waits for the peer's initiation instead of starting one.
     pub redundant: bool,
+    /// A terminal's hubs when its `[peer] address` lists several: its association may move
+    /// among them (docs/PROTOCOL.md §10).
+    pub hubs: Option<pep_transport::Hubs>,
 }
 
 impl AssocFactory {
@@ -90,7 +93,21 @@ impl AssocFactory {
         if self.redundant {
             config.initiate = pep_transport::Initiate::RekeyOnly;
         }
-        endpoint.new_association(now, peer, config, self.role, self.epoch, s.security.clone())
+        let (handle, mut assoc) = endpoint.new_association(
+            now,
+            peer,
+            config,
+            self.role,
+            self.epoch,
+            s.security.clone(),
+        )?;
+        if let Some(hubs) = &self.hubs {
+            if let Err(e) = assoc.set_hubs(hubs.clone()) {
+                endpoint.forget(handle);
+                return Err(e);
+            }
+        }
+        Ok((handle, assoc))
     }
 
     /// Every peer's transport settings.
@@ -839,6 +856,15 @@ impl Driver {
             Event::RemoteMoved { from, to } => {
                 info!(name = %peer.name, %from, %to, "peer now sends from a new address; following it");
             }
+            Event::Handover { from, to } => {
+                c.set_state(AssociationState::Connecting);
+                info!(
+                    name = %peer.name,
+                    "handover: hub {from} stopped answering, now served by {to}; {} flows reset",
+                    st.flows_reset_by_handover()
+                );
+                self.notifier.status(&format!("served by hub {to}"));
+            }
             Event::AssociationLost { reason } => {
                 self.set_state(peer, AssociationState::Connecting);
                 warn!(
@@ -1028,6 +1054,7 @@ mod tests {
                 role: Role::Responder,
                 epoch: 1,
                 redundant: false,
+                hubs: None,
             };
             let (_, assoc) = factory
                 .make(&mut endpoint, Instant::now(), PeerId(0))

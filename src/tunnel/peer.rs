@@ -151,6 +151,9 @@ pub struct PeerState {
     /// Relays whose client has taken nothing for `limits.stalled_flow_timeout`, waiting
     /// for contention to reset their flow (see [`Peer::reset_if_stalled`]).
     stalled: HashMap<FlowId, Arc<FlowSignal>>,
+    /// Flows reset by a move to another hub since the last move was reported (the resets
+    /// come first, then the move).
+    handover_resets: u64,
 }
 
 /// One peer of the gateway: its association behind a lock of its own, so relays of
@@ -390,7 +393,7 @@ impl CompressionCounters {
 
 /// Each reset reason's name in metrics and reports, by its code; the last for codes this
 /// version does not know.
-const RESET_LABELS: [&str; 10] = [
+const RESET_LABELS: [&str; 11] = [
     "aborted",
     "refused",
     "unreachable",
@@ -400,6 +403,7 @@ const RESET_LABELS: [&str; 10] = [
     "resource_limit",
     "protocol",
     "closed",
+    "handover",
     "other",
 ];
 
@@ -411,7 +415,7 @@ pub fn reset_label(reason: ResetReason) -> &'static str {
 
 /// One counter per reset reason code the transport defines.
 #[derive(Default)]
-pub struct ByReason([AtomicU64; 10]);
+pub struct ByReason([AtomicU64; 11]);
 
 impl ByReason {
     pub fn add(&self, reason: ResetReason) {
@@ -460,6 +464,7 @@ impl Peer {
                 quota_waiting: false,
                 send_reported: 0,
                 stalled: HashMap::new(),
+                handover_resets: 0,
             }),
             wake,
             queued: AtomicBool::new(false),
@@ -601,6 +606,16 @@ impl Peer {
     /// Where the association sends now, if it knows.
     pub fn remote(&self) -> Option<std::net::SocketAddr> {
         self.lock().assoc.as_ref().and_then(Association::remote)
+    }
+
+    /// Which hub of a terminal's address list serves it (0: the preferred); `None` without
+    /// a list.
+    pub fn hub_rank(&self) -> Option<u64> {
+        self.lock()
+            .assoc
+            .as_ref()
+            .and_then(Association::hub_rank)
+            .map(|r| r as u64)
     }
 
     pub fn send_budget(&self) -> u64 {
@@ -834,7 +849,10 @@ impl PeerState {
         }
     }
 
-    pub fn flow_reset(&self, id: FlowId, reason: ResetReason) {
+    pub fn flow_reset(&mut self, id: FlowId, reason: ResetReason) {
+        if reason == ResetReason::Handover {
+            self.handover_resets += 1;
+        }
         if let Some(slot) = self.flows.get(&id) {
             slot.signal.set_reset(reason);
             slot.signal.notify.notify_one();
@@ -851,6 +869,11 @@ impl PeerState {
         for s in self.budget_waiters.drain(..) {
             s.notify.notify_one();
         }
+    }
+
+    /// The flows a move to another hub reset, since the last call.
+    pub fn flows_reset_by_handover(&mut self) -> u64 {
+        std::mem::take(&mut self.handover_resets)
     }
 
     pub fn flow_closed(&mut self, id: FlowId) {

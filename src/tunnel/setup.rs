@@ -63,6 +63,7 @@ pub fn build(
         role: cfg.role(),
         epoch,
         redundant: cfg.redundant(),
+        hubs: cfg.hubs(),
     };
     let mut ecfg = EndpointConfig::new(cfg.cid_len());
     ecfg.shard_bits = crate::tunnel::workers::shard_bits(workers);
@@ -130,10 +131,10 @@ pub fn build(
             worker_set.wake_of(id),
         )));
     }
-    // The pair keeps its filter on the peer's address; without security the address is a
-    // peer's identity.
+    // The pair keeps its filter on the peer's addresses (every hub of a terminal's list);
+    // without security the address is a peer's identity.
     let allowed = (matches!(cfg.peer, Peers::Pair(_)) || !secure)
-        .then(|| specs.iter().filter_map(|p| p.address).collect());
+        .then(|| cfg.peer_addresses().into_iter().collect());
     let transport = cfg.transport();
     let mtu = settings
         .iter()

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use pep_transport::cc::CapacityStats;
 use pep_transport::security::HintCounts;
-use pep_transport::{EndpointStats, LossCounts, SecurityCounts, Stats, TrafficClassStats};
+use pep_transport::{
+    EndpointStats, LossCounts, SecurityCounts, Stats, TrafficClassStats, TrialCounts,
+};
 
 /// Adds one association's stats to a total: counters and amounts add up; of the path
 /// gauges (RTT, queue delay, datagram size) the total keeps the largest, which is what an
@@ -55,6 +57,8 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
         handshakes_completed,
         rekeys,
         remote_moves,
+        handovers,
+        handover_trials,
         spurious_losses,
         reorder_window,
         // Each association's own: the metrics count the AEADs by peer, not from a total.
@@ -103,6 +107,8 @@ pub fn add_association(t: &mut Stats, s: &Stats) {
     t.handshakes_completed += handshakes_completed;
     t.rekeys += rekeys;
     t.remote_moves += remote_moves;
+    t.handovers += handovers;
+    add_trials(&mut t.handover_trials, handover_trials);
     t.spurious_losses += spurious_losses;
     t.reorder_window = t.reorder_window.max(*reorder_window);
     add_traffic_classes(&mut t.traffic_classes, traffic_classes);
@@ -178,6 +184,17 @@ fn add_hints(t: &mut HintCounts, s: &HintCounts) {
     t.unmatched += unmatched;
     t.elsewhere += elsewhere;
     t.ignored += ignored;
+}
+
+fn add_trials(t: &mut TrialCounts, s: &TrialCounts) {
+    let TrialCounts {
+        moved,
+        stayed,
+        unanswered,
+    } = s;
+    t.moved += moved;
+    t.stayed += stayed;
+    t.unanswered += unanswered;
 }
 
 fn add_security(t: &mut SecurityCounts, s: &SecurityCounts) {
@@ -274,6 +291,8 @@ pub fn counters_only(s: Stats) -> Stats {
         handshakes_completed,
         rekeys,
         remote_moves,
+        handovers,
+        handover_trials,
         spurious_losses,
         reorder_window: _,
         aead,
@@ -344,6 +363,8 @@ pub fn counters_only(s: Stats) -> Stats {
         handshakes_completed,
         rekeys,
         remote_moves,
+        handovers,
+        handover_trials,
         spurious_losses,
         reorder_window: Duration::ZERO,
         aead,

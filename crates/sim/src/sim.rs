@@ -610,7 +610,8 @@ impl Simulation {
                 | Event::FlowClosed { .. }
                 | Event::PeerRestarted
                 | Event::AssociationLost { .. }
-                | Event::RemoteMoved { .. } => {}
+                | Event::RemoteMoved { .. }
+                | Event::Handover { .. } => {}
             }
         }
     }

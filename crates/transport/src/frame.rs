@@ -52,6 +52,10 @@ pub enum ResetReason {
     /// The sender holds no state for this flow (it was closed or never seen). Sent in
     /// answer to a RESET so the peer can release its side; never answered itself.
     Closed,
+    /// The terminal moved to another hub of its address list (docs/PROTOCOL.md §10): the
+    /// flow's state was at the hub it left. Local: the hub it left learns of the move from
+    /// the CLOSE that goes with it.
+    Handover,
     /// A reason this version does not know.
     Other(u8),
 }
@@ -68,6 +72,7 @@ impl ResetReason {
             ResetReason::ResourceLimit => 6,
             ResetReason::Protocol => 7,
             ResetReason::Closed => 8,
+            ResetReason::Handover => 9,
             ResetReason::Other(c) => c,
         }
     }
@@ -83,6 +88,7 @@ impl ResetReason {
             6 => ResetReason::ResourceLimit,
             7 => ResetReason::Protocol,
             8 => ResetReason::Closed,
+            9 => ResetReason::Handover,
             c => ResetReason::Other(c),
         }
     }

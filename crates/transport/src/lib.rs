@@ -30,8 +30,8 @@ mod stream;
 pub mod traffic_class;
 
 pub use association::{
-    Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, LostReason, OpenError,
-    ReadOutcome, Role,
+    Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, Hubs, LostReason,
+    OpenError, ReadOutcome, Role, TrialCounts, CLOSE_HANDOVER, MAX_HUBS,
 };
 pub use compression::{Compression, CompressionOffer};
 pub use config::{

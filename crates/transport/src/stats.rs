@@ -84,6 +84,10 @@ pub struct Stats {
     pub rekeys: u64,
     /// Times the peer's address changed after it proved it is at the new one.
     pub remote_moves: u64,
+    /// Moves of a terminal to another hub of its list.
+    pub handovers: u64,
+    /// Trials of another hub of the list, by how they ended.
+    pub handover_trials: crate::association::TrialCounts,
     /// The AEAD the two HELLOs settled on for the keys in use: `None` before the first
     /// handshake completes and without security.
     pub aead: Option<PacketProtection>,

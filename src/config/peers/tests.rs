@@ -274,7 +274,7 @@ fn unknown_key_line_in_both_forms() {
     assert_eq!(
         d.to_string(),
         "test.toml line 7: unknown key `peer.colour` (expected one of `address`, `bind`, \
-         `side`)"
+         `side`, `return_to_preferred`, `return_after`)"
     );
     assert_eq!(d.position.line(), Some(7));
 }
@@ -740,4 +740,156 @@ fn overlap_sweep_finds_each_nested_subnet_once() {
         })
         .collect();
     assert!(super::overlaps(&many).is_empty());
+}
+
+/// A pair-form terminal whose `[peer] address` is `address` (line 2), with `more` of
+/// `[peer]` from line 4.
+fn terminal_with(address: &str, more: &str) -> String {
+    format!(
+        "[peer]\naddress = {address}\nside = \"terminal\"\n{more}[link]\ntx_rate = \"2M\"\n\
+         rx_rate = \"10M\"\n"
+    )
+}
+
+const TWO_HUBS: &str = "[\"198.18.0.1:7400\", \"198.18.0.2:7400\"]";
+
+#[test]
+fn a_terminal_lists_its_hubs_in_order_of_preference() {
+    let text = terminal_with(
+        TWO_HUBS,
+        "return_to_preferred = true\nreturn_after = \"2min\"\n",
+    );
+    let c = PepdConfig::parse_named(&text, "test.toml").expect("a list of hubs");
+    let hubs = [addr("198.18.0.1:7400"), addr("198.18.0.2:7400")];
+    assert_eq!(
+        c.hubs(),
+        Some(pep_transport::Hubs {
+            addresses: hubs.to_vec(),
+            return_after: Some(Duration::from_secs(120)),
+        })
+    );
+    assert_eq!(c.peer_specs()[0].address, Some(hubs[0]));
+    assert_eq!(c.peer_addresses(), hubs);
+    assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+    // Without return_to_preferred the terminal stays where it moved.
+    let c = PepdConfig::parse(&terminal_with(TWO_HUBS, "")).expect("a list of hubs");
+    assert_eq!(c.hubs().and_then(|h| h.return_after), None);
+    // One address, as a string or a list of one: nothing to move among.
+    for one in ["\"198.18.0.1:7400\"", "[\"198.18.0.1:7400\"]"] {
+        let c = PepdConfig::parse(&terminal_with(one, "")).expect(one);
+        assert_eq!((c.hubs(), c.peer_addresses()), (None, vec![hubs[0]]));
+        let Peers::Pair(pair) = &c.peer else {
+            panic!("the pair form")
+        };
+        assert_eq!(pair.return_after, Duration::from_secs(600));
+    }
+}
+
+#[test]
+fn a_list_of_hubs_that_cannot_be_read_names_the_key_and_line() {
+    for (address, key, why) in [
+        (
+            "[\"198.18.0.1:7400\", \"198.18.0.1:7400\"]",
+            "peer.address",
+            "lists 198.18.0.1:7400 twice",
+        ),
+        ("[]", "peer.address", "lists no address"),
+        (
+            "[\"198.18.0.1:1\", \"198.18.0.1:2\", \"198.18.0.1:3\", \"198.18.0.1:4\", \
+             \"198.18.0.1:5\", \"198.18.0.1:6\", \"198.18.0.1:7\", \"198.18.0.1:8\", \
+             \"198.18.0.1:9\"]",
+            "peer.address",
+            "lists more than 8 hubs",
+        ),
+        (
+            "[\"198.18.0.1:7400\", \"hub-b\"]",
+            "peer.address[1]",
+            "invalid socket address syntax",
+        ),
+        ("\"hub-a\"", "peer.address", "invalid socket address syntax"),
+    ] {
+        let d = parse_err(&terminal_with(address, ""));
+        assert_eq!(d.key.as_deref(), Some(key), "{d}");
+        assert_eq!(d.position.line(), Some(2), "{d}");
+        assert_eq!(d.to_string(), format!("test.toml line 2: `{key}`: {why}"));
+    }
+    let d = parse_err(&terminal_with("7400", ""));
+    assert_eq!(
+        (d.key.as_deref(), d.position.line()),
+        (Some("peer.address"), Some(2)),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_list_of_hubs_is_checked_against_the_rest_of_the_config() {
+    let family = terminal_with("[\"198.18.0.1:7400\", \"[fd00:198:18::2]:7400\"]", "");
+    assert_eq!(
+        invalid(&family),
+        [
+            "test.toml line 2: `peer.address` lists [fd00:198:18::2]:7400 and 198.18.0.1:7400: \
+          every hub must be of one address family"
+        ]
+    );
+    let at_a_hub = terminal_with(TWO_HUBS, "").replace("\"terminal\"", "\"hub\"");
+    assert_eq!(blamed(&at_a_hub), [("peer.address".to_owned(), Some(2))]);
+    let plain = format!(
+        "{}[security]\nmode = \"none\"\n",
+        terminal_with(TWO_HUBS, "")
+    );
+    assert_eq!(blamed(&plain), [("peer.address".to_owned(), Some(2))]);
+    let unspecified = terminal_with("[\"198.18.0.1:7400\", \"0.0.0.0:7400\"]", "");
+    assert_eq!(blamed(&unspecified), [("peer.address".to_owned(), Some(2))]);
+    let soon = terminal_with(
+        TWO_HUBS,
+        "return_to_preferred = true\nreturn_after = \"30s\"\n",
+    );
+    assert_eq!(
+        invalid(&soon),
+        [
+            "test.toml line 5: `peer.return_after` (30s) must be at least 1m: every move \
+          resets the terminal's flows"
+        ]
+    );
+}
+
+#[test]
+fn return_to_preferred_with_one_hub_is_a_warning() {
+    let c = PepdConfig::parse_named(
+        &terminal_with("\"198.18.0.1:7400\"", "return_to_preferred = true\n"),
+        "test.toml",
+    )
+    .expect("legal");
+    assert_eq!(
+        c.warnings(),
+        [
+            "test.toml line 4: `peer.return_to_preferred` has no effect with one hub address: \
+          there is no other hub to return from"
+        ]
+    );
+}
+
+#[test]
+fn check_config_reports_the_list_of_hubs() {
+    let text = terminal_with(
+        TWO_HUBS,
+        "return_to_preferred = true\nreturn_after = \"15min\"\n",
+    );
+    let c = PepdConfig::parse(&text).expect("a list of hubs");
+    let s = c.summary();
+    let lines: Vec<&str> = s
+        .lines()
+        .filter(|l| l.starts_with("peer:") || l.starts_with("hubs:"))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "peer:       [198.18.0.1:7400, 198.18.0.2:7400] over UDP, tunnel bound to 0.0.0.0:7400",
+            "hubs:       2 in order of preference, one at a time; another is tried while the \
+             one serving is silent, back to the first when idle after 15m",
+        ],
+        "{s}"
+    );
+    let one = PepdConfig::parse(&terminal_with("\"198.18.0.1:7400\"", "")).expect("one hub");
+    assert!(!one.summary().contains("hubs:"));
 }

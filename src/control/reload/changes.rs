@@ -508,6 +508,8 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
             address,
             bind,
             side,
+            return_to_preferred,
+            return_after,
         }) => {
             let r = match running {
                 Peers::Pair(r) => Some(r),
@@ -521,6 +523,16 @@ fn peer_keys(new: &Peers, running: &Peers) -> Vec<Key> {
                 ),
                 key("peer.bind", peer, r.is_none_or(|r| *bind != r.bind)),
                 key("peer.side", peer, r.is_none_or(|r| *side != r.side)),
+                key(
+                    "peer.return_to_preferred",
+                    peer,
+                    r.is_none_or(|r| *return_to_preferred != r.return_to_preferred),
+                ),
+                key(
+                    "peer.return_after",
+                    peer,
+                    r.is_none_or(|r| *return_after != r.return_after),
+                ),
             ]
         }
         Peers::List(entries) => {

@@ -63,6 +63,14 @@ const FAMILIES: &[PeerFamily] = &[
         values: |p| p.endpoint.iter().map(|a| (a.to_string(), 1)).collect(),
     },
     PeerFamily {
+        name: "peer_hub_rank",
+        help: "Which hub of this terminal's address list serves it (0: the first, preferred); absent with one address",
+        unit: None,
+        kind: Kind::Gauge,
+        label: None,
+        values: |p| p.hub_rank.iter().map(|&r| (String::new(), r)).collect(),
+    },
+    PeerFamily {
         name: "peer_aead",
         help: "The AEAD of this peer's keys in use (1; the AEAD is a label, absent until a handshake completes)",
         unit: None,

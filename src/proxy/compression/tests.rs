@@ -98,6 +98,7 @@ fn daemon(
             role: Role::Responder,
             epoch: 1,
             redundant: false,
+            hubs: None,
         };
         let (_, assoc) = factory
             .make(&mut endpoint, Instant::now(), PeerId(0))

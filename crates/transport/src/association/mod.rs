@@ -100,6 +100,12 @@ pub enum Event {
         from: SocketAddr,
         to: SocketAddr,
     },
+    /// The terminal moved to another hub of its list (docs/PROTOCOL.md §10): every flow
+    /// was reset, and everything is sent to `to` from now on.
+    Handover {
+        from: SocketAddr,
+        to: SocketAddr,
+    },
 }
 
 /// When things last happened to an association (instants its caller gave it).
@@ -236,6 +242,13 @@ pub struct Association {
     hello_reply_needed: bool,
     /// A CLOSE to send, sealed in the packet-number space and keys of the association it ends.
     close_pending: Option<Vec<u8>>,
+    /// Where that CLOSE goes when not to `remote`: the hub a terminal left.
+    close_to: Option<SocketAddr>,
+    /// The destination of the datagram `poll_transmit` wrote last, when not `remote` or
+    /// `reply_to`: a trial initiation, a CLOSE to the hub left.
+    sent_elsewhere: Option<SocketAddr>,
+    /// A terminal's hubs and the trial under way; `None` without a hub list.
+    handover: Option<Box<handover::Handover>>,
     /// Noise authentication and packet keys; `None` when security is off.
     security: Option<Box<Security>>,
     /// The connection ID the peer puts in the packets it sends us (we chose it).
@@ -411,6 +424,9 @@ impl Association {
             hello_echo_sent: 0,
             hello_reply_needed: false,
             close_pending: None,
+            close_to: None,
+            sent_elsewhere: None,
+            handover: None,
             security,
             local_cid: ConnectionId::EMPTY,
             peer_cid: ConnectionId::EMPTY,
@@ -981,6 +997,9 @@ fn check_rekey(security: &SecurityConfig) -> Result<(), InvalidConfig> {
     Ok(())
 }
 
+mod handover;
 mod receive;
 mod recovery;
 mod transmit;
+
+pub use handover::{Hubs, TrialCounts, CLOSE_HANDOVER, MAX_HUBS};

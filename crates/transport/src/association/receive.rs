@@ -171,6 +171,7 @@ impl Association {
             Ok(frames) => {
                 self.stats.packets_received += 1;
                 self.last_received = Some(now);
+                self.current_hub_answered();
                 self.stats.wire_bytes_received +=
                     (datagram_len + self.cfg.wire_overhead - self.tag_len()) as u64;
                 if !self.established {
@@ -321,6 +322,14 @@ impl Association {
 
     /// The reply to our initiation: the peer is authenticated and the keys are ready.
     fn on_handshake_reply(&mut self, now: Instant, from: Option<SocketAddr>, datagram: &[u8]) {
+        match self.reply_from(from) {
+            handover::ReplyFrom::Current => {}
+            handover::ReplyFrom::Trial(from) => return self.on_trial_reply(now, from, datagram),
+            handover::ReplyFrom::Elsewhere => {
+                self.stats.security.handshake_invalid += 1;
+                return;
+            }
+        }
         let cid_len = self.local_cid.len();
         let Some(sec) = self.security.as_mut() else {
             return;
@@ -361,6 +370,7 @@ impl Association {
         self.start_session(now, h, keys, |sec, rekey| rekey && sec.next_phase());
         // The responder uses the keys once it sees them in use: confirm at once.
         self.probes_pending = self.probes_pending.max(1);
+        self.current_hub_answered();
     }
 
     /// Whether a handshake carrying `h` replaces the keys of the running association
@@ -381,7 +391,7 @@ impl Association {
     /// Puts the keys of a completed handshake in use: for a new association the peer's
     /// HELLO is applied first (a new epoch resets the old one), for a rekey the association
     /// goes on. `phase(security, rekey)` picks the key phase.
-    fn start_session(
+    pub(super) fn start_session(
         &mut self,
         now: Instant,
         h: Hello,

@@ -370,6 +370,7 @@ impl Association {
         }
         consider(self.outage_deadline());
         consider(self.gap_sweep_at);
+        consider(self.handover_deadline());
         if self.close_pending.is_some() {
             consider(Some(self.last_input));
         }
@@ -431,6 +432,9 @@ impl Association {
                 self.stats.outages += 1;
                 self.events.push_back(Event::OutageStarted);
             }
+            if self.outage_since.is_some() {
+                self.current_hub_silent();
+            }
         }
         if self.keepalive_deadline().is_some_and(|t| t <= now) {
             self.probes_pending = 1;
@@ -447,5 +451,6 @@ impl Association {
                 reason: LostReason::OutageLimit,
             });
         }
+        self.handover_timeout(now);
     }
 }

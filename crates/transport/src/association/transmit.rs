@@ -102,6 +102,9 @@ impl Association {
         if !self.poll_transmit(now, out) {
             return None;
         }
+        if let Some(to) = self.sent_elsewhere.take() {
+            return Some(to);
+        }
         if is_reply {
             if let Some(to) = self.reply_to.take() {
                 return Some(to);
@@ -114,13 +117,20 @@ impl Association {
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
         self.last_input = self.last_input.max(now);
         out.clear();
+        self.sent_elsewhere = None;
         if let Some(datagram) = self.close_pending.take() {
             out.extend_from_slice(&datagram);
+            self.sent_elsewhere = self.close_to.take();
             self.count_sent_unpaced(out.len());
             return true;
         }
         if self.security.is_some() {
             if self.poll_handshake(now, out) {
+                self.count_sent_unpaced(out.len());
+                return true;
+            }
+            if let Some(to) = self.poll_trial(now, out) {
+                self.sent_elsewhere = Some(to);
                 self.count_sent_unpaced(out.len());
                 return true;
             }
@@ -222,6 +232,7 @@ impl Association {
         out.extend_from_slice(&d);
         if !established {
             self.hello_due = Some(now + self.cfg.hello_interval);
+            self.start_initiation_sent();
         }
         true
     }

@@ -273,6 +273,9 @@ pub(crate) struct Security {
     current: Option<Session>,
     previous_recv: Option<(bool, PacketKey)>,
     initiation: Option<InitiationInFlight>,
+    /// An initiation to another hub of the peer's address list, tried while the one we
+    /// send to is silent (docs/PROTOCOL.md §10): where it goes, and its state.
+    trial: Option<(std::net::SocketAddr, InitiationInFlight)>,
     pending: Option<PendingReply>,
     outbox: Option<Vec<u8>>,
     replay: ReplayWindow,
@@ -307,6 +310,7 @@ impl Security {
             current: None,
             previous_recv: None,
             initiation: None,
+            trial: None,
             pending: None,
             outbox: None,
             replay: ReplayWindow::default(),
@@ -325,6 +329,7 @@ impl Security {
         self.current = None;
         self.previous_recv = None;
         self.initiation = None;
+        self.trial = None;
         self.pending = None;
         self.outbox = None;
         self.hinted_at = None;
@@ -492,6 +497,72 @@ impl Security {
             macs::stamp_init(&mut d, &self.peer_macs, Some(c));
         }
         Some(d)
+    }
+
+    /// The trial initiation to `to`, sent now: a fresh one (new ephemeral, `hello()`) when
+    /// none is in flight to that address, else a copy of the one that is. Ours in flight
+    /// to the hub we send to stays as it is.
+    pub(crate) fn trial_initiation(
+        &mut self,
+        now: Instant,
+        to: std::net::SocketAddr,
+        hello: impl FnOnce() -> Vec<u8>,
+        scid: ConnectionId,
+    ) -> Option<Vec<u8>> {
+        if self.trial.as_ref().is_none_or(|(at, _)| *at != to) {
+            let mut init = Initiation::start(
+                &self.cfg.local_identity(),
+                &self.cfg.peer_public_key,
+                &mut self.source,
+                &hello(),
+                scid,
+            )
+            .ok()?;
+            macs::stamp_init(&mut init.datagram, &self.peer_macs, None);
+            let fresh = InitiationInFlight {
+                init,
+                next_send: now,
+                sends: 0,
+                cookie_taken: false,
+            };
+            self.trial = Some((to, fresh));
+        }
+        let (_, i) = self.trial.as_mut()?;
+        i.sends += 1;
+        Some(i.init.datagram.clone())
+    }
+
+    /// Forgets the trial initiation: its hub's reply, if one comes, is dropped.
+    pub(crate) fn end_trial(&mut self) {
+        self.trial = None;
+    }
+
+    /// Reads the reply to the trial initiation from `from`, as [`read_reply`] does for ours:
+    /// the responder's HELLO (encoded) and the keys.
+    ///
+    /// [`read_reply`]: Self::read_reply
+    pub(crate) fn read_trial_reply(
+        &mut self,
+        now: Instant,
+        from: std::net::SocketAddr,
+        datagram: &[u8],
+        local_cid_len: usize,
+    ) -> Result<(Vec<u8>, SplitKeys), DropReason> {
+        let (_, noise) =
+            handshake::parse_reply(datagram, local_cid_len).ok_or(DropReason::HandshakeInvalid)?;
+        if self.trial.as_ref().is_none_or(|(to, _)| *to != from) {
+            return Err(DropReason::HandshakeInvalid);
+        }
+        if !macs::reply_mac1_ok(datagram, &self.own_macs) {
+            return Err(DropReason::HandshakeBadMac);
+        }
+        if !self.take_token(now) {
+            return Err(DropReason::HandshakeRateLimited);
+        }
+        let (_, i) = self.trial.as_mut().ok_or(DropReason::HandshakeInvalid)?;
+        let done = i.init.finish(noise)?;
+        self.trial = None;
+        Ok(done)
     }
 
     /// A busy responder's COOKIE answering our initiation in flight: kept for the

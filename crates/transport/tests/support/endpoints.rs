@@ -18,7 +18,7 @@ use super::{meta, pattern, App, FlowApp};
 
 pub const HUB: usize = 0;
 const PSK: [u8; 32] = [0x33; 32];
-const HUB_KEY: [u8; 32] = [0x11; 32];
+pub const HUB_KEY: [u8; 32] = [0x11; 32];
 
 /// One gateway: its endpoint and the associations it keeps, with a script each.
 pub struct Node {
@@ -122,6 +122,10 @@ type InFlight = (Instant, u64, SocketAddr, SocketAddr, Vec<u8>);
 /// address) over a path a test shapes, or `None` when the path loses it.
 pub type PathDelay = Box<dyn FnMut(Duration, SocketAddr, &[u8]) -> Option<Duration>>;
 
+/// Whether the path loses a datagram (sent at the given time since the start, from and to
+/// the given addresses).
+pub type Cut = Box<dyn FnMut(Duration, SocketAddr, SocketAddr, &[u8]) -> bool>;
+
 pub struct Hubnet {
     pub base: Instant,
     pub now: Instant,
@@ -130,6 +134,8 @@ pub struct Hubnet {
     pub delay: Duration,
     /// Replaces `delay` for every datagram when set.
     pub path: Option<PathDelay>,
+    /// Loses the datagrams it returns true for, when set.
+    pub cut: Option<Cut>,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
 }
@@ -211,6 +217,29 @@ fn terminal_node(
     node
 }
 
+/// A hub at `addr` that knows the layout's terminals (peers 1..=n), with no association
+/// yet: `epoch` and `seed` (its endpoint's randomness) tell its runs apart.
+pub fn hub_node(layout: &Layout, addr: SocketAddr, epoch: u64, seed: [u8; 32]) -> Node {
+    let mut cfg = Config::for_rate(layout.rate_bps);
+    cfg.initial_rtt = Duration::from_millis(200);
+    Node {
+        addr,
+        endpoint: hub_endpoint(layout, seed),
+        assocs: BTreeMap::new(),
+        key: layout.secure.then_some(HUB_KEY),
+        peer_keys: (1..=layout.terminals)
+            .map(|i| (PeerId(i as u32), public_key(&terminal_key(i))))
+            .collect(),
+        cfg: Config {
+            keepalive_interval: layout.hub_keepalive,
+            ..cfg
+        },
+        role: Role::Responder,
+        epoch,
+        sent: Vec::new(),
+    }
+}
+
 impl Hubnet {
     /// The hub (peer ids 1..=terminals for the terminals it knows) and every terminal, each
     /// terminal with its association to the hub made up front. Without security the hub
@@ -218,25 +247,7 @@ impl Hubnet {
     /// it learns its terminals from their initiations, as behind NAT.
     pub fn new(layout: &Layout) -> Self {
         let base = Instant::now();
-        let hub_key = HUB_KEY;
-        let mut cfg = Config::for_rate(layout.rate_bps);
-        cfg.initial_rtt = Duration::from_millis(200);
-        let mut nodes = vec![Node {
-            addr: hub_addr(),
-            endpoint: hub_endpoint(layout, [0x5a; 32]),
-            assocs: BTreeMap::new(),
-            key: layout.secure.then_some(hub_key),
-            peer_keys: (1..=layout.terminals)
-                .map(|i| (PeerId(i as u32), public_key(&terminal_key(i))))
-                .collect(),
-            cfg: Config {
-                keepalive_interval: layout.hub_keepalive,
-                ..cfg.clone()
-            },
-            role: Role::Responder,
-            epoch: 1000,
-            sent: Vec::new(),
-        }];
+        let mut nodes = vec![hub_node(layout, hub_addr(), 1000, [0x5a; 32])];
         if !layout.secure {
             for i in 1..=layout.terminals {
                 nodes[HUB].associate(base, PeerId(i as u32));
@@ -252,6 +263,7 @@ impl Hubnet {
             nodes,
             delay: layout.delay,
             path: None,
+            cut: None,
             queue: BinaryHeap::new(),
             seq: 0,
         }
@@ -332,6 +344,11 @@ impl Hubnet {
     /// Puts a datagram on the path, which may delay it otherwise than `delay` or lose it.
     fn send(&mut self, from: SocketAddr, to: SocketAddr, d: Vec<u8>) {
         let since_start = self.now - self.base;
+        if let Some(cut) = self.cut.as_mut() {
+            if cut(since_start, from, to, &d) {
+                return;
+            }
+        }
         let delay = match self.path.as_mut() {
             Some(path) => path(since_start, from, &d),
             None => Some(self.delay),

@@ -97,6 +97,8 @@ fn live_restart_and_rules_keys_as_documented() {
             "peer.address",
             "peer.bind",
             "peer.side",
+            "peer.return_to_preferred",
+            "peer.return_after",
             "link.rx_rate",
             "link.mtu",
             "link.frame_overhead",
@@ -313,7 +315,13 @@ fn a_change_to_one_entry_field_is_seen_as_that_key_alone() {
     let pair = every_key();
     assert_eq!(
         names(&compare(&base, &pair), |k| k.name.starts_with("peer")),
-        ["peer.address", "peer.bind", "peer.side"]
+        [
+            "peer.address",
+            "peer.bind",
+            "peer.side",
+            "peer.return_to_preferred",
+            "peer.return_after"
+        ]
     );
     assert!(compare(&base, &pair)
         .iter()
@@ -354,6 +362,12 @@ fn a_change_to_one_key_is_seen_as_that_key_alone() {
         ("peer.address", |c| pair(c).address.set_port(7401)),
         ("peer.bind", |c| pair(c).bind = None),
         ("peer.side", |c| pair(c).side = Side::Hub),
+        ("peer.return_to_preferred", |c| {
+            pair(c).return_to_preferred = true
+        }),
+        ("peer.return_after", |c| {
+            pair(c).return_after += std::time::Duration::from_secs(60)
+        }),
         ("link.tx_rate", |c| {
             c.link.tx_rate = BitRate(c.link.tx_rate.0 + 1)
         }),
