@@ -33,11 +33,18 @@ pub fn home_hub(i: usize, terminals: usize, hubs: usize) -> usize {
     (i - 1) * hubs / terminals + 1
 }
 
-/// Terminal `i`'s hubs in order of preference: its home, then the following ones,
-/// wrapping around, so that a failed hub's terminals spread over the others.
+/// Terminal `i`'s hubs in order of preference: its home, then the others, their order
+/// turned by one for each terminal of the same home, so that a failed hub's terminals
+/// spread over the others.
 pub fn hub_order(i: usize, terminals: usize, hubs: usize) -> Vec<usize> {
     let home = home_hub(i, terminals, hubs);
-    (0..hubs).map(|d| (home - 1 + d) % hubs + 1).collect()
+    let first_of_home = (1..=i)
+        .find(|&j| home_hub(j, terminals, hubs) == home)
+        .unwrap_or(i);
+    let turn = (i - first_of_home) % (hubs - 1).max(1);
+    let mut others: Vec<usize> = (1..hubs).map(|d| (home - 1 + d) % hubs + 1).collect();
+    others.rotate_left(turn);
+    std::iter::once(home).chain(others).collect()
 }
 
 pub struct ActiveSetTestbed {
@@ -252,12 +259,16 @@ mod tests {
     fn homes_are_spread_evenly_and_backups_rotate() {
         let homes: Vec<usize> = (1..=12).map(|i| home_hub(i, 12, 3)).collect();
         assert_eq!(homes, [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
-        assert_eq!(hub_order(1, 12, 3), [1, 2, 3]);
-        assert_eq!(hub_order(5, 12, 3), [2, 3, 1]);
-        assert_eq!(hub_order(12, 12, 3), [3, 1, 2]);
+        let orders: Vec<Vec<usize>> = (1..=12).map(|i| hub_order(i, 12, 3)).collect();
+        assert_eq!(orders[0..4], [[1, 2, 3], [1, 3, 2], [1, 2, 3], [1, 3, 2]]);
+        assert_eq!(orders[4..8], [[2, 3, 1], [2, 1, 3], [2, 3, 1], [2, 1, 3]]);
+        assert_eq!(orders[8..12], [[3, 1, 2], [3, 2, 1], [3, 1, 2], [3, 2, 1]]);
+        // One terminal per hub: each goes on to the next hub.
+        assert_eq!(hub_order(1, 3, 3), [1, 2, 3]);
+        assert_eq!(hub_order(3, 3, 3), [3, 1, 2]);
         assert_eq!(
             terminal_toml(6, 12, 3),
-            "[peer]\naddress = [\"198.19.0.12:7400\", \"198.19.0.13:7400\", \"198.19.0.11:7400\"]\n"
+            "[peer]\naddress = [\"198.19.0.12:7400\", \"198.19.0.11:7400\", \"198.19.0.13:7400\"]\n"
         );
     }
 }
