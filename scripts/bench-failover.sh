@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # Failover of a hub on the netns testbed (pep-testbed failover): for each scenario in
-# SCENARIOS (restart standby-pepd standby-hub), RUNS (5) runs of 8 terminals on the geo
-# profile, each probing through pepd every 200 ms; the first run of each scenario also
-# runs its control (the same without the failure). Prints per scenario the worst and
-# median of the runs' worst terminal recovery, the flows reset and hung, and whether every
-# answer was exact. Needs root, and keepalived for the standby scenarios
-# (scripts/install-keepalived.sh). Timing needs an idle machine.
+# SCENARIOS (restart standby-pepd standby-hub active-set), RUNS (5) runs on the geo
+# profile, each terminal probing through pepd every 200 ms: 8 terminals, and for
+# active-set 3 hubs and 12 terminals (4 homed on each). The first run of each scenario
+# also runs its control (the same without the failure); every active-set run does, for
+# the unaffected terminals' p99 beside it. Prints per scenario the worst and median of the
+# runs' worst terminal recovery, the flows reset and hung, whether every answer was exact,
+# and for active-set the unaffected terminals' resets and p99 against the control's.
+# Needs root, keepalived for the standby scenarios (scripts/install-keepalived.sh) and FRR
+# for active-set (scripts/install-frr.sh). Timing needs an idle machine.
 # Usage: ./scripts/bench-failover.sh   (writes the JSON lines to OUT, target/bench/failover.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-target/bench/failover.jsonl}
 runs=${RUNS:-5}
-scenarios=${SCENARIOS:-restart standby-pepd standby-hub}
+scenarios=${SCENARIOS:-restart standby-pepd standby-hub active-set}
 mkdir -p "$(dirname "$out")"
 : >"$out"
 cargo build --release -p pepd -p pep-testbed
 for s in $scenarios; do
     for r in $(seq 1 "$runs"); do
-        control=()
-        [ "$r" = 1 ] && control=(--control)
-        ./target/release/pep-testbed failover --scenario "$s" "${control[@]}" --json >>"$out"
+        extra=()
+        [ "$r" = 1 ] && extra=(--control)
+        [ "$s" = active-set ] && extra=(--control --hubs 3 --terminals 12)
+        ./target/release/pep-testbed failover --scenario "$s" "${extra[@]}" --json >>"$out"
     done
 done
 python3 - "$out" <<'PY'
@@ -39,6 +43,16 @@ for s, rs in by.items():
         print("  no run in which every terminal was answered again")
     print(f"  reset_flows {[r['reset_flows'] for r in rs]}, hung_flows {[r['hung_flows'] for r in rs]}, "
           f"all_exact {all(r['all_exact'] for r in rs)}")
+    un = [r["unaffected"] for r in rs if r["unaffected"]["terminals"]]
+    if un:
+        gap = [u["request_p99_s_max"] - u["control_p99_s_max"] for u in un
+               if u["request_p99_s_max"] is not None and u["control_p99_s_max"] is not None]
+        print(f"  unaffected terminals {un[0]['terminals']}: resets {[u['resets'] for u in un]}, "
+              f"request p99 (s) {[u['request_p99_s_max'] for u in un]}, "
+              f"control p99 (s) {[u['control_p99_s_max'] for u in un]}, "
+              f"largest p99 - control {max(gap) * 1e3 if gap else float('nan'):.0f} ms")
+        routed = [r.get("routes_moved_after_s") for r in rs]
+        print(f"  routes moved after (s): {routed}")
     moved = [r.get("address_moved_after_s") for r in rs if "address_moved_after_s" in r]
     if moved:
         print(f"  address moved after (s): {moved}; spurious transitions {[r['spurious_transitions'] for r in rs]}")

@@ -2,7 +2,10 @@
 //! (`[tunnel] redundant = true`) on a switched teleport segment, the terminals behind an
 //! emulated carrier (pep_testbed::failover::topology). A hub binds the shared address
 //! before it holds it and serves once it does; with keepalived on both, killing pepd on
-//! the active hub moves the addresses, and the terminals are served by the other.
+//! the active hub moves the addresses, and the terminals are served by the other. Two hubs
+//! at their own addresses, listed by the terminal: when the first is gone, the terminal
+//! moves to the second by itself. Three active hubs with FRR announcing the terminals they serve: when one is gone, its
+//! terminals move to their next hub and the router follows them there.
 
 mod support;
 
@@ -11,6 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pep_linkemu::DirectionConfig;
+use pep_testbed::failover::active::{ActiveSet, ActiveSetTestbed};
 use pep_testbed::failover::standby::StandbyTestbed;
 use pep_testbed::failover::topology::SERVER;
 use pep_testbed::hub::HubLinks;
@@ -54,11 +58,16 @@ fn health(tb: &StandbyTestbed, k: usize) -> (Option<i32>, String) {
 /// One request of 1,000 bytes and its response from client `i` (from 1) to the server:
 /// whether the response was exact.
 fn request(tb: &StandbyTestbed, i: usize, seed: u64) -> Result<bool, String> {
-    let ns = tb.topology().names.clients[i - 1].clone();
-    in_netns(&ns, move || {
+    let ns = &tb.topology().names.clients[i - 1];
+    request_from(ns, SocketAddr::from((SERVER, PORT)), seed)
+}
+
+/// One request of 1,000 bytes and its response from a client in namespace `ns`.
+fn request_from(ns: &str, server: SocketAddr, seed: u64) -> Result<bool, String> {
+    in_netns(ns, move || {
         let deadline = Instant::now() + Duration::from_secs(20);
         let o = ClientOpts {
-            server: SocketAddr::from((SERVER, PORT)),
+            server,
             cc: None,
             seed,
             max_duration: Duration::from_secs(20),
@@ -73,10 +82,30 @@ fn request(tb: &StandbyTestbed, i: usize, seed: u64) -> Result<bool, String> {
 }
 
 fn server(tb: &StandbyTestbed) -> Server {
-    let at = SocketAddr::from((SERVER, PORT));
-    in_netns(&tb.topology().names.server, move || Server::bind(at, None))
+    serve(
+        &tb.topology().names.server,
+        SocketAddr::from((SERVER, PORT)),
+    )
+}
+
+fn serve(ns: &str, at: SocketAddr) -> Server {
+    in_netns(ns, move || Server::bind(at, None))
         .expect("server namespace")
         .expect("server binds")
+}
+
+/// Whether `program` can be run; when not, CI (which installs it) fails instead of
+/// passing a test that ran nothing.
+fn installed(program: &str, args: &[&str], installer: &str) -> bool {
+    if Command::new(program).args(args).output().is_ok() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("PEPD_REQUIRE_ROOT_TESTS").is_none(),
+        "{program} is not installed: run {installer}"
+    );
+    eprintln!("skipped: {program} is not installed ({installer})");
+    false
 }
 
 #[test]
@@ -137,18 +166,11 @@ fn a_standby_takes_over_when_pepd_on_the_active_is_killed() {
     if !pep_testbed::require_root() {
         return;
     }
-    if Command::new("keepalived")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        // CI installs it (scripts/install-keepalived.sh); a skip there would be a pass
-        // that ran nothing.
-        assert!(
-            std::env::var_os("PEPD_REQUIRE_ROOT_TESTS").is_none(),
-            "keepalived is not installed: run scripts/install-keepalived.sh"
-        );
-        eprintln!("skipped: keepalived is not installed (scripts/install-keepalived.sh)");
+    if !installed(
+        "keepalived",
+        &["--version"],
+        "scripts/install-keepalived.sh",
+    ) {
         return;
     }
     let _heavy = heavy();
@@ -253,5 +275,70 @@ fn a_terminal_listing_two_hubs_is_served_by_the_second_once_the_first_is_gone() 
     assert_eq!(
         metric(&text, "pepd_peer_hub_rank{peer=\"peer\"}"),
         Some(1.0)
+    );
+}
+
+#[test]
+fn a_gone_hubs_terminals_are_served_by_their_next_hub_and_routed_there() {
+    if !pep_testbed::require_root() {
+        return;
+    }
+    if !installed("vtysh", &["--version"], "scripts/install-frr.sh") {
+        return;
+    }
+    let _heavy = heavy();
+    let set = ActiveSet {
+        hubs: 3,
+        hub_tx_share: 1.0 / 3.0,
+    };
+    let mut tb = ActiveSetTestbed::up(&links(3, 20), &options(), set)
+        .unwrap_or_else(|e| panic!("starting three active hubs: {e}"));
+    let at = SocketAddr::from((tb.topology().server(), PORT));
+    let _server = serve(&tb.topology().names.server, at);
+    let clients = tb.topology().names.clients.clone();
+    // One terminal homed on each hub, each announced by its home.
+    for i in 1..=3 {
+        assert_eq!(tb.home(i), i);
+        assert_eq!(tb.served_by(i), Some(i), "terminal {i}");
+        assert_eq!(tb.routed_to(i).expect("ip route"), Some(i), "terminal {i}");
+        assert_eq!(
+            request_from(&clients[i - 1], at, 400 + i as u64),
+            Ok(true),
+            "terminal {i} before"
+        );
+    }
+    tb.cut_hub(1).expect("hub 1 cut");
+    let cut = Instant::now();
+    let deadline = cut + Duration::from_secs(30);
+    // Terminal 1's next hub is hub 2: it moves there, and the router follows.
+    while tb.served_by(1) != Some(2) || tb.routed_to(1).expect("ip route") != Some(2) {
+        assert!(
+            Instant::now() < deadline,
+            "terminal 1 served by {:?}, routed to {:?}:\n{:#?}",
+            tb.served_by(1),
+            tb.routed_to(1),
+            tb.log_tails(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let moved = cut.elapsed();
+    assert_eq!(
+        request_from(&clients[0], at, 501),
+        Ok(true),
+        "terminal 1 after"
+    );
+    // The others stayed where they were.
+    for i in 2..=3 {
+        assert_eq!(tb.served_by(i), Some(i), "terminal {i}");
+        assert_eq!(tb.routed_to(i).expect("ip route"), Some(i), "terminal {i}");
+        assert_eq!(
+            request_from(&clients[i - 1], at, 500 + i as u64),
+            Ok(true),
+            "terminal {i} after"
+        );
+    }
+    eprintln!(
+        "terminal 1 served by hub 2 and routed there {:.1} s after hub 1 was cut",
+        moved.as_secs_f64()
     );
 }

@@ -70,3 +70,30 @@ pub fn run_with_input(prog: &str, args: &[&str], input: &str) -> Result<String, 
 pub fn nft_in(ns: &str, ruleset: &str) -> Result<(), Error> {
     run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], ruleset).map(drop)
 }
+
+/// Starts `cmd` in the background with stdin closed and its stdout and stderr appended to
+/// `log`.
+pub fn spawn_logged(mut cmd: Command, log: &std::path::Path) -> Result<std::process::Child, Error> {
+    use std::process::Stdio;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    cmd.stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    cmd.spawn().map_err(|source| Error::Spawn {
+        cmd: format!("{cmd:?}"),
+        source,
+    })
+}
+
+/// The last `lines` lines of a log file.
+pub fn file_tail(path: &std::path::Path, lines: usize) -> String {
+    let text = match std::fs::read(path) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => return format!("(cannot read {}: {e})", path.display()),
+    };
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

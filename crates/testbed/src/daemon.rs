@@ -7,7 +7,7 @@ use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
@@ -150,19 +150,8 @@ impl Daemon {
             .env("RUNTIME_DIRECTORY", self.dir())
             .envs(launch.env.iter().map(|(k, v)| (k, v)));
         self.append_log(&format!("starting {:?}", cmd));
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        cmd.stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
         let started = Instant::now();
-        let child = cmd.spawn().map_err(|source| Error::Spawn {
-            cmd: format!("{cmd:?}"),
-            source,
-        })?;
-        self.child = Some(child);
+        self.child = Some(crate::cmd::spawn_logged(cmd, &self.log)?);
         Ok(started)
     }
 

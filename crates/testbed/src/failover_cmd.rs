@@ -8,12 +8,14 @@
 //! pep-testbed failover --scenario standby-pepd --advert-int 0.5
 //! pep-testbed failover --scenario standby-hub
 //! pep-testbed failover --scenario handover
+//! pep-testbed failover --scenario active-set --hubs 3 --terminals 12 --hub-tx-share 0.3333
 //! ```
 
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use pep_linkemu::cli::LinkArgs;
+use pep_testbed::failover::active::ActiveSet;
 use pep_testbed::failover::{self, FailoverSpec, Scenario};
 use pep_testbed::hub::HubLinks;
 use pep_testbed::Profile;
@@ -45,6 +47,13 @@ pub struct FailoverArgs {
     /// standby-*: keepalived's advertisement interval in seconds (VRRPv3).
     #[arg(long, default_value_t = 0.5)]
     advert_int: f64,
+    /// active-set: hubs serving at once.
+    #[arg(long, default_value_t = 3)]
+    hubs: usize,
+    /// active-set: each hub's link.tx_rate as a part of the carrier's rate (default 1/hubs:
+    /// never more than the carrier while every hub is up).
+    #[arg(long)]
+    hub_tx_share: Option<f64>,
     /// A new probe connection this often, per terminal.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
@@ -81,6 +90,10 @@ impl FailoverArgs {
             every: Duration::from_millis(self.interval_ms),
             sizes: (self.request_bytes, self.response_bytes),
             control: self.control,
+            active_set: ActiveSet {
+                hubs: self.hubs,
+                hub_tx_share: self.hub_tx_share.unwrap_or(1.0 / self.hubs.max(1) as f64),
+            },
         })
     }
 }

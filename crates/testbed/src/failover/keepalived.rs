@@ -2,15 +2,16 @@
 //! describes: VRRPv3, both instances `BACKUP` with `nopreempt`, the tunnel and LAN
 //! addresses in one sync group tracked by `pepd health`, unicast adverts to the other hub.
 
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+use crate::cmd::{file_tail, spawn_logged};
 use crate::topology::{command_in, LAN_DEV, SAT_DEV};
 use crate::Error;
 
@@ -139,7 +140,6 @@ impl Keepalived {
         fs::write(&conf, config(settings))?;
         let log = dir.join(format!("{name}.log"));
         let vrrp_pid_file = dir.join(format!("{name}-vrrp.pid"));
-        let out = OpenOptions::new().create(true).append(true).open(&log)?;
         let mut cmd = command_in(ns, "keepalived");
         cmd.args(["--dont-fork", "--log-console", "--log-detail", "--vrrp"])
             .arg("-f")
@@ -147,14 +147,8 @@ impl Keepalived {
             .arg("-p")
             .arg(dir.join(format!("{name}.pid")))
             .arg("-r")
-            .arg(&vrrp_pid_file)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        let child = cmd.spawn().map_err(|source| Error::Spawn {
-            cmd: format!("{cmd:?}"),
-            source,
-        })?;
+            .arg(&vrrp_pid_file);
+        let child = spawn_logged(cmd, &log)?;
         Ok(Keepalived {
             child: Some(child),
             vrrp_pid_file,
@@ -183,9 +177,7 @@ impl Keepalived {
 
     /// The end of its log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        file_tail(&self.log, lines)
     }
 }
 

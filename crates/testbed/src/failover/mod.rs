@@ -11,11 +11,18 @@
 //! - `handover`: the same two hubs at their own addresses, no keepalived, every terminal
 //!   listing both in `[peer] address` ([`standby::HubAddressing::Listed`]); the first hub's
 //!   pepd gets SIGKILL for good, and the terminals move to the second by themselves.
+//! - `active-set`: several hubs serve at once ([`active`]), each terminal homed on one and
+//!   listing the others as backups; hub 1 is gone at once as in `standby-hub`, its
+//!   terminals move to their next hub, and the router learns their LANs from there. The
+//!   other hubs' terminals are the unaffected ones.
 //!
 //! Every terminal's client runs a [`probe::Prober`] from the start to the end of the run.
 //! With a control run, the same topology and traffic run once more without the failure,
 //! and each terminal's request p99 around the failure is reported beside the control's.
 
+pub mod active;
+pub mod frr;
+pub mod gateways;
 pub mod keepalived;
 pub mod probe;
 pub mod report;
@@ -35,6 +42,7 @@ use crate::runner::XFER_PORT;
 use crate::xfer::server::Server;
 use crate::{in_netns, Error};
 
+use active::{ActiveSet, ActiveSetTestbed};
 use probe::{ProbeSpec, Prober};
 use report::{Request, Summary, TerminalReport, Timeline};
 use standby::StandbyTestbed;
@@ -52,15 +60,8 @@ pub enum Scenario {
     /// Two hubs at their own addresses, listed by every terminal; the first one's pepd is
     /// killed with SIGKILL for good.
     Handover,
-}
-
-impl Scenario {
-    fn hubs(self) -> usize {
-        match self {
-            Scenario::Restart => 1,
-            Scenario::StandbyPepd | Scenario::StandbyHub | Scenario::Handover => topology::HUBS,
-        }
-    }
+    /// One of several active hubs is gone: interfaces down, pepd and FRR killed.
+    ActiveSet,
 }
 
 #[derive(Clone, Debug)]
@@ -83,9 +84,19 @@ pub struct FailoverSpec {
     pub sizes: (usize, usize),
     /// Run the same without the failure first, for the p99 beside it.
     pub control: bool,
+    /// `active-set`: the hubs and their shares of the carrier.
+    pub active_set: ActiveSet,
 }
 
 impl FailoverSpec {
+    fn hubs(&self) -> usize {
+        match self.scenario {
+            Scenario::Restart => 1,
+            Scenario::StandbyPepd | Scenario::StandbyHub | Scenario::Handover => topology::HUBS,
+            Scenario::ActiveSet => self.active_set.hubs,
+        }
+    }
+
     fn timeline(&self) -> Timeline {
         let failure_at_s = self.fail_at.as_secs_f64();
         Timeline {
@@ -114,6 +125,8 @@ pub struct FailoverResult {
     pub hub_ready_after_s: Option<f64>,
     #[serde(flatten)]
     pub standby: Option<StandbyFigures>,
+    #[serde(flatten)]
+    pub active_set: Option<ActiveSetFigures>,
     pub control: bool,
     pub per_terminal: Vec<TerminalReport>,
     #[serde(flatten)]
@@ -140,6 +153,25 @@ pub struct StandbyFigures {
     pub associations_after: Vec<Option<usize>>,
 }
 
+/// What the active-set scenario observes of the hubs and the router.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ActiveSetFigures {
+    /// Each hub's `link.tx_rate` as a part of the carrier's.
+    pub hub_tx_share: f64,
+    /// Each terminal's home hub (from 1).
+    pub homes: Vec<usize>,
+    /// The hub each terminal's pepd was associated with at the end (`None`: unknown).
+    pub served_after: Vec<Option<usize>>,
+    /// The hub the router sent each terminal's LAN to at the end (`None`: no route).
+    pub routed_after: Vec<Option<usize>>,
+    /// From the failure until the router sent every affected terminal's LAN to another
+    /// hub; `None` if it never did.
+    pub routes_moved_after_s: Option<f64>,
+    /// Associations established at each hub at the end (`None`: its metrics did not
+    /// answer).
+    pub associations_after: Vec<Option<usize>>,
+}
+
 /// What one run measured.
 struct Probed {
     logs: Vec<Vec<Request>>,
@@ -147,6 +179,9 @@ struct Probed {
     failure_at_s: f64,
     hub_ready_after_s: Option<f64>,
     standby: Option<StandbyFigures>,
+    active_set: Option<ActiveSetFigures>,
+    /// Which terminals the failure concerns (all of them but in `active-set`).
+    affected: Vec<bool>,
     log_tails: Vec<(String, String)>,
 }
 
@@ -156,6 +191,7 @@ pub fn run(spec: &FailoverSpec) -> Result<FailoverResult, Error> {
         Scenario::Restart => run_hub(spec, fail),
         Scenario::StandbyPepd | Scenario::StandbyHub => run_standby(spec, fail),
         Scenario::Handover => run_handover(spec, fail),
+        Scenario::ActiveSet => run_active_set(spec, fail),
     };
     let control = match spec.control {
         true => Some(once(false)?),
@@ -170,7 +206,7 @@ pub fn run(spec: &FailoverSpec) -> Result<FailoverResult, Error> {
         .enumerate()
         .map(|(k, log)| {
             let c = control.as_ref().map(|c| c.logs[k].as_slice());
-            report::terminal_report(k + 1, true, log, c, &timeline)
+            report::terminal_report(k + 1, failed.affected[k], log, c, &timeline)
         })
         .collect();
     let summary = report::summarise(&per_terminal);
@@ -180,12 +216,13 @@ pub fn run(spec: &FailoverSpec) -> Result<FailoverResult, Error> {
         scenario: spec.scenario,
         profile: spec.profile.clone(),
         rtt_ms: spec.links.rtt().as_secs_f64() * 1e3,
-        hubs: spec.scenario.hubs(),
+        hubs: spec.hubs(),
         terminals: spec.links.terminals,
         interval_ms: spec.every.as_secs_f64() * 1e3,
         failure_at_s: failed.failure_at_s,
         hub_ready_after_s: failed.hub_ready_after_s,
         standby: failed.standby,
+        active_set: failed.active_set,
         control: spec.control,
         per_terminal,
         summary,
@@ -241,10 +278,12 @@ fn run_hub(spec: &FailoverSpec, fail: bool) -> Result<Probed, Error> {
     }
     let logs = finish_probes(probes)?;
     Ok(Probed {
+        affected: vec![true; logs.len()],
         logs,
         failure_at_s,
         hub_ready_after_s,
         standby: None,
+        active_set: None,
         log_tails: tb.gateways().log_tails(30),
     })
 }
@@ -332,10 +371,75 @@ fn run_standby(spec: &FailoverSpec, fail: bool) -> Result<Probed, Error> {
     let logs = finish_probes(probes)?;
     figures.associations_after = (1..=topology::HUBS).map(|k| tb.associations(k)).collect();
     Ok(Probed {
+        affected: vec![true; logs.len()],
         logs,
         failure_at_s,
         hub_ready_after_s,
         standby: Some(figures),
+        active_set: None,
+        log_tails: tb.log_tails(30),
+    })
+}
+
+/// Several active hubs with probes on every terminal; with `fail`, hub 1 is gone at
+/// `fail_at`, and the router is watched until it sends hub 1's terminals elsewhere.
+fn run_active_set(spec: &FailoverSpec, fail: bool) -> Result<Probed, Error> {
+    const FAILED: usize = 1;
+    let mut tb = ActiveSetTestbed::up(&spec.links, &spec.pepd, spec.active_set)?;
+    let server_at = SocketAddr::from((tb.topology().server(), XFER_PORT));
+    let _server = in_netns(&tb.topology().names.server, move || {
+        Server::bind(server_at, None)
+    })??;
+    let (epoch, probes) = start_probes(spec, &tb.topology().names.clients, server_at);
+    let until = epoch + spec.fail_at + spec.after;
+    let terminals = spec.links.terminals;
+    let homes: Vec<usize> = (1..=terminals).map(|i| tb.home(i)).collect();
+    let affected: Vec<bool> = homes.iter().map(|&h| h == FAILED).collect();
+    sleep_until(epoch + spec.fail_at);
+    let mut figures = ActiveSetFigures {
+        hub_tx_share: spec.active_set.hub_tx_share,
+        homes: homes.clone(),
+        ..Default::default()
+    };
+    let mut failure_at_s = spec.fail_at.as_secs_f64();
+    if fail {
+        let failed = Instant::now();
+        failure_at_s = failed.duration_since(epoch).as_secs_f64();
+        if let Err(e) = tb.cut_hub(FAILED) {
+            let _ = finish_probes(probes);
+            return Err(e);
+        }
+        while Instant::now() < until {
+            if figures.routes_moved_after_s.is_none() {
+                let moved = (1..=terminals).filter(|&i| affected[i - 1]).try_fold(
+                    true,
+                    |all, i| -> Result<bool, Error> {
+                        let to = tb.routed_to(i)?;
+                        Ok(all && to.is_some_and(|k| k != FAILED))
+                    },
+                )?;
+                if moved {
+                    figures.routes_moved_after_s = Some(failed.elapsed().as_secs_f64());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let logs = finish_probes(probes)?;
+    figures.served_after = (1..=terminals).map(|i| tb.served_by(i)).collect();
+    figures.routed_after = (1..=terminals)
+        .map(|i| tb.routed_to(i).ok().flatten())
+        .collect();
+    figures.associations_after = (1..=spec.active_set.hubs)
+        .map(|k| tb.associations(k))
+        .collect();
+    Ok(Probed {
+        logs,
+        failure_at_s,
+        hub_ready_after_s: None,
+        standby: None,
+        active_set: Some(figures),
+        affected,
         log_tails: tb.log_tails(30),
     })
 }
@@ -364,10 +468,12 @@ fn run_handover(spec: &FailoverSpec, fail: bool) -> Result<Probed, Error> {
         ..Default::default()
     };
     Ok(Probed {
+        affected: vec![true; logs.len()],
         logs,
         failure_at_s,
         hub_ready_after_s: None,
         standby: Some(figures),
+        active_set: None,
         log_tails: tb.log_tails(30),
     })
 }

@@ -1,22 +1,18 @@
-//! An active/standby pair of hubs up on [`StandbyTopology`]: pepd on both hubs with the same
+//! An active/standby pair of hubs up on [`FailoverTopology`]: pepd on both hubs with the same
 //! config (`[tunnel] redundant = true`, the same key and `[[peer]]` list), keepalived on
 //! both, pepd on every terminal; and the failures the scenarios inject.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::daemon::{Daemon, Launch};
-use crate::hub::gateways::{established_associations, hub_config, terminal_config};
-use crate::hub::{HubLinks, TerminalRates};
-use crate::pepd::{
-    fetch_metrics, fresh_dir, remove_dir, write_key, PepdOptions, TunnelSecurity,
-    ASSOCIATION_ESTABLISHED, KEEP_ENV, READY, TUNNEL_PORT,
-};
+use crate::hub::HubLinks;
+use crate::pepd::{fetch_metrics, PepdOptions, TUNNEL_PORT};
 use crate::topology::{HostTuning, LAN_DEV, SAT_DEV};
 use crate::Error;
 
+use super::gateways::{Additions, FailoverGateways};
 use super::keepalived::{self, Keepalived, VrrpSettings};
-use super::topology::{hub_sat, StandbyTopology, HUBS, LAN_VIP, TUNNEL_VIP};
+use super::topology::{hub_sat, FailoverTopology, Layout, HUBS, LAN_VIP, TUNNEL_VIP};
 
 /// What the hubs' configs get over the hub topology's.
 const REDUNDANT_TOML: &str = "[tunnel]\nredundant = true";
@@ -38,12 +34,8 @@ pub struct StandbyTestbed {
     // Declared first so they drop first: keepalived and the daemons stop before their
     // namespaces go.
     keepalived: Vec<Keepalived>,
-    /// Hub 1, hub 2, then terminal 1, 2, …
-    daemons: Vec<Daemon>,
-    topo: StandbyTopology,
-    launch: Launch,
-    dir: PathBuf,
-    keep: bool,
+    gateways: FailoverGateways,
+    topo: FailoverTopology,
 }
 
 impl StandbyTestbed {
@@ -73,51 +65,53 @@ impl StandbyTestbed {
         if advert_int.is_some() {
             keepalived::require()?;
         }
-        if opts.security.effective()? != TunnelSecurity::Noise {
-            return Err(Error::Invalid(
-                "redundant hubs share one static key: they need noise".into(),
-            ));
-        }
-        let topo = StandbyTopology::up(
+        let topo = FailoverTopology::up(
             links,
             &HostTuning {
                 congestion_control: "cubic".into(),
             },
+            Layout::STANDBY,
         )?;
-        let launch = opts.launch()?;
-        let dir = fresh_dir(&topo.names.base)?;
-        let keep = std::env::var_os(KEEP_ENV).is_some();
+        let gateways = FailoverGateways::prepare(
+            &topo,
+            links,
+            opts,
+            &Additions {
+                hub: &|k| match addressing {
+                    HubAddressing::Shared => REDUNDANT_TOML.to_owned(),
+                    HubAddressing::Listed => {
+                        format!("{REDUNDANT_TOML}\nbind = \"{}:{TUNNEL_PORT}\"", hub_sat(k))
+                    }
+                },
+                terminal: &|_| match addressing {
+                    HubAddressing::Shared => String::new(),
+                    HubAddressing::Listed => {
+                        let list: Vec<String> = (1..=HUBS)
+                            .map(|k| format!("\"{}:{TUNNEL_PORT}\"", hub_sat(k)))
+                            .collect();
+                        format!("[peer]\naddress = [{}]", list.join(", "))
+                    }
+                },
+                hub_tx_share: 1.0,
+            },
+        )?;
         let mut tb = StandbyTestbed {
             keepalived: Vec::new(),
-            daemons: Vec::new(),
+            gateways,
             topo,
-            launch,
-            dir,
-            keep,
         };
-        tb.daemons = prepare(&tb.dir, &tb.topo, links, opts, &tb.launch, addressing)?;
         let allowed = opts
             .ready_timeout
             .unwrap_or(Duration::from_secs(15) + 4 * links.rtt());
-        // The hubs first: both must start without holding the addresses.
-        let mut since = Vec::new();
-        for d in tb.daemons.iter_mut().take(HUBS) {
-            since.push(d.spawn(&tb.launch)?);
-        }
         let deadline = Instant::now() + allowed;
-        for (d, at) in tb.daemons.iter_mut().zip(since) {
-            d.wait_for(READY, at, deadline, allowed)?;
-        }
+        // The hubs first: both must start without holding the addresses.
+        tb.gateways.start_hubs(deadline, allowed)?;
         let Some(advert_int) = advert_int else {
-            for d in tb.daemons.iter_mut().skip(HUBS) {
-                let at = d.spawn(&tb.launch)?;
-                d.wait_for(READY, at, deadline, allowed)?;
-                if addressing == HubAddressing::Listed {
-                    d.wait_for(ASSOCIATION_ESTABLISHED, at, deadline, allowed)?;
-                }
-            }
-            if addressing == HubAddressing::Listed {
-                tb.wait_for_associations(1, links.terminals, deadline)?;
+            let listed = addressing == HubAddressing::Listed;
+            tb.gateways.start_terminals(deadline, allowed, listed)?;
+            if listed {
+                tb.gateways
+                    .wait_for_associations(1, links.terminals, deadline)?;
             }
             return Ok(tb);
         };
@@ -127,26 +121,20 @@ impl StandbyTestbed {
                 other: HUBS + 1 - k,
                 priority: PRIORITIES[k - 1],
                 advert_int,
-                pepd: tb.launch.program.clone(),
+                pepd: tb.gateways.program().to_owned(),
             };
             let ns = tb.topo.names.hubs[k - 1].clone();
             tb.keepalived
-                .push(Keepalived::start(&tb.dir, &ns, &settings)?);
+                .push(Keepalived::start(tb.gateways.dir(), &ns, &settings)?);
         }
         tb.wait_until_active(1, deadline)?;
-        let mut since = Vec::new();
-        for d in tb.daemons.iter_mut().skip(HUBS) {
-            since.push(d.spawn(&tb.launch)?);
-        }
-        for (d, at) in tb.daemons.iter_mut().skip(HUBS).zip(since) {
-            d.wait_for(READY, at, deadline, allowed)?;
-            d.wait_for(ASSOCIATION_ESTABLISHED, at, deadline, allowed)?;
-        }
-        tb.wait_for_associations(1, links.terminals, deadline)?;
+        tb.gateways.start_terminals(deadline, allowed, true)?;
+        tb.gateways
+            .wait_for_associations(1, links.terminals, deadline)?;
         Ok(tb)
     }
 
-    pub fn topology(&self) -> &StandbyTopology {
+    pub fn topology(&self) -> &FailoverTopology {
         &self.topo
     }
 
@@ -201,59 +189,39 @@ impl StandbyTestbed {
         count: usize,
         deadline: Instant,
     ) -> Result<(), Error> {
-        let hub = &self.daemons[k - 1];
-        loop {
-            let established = self.associations(k);
-            if established == Some(count) {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(hub.failure(&format!(
-                    "has {established:?} of {count} associations established"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.gateways.wait_for_associations(k, count, deadline)
     }
 
     /// Hub `k`'s associations established now (None: its metrics do not answer).
     pub fn associations(&self, k: usize) -> Option<usize> {
-        fetch_metrics(self.daemons[k - 1].namespace())
-            .ok()
-            .map(|text| established_associations(&text))
+        self.gateways.associations(k)
     }
 
     /// Terminal `i`'s (from 1) metrics now.
     pub fn terminal_metrics(&self, i: usize) -> Result<String, Error> {
-        fetch_metrics(self.daemons[HUBS + i - 1].namespace())
+        fetch_metrics(self.gateways.terminal(i).namespace())
     }
 
     /// SIGKILL to hub `k`'s pepd.
     pub fn kill_pepd(&mut self, k: usize) -> Result<(), Error> {
-        self.daemons[k - 1].kill().map(drop)
+        self.gateways.kill_hub(k)
     }
 
     /// Starts hub `k`'s pepd again and waits for its readiness.
     pub fn restart_pepd(&mut self, k: usize, allowed: Duration) -> Result<(), Error> {
-        let d = &mut self.daemons[k - 1];
-        let since = d.spawn(&self.launch)?;
-        d.wait_for(READY, since, since + allowed, allowed).map(drop)
+        self.gateways.restart_hub(k, allowed)
     }
 
     /// Hub `k` gone at once: its interfaces down, then pepd and keepalived killed.
     pub fn cut_hub(&mut self, k: usize) -> Result<(), Error> {
         self.topo.cut_hub(k)?;
         self.keepalived[k - 1].kill();
-        self.daemons[k - 1].kill().map(drop)
+        self.gateways.kill_hub(k)
     }
 
     /// The end of every pepd log and both keepalived logs.
     pub fn log_tails(&self, lines: usize) -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = self
-            .daemons
-            .iter()
-            .map(|d| (d.label().to_owned(), d.log_tail(lines)))
-            .collect();
+        let mut v = self.gateways.log_tails(lines);
         for (k, ka) in self.keepalived.iter().enumerate() {
             v.push((format!("keepalived h{}", k + 1), ka.log_tail(lines)));
         }
@@ -261,97 +229,6 @@ impl StandbyTestbed {
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.gateways.dir()
     }
-}
-
-impl Drop for StandbyTestbed {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for d in &self.daemons {
-                d.dump_tail(40);
-            }
-        }
-        self.keepalived.clear();
-        self.daemons.clear();
-        remove_dir(&self.dir, self.keep);
-    }
-}
-
-/// Both hubs (one key, one config, but for the bind address when each has its own) and
-/// every terminal prepared, none started.
-fn prepare(
-    dir: &Path,
-    topo: &StandbyTopology,
-    links: &HubLinks,
-    opts: &PepdOptions,
-    launch: &Launch,
-    addressing: HubAddressing,
-) -> Result<Vec<Daemon>, Error> {
-    let rates = vec![
-        TerminalRates {
-            mir_bps: links.carrier.rate_bps,
-            cir_bps: 0.0,
-            weight: 1,
-        };
-        links.terminals
-    ];
-    let hub_key = write_key(dir, "hub")?;
-    let terminal_keys = (1..=links.terminals)
-        .map(|i| write_key(dir, &format!("t{i}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let (own_bind, listed) = match addressing {
-        HubAddressing::Shared => (false, String::new()),
-        HubAddressing::Listed => {
-            let list: Vec<String> = (1..=HUBS)
-                .map(|k| format!("\"{}:{TUNNEL_PORT}\"", hub_sat(k)))
-                .collect();
-            (true, format!("[peer]\naddress = [{}]", list.join(", ")))
-        }
-    };
-    let mut daemons = Vec::new();
-    for (k, ns) in topo.names.hubs.iter().enumerate() {
-        let k = k + 1;
-        let bind = match own_bind {
-            true => format!("[tunnel]\nbind = \"{}:{TUNNEL_PORT}\"", hub_sat(k)),
-            false => String::new(),
-        };
-        let hub_text = hub_config(
-            links,
-            &rates,
-            &hub_key,
-            &terminal_keys,
-            &[
-                opts.rules_base(),
-                &opts.extra_toml,
-                REDUNDANT_TOML,
-                &bind,
-                &opts.hub_toml,
-            ],
-        )?;
-        let d = Daemon::prepare(dir, &format!("h{k}"), &format!("hub {k}"), ns, &hub_text)?;
-        opts.install_rules(ns, &launch.program, d.config_path())?;
-        daemons.push(d);
-    }
-    for (i, key) in terminal_keys.iter().enumerate() {
-        let i = i + 1;
-        let text = terminal_config(
-            i,
-            links,
-            &rates[i - 1],
-            key,
-            &hub_key,
-            &[
-                opts.rules_base(),
-                &opts.extra_toml,
-                &listed,
-                &opts.terminal_toml,
-            ],
-        )?;
-        let ns = &topo.names.terminals[i - 1];
-        let d = Daemon::prepare(dir, &format!("t{i}"), &format!("terminal {i}"), ns, &text)?;
-        opts.install_rules(ns, &launch.program, d.config_path())?;
-        daemons.push(d);
-    }
-    Ok(daemons)
 }

@@ -1,4 +1,4 @@
-//! The active/standby topology in network namespaces:
+//! The failover topology in network namespaces. The active/standby layout:
 //!
 //! ```text
 //!            sv 198.18.3.2 ─┐ br-lan (in sw) ┌─ h1 lan0 198.18.3.11   h1 sat0 198.19.0.11 ─┐ br-tp (in sw)
@@ -15,13 +15,25 @@
 //! which keepalived moves: [`TUNNEL_VIP`] on `sat0` (every terminal's hub address) and
 //! [`LAN_VIP`] on `lan0` (the server's default route). Neither is on any interface when
 //! the topology comes up.
+//!
+//! The active-set layout ([`Layout::active_set`]) has three or more hubs, each serving on
+//! its own addresses, and puts the server behind a router:
+//!
+//! ```text
+//!  sv 198.18.4.2 ── rtr 198.18.4.1 | 198.18.3.254 on br-lan ── h1 … hN lan0 198.18.3.1k
+//! ```
+//!
+//! `rtr` learns each terminal's LAN from the hub that serves the terminal (BGP, see
+//! [`super::frr`]), so the server's replies to a client's own address reach that hub.
 
 use std::net::Ipv4Addr;
 
-use pep_linkemu::{DirectionConfig, Emulator, Endpoint, LinkConfig, LinkStats};
+use pep_linkemu::LinkStats;
 
 use crate::cmd::{ip_in, run, sysctl_in};
-use crate::hub::topology::{client, lan_gateway, terminal_sat, HubLinks, MAX_TERMINALS};
+use crate::hub::topology::{
+    build_spokes, wire, HubLinks, SpokeLinks, MAX_TERMINALS, TERMINALS_NET,
+};
 use crate::topology::{
     add_tun, fresh_base, remove_namespace, tune_host, HostTuning, HOST_DEV, LAN_DEV, SAT_DEV,
 };
@@ -37,6 +49,36 @@ pub const SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 2);
 pub const MODEM: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 254);
 /// Hubs in a redundant pair.
 pub const HUBS: usize = 2;
+/// The server in the active-set layout, behind the router.
+pub const ROUTED_SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 2);
+/// The router's address on the server's segment.
+pub const ROUTER_SERVER_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 1);
+/// The router's address on the hubs' LAN segment.
+pub const ROUTER: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 254);
+/// The most hubs the address plan and the router's config are written for.
+pub const MAX_HUBS: usize = 8;
+
+/// How many hubs, and where the server sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub hubs: usize,
+    /// The server behind a router that learns the terminals' LANs by BGP; otherwise on the
+    /// hubs' segment, its default route the LAN virtual address.
+    pub routed: bool,
+}
+
+impl Layout {
+    /// Two hubs sharing virtual addresses, the server on their segment.
+    pub const STANDBY: Layout = Layout {
+        hubs: HUBS,
+        routed: false,
+    };
+
+    /// `hubs` hubs on their own addresses, the server behind the router.
+    pub fn active_set(hubs: usize) -> Layout {
+        Layout { hubs, routed: true }
+    }
+}
 
 /// Hub `k`'s (from 1) own address on the teleport segment.
 pub fn hub_sat(k: usize) -> Ipv4Addr {
@@ -49,23 +91,20 @@ pub fn hub_lan(k: usize) -> Ipv4Addr {
 }
 
 const TELEPORT: &str = "198.19.0.0/24";
-const TERMINALS_NET: &str = "198.19.1.0/24";
+const SERVER_NET: &str = "198.18.4.0/24";
+const ROUTER_SERVER_DEV: &str = "sv0";
 const BR_LAN: &str = "br-lan";
 const BR_TP: &str = "br-tp";
 const MOD_DEV: &str = "tp0";
-const SAT_HUB_DEV: &str = "hub0";
-
-fn sat_terminal_dev(i: usize) -> String {
-    format!("tm{i}")
-}
-
 /// Namespace names of one instance: `peptb-PID-N-ROLE`.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct StandbyNames {
+pub struct FailoverNames {
     pub base: String,
     pub switch: String,
     /// By hub, from hub 1.
     pub hubs: Vec<String>,
+    /// The active-set layout's router.
+    pub router: Option<String>,
     pub server: String,
     pub modem: String,
     pub sat: String,
@@ -73,12 +112,13 @@ pub struct StandbyNames {
     pub clients: Vec<String>,
 }
 
-impl StandbyNames {
-    fn fresh(terminals: usize) -> StandbyNames {
+impl FailoverNames {
+    fn fresh(terminals: usize, layout: Layout) -> FailoverNames {
         let base = fresh_base();
-        StandbyNames {
+        FailoverNames {
             switch: format!("{base}-sw"),
-            hubs: (1..=HUBS).map(|k| format!("{base}-h{k}")).collect(),
+            hubs: (1..=layout.hubs).map(|k| format!("{base}-h{k}")).collect(),
+            router: layout.routed.then(|| format!("{base}-rtr")),
             server: format!("{base}-sv"),
             modem: format!("{base}-mod"),
             sat: format!("{base}-sat"),
@@ -91,6 +131,7 @@ impl StandbyNames {
     fn all(&self) -> Vec<&str> {
         let mut v = vec![self.switch.as_str()];
         v.extend(self.hubs.iter().map(String::as_str));
+        v.extend(self.router.as_deref());
         v.extend([self.server.as_str(), &self.modem, &self.sat]);
         v.extend(self.terminals.iter().map(String::as_str));
         v.extend(self.clients.iter().map(String::as_str));
@@ -100,33 +141,45 @@ impl StandbyNames {
 
 /// The topology up with its emulators running; dropping it tears everything down (and
 /// ends whatever still runs in its namespaces).
-pub struct StandbyTopology {
-    pub names: StandbyNames,
+pub struct FailoverTopology {
+    pub names: FailoverNames,
+    pub layout: Layout,
     created: Vec<String>,
-    carrier: Option<Emulator>,
-    returns: Vec<Emulator>,
+    links: Option<SpokeLinks>,
 }
 
-fn passthrough() -> DirectionConfig {
-    DirectionConfig::default()
-}
-
-impl StandbyTopology {
-    pub fn up(links: &HubLinks, hosts: &HostTuning) -> Result<StandbyTopology, Error> {
+impl FailoverTopology {
+    pub fn up(
+        links: &HubLinks,
+        hosts: &HostTuning,
+        layout: Layout,
+    ) -> Result<FailoverTopology, Error> {
         if !(1..=MAX_TERMINALS).contains(&links.terminals) {
             return Err(Error::Invalid(format!(
                 "{} terminals: between 1 and {MAX_TERMINALS} fit the address plan",
                 links.terminals
             )));
         }
-        let mut t = StandbyTopology {
-            names: StandbyNames::fresh(links.terminals),
+        if !(2..=MAX_HUBS).contains(&layout.hubs) {
+            return Err(Error::Invalid(format!(
+                "{} hubs: between 2 and {MAX_HUBS} fit the address plan",
+                layout.hubs
+            )));
+        }
+        let mut t = FailoverTopology {
+            names: FailoverNames::fresh(links.terminals, layout),
+            layout,
             created: Vec::new(),
-            carrier: None,
-            returns: Vec::new(),
+            links: None,
         };
+        // On error `t` drops here and removes whatever was already built.
         t.build(links.terminals, hosts)?;
-        t.start_emulators(links)?;
+        t.links = Some(SpokeLinks::start(
+            links,
+            (&t.names.modem, SAT_DEV),
+            &t.names.sat,
+            &t.names.terminals,
+        )?);
         Ok(t)
     }
 
@@ -150,80 +203,57 @@ impl StandbyTopology {
             port(hub, SAT_DEV, hub_sat(k), &format!("s{k}"), BR_TP)?;
             let modem = MODEM.to_string();
             ip_in(hub, &["route", "add", TERMINALS_NET, "via", &modem])?;
+            if n.router.is_some() {
+                let router = ROUTER.to_string();
+                ip_in(hub, &["route", "add", SERVER_NET, "via", &router])?;
+            }
         }
-        port(&n.server, HOST_DEV, SERVER, "sv", BR_LAN)?;
-        ip_in(
-            &n.server,
-            &["route", "add", "default", "via", &LAN_VIP.to_string()],
-        )?;
+        match &n.router {
+            Some(rtr) => {
+                port(rtr, LAN_DEV, ROUTER, "rt", BR_LAN)?;
+                sysctl_in(rtr, &["net.ipv4.ip_forward=1"])?;
+                wire(
+                    rtr,
+                    ROUTER_SERVER_DEV,
+                    ROUTER_SERVER_SIDE,
+                    &n.server,
+                    HOST_DEV,
+                    ROUTED_SERVER,
+                )?;
+                let via = ROUTER_SERVER_SIDE.to_string();
+                ip_in(&n.server, &["route", "add", "default", "via", &via])?;
+            }
+            None => {
+                port(&n.server, HOST_DEV, SERVER, "sv", BR_LAN)?;
+                let via = LAN_VIP.to_string();
+                ip_in(&n.server, &["route", "add", "default", "via", &via])?;
+            }
+        }
         tune_host(&n.server, hosts)?;
         port(&n.modem, MOD_DEV, MODEM, "md", BR_TP)?;
         sysctl_in(&n.modem, &["net.ipv4.ip_forward=1"])?;
         add_tun(&n.modem, SAT_DEV)?;
         ip_in(&n.modem, &["route", "add", TERMINALS_NET, "dev", SAT_DEV])?;
-        sysctl_in(&n.sat, &["net.ipv4.ip_forward=1"])?;
-        add_tun(&n.sat, SAT_HUB_DEV)?;
-        ip_in(&n.sat, &["route", "add", TELEPORT, "dev", SAT_HUB_DEV])?;
-        for i in 1..=terminals {
-            let (t, c) = (&n.terminals[i - 1], &n.clients[i - 1]);
-            veth(t, LAN_DEV, lan_gateway(i), c, HOST_DEV, client(i))?;
-            ip_in(
-                c,
-                &[
-                    "route",
-                    "add",
-                    "default",
-                    "via",
-                    &lan_gateway(i).to_string(),
-                ],
-            )?;
-            tune_host(c, hosts)?;
-            let dev = sat_terminal_dev(i);
-            let own = terminal_sat(i).to_string();
-            add_tun(&n.sat, &dev)?;
-            ip_in(&n.sat, &["route", "add", &own, "dev", &dev])?;
-            add_tun(t, SAT_DEV)?;
-            ip_in(t, &["addr", "add", &own, "dev", SAT_DEV])?;
-            ip_in(t, &["route", "add", TELEPORT, "dev", SAT_DEV])?;
-        }
-        Ok(())
+        build_spokes(
+            &n.sat,
+            TELEPORT,
+            &n.terminals[..terminals],
+            &n.clients,
+            hosts,
+        )
     }
 
-    fn start_emulators(&mut self, links: &HubLinks) -> Result<(), Error> {
-        let ep = |ns: &str, dev: &str| Endpoint {
-            netns: Some(ns.to_owned()),
-            dev: dev.to_owned(),
-        };
-        let carrier = LinkConfig {
-            forward: links.carrier.clone(),
-            ret: passthrough(),
-            seed: links.seed,
-            ..Default::default()
-        };
-        self.carrier = Some(Emulator::start(
-            &carrier,
-            &ep(&self.names.modem, SAT_DEV),
-            &ep(&self.names.sat, SAT_HUB_DEV),
-        )?);
-        for i in 1..=links.terminals {
-            let ret = LinkConfig {
-                forward: passthrough(),
-                ret: links.ret.clone(),
-                seed: links.seed.wrapping_add(i as u64),
-                ..Default::default()
-            };
-            self.returns.push(Emulator::start(
-                &ret,
-                &ep(&self.names.sat, &sat_terminal_dev(i)),
-                &ep(&self.names.terminals[i - 1], SAT_DEV),
-            )?);
+    /// The server's address in this layout.
+    pub fn server(&self) -> Ipv4Addr {
+        match self.layout.routed {
+            true => ROUTED_SERVER,
+            false => SERVER,
         }
-        Ok(())
     }
 
     /// The carrier's counters so far.
     pub fn carrier_stats(&self) -> Option<LinkStats> {
-        self.carrier.as_ref().map(Emulator::stats)
+        self.links.as_ref().map(SpokeLinks::carrier_stats)
     }
 
     /// Whether hub `k` (from 1) holds `addr` on `dev` now.
@@ -249,10 +279,9 @@ impl StandbyTopology {
     }
 }
 
-impl Drop for StandbyTopology {
+impl Drop for FailoverTopology {
     fn drop(&mut self) {
-        drop(self.carrier.take());
-        self.returns.clear();
+        drop(self.links.take());
         for ns in self.created.drain(..) {
             remove_namespace(&ns);
         }
@@ -278,19 +307,4 @@ fn switch_port(
     ip_in(switch, &["link", "set", sw_dev, "master", bridge, "up"])?;
     ip_in(ns, &["addr", "add", &format!("{addr}/24"), "dev", dev])?;
     ip_in(ns, &["link", "set", dev, "up"]).map(drop)
-}
-
-/// A veth pair from `a` (device `da`, address `aa`/24) to `b` (`db`, `ab`/24), both up.
-fn veth(a: &str, da: &str, aa: Ipv4Addr, b: &str, db: &str, ab: Ipv4Addr) -> Result<(), Error> {
-    ip_in(
-        a,
-        &[
-            "link", "add", da, "type", "veth", "peer", "name", db, "netns", b,
-        ],
-    )?;
-    for (ns, dev, addr) in [(a, da, aa), (b, db, ab)] {
-        ip_in(ns, &["addr", "add", &format!("{addr}/24"), "dev", dev])?;
-        ip_in(ns, &["link", "set", dev, "up"])?;
-    }
-    Ok(())
 }

@@ -118,13 +118,14 @@ impl HubNames {
 pub struct HubTopology {
     pub names: HubNames,
     created: Vec<String>,
-    carrier: Option<Emulator>,
-    returns: Vec<Emulator>,
+    links: Option<SpokeLinks>,
 }
 
 /// Device names in `sat` (namespace-local): the hub's side of the carrier, and terminal
 /// `i`'s return link.
 const SAT_HUB_DEV: &str = "hub0";
+/// The terminals' tunnel addresses.
+pub(crate) const TERMINALS_NET: &str = "198.19.1.0/24";
 fn sat_terminal_dev(i: usize) -> String {
     format!("tm{i}")
 }
@@ -145,12 +146,16 @@ impl HubTopology {
         let mut t = HubTopology {
             names: HubNames::fresh(links.terminals),
             created: Vec::new(),
-            carrier: None,
-            returns: Vec::new(),
+            links: None,
         };
         // On error `t` drops here and removes whatever was already built.
         t.build(links.terminals, hosts)?;
-        t.start_emulators(links)?;
+        t.links = Some(SpokeLinks::start(
+            links,
+            (&t.names.hub, SAT_DEV),
+            &t.names.sat,
+            &t.names.terminals,
+        )?);
         Ok(t)
     }
 
@@ -168,69 +173,27 @@ impl HubTopology {
             tune_host(host, hosts)
         };
         lan(&n.hub, GW_B_LAN_V4, &n.server, SERVER)?;
-        sysctl_in(&n.sat, &["net.ipv4.ip_forward=1"])?;
-        add_tun(&n.sat, SAT_HUB_DEV)?;
         let hub_sat = HUB_SAT_V4.to_string();
-        ip_in(&n.sat, &["route", "add", &hub_sat, "dev", SAT_HUB_DEV])?;
         add_tun(&n.hub, SAT_DEV)?;
         ip_in(&n.hub, &["addr", "add", &hub_sat, "dev", SAT_DEV])?;
-        ip_in(&n.hub, &["route", "add", "198.19.1.0/24", "dev", SAT_DEV])?;
-        for i in 1..=terminals {
-            let (t, c) = (&n.terminals[i - 1], &n.clients[i - 1]);
-            lan(t, lan_gateway(i), c, client(i))?;
-            let dev = sat_terminal_dev(i);
-            let own = terminal_sat(i).to_string();
-            add_tun(&n.sat, &dev)?;
-            ip_in(&n.sat, &["route", "add", &own, "dev", &dev])?;
-            add_tun(t, SAT_DEV)?;
-            ip_in(t, &["addr", "add", &own, "dev", SAT_DEV])?;
-            ip_in(t, &["route", "add", &hub_sat, "dev", SAT_DEV])?;
-        }
-        Ok(())
-    }
-
-    fn start_emulators(&mut self, links: &HubLinks) -> Result<(), Error> {
-        let ep = |ns: &str, dev: &str| Endpoint {
-            netns: Some(ns.to_owned()),
-            dev: dev.to_owned(),
-        };
-        let carrier = LinkConfig {
-            forward: links.carrier.clone(),
-            ret: passthrough(),
-            seed: links.seed,
-            ..Default::default()
-        };
-        self.carrier = Some(Emulator::start(
-            &carrier,
-            &ep(&self.names.hub, SAT_DEV),
-            &ep(&self.names.sat, SAT_HUB_DEV),
-        )?);
-        for i in 1..=links.terminals {
-            let ret = LinkConfig {
-                forward: passthrough(),
-                ret: links.ret.clone(),
-                // Each return link loses its own packets.
-                seed: links.seed.wrapping_add(i as u64),
-                ..Default::default()
-            };
-            self.returns.push(Emulator::start(
-                &ret,
-                &ep(&self.names.sat, &sat_terminal_dev(i)),
-                &ep(&self.names.terminals[i - 1], SAT_DEV),
-            )?);
-        }
-        Ok(())
+        ip_in(&n.hub, &["route", "add", TERMINALS_NET, "dev", SAT_DEV])?;
+        build_spokes(
+            &n.sat,
+            &hub_sat,
+            &n.terminals[..terminals],
+            &n.clients,
+            hosts,
+        )
     }
 
     /// The carrier's counters so far (its forward direction is the shared one).
     pub fn carrier_stats(&self) -> Option<LinkStats> {
-        self.carrier.as_ref().map(Emulator::stats)
+        self.links.as_ref().map(SpokeLinks::carrier_stats)
     }
 
     fn teardown(&mut self) {
         // Stop the emulators before their TUN devices go away.
-        drop(self.carrier.take());
-        self.returns.clear();
+        drop(self.links.take());
         for ns in self.created.drain(..) {
             remove_namespace(&ns);
         }
@@ -243,8 +206,102 @@ impl Drop for HubTopology {
     }
 }
 
+/// The terminals' side of a hub topology, the same behind one hub or several: `sat`
+/// forwards between the carrier's end (`hub0`, towards `hub_side`) and each terminal's
+/// return link; each terminal has its tunnel address on `sat0` and a client on its LAN.
+pub(crate) fn build_spokes(
+    sat: &str,
+    hub_side: &str,
+    terminals: &[String],
+    clients: &[String],
+    hosts: &HostTuning,
+) -> Result<(), Error> {
+    sysctl_in(sat, &["net.ipv4.ip_forward=1"])?;
+    add_tun(sat, SAT_HUB_DEV)?;
+    ip_in(sat, &["route", "add", hub_side, "dev", SAT_HUB_DEV])?;
+    for (k, (t, c)) in terminals.iter().zip(clients).enumerate() {
+        let i = k + 1;
+        wire(t, LAN_DEV, lan_gateway(i), c, HOST_DEV, client(i))?;
+        let via = lan_gateway(i).to_string();
+        ip_in(c, &["route", "add", "default", "via", &via])?;
+        tune_host(c, hosts)?;
+        let dev = sat_terminal_dev(i);
+        let own = terminal_sat(i).to_string();
+        add_tun(sat, &dev)?;
+        ip_in(sat, &["route", "add", &own, "dev", &dev])?;
+        add_tun(t, SAT_DEV)?;
+        ip_in(t, &["addr", "add", &own, "dev", SAT_DEV])?;
+        ip_in(t, &["route", "add", hub_side, "dev", SAT_DEV])?;
+    }
+    Ok(())
+}
+
+/// The emulated links of [`build_spokes`]: the carrier from its hub-side end to `sat`, and
+/// each terminal's return link. Dropping it stops them.
+pub(crate) struct SpokeLinks {
+    carrier: Emulator,
+    // Held for their drop: each stops its emulator.
+    _returns: Vec<Emulator>,
+}
+
+impl SpokeLinks {
+    pub(crate) fn start(
+        links: &HubLinks,
+        carrier_from: (&str, &str),
+        sat: &str,
+        terminals: &[String],
+    ) -> Result<SpokeLinks, Error> {
+        let ep = |ns: &str, dev: &str| Endpoint {
+            netns: Some(ns.to_owned()),
+            dev: dev.to_owned(),
+        };
+        let carrier = LinkConfig {
+            forward: links.carrier.clone(),
+            ret: passthrough(),
+            seed: links.seed,
+            ..Default::default()
+        };
+        let carrier = Emulator::start(
+            &carrier,
+            &ep(carrier_from.0, carrier_from.1),
+            &ep(sat, SAT_HUB_DEV),
+        )?;
+        let mut returns = Vec::new();
+        for (k, t) in terminals.iter().enumerate() {
+            let i = k + 1;
+            let ret = LinkConfig {
+                forward: passthrough(),
+                ret: links.ret.clone(),
+                // Each return link loses its own packets.
+                seed: links.seed.wrapping_add(i as u64),
+                ..Default::default()
+            };
+            returns.push(Emulator::start(
+                &ret,
+                &ep(sat, &sat_terminal_dev(i)),
+                &ep(t, SAT_DEV),
+            )?);
+        }
+        Ok(SpokeLinks {
+            carrier,
+            _returns: returns,
+        })
+    }
+
+    pub(crate) fn carrier_stats(&self) -> LinkStats {
+        self.carrier.stats()
+    }
+}
+
 /// A veth pair from `a` (device `da`, address `aa`/24) to `b` (`db`, `ab`/24), both up.
-fn wire(a: &str, da: &str, aa: Ipv4Addr, b: &str, db: &str, ab: Ipv4Addr) -> Result<(), Error> {
+pub(crate) fn wire(
+    a: &str,
+    da: &str,
+    aa: Ipv4Addr,
+    b: &str,
+    db: &str,
+    ab: Ipv4Addr,
+) -> Result<(), Error> {
     ip_in(
         a,
         &[
