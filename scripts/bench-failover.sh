@@ -53,7 +53,7 @@ for s, rs in by.items():
               f"largest p99 - control {max(gap) * 1e3 if gap else float('nan'):.0f} ms")
         routed = [r.get("routes_moved_after_s") for r in rs]
         print(f"  routes moved after (s): {routed}")
-    moved = [r.get("address_moved_after_s") for r in rs if "address_moved_after_s" in r]
+    moved = [r.get("address_moved_after_s") for r in rs if r.get("address_moved_after_s") is not None]
     if moved:
         print(f"  address moved after (s): {moved}; spurious transitions {[r['spurious_transitions'] for r in rs]}")
 PY
