@@ -244,12 +244,8 @@ impl Association {
                 return;
             }
         };
-        let h = match decode_header(&mut Reader::new(&hello)) {
-            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => h,
-            _ => {
-                self.stats.security.handshake_invalid += 1;
-                return;
-            }
+        let Some(h) = self.reply_hello(&hello) else {
+            return;
         };
         let Some(sec) = self.security.as_ref() else {
             return;

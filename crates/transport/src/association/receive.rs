@@ -341,12 +341,8 @@ impl Association {
                 return;
             }
         };
-        let h = match decode_header(&mut Reader::new(&hello)) {
-            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => h,
-            _ => {
-                self.stats.security.handshake_invalid += 1;
-                return;
-            }
+        let Some(h) = self.reply_hello(&hello) else {
+            return;
         };
         // A reply is bound to our own fresh initiation, so it is never a replay, whatever
         // its epoch: a peer we left (a hub we return to) may answer with the epoch we
@@ -391,6 +387,18 @@ impl Association {
     /// Puts the keys of a completed handshake in use: for a new association the peer's
     /// HELLO is applied first (a new epoch resets the old one), for a rekey the association
     /// goes on. `phase(security, rekey)` picks the key phase.
+    /// The responder's HELLO (encoded) in a reply that authenticated; `None`, counted as
+    /// an invalid handshake, when it is not a HELLO of our version.
+    pub(super) fn reply_hello(&mut self, encoded: &[u8]) -> Option<Hello> {
+        match decode_header(&mut Reader::new(encoded)) {
+            Ok(Header::Hello(h)) if h.version == PROTOCOL_VERSION => Some(h),
+            _ => {
+                self.stats.security.handshake_invalid += 1;
+                None
+            }
+        }
+    }
+
     pub(super) fn start_session(
         &mut self,
         now: Instant,

@@ -468,22 +468,9 @@ impl Security {
             .as_ref()
             .is_some_and(|i| i.sends >= SENDS_PER_INITIATION);
         if self.initiation.is_none() || stale {
-            let mut init = Initiation::start(
-                &self.cfg.local_identity(),
-                &self.cfg.peer_public_key,
-                &mut self.source,
-                &hello(),
-                scid,
-            )
-            .ok()?;
-            macs::stamp_init(&mut init.datagram, &self.peer_macs, None);
+            let fresh = self.fresh_initiation(now, &hello(), scid)?;
             self.hinted_at = None;
-            self.initiation = Some(InitiationInFlight {
-                init,
-                next_send: now,
-                sends: 0,
-                cookie_taken: false,
-            });
+            self.initiation = Some(fresh);
         }
         let cookie = self
             .cookie
@@ -510,26 +497,37 @@ impl Security {
         scid: ConnectionId,
     ) -> Option<Vec<u8>> {
         if self.trial.as_ref().is_none_or(|(at, _)| *at != to) {
-            let mut init = Initiation::start(
-                &self.cfg.local_identity(),
-                &self.cfg.peer_public_key,
-                &mut self.source,
-                &hello(),
-                scid,
-            )
-            .ok()?;
-            macs::stamp_init(&mut init.datagram, &self.peer_macs, None);
-            let fresh = InitiationInFlight {
-                init,
-                next_send: now,
-                sends: 0,
-                cookie_taken: false,
-            };
+            let fresh = self.fresh_initiation(now, &hello(), scid)?;
             self.trial = Some((to, fresh));
         }
         let (_, i) = self.trial.as_mut()?;
         i.sends += 1;
         Some(i.init.datagram.clone())
+    }
+
+    /// A new initiation (a fresh ephemeral key) carrying `hello`, stamped with mac1, due
+    /// now and not sent yet.
+    fn fresh_initiation(
+        &mut self,
+        now: Instant,
+        hello: &[u8],
+        scid: ConnectionId,
+    ) -> Option<InitiationInFlight> {
+        let mut init = Initiation::start(
+            &self.cfg.local_identity(),
+            &self.cfg.peer_public_key,
+            &mut self.source,
+            hello,
+            scid,
+        )
+        .ok()?;
+        macs::stamp_init(&mut init.datagram, &self.peer_macs, None);
+        Some(InitiationInFlight {
+            init,
+            next_send: now,
+            sends: 0,
+            cookie_taken: false,
+        })
     }
 
     /// Forgets the trial initiation: its hub's reply, if one comes, is dropped.
