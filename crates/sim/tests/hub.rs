@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::{hub_addr, terminal_key, HUB_KEY};
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -45,21 +47,9 @@ const TERMINALS: usize = 1000;
 const HUB: usize = 0;
 /// One way, terminal to hub, as through a GEO satellite.
 const DELAY: Duration = Duration::from_millis(300);
-const HUB_KEY: [u8; 32] = [0x11; 32];
 /// Forged initiations per 10 ms of the flood: 100,000 per second.
 const FLOOD_PER_TICK: u32 = 1000;
 const TICK: Duration = Duration::from_millis(10);
-
-fn terminal_key(i: usize) -> [u8; 32] {
-    // Not in byte 0: X25519 clears its low bits.
-    let mut k = [0x40u8; 32];
-    k[1..3].copy_from_slice(&(i as u16).to_be_bytes());
-    k
-}
-
-fn hub_addr() -> SocketAddr {
-    SocketAddr::from(([198, 18, 0, 1], 7400))
-}
 
 fn terminal_addr(i: usize) -> SocketAddr {
     SocketAddr::from(([198, 18, 4 + (i >> 8) as u8, i as u8], 7400))

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::{hub_addr, terminal_key, HUB_KEY};
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
@@ -33,19 +35,7 @@ const DELAY: Duration = Duration::from_millis(300);
 /// From the failure until the standby holds the address: VRRPv3 with `advert_int 0.5`.
 const TAKEOVER: Duration = Duration::from_millis(1800);
 const BOUND: Duration = Duration::from_secs(10);
-const HUB_KEY: [u8; 32] = [0x11; 32];
 const HUB: usize = 0;
-
-fn terminal_key(i: usize) -> [u8; 32] {
-    // Not in byte 0: X25519 clears its low bits.
-    let mut k = [0x40u8; 32];
-    k[1..3].copy_from_slice(&(i as u16).to_be_bytes());
-    k
-}
-
-fn hub_addr() -> SocketAddr {
-    SocketAddr::from(([198, 18, 0, 1], 7400))
-}
 
 fn terminal_addr(i: usize) -> SocketAddr {
     SocketAddr::from(([198, 18, 16 + (i >> 8) as u8, i as u8], 7400))
