@@ -163,28 +163,22 @@ impl PepdConfig {
         let mut catch_all: Option<usize> = None;
         for (i, e) in classes.iter().enumerate() {
             let key = |field: &str| format!("class[{i}].{field}");
-            if !peers::is_valid_name(&e.name) {
-                c.fail(
-                    &key("name"),
-                    format!(
-                        "({:?}) must be 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'",
-                        e.name
-                    ),
-                );
-            } else if e.name == DEFAULT_CLASS_NAME {
-                c.fail(
-                    &key("name"),
-                    "(\"default\") is the name of the class of the flows no `[[class]]` takes: \
-                     give this one another",
-                );
-            } else if let Some(first) = names.insert(&e.name, i) {
-                c.fail(
-                    &key("name"),
-                    format!(
-                        "is also `class[{first}].name` ({}): each class needs its own name",
-                        c.map.describe(&format!("class[{first}].name"))
-                    ),
-                );
+            if check_name(c, &key("name"), &e.name) {
+                if e.name == DEFAULT_CLASS_NAME {
+                    c.fail(
+                        &key("name"),
+                        "(\"default\") is the name of the class of the flows no `[[class]]` \
+                         takes: give this one another",
+                    );
+                } else if let Some(first) = names.insert(&e.name, i) {
+                    c.fail(
+                        &key("name"),
+                        format!(
+                            "is also `class[{first}].name` ({}): each class needs its own name",
+                            c.map.describe(&format!("class[{first}].name"))
+                        ),
+                    );
+                }
             }
             if let Some(first) = catch_all {
                 c.fail_at(
@@ -602,15 +596,7 @@ impl PepdConfig {
 
     fn check_entry(&self, i: usize, e: &PeerEntry, c: &mut Checker<'_>) {
         let key = |field: &str| format!("peer[{i}].{field}");
-        if !peers::is_valid_name(&e.name) {
-            c.fail(
-                &key("name"),
-                format!(
-                    "({:?}) must be 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'",
-                    e.name
-                ),
-            );
-        }
+        check_name(c, &key("name"), &e.name);
         let noise = self.security.mode == SecurityMode::Noise;
         match &e.public_key {
             Some(text) => check_public_key(c, &key("public_key"), text, "that peer"),
@@ -1058,6 +1044,18 @@ fn check_keepalive(c: &mut Checker<'_>, key: &str, keepalive: Duration, outage_l
             ),
         );
     }
+}
+
+/// Fails `key` unless `name` is a valid name (peers' and classes' alike); whether it was.
+fn check_name(c: &mut Checker<'_>, key: &str, name: &str) -> bool {
+    let valid = peers::is_valid_name(name);
+    if !valid {
+        c.fail(
+            key,
+            format!("({name:?}) must be 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'"),
+        );
+    }
+    valid
 }
 
 /// Where the `[[class]]` entry `i` starts: its header.
