@@ -39,31 +39,28 @@ for unit in pepd.service pepd-rules.service; do
         "deploy/$unit" >"$work/$unit"
 done
 
-echo "== systemd-analyze verify"
-# verify prints problems and exits non-zero on errors; warnings alone are shown too, so
-# any output is treated as a failure.
-out=$(systemd-analyze verify --man=no "$work/pepd.service" "$work/pepd-rules.service" 2>&1) || {
-    echo "$out" >&2
-    exit 1
+# Runs COMMAND... (a systemd-analyze verify): it prints problems and exits non-zero on
+# errors; warnings alone are shown too, so any output is treated as a failure.
+quiet_or_fail() {
+    local out
+    out=$("$@" 2>&1) || {
+        echo "$out" >&2
+        exit 1
+    }
+    if [ -n "$out" ]; then
+        echo "$out" >&2
+        exit 1
+    fi
+    echo "ok"
 }
-if [ -n "$out" ]; then
-    echo "$out" >&2
-    exit 1
-fi
-echo "ok"
+
+echo "== systemd-analyze verify"
+quiet_or_fail systemd-analyze verify --man=no "$work/pepd.service" "$work/pepd-rules.service"
 
 echo "== systemd-analyze verify pepd.service with deploy/pepd-announce.conf"
 mkdir "$work/pepd.service.d"
 sed -e "s|/usr/bin/pepd|$pepd|g" deploy/pepd-announce.conf >"$work/pepd.service.d/announce.conf"
-out=$(SYSTEMD_UNIT_PATH="$work:" systemd-analyze verify --man=no "$work/pepd.service" 2>&1) || {
-    echo "$out" >&2
-    exit 1
-}
-if [ -n "$out" ]; then
-    echo "$out" >&2
-    exit 1
-fi
-echo "ok"
+quiet_or_fail env SYSTEMD_UNIT_PATH="$work:" systemd-analyze verify --man=no "$work/pepd.service"
 
 echo "== systemd-analyze security --offline=true deploy/pepd.service"
 security=$(systemd-analyze security --offline=true --no-pager "$work/pepd.service" 2>&1)
