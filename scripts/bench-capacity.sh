@@ -8,10 +8,13 @@
 #   cargo build --release -p pepd -p pep-testbed && ./scripts/bench-capacity.sh
 #   CELLS="fade acm" RUNS=1 ./scripts/bench-capacity.sh
 #   PEPD_ONLY=1 ./scripts/bench-capacity.sh    # pepd's variants only (no plain CUBIC / BBR)
-#   CELLS=jitter ./scripts/bench-capacity.sh   # geo with jitter (not in the default cells):
-#       JITTER_KINDS (default "uniform wander slotted"), JITTER_MS (default 20), JITTER_ACM=1
-#       for the ACM steps 20->7->20 Mb/s every 10 s; each kind beside the same link without
-#       jitter, pepd, plain CUBIC and plain BBR alike
+#   CELLS=jitter ./scripts/bench-capacity.sh   # a link with jitter (not in the default cells):
+#       JITTER_PROFILE geo (default: 50 MB) or leo (250 MB; "without jitter" sets the
+#       profile's own 5 ms to 0 too), JITTER_KINDS (default "uniform wander slotted"),
+#       JITTER_MS (default 20), JITTER_ACM=1 for the ACM steps (geo 20->7->20 Mb/s, leo
+#       100->40->100, every 10 s), JITTER_MODES (default "pepd plain-cubic plain-bbr");
+#       each kind beside the same link without jitter
+#   APPEND=1 keeps the runs already in $OUT (to add variants to a set, then judge them all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${CARGO_TARGET_DIR:-target}/release"
@@ -20,7 +23,7 @@ export PEPD_BIN=${PEPD_BIN:-$bin/pepd}
 RUNS=${RUNS:-3}
 OUT=${OUT:-bench-capacity.jsonl}
 CELLS=${CELLS:-"fade acm udp tcp leo nodelay lawson noisy"}
-: >"$OUT"
+[[ ${APPEND:-0} == 1 ]] || : >"$OUT"
 
 # run CELL VARIANT ARGS...: RUNS runs of `pep-testbed run ARGS --json`, each line tagged.
 run() {
@@ -86,19 +89,26 @@ for cell in $CELLS; do
         done
         ;;
     jitter)
-        # A 50 MB download beside a 1 KB request every 200 ms on geo, the emulator's jitter
+        # A download beside a 1 KB request every 200 ms, the emulator's jitter
         # (crates/sim/src/jitter.rs, the simulator's model) on both directions.
-        geo_jitter=(--profile geo --settle-s 2 --max-seconds 300 "${interactive[@]}" --bytes 50000000)
+        if [[ ${JITTER_PROFILE:-geo} == leo ]]; then
+            link_jitter=(--profile leo --bytes 250000000)
+            acm_steps=0:100M,10:40M,20:100M,30:40M,40:100M,50:40M
+        else
+            link_jitter=(--profile geo --bytes 50000000)
+            acm_steps=0:20M,10:7M,20:20M,30:7M,40:20M,50:7M
+        fi
+        link_jitter+=(--settle-s 2 --max-seconds 300 "${interactive[@]}")
         if [[ ${JITTER_ACM:-0} == 1 ]]; then
-            geo_jitter+=(--rate-schedule 0:20M,10:7M,20:20M,30:7M,40:20M,50:7M)
+            link_jitter+=(--rate-schedule "$acm_steps")
         fi
         for kind in none ${JITTER_KINDS:-uniform wander slotted}; do
-            jitter_args=()
+            jitter_args=(--jitter-ms 0)
             if [[ $kind != none ]]; then
                 jitter_args=(--jitter-ms "${JITTER_MS:-20}" --jitter-kind "$kind")
             fi
-            for mode in pepd plain-cubic plain-bbr; do
-                run "jitter-$kind" "$mode" "${geo_jitter[@]}" "${jitter_args[@]}" --mode "$mode"
+            for mode in ${JITTER_MODES:-pepd plain-cubic plain-bbr}; do
+                run "jitter-$kind" "$mode" "${link_jitter[@]}" "${jitter_args[@]}" --mode "$mode"
             done
         done
         ;;
@@ -227,7 +237,9 @@ if jitter_cells and ("jitter-none", "pepd") in by:
     bound_ms = float(os.environ.get("JITTER_MS", "20"))
     lat99 = lambda r: p(r["latencies_s"], 0.99)
     mean = lambda rs, f: statistics.mean(f(r) for r in rs)
-    print(f"jitter: geo, ±{bound_ms:g} ms; request p99 (s) and 50 MB completion (s), mean [min–max]")
+    profile = os.environ.get("JITTER_PROFILE", "geo")
+    size = {"geo": "50 MB", "leo": "250 MB"}.get(profile, "download")
+    print(f"jitter: {profile}, ±{bound_ms:g} ms; request p99 (s) and {size} completion (s), mean [min–max]")
     for cell in ["jitter-none"] + jitter_cells:
         show(cell, lat99, "request p99 s")
         show(cell, lambda r: r["completion_s"], "completion s", "{:.2f}")
