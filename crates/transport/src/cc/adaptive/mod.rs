@@ -601,7 +601,19 @@ impl Adaptive {
 
     fn end_drain(&mut self, now: Instant, rtt: &RttEstimator) {
         self.state = State::Cruise;
-        self.jitter.restart_at(self.next_pn);
+        // The queue falls by as much as the drain held back: the fall from the samples before
+        // to those after would read as jitter, so the comparison starts afresh. Until the
+        // jitter has been measured once, not after a drain that held back less than the
+        // meter counts as jitter (what was in flight already fit the pipe): where the path's
+        // jitter lifts every span above the threshold that assumes none, each such drain
+        // would restart the comparison before its first reading, and the jitter would never
+        // be measured.
+        let held_back = self.drain_began.map_or(Duration::MAX, |(began, _)| {
+            now.saturating_duration_since(began)
+        });
+        if held_back >= JITTER_MIN || self.jitter.measured() {
+            self.jitter.restart_at(self.next_pn);
+        }
         self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // The packets still on their way were the last sent before the drain: they waited
         // behind the whole queue, which grew for up to a base RTT after the latest the
