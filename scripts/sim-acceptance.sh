@@ -19,8 +19,12 @@ trap 'rm -rf "$tmp"' EXIT
 # bounds of 10, 20 and 30 ms on both directions. Then the fade cell with each kind at 20 ms,
 # and reordering. `scripts/sim-acceptance.sh jitter` runs these rows; they are the target
 # the capacity tracker is working towards, not yet part of the checks every run makes
-# (docs/BENCHMARKS.md, "Jitter on the link", has where they stand).
+# (docs/BENCHMARKS.md, "Jitter on the link", has where they stand). The rows run at seed 1;
+# `SEEDS="1 2 3" scripts/sim-acceptance.sh jitter` runs the whole grid at each seed given
+# (each seed's rows against the jitter-free cells of the same seed), as a row's verdict at
+# one seed does not carry to all.
 jitter_rows() {
+    local seed=$1
     local geo_link=(--rate-bps 20000000 --return-rate-bps 2000000 --delay-ms 300 --queue-bytes 1500000 --start-after-s 2)
     local leo_link=(--rate-bps 100000000 --return-rate-bps 20000000 --delay-ms 20 --start-after-s 1
         --delay-schedule 0:20,15:35,30:25,45:40 --outage 15+0.1 --outage 30+0.2 --outage 45+0.15)
@@ -29,14 +33,14 @@ jitter_rows() {
     local work=(--seconds 60 --interactive-ms 200 --interactive-bytes 1000)
     # cell FILE ARGS...: one run's report, kept for the rows that compare with it.
     cell() {
-        local f=$tmp/$1.json
+        local f=$tmp/seed$seed-$1.json
         shift
-        [[ -s $f ]] || "$SIM" bulk "$@" --json >"$f"
+        [[ -s $f ]] || "$SIM" bulk "$@" --seed "$seed" --json >"$f"
     }
     # judge NAME FILE REFERENCE BOUND_MS KIND COMMAND: one row against the jitter-free cell.
     judge() {
         local verdict
-        verdict=$(python3 - "$tmp/$2.json" "$tmp/$3.json" "$4" "$5" <<'PY'
+        verdict=$(python3 - "$tmp/seed$seed-$2.json" "$tmp/seed$seed-$3.json" "$4" "$5" <<'PY'
 import json, sys
 r, ref = (json.load(open(f)) for f in sys.argv[1:3])
 bound, kind = float(sys.argv[3]), sys.argv[4]
@@ -67,7 +71,7 @@ else:
 print(("PASS" if ok else "FAIL") + "\t" + show)
 PY
 )
-        printf '%s\t%s\t%s\t%s\n' "${verdict%%$'\t'*}" "$1" "${verdict#*$'\t'}" "$6"
+        printf '%s\t%s\t%s\t%s\n' "${verdict%%$'\t'*}" "$1${label}" "${verdict#*$'\t'}" "${6/ --json/ --seed $seed --json}"
         [[ $verdict == PASS* ]] || fails=$((fails + 1))
     }
     local link acm kind bound name base args
@@ -103,7 +107,11 @@ PY
 }
 
 if [[ ${1:-} == jitter ]]; then
-    jitter_rows
+    for seed in ${SEEDS:-1}; do
+        label=""
+        [[ ${SEEDS:-1} == 1 ]] || label=" (seed $seed)"
+        jitter_rows "$seed"
+    done
     echo "failed checks: $fails"
     exit $((fails > 0))
 fi
