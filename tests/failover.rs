@@ -296,16 +296,20 @@ fn a_gone_hubs_terminals_are_served_by_their_next_hub_and_routed_there() {
     let at = SocketAddr::from((tb.topology().server(), PORT));
     let _server = serve(&tb.topology().names.server, at);
     let clients = tb.topology().names.clients.clone();
-    // One terminal homed on each hub, each announced by its home.
-    for i in 1..=3 {
-        assert_eq!(tb.home(i), i);
+    // Terminal `i` served by its home hub `i`, routed there, and answered (request `id`).
+    let at_home = |tb: &ActiveSetTestbed, i: usize, id: u64, when: &str| {
         assert_eq!(tb.served_by(i), Some(i), "terminal {i}");
         assert_eq!(tb.routed_to(i).expect("ip route"), Some(i), "terminal {i}");
         assert_eq!(
-            request_from(&clients[i - 1], at, 400 + i as u64),
+            request_from(&clients[i - 1], at, id),
             Ok(true),
-            "terminal {i} before"
+            "terminal {i} {when}"
         );
+    };
+    // One terminal homed on each hub, each announced by its home.
+    for i in 1..=3 {
+        assert_eq!(tb.home(i), i);
+        at_home(&tb, i, 400 + i as u64, "before");
     }
     tb.cut_hub(1).expect("hub 1 cut");
     let cut = Instant::now();
@@ -329,13 +333,7 @@ fn a_gone_hubs_terminals_are_served_by_their_next_hub_and_routed_there() {
     );
     // The others stayed where they were.
     for i in 2..=3 {
-        assert_eq!(tb.served_by(i), Some(i), "terminal {i}");
-        assert_eq!(tb.routed_to(i).expect("ip route"), Some(i), "terminal {i}");
-        assert_eq!(
-            request_from(&clients[i - 1], at, 500 + i as u64),
-            Ok(true),
-            "terminal {i} after"
-        );
+        at_home(&tb, i, 500 + i as u64, "after");
     }
     eprintln!(
         "terminal 1 served by hub 2 and routed there {:.1} s after hub 1 was cut",

@@ -51,25 +51,26 @@ pub fn quic_attempts(path: &Path, host: &str) -> Result<Vec<QuicAttempt>, Error>
     Ok(attempts(&log, host))
 }
 
+/// A NetLog constants table (name → code) turned round, code → name; a table missing from
+/// the log is empty.
+fn names_by_code<'a, K: Ord>(
+    log: &'a Value,
+    table: &str,
+    code: impl Fn(&Value) -> Option<K>,
+) -> BTreeMap<K, &'a str> {
+    log.pointer(table)
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((code(v)?, k.as_str())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn attempts(log: &Value, host: &str) -> Vec<QuicAttempt> {
-    let types: BTreeMap<u64, &str> = log
-        .pointer("/constants/logEventTypes")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((v.as_u64()?, k.as_str())))
-                .collect()
-        })
-        .unwrap_or_default();
-    let errors: BTreeMap<i64, &str> = log
-        .pointer("/constants/netError")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((v.as_i64()?, k.as_str())))
-                .collect()
-        })
-        .unwrap_or_default();
+    let types = names_by_code(log, "/constants/logEventTypes", Value::as_u64);
+    let errors = names_by_code(log, "/constants/netError", Value::as_i64);
     let phase_of = |name: &str, default: u64| {
         log.pointer(&format!("/constants/logEventPhase/{name}"))
             .and_then(Value::as_u64)
