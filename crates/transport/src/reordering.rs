@@ -31,10 +31,10 @@ pub struct Reordering {
     current_seen: bool,
     previous_seen: bool,
     window_start: Option<Instant>,
-    /// The latest send time among acknowledged packets, and that packet's RTT (RACK.xmit_ts,
-    /// RACK.rtt).
-    latest_sent: Option<Instant>,
-    latest_rtt: Duration,
+    /// The latest send time among acknowledged packets (RACK.xmit_ts), and when it was
+    /// acknowledged: the difference is RACK.rtt, taken only when asked for, as most
+    /// acknowledged packets replace it before that.
+    latest: Option<(Instant, Instant)>,
     /// Packets declared lost and still watched: number → (sent at, declared at, whether the
     /// loss may speak for reordering: not when an outage declared it).
     declared: BTreeMap<u64, (Instant, Instant, bool)>,
@@ -61,25 +61,29 @@ impl Reordering {
         self.current_seen = true;
     }
 
+    /// The RTT of the latest-sent acknowledged packet (zero before one).
+    fn latest_rtt(&self) -> Duration {
+        self.latest.map_or(Duration::ZERO, |(sent, acked)| {
+            acked.saturating_duration_since(sent)
+        })
+    }
+
     /// How much later than the latest acknowledged packet's RTT predicts a packet sent at
     /// `sent` is acknowledged `now`.
     fn trailed(&self, now: Instant, sent: Instant) -> Duration {
         now.saturating_duration_since(sent)
-            .saturating_sub(self.latest_rtt)
+            .saturating_sub(self.latest_rtt())
     }
 
     /// A packet sent at `sent` was newly acknowledged. Packets of one ACK come oldest first,
     /// so only a packet acknowledged after a later-sent one counts as reordered.
     pub fn on_acked(&mut self, now: Instant, sent: Instant) {
-        match self.latest_sent {
-            Some(latest) if sent < latest => {
+        match self.latest {
+            Some((latest, _)) if sent < latest => {
                 let trailed = self.trailed(now, sent);
                 self.record(now, trailed);
             }
-            _ => {
-                self.latest_sent = Some(sent);
-                self.latest_rtt = now.saturating_duration_since(sent);
-            }
+            _ => self.latest = Some((sent, now)),
         }
     }
 
@@ -100,6 +104,10 @@ impl Reordering {
         ranges: impl IntoIterator<Item = Range<u64>>,
         srtt: Duration,
     ) -> u64 {
+        // Most ACKs come with no loss declared: nothing to expire or look up.
+        if self.declared.is_empty() {
+            return 0;
+        }
         let watch = WATCH.max(srtt * WATCH_RTTS);
         while self
             .declared
@@ -149,7 +157,7 @@ impl Reordering {
 
     /// RACK's reference: the latest send time among acknowledged packets and its RTT.
     pub fn latest(&self) -> Option<(Instant, Duration)> {
-        self.latest_sent.map(|s| (s, self.latest_rtt))
+        self.latest.map(|(sent, _)| (sent, self.latest_rtt()))
     }
 
     /// Declared losses whose packets turned out to have arrived.
@@ -160,8 +168,7 @@ impl Reordering {
     /// The association restarted: packet numbers start again.
     pub fn on_restart(&mut self) {
         self.declared.clear();
-        self.latest_sent = None;
-        self.latest_rtt = Duration::ZERO;
+        self.latest = None;
     }
 }
 

@@ -118,13 +118,13 @@ impl DeliveryMeter {
 
     /// Closes one ACK's worth of deliveries.
     pub fn mark(&mut self, now: Instant, app_limited: bool, sent: Option<SentMark>) {
-        // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
-        let gap = self
+        let since_last = self
             .marks
             .back()
-            .map(|last| now.saturating_duration_since(last.at))
-            .filter(|&g| !app_limited && g <= ACK_INTERVAL_CAP);
-        if let Some(gap) = gap {
+            .map(|last| now.saturating_duration_since(last.at));
+        // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
+        let pace_gap = since_last.filter(|&g| !app_limited && g <= ACK_INTERVAL_CAP);
+        if let Some(gap) = pace_gap {
             self.ack_interval = Some(match self.ack_interval {
                 Some(s) => (s * 7 + gap) / 8,
                 None => gap,
@@ -134,8 +134,7 @@ impl DeliveryMeter {
                 None => gap,
             });
         }
-        if let Some(last) = self.marks.back() {
-            let gap = now.saturating_duration_since(last.at);
+        if let Some(gap) = since_last {
             let decay = (CLUMP_DECAY_PER_SECOND * gap.as_secs_f64()).min(1.0);
             self.longest_gap = self.longest_gap.mul_f64(1.0 - decay);
             if !app_limited && gap <= CLUMP_GAP_MAX {
@@ -156,11 +155,13 @@ impl DeliveryMeter {
             app_limited,
             sent,
         });
+        let expired_before = now.checked_sub(KEEP);
         while self.marks.len() > KEEP_MARKS
             || self
                 .marks
                 .front()
-                .is_some_and(|m| now.saturating_duration_since(m.at) > KEEP)
+                .zip(expired_before)
+                .is_some_and(|(m, cut)| m.at < cut)
         {
             self.marks.pop_front();
         }

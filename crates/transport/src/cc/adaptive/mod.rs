@@ -226,6 +226,9 @@ pub struct Adaptive {
     busy_rates: BusyRates,
     evidence: QueueEvidence,
     jitter: JitterMeter,
+    /// `jitter_delay()` as of the latest reading of the jitter meter or the delivery meter,
+    /// its only inputs: `window` asks for it before every packet, the meters read only ACKs.
+    jitter_delay: Duration,
     /// The path's RTT without queue, as this controller sees it: the least sample since the
     /// last rebase.
     base: Option<Duration>,
@@ -300,6 +303,7 @@ impl Adaptive {
             busy_rates: BusyRates::default(),
             evidence: QueueEvidence::default(),
             jitter: JitterMeter::default(),
+            jitter_delay: Duration::ZERO,
             base: None,
             last_queue: Duration::ZERO,
             steady_from_pn: 0,
@@ -368,7 +372,12 @@ impl Adaptive {
     /// The evidence span: one plain span, and up to one more as the jitter reaches `Q_FLOOR`.
     fn span(&self, rtt: &RttEstimator) -> Duration {
         let plain = self.plain_span(rtt);
-        let extension = (self.path_jitter().as_secs_f64() / Q_FLOOR.as_secs_f64()).min(1.0);
+        let jitter = self.path_jitter();
+        // Most paths do not jitter: their span is the plain one without the float arithmetic.
+        if jitter.is_zero() {
+            return plain;
+        }
+        let extension = (jitter.as_secs_f64() / Q_FLOOR.as_secs_f64()).min(1.0);
         plain + plain.mul_f64(extension)
     }
 
@@ -383,12 +392,22 @@ impl Adaptive {
     /// How much longer than the base RTT a path that jitters keeps packets outstanding
     /// without any queue: the jitter allowed for, and a clump of ACKs held back.
     fn jitter_delay(&self) -> Duration {
+        debug_assert_eq!(self.jitter_delay, self.jitter_delay_from_meters());
+        self.jitter_delay
+    }
+
+    fn jitter_delay_from_meters(&self) -> Duration {
         let clump = if self.meter.clumped() {
             self.meter.longest_gap()
         } else {
             Duration::ZERO
         };
         self.path_jitter() * JITTER_ALLOWANCE + clump
+    }
+
+    /// Called after every reading of the jitter meter or the delivery meter.
+    fn refresh_jitter_delay(&mut self) {
+        self.jitter_delay = self.jitter_delay_from_meters();
     }
 
     fn floor(&self) -> f64 {
@@ -1148,6 +1167,7 @@ impl CongestionController for Adaptive {
         let base = self.base_or(rtt);
         self.jitter
             .on_sample(now, acked.pn, sample, plain, base, self.q_high());
+        self.refresh_jitter_delay();
         // The estimator ages its minimum; follow it up when it does. Down, only samples of
         // packets sent at the pace of the moment count: packets sent with gaps around them,
         // or in the first span after a pause, can cross a path that holds each packet behind
@@ -1186,6 +1206,7 @@ impl CongestionController for Adaptive {
         }
         let app_limited = std::mem::take(&mut self.event_app_limited);
         self.meter.mark(now, app_limited, self.event_sent.take());
+        self.refresh_jitter_delay();
         self.follow_probe(now, &summary, rtt);
         self.end_probe_if_due(now, rtt);
         if let State::Drain { until, from } = self.state {
