@@ -782,6 +782,11 @@ impl Adaptive {
     /// What the evidence of the last span calls for, outside a drain.
     fn judge_evidence(&mut self, now: Instant, rtt: &RttEstimator) {
         self.renew_or_end_competing(now, rtt);
+        // The check of the train's cut is judged on its own packets: before the jitter has
+        // been read, the evidence takes a path's jitter for a queue.
+        if self.checking_cut() {
+            return;
+        }
         let competing = self.competing(now);
         let span = self.span(rtt);
         if !competing && (self.evidence.grown(now, span).is_some() || self.deficit(now, span)) {
@@ -811,6 +816,15 @@ impl Adaptive {
         } else {
             self.overload(now, rtt);
         }
+    }
+
+    /// The probe at the ceiling that checks the train's cut is out and not yet judged: the
+    /// evidence leaves the verdict to it (it lasts tens of milliseconds, and the queue it
+    /// builds on a path that really is slower is bounded by its length).
+    fn checking_cut(&self) -> bool {
+        self.probe
+            .as_ref()
+            .is_some_and(|p| !p.train && self.verify_train && p.rate >= self.ceiling)
     }
 
     // ---- probes -----------------------------------------------------------------------
@@ -912,6 +926,8 @@ impl Adaptive {
         if !p.on_ack(now, at, delivered, summary.largest_acked) {
             return;
         }
+        let checking_cut = self.checking_cut();
+        let before = self.estimate;
         let Some(p) = self.probe.take() else {
             return;
         };
@@ -919,6 +935,17 @@ impl Adaptive {
             self.judge_train(&p, now, rtt);
         } else {
             self.judge_probe(&p, now, rtt);
+        }
+        // Its packets' queue was its own to judge. The evidence starts after them, or, where
+        // the check raised the estimate, after those sent at the cut rate meanwhile: their
+        // ACKs measure that rate, not the path.
+        if checking_cut {
+            let from = if self.estimate > before {
+                self.next_pn
+            } else {
+                p.last_pn.map_or(self.next_pn, |l| l + 1)
+            };
+            self.evidence.reset(from, Duration::MAX);
         }
     }
 
@@ -967,7 +994,16 @@ impl Adaptive {
     }
 
     fn judge_probe(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let Some(rate) = self.probe_rate(p, now) else {
+        // The check of the train's cut counts the higher of its measures, as the cut needed
+        // both to be low: jitter moves one of them, a path that really is slower lowers both.
+        let check = self.verify_train && p.rate >= self.ceiling;
+        let rate = if check {
+            p.verdict(false, 4 * self.mtu, self.growth_noise(p))
+                .map(|v| v.by_delay.map_or(v.by_acks, |d| d.max(v.by_acks)))
+        } else {
+            self.probe_rate(p, now)
+        };
+        let Some(rate) = rate else {
             // Too few ACKs to tell: try again later.
             self.backoff(now, rtt);
             return;
@@ -1353,6 +1389,51 @@ mod tests {
         a.on_congestion(t0 + base * 2, &rtt);
         let c = a.capacity(&rtt);
         assert_eq!((c.drains, c.estimate_bps), (0, 20_000_000));
+    }
+
+    #[test]
+    fn the_check_of_the_trains_cut_is_judged_on_its_own() {
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let mut rtt = RttEstimator::new(Duration::from_millis(600));
+        let t0 = Instant::now();
+        let base = Duration::from_millis(600);
+        let ack = |a: &mut Adaptive, rtt: &RttEstimator, pn: u64, sent: Instant, r: Duration| {
+            a.on_ack(sent + r, acked(pn, sent, r), rtt);
+            let summary = AckSummary {
+                largest_acked: pn,
+                ack_delay: Duration::ZERO,
+            };
+            a.on_ack_done(sent + r, summary, rtt);
+        };
+        for pn in 0..50u64 {
+            let now = t0 + Duration::from_millis(pn);
+            a.on_sent(now, sent(pn), &rtt);
+            rtt.on_sample(now + base, base);
+            ack(&mut a, &rtt, pn, now, base);
+        }
+        // The train cut the estimate; the check goes at the ceiling with the next packet.
+        a.estimate = 8_000_000.0;
+        a.verify_train = true;
+        a.verify_now = true;
+        let t1 = t0 + Duration::from_millis(60);
+        a.on_sent(t1, sent(50), &rtt);
+        assert_eq!(
+            a.probe.as_ref().map(|p| (p.rate, p.first_pn)),
+            Some((20e6, 51))
+        );
+        for pn in 51..60u64 {
+            a.on_sent(t1 + Duration::from_millis(pn - 50), sent(pn), &rtt);
+        }
+        // Packets sent before it come back 40 ms late for 100 ms (a path's jitter, or a
+        // queue): while the check is out its verdict decides, not the evidence.
+        let late = base + Duration::from_millis(40);
+        for i in 0..100u64 {
+            let at = t0 + Duration::from_millis(i);
+            rtt.on_sample(at + late, late);
+            ack(&mut a, &rtt, i % 50, at, late);
+        }
+        assert_eq!(a.capacity(&rtt).drains, 0);
+        assert!(a.probe.is_some());
     }
 
     #[test]
