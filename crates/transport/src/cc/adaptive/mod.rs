@@ -822,9 +822,12 @@ impl Adaptive {
     /// evidence leaves the verdict to it (it lasts tens of milliseconds, and the queue it
     /// builds on a path that really is slower is bounded by its length).
     fn checking_cut(&self) -> bool {
-        self.probe
-            .as_ref()
-            .is_some_and(|p| !p.train && self.verify_train && p.rate >= self.ceiling)
+        self.probe.as_ref().is_some_and(|p| self.checks_cut(p))
+    }
+
+    /// `p` is the probe at the ceiling that checks the train's cut.
+    fn checks_cut(&self, p: &Probe) -> bool {
+        !p.train && self.verify_train && p.rate >= self.ceiling
     }
 
     // ---- probes -----------------------------------------------------------------------
@@ -996,8 +999,7 @@ impl Adaptive {
     fn judge_probe(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
         // The check of the train's cut counts the higher of its measures, as the cut needed
         // both to be low: jitter moves one of them, a path that really is slower lowers both.
-        let check = self.verify_train && p.rate >= self.ceiling;
-        let rate = if check {
+        let rate = if self.checks_cut(p) {
             p.verdict(false, 4 * self.mtu, self.growth_noise(p))
                 .map(|v| v.by_delay.map_or(v.by_acks, |d| d.max(v.by_acks)))
         } else {
