@@ -615,8 +615,10 @@ fn retransmitted_initiations_are_answered_again_by_a_hub_on_two_workers() {
     );
 }
 
-/// Drops every REPLY from the hub in each terminal's namespace for `lasting`; the thread
-/// returns each terminal's rule as listed (with its counter) when it is lifted.
+/// Drops every REPLY from the hub in each terminal's namespace for `lasting` from the first
+/// one it drops (a loaded machine may start the gateways late, and a timer from now would
+/// then lift the rule before any reply came); the thread returns each terminal's rule as
+/// listed (with its counter) when it is lifted, or after 20 s with none dropped.
 fn lose_hub_replies(net: &HubNet, lasting: Duration) -> std::thread::JoinHandle<Vec<String>> {
     let nft = |ns: &str, args: &[&str]| {
         let mut all = vec!["netns", "exec", ns, "nft"];
@@ -637,15 +639,28 @@ fn lose_hub_replies(net: &HubNet, lasting: Duration) -> std::thread::JoinHandle<
     }
     let terminals = net.terminals.clone();
     std::thread::spawn(move || {
-        std::thread::sleep(lasting);
-        terminals
-            .iter()
-            .map(|t| {
-                let listed = nft(t, &["list", "table", "inet", "lost"]);
-                nft(t, &["delete", "table", "inet", "lost"]);
-                listed
-            })
-            .collect::<Vec<String>>()
+        let give_up = Instant::now() + Duration::from_secs(20);
+        let mut first_drop: Vec<Option<Instant>> = vec![None; terminals.len()];
+        let mut listed: Vec<Option<String>> = vec![None; terminals.len()];
+        while listed.iter().any(Option::is_none) {
+            for (i, t) in terminals.iter().enumerate() {
+                if listed[i].is_some() {
+                    continue;
+                }
+                let now = Instant::now();
+                let table = nft(t, &["list", "table", "inet", "lost"]);
+                if first_drop[i].is_none() && !table.contains("packets 0 ") {
+                    first_drop[i] = Some(now);
+                }
+                let due = first_drop[i].map_or(give_up, |at| at + lasting);
+                if now >= due {
+                    nft(t, &["delete", "table", "inet", "lost"]);
+                    listed[i] = Some(table);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        listed.into_iter().flatten().collect()
     })
 }
 
