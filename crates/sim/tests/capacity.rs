@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use pep_sim::channel::{Impairments, Outage, OutageSchedule};
+use pep_sim::jitter::{JitterConfig, JitterKind};
 use pep_sim::link::LinkConfig;
 use pep_sim::report::{self, Report};
 use pep_sim::schedule::Schedule;
@@ -222,4 +223,42 @@ fn a_train_that_read_the_path_too_slow_is_undone_in_one_probe() {
         .find(|row| row.estimate_mbps >= 99.0)
         .map(|row| row.t);
     assert!(back.is_some_and(|t| t <= 0.7), "{back:?}");
+}
+
+#[test]
+fn on_a_slotted_path_a_low_estimate_is_probed_back_up() {
+    // The GEO path with both directions sent in MF-TDMA slots (±20 ms: a frame every 40 ms),
+    // carrying 4 Mb/s for the first 10 s of the transfer and then its full 20. At 4 Mb/s the
+    // ACKs count as clumped only now and then, so a probe may go out short and have all its
+    // ACKs come back in one frame: too few to judge it; and a frame may carry no ACK, so the
+    // longest gap between ACKs reads one frame or two from one moment to the next. Probes
+    // sized by one and judged by the other, or too short to judge, would leave the estimate at
+    // 4.8 Mb/s for the whole run.
+    let mut sc = geo(
+        20_000_000,
+        20_000_000,
+        Workload::Seconds(Duration::from_secs(40)),
+    );
+    let slotted = JitterConfig {
+        kind: JitterKind::Slotted,
+        bound: Duration::from_millis(20),
+        reorder: false,
+    };
+    sc.forward.jitter = slotted;
+    sc.ret.jitter = slotted;
+    sc.seed = 1;
+    // Link time: the handshake's round trip and the 2 s before the flows start.
+    let start = GEO_DELAY * 2 + sc.start_after;
+    sc.forward.rate_schedule =
+        Schedule::new(vec![(start, 4e6), (start + Duration::from_secs(10), 20e6)]);
+    let r = run(&sc);
+    assert!(r.intact);
+    let timeline = r.timeline.expect("timeline");
+    // Seconds from the start of the transfer until the estimate is the ceiling again after
+    // the step up at 10 s: 16.1 here, 12.6 without jitter.
+    let back = timeline
+        .iter()
+        .find(|row| row.t > 10.0 && row.estimate_mbps >= 19.0)
+        .map(|row| row.t);
+    assert!(back.is_some_and(|t| t <= 18.0), "{back:?}");
 }

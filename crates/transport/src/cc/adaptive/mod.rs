@@ -229,6 +229,9 @@ pub struct Adaptive {
     /// `jitter_delay()` as of the latest reading of the jitter meter or the delivery meter,
     /// its only inputs: `window` asks for it before every packet, the meters read only ACKs.
     jitter_delay: Duration,
+    /// The latest probe's ACKs were too few to judge it: the next one spans several of the
+    /// longest recent ACK gaps, as where ACKs come in clumps (see `probe_len`).
+    probe_unjudged: bool,
     /// The path's RTT without queue, as this controller sees it: the least sample since the
     /// last rebase.
     base: Option<Duration>,
@@ -304,6 +307,7 @@ impl Adaptive {
             evidence: QueueEvidence::default(),
             jitter: JitterMeter::default(),
             jitter_delay: Duration::ZERO,
+            probe_unjudged: false,
             base: None,
             last_queue: Duration::ZERO,
             steady_from_pn: 0,
@@ -431,7 +435,7 @@ impl Adaptive {
         let len = self
             .quarter_rtt(rtt, PROBE_MIN, PROBE_MAX)
             .max(self.packet_time(rate).mul_f64(packets));
-        if self.meter.clumped() {
+        if self.meter.clumped() || self.probe_unjudged {
             len.max(self.meter.longest_gap() * PROBE_CLUMPS)
         } else {
             len
@@ -872,7 +876,9 @@ impl Adaptive {
             self.ceiling
         } else if self.competing(now) {
             (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
-        } else if self.meter.clumped() && !(self.meter.slotted() && self.probe_found_more) {
+        } else if (self.meter.clumped() || self.probe_unjudged)
+            && !(self.meter.slotted() && self.probe_found_more)
+        {
             // A probe lengthened to span several clumps of ACKs goes at a gain that leaves
             // no more queue than an ordinary one when the path cannot carry it, or than one
             // slot frame on a slotted path (a frame's wait is what the path's jitter is
@@ -894,7 +900,7 @@ impl Adaptive {
             until: now + self.probe_len(rate, rtt),
         };
         let mut probe = Probe::new(rate, self.next_pn, false);
-        probe.slotted = self.meter.slotted();
+        probe.frame = self.meter.slotted().then(|| self.meter.longest_gap());
         self.probe = Some(probe);
         self.stats.probes += 1;
     }
@@ -963,14 +969,15 @@ impl Adaptive {
     fn probe_rate(&self, p: &Probe, now: Instant) -> Option<f64> {
         // Measured the way it was sent: the ACK pattern may change while it is out (a queue
         // it builds fills the gaps between frames).
-        let (by_acks, by_delay) = if p.slotted {
+        let (by_acks, by_delay) = if let Some(period) = p.frame {
             // ACKs in clumps one frame apart: both measures leave out its first frame (the
             // ACKs of its first packets share their clump with those sent before it) and its
             // last (the pause after it leaves them waiting for the peer's timer); the ACK
             // rate runs over its own ACKs from clump end to clump end, and the delay rate
             // compares the least RTT of its first and last frame of packets, a frame being
-            // long enough to hold a packet that waited for no slot.
-            let period = self.meter.longest_gap();
+            // long enough to hold a packet that waited for no slot. The frame is the one it
+            // was sent for: at a few Mb/s a frame may carry no ACK, and the longest gap then
+            // flickers between one frame and two.
             let (from, to) = p.arrivals?;
             let from = p.settled_from(period).unwrap_or(from).max(from);
             let to = p.settled_until(period).unwrap_or(to).min(to);
@@ -1005,6 +1012,7 @@ impl Adaptive {
         } else {
             self.probe_rate(p, now)
         };
+        self.probe_unjudged = rate.is_none();
         let Some(rate) = rate else {
             // Too few ACKs to tell: try again later.
             self.backoff(now, rtt);

@@ -20,9 +20,9 @@ pub struct Probe {
     pub last_pn: Option<u64>,
     /// The establishment train: its result may lower the estimate.
     pub train: bool,
-    /// It went out on a slotted path: it spans several frames and is measured from its
-    /// first whole frame to its last.
-    pub slotted: bool,
+    /// It went out on a slotted path whose frames (the ACK clumps' period) were this long:
+    /// it spans several of them and is measured from its first whole frame to its last.
+    pub frame: Option<Duration>,
     /// Some of it went out after an idle gap: it can show more capacity, never less.
     pub app_limited: bool,
     /// When its first and latest packets left.
@@ -73,7 +73,7 @@ impl Probe {
             start: None,
             end: None,
             before_end: None,
-            slotted: false,
+            frame: None,
             arrivals: None,
             samples: Vec::new(),
             low_sample: None,
