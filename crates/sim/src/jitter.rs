@@ -20,6 +20,10 @@
 //!   `[delay − bound, delay + bound)`, and everything that came due within one frame
 //!   arrives together.
 //!
+//! Packets that arrive together (a frame, a bunch) carry one arrival time, and the simulator
+//! hands them to the endpoint as one batch, as the daemon reads its socket: one ACK then
+//! covers them, on the testbed and in the simulator alike.
+//!
 //! The draws come from a generator of their own, so the loss pattern of a seed does not
 //! depend on the jitter settings.
 

@@ -195,6 +195,12 @@ struct Node {
 
 const WRITE_CHUNK: usize = 256 * 1024;
 
+/// Datagrams an endpoint reads before it sends, when several reach it at the same instant:
+/// the daemon's tunnel workers read their socket in batches of this many (`BATCH` in its
+/// memory budget) and send only after, so a frame of a slotted link, or a bunch released
+/// behind a late packet, is acknowledged by one ACK.
+const RECEIVE_BATCH: usize = 64;
+
 pub struct Simulation {
     sc: Scenario,
     base: Instant,
@@ -333,9 +339,24 @@ impl Simulation {
             let now = self.base + at;
             let node = match kind {
                 EvKind::Deliver { node, slot } => {
-                    let data = self.store[slot].take().unwrap_or_default();
-                    self.free_slots.push(slot);
-                    self.nodes[node].assoc.handle_datagram(now, &data);
+                    self.deliver(now, node, slot);
+                    // Datagrams that reach an endpoint at the same instant are read as one
+                    // batch before it sends, as the daemon reads its socket.
+                    let mut batch = 1;
+                    while batch < RECEIVE_BATCH {
+                        match self.queue.peek() {
+                            Some(Reverse((t, _, EvKind::Deliver { node: to, .. })))
+                                if *t == at && *to == node => {}
+                            _ => break,
+                        }
+                        if let Some(Reverse((_, _, EvKind::Deliver { slot, .. }))) =
+                            self.queue.pop()
+                        {
+                            self.events_processed += 1;
+                            self.deliver(now, node, slot);
+                        }
+                        batch += 1;
+                    }
                     node
                 }
                 EvKind::Timer { node, generation } => {
@@ -383,6 +404,12 @@ impl Simulation {
             }
         }
         self.finish()
+    }
+
+    fn deliver(&mut self, now: Instant, node: usize, slot: usize) {
+        let data = self.store[slot].take().unwrap_or_default();
+        self.free_slots.push(slot);
+        self.nodes[node].assoc.handle_datagram(now, &data);
     }
 
     /// Application I/O, transmission and timer re-arming for one endpoint after any input.

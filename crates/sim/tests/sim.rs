@@ -5,6 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use pep_sim::channel::Impairments;
+use pep_sim::jitter::{JitterConfig, JitterKind};
 use pep_sim::link::LinkConfig;
 use pep_sim::report;
 use pep_sim::sim::{Scenario, Simulation, Workload};
@@ -62,6 +63,29 @@ fn same_seed_same_run_and_different_seed_different_losses() {
     )))
     .unwrap();
     assert_ne!(a["losses_true"], c["losses_true"]);
+}
+
+#[test]
+fn a_slotted_frame_is_read_as_one_batch_and_acknowledged_once() {
+    // The forward link releases packets at slot boundaries 40 ms apart (±20 ms), about 33
+    // packets a frame at 10 Mb/s: the receiver reads each frame as one batch, as the daemon
+    // reads its socket, so it acknowledges each frame at most once where one ACK every 8
+    // packets would send four.
+    let mut sc = scenario(0.0, CcMode::Rate, Workload::Bytes(5_000_000), 7);
+    sc.forward.jitter = JitterConfig {
+        kind: JitterKind::Slotted,
+        bound: Duration::from_millis(20),
+        reorder: false,
+    };
+    let r = run(&sc);
+    assert!(r.intact);
+    let frames = (r.sim_seconds / 0.040).ceil() as u64;
+    assert!(
+        r.acks_sent <= frames,
+        "{} ACKs in {frames} frames",
+        r.acks_sent
+    );
+    assert!(r.packets_sent >= 5_000_000 / 1500);
 }
 
 #[test]
