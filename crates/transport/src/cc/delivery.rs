@@ -48,6 +48,8 @@ pub struct DeliveryMeter {
     marks: VecDeque<Mark>,
     /// Smoothed time between ACKs (1/8 weight).
     ack_interval: Option<Duration>,
+    /// Smoothed bytes newly acknowledged per ACK (1/8 weight).
+    ack_bytes: Option<u64>,
     /// The mean time between ACKs over the last few dozen (1/32 weight): where ACKs come in
     /// clumps the 1/8-weighted interval swings between the gaps within a clump and the one
     /// between clumps.
@@ -124,6 +126,13 @@ impl DeliveryMeter {
             .map(|last| now.saturating_duration_since(last.at));
         // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
         let pace_gap = since_last.filter(|&g| !app_limited && g <= ACK_INTERVAL_CAP);
+        if let (Some(_), Some(last)) = (pace_gap, self.marks.back()) {
+            let bytes = self.delivered.saturating_sub(last.delivered);
+            self.ack_bytes = Some(match self.ack_bytes {
+                Some(s) => (s * 7 + bytes) / 8,
+                None => bytes,
+            });
+        }
         if let Some(gap) = pace_gap {
             self.ack_interval = Some(match self.ack_interval {
                 Some(s) => (s * 7 + gap) / 8,
@@ -165,6 +174,11 @@ impl DeliveryMeter {
         {
             self.marks.pop_front();
         }
+    }
+
+    /// Bytes one ACK of a busy sender newly acknowledges, smoothed as the ACK interval is.
+    pub fn ack_bytes(&self) -> Option<u64> {
+        self.ack_bytes
     }
 
     pub fn ack_interval(&self) -> Option<Duration> {

@@ -92,6 +92,10 @@ const MEASURE_ACKS: u32 = 3;
 /// Where ACKs come in clumps a probe lasts at least this many clump periods (the longest
 /// recent gap between ACKs), so that its ACK rate is not one clump more or less.
 const PROBE_CLUMPS: u32 = 4;
+/// ACKs that each acknowledge more than this many times `ack.every_packets` packets are
+/// sparse (`acks_sparse`): the policy's own pace varies by a factor of two at most (its
+/// timer against the count), a batch that a frame delivers covers a whole frame.
+const SPARSE_ACKS: u32 = 2;
 /// A probe delivered at this fraction of its rate or better succeeded.
 const PROBE_SUCCESS: f64 = 0.9;
 /// A probe delivered above this multiple of the estimate found some capacity; less is the
@@ -430,12 +434,26 @@ impl Adaptive {
             .max(self.measure_packets())
     }
 
+    /// Probes span several of the longest recent ACK gaps: where ACKs come in clumps or
+    /// far apart, or the latest probe had too few ACKs to judge it.
+    fn lengthens_probes(&self) -> bool {
+        self.meter.clumped() || self.probe_unjudged || self.acks_sparse()
+    }
+
+    /// An ACK acknowledges more than twice the packets the ACK policy counts: the peer
+    /// acknowledges what arrives together at once (a slotted link's frame read in one
+    /// batch), and a probe as long as an ordinary one may fall between two ACKs.
+    fn acks_sparse(&self) -> bool {
+        let by_count = u64::from(self.ack_every) * self.mtu * u64::from(SPARSE_ACKS);
+        self.meter.ack_bytes().is_some_and(|b| b > by_count)
+    }
+
     fn probe_len(&self, rate: f64, rtt: &RttEstimator) -> Duration {
         let packets = PROBE_PACKETS.max(f64::from(self.measure_packets()));
         let len = self
             .quarter_rtt(rtt, PROBE_MIN, PROBE_MAX)
             .max(self.packet_time(rate).mul_f64(packets));
-        if self.meter.clumped() || self.probe_unjudged {
+        if self.lengthens_probes() {
             len.max(self.meter.longest_gap() * PROBE_CLUMPS)
         } else {
             len
@@ -876,8 +894,8 @@ impl Adaptive {
             self.ceiling
         } else if self.competing(now) {
             (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
-        } else if (self.meter.clumped() || self.probe_unjudged)
-            && !(self.meter.slotted() && self.probe_found_more)
+        } else if self.lengthens_probes()
+            && !((self.meter.slotted() || self.acks_sparse()) && self.probe_found_more)
         {
             // A probe lengthened to span several clumps of ACKs goes at a gain that leaves
             // no more queue than an ordinary one when the path cannot carry it, or than one
@@ -1014,8 +1032,9 @@ impl Adaptive {
         };
         self.probe_unjudged = rate.is_none();
         let Some(rate) = rate else {
-            // Too few ACKs to tell: try again later.
-            self.backoff(now, rtt);
+            // Too few ACKs to tell, which says nothing of the path: the next probe, lengthened,
+            // goes a base RTT later without the interval growing.
+            self.next_probe_at = Some(now + self.probe_interval.max(self.base_or(rtt)));
             return;
         };
         if !p.app_limited || rate >= p.rate * PROBE_SUCCESS {
