@@ -255,7 +255,7 @@ fn on_a_slotted_path_a_low_estimate_is_probed_back_up() {
     assert!(r.intact);
     let timeline = r.timeline.expect("timeline");
     // Seconds from the start of the transfer until the estimate is the ceiling again after
-    // the step up at 10 s: 16.6 here (12.4 in the CLI's run of this path without jitter).
+    // the step up at 10 s: 15.4 here (12.4 in the CLI's run of this path without jitter).
     let back = timeline
         .iter()
         .find(|row| row.t > 10.0 && row.estimate_mbps >= 19.0)

@@ -93,9 +93,10 @@ const MEASURE_ACKS: u32 = 3;
 /// recent gap between ACKs), so that its ACK rate is not one clump more or less.
 const PROBE_CLUMPS: u32 = 4;
 /// ACKs that each acknowledge more than this many times `ack.every_packets` packets are
-/// sparse (`acks_sparse`): the policy's own pace varies by a factor of two at most (its
-/// timer against the count), a batch that a frame delivers covers a whole frame.
-const SPARSE_ACKS: u32 = 2;
+/// sparse (`acks_sparse`): by its count and its timer the policy acknowledges that many
+/// packets or fewer, and only a batch read at once (a slotted frame: 14 packets at 4 Mb/s
+/// and 40 ms frames) makes one ACK cover more.
+const SPARSE_ACKS: f64 = 1.25;
 /// A probe delivered at this fraction of its rate or better succeeded.
 const PROBE_SUCCESS: f64 = 0.9;
 /// A probe delivered above this multiple of the estimate found some capacity; less is the
@@ -440,12 +441,12 @@ impl Adaptive {
         self.meter.clumped() || self.probe_unjudged || self.acks_sparse()
     }
 
-    /// An ACK acknowledges more than twice the packets the ACK policy counts: the peer
-    /// acknowledges what arrives together at once (a slotted link's frame read in one
-    /// batch), and a probe as long as an ordinary one may fall between two ACKs.
+    /// An ACK acknowledges more packets than the ACK policy counts: the peer acknowledges
+    /// what arrives together at once (a slotted link's frame read in one batch), and a
+    /// probe as long as an ordinary one may fall between two ACKs.
     fn acks_sparse(&self) -> bool {
-        let by_count = u64::from(self.ack_every) * self.mtu * u64::from(SPARSE_ACKS);
-        self.meter.ack_bytes().is_some_and(|b| b > by_count)
+        let by_count = (u64::from(self.ack_every) * self.mtu) as f64 * SPARSE_ACKS;
+        self.meter.ack_bytes().is_some_and(|b| b as f64 > by_count)
     }
 
     fn probe_len(&self, rate: f64, rtt: &RttEstimator) -> Duration {
