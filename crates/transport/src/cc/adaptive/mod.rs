@@ -921,9 +921,14 @@ impl Adaptive {
         self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // The pause gives the probe's queue back, so the spans before the probe and after the
         // first span past its pause stand alike: the comparison of span minimums goes on
-        // across it, without the samples in between (see `unsteady_pns`).
-        let first = self.probe.as_ref().map_or(self.next_pn, |p| p.first_pn);
-        self.unsteady_pns = first..self.steady_from_pn;
+        // across it, without the samples in between (see `unsteady_pns`). Not on a slotted
+        // path: there the queue drains only as frames come, and can outlast the pause.
+        if self.meter.slotted() {
+            self.jitter.restart_at(self.next_pn);
+        } else {
+            let first = self.probe.as_ref().map_or(self.next_pn, |p| p.first_pn);
+            self.unsteady_pns = first..self.steady_from_pn;
+        }
         // Give back what the probe sent above the estimate.
         let extra = (rate / self.estimate.max(1.0) - 1.0).max(0.0);
         self.pause = Some(self.probe_len(rate, rtt).mul_f64(extra));
