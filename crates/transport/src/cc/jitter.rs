@@ -35,13 +35,11 @@ pub struct JitterMeter {
     /// The first packet sent after the sender emptied its own queue: its sample starts the
     /// comparison afresh.
     restart_pn: Option<u64>,
-    /// Spans have been compared at least once: the measure is the path's, not a default.
-    measured: bool,
 }
 
 impl JitterMeter {
-    /// From packet `pn` on the sender no longer keeps the queue it kept before (a drain or
-    /// the pause after a probe emptied it): the fall from the samples before to those after
+    /// From packet `pn` on the sender no longer keeps the queue it kept before (a drain
+    /// emptied it, or the train ended): the fall from the samples before to those after
     /// would read as jitter, so the comparison starts afresh with that packet's sample.
     pub fn restart_at(&mut self, pn: u64) {
         self.restart_pn = Some(pn);
@@ -104,14 +102,8 @@ impl JitterMeter {
         let after = floor(SIDE - 1..keep);
         let floor = before.max(after);
         if floor <= quiet_below {
-            self.measured = true;
             self.jitter = self.jitter.max(centre.saturating_sub(floor));
         }
-    }
-
-    /// Whether spans have been compared at least once.
-    pub fn measured(&self) -> bool {
-        self.measured
     }
 
     /// How far jitter alone lifts one span's least RTT above the path's: zero on a path
@@ -173,21 +165,6 @@ mod tests {
     }
 
     #[test]
-    fn measured_once_spans_have_been_compared_and_for_good() {
-        let t0 = Instant::now();
-        let mut m = JitterMeter::default();
-        // Four spans of 20 ms close: one short of a comparison.
-        feed(&mut m, t0, 81, |_| ms(600));
-        assert!(!m.measured());
-        feed(&mut m, t0 + ms(81), 40, |_| ms(600));
-        assert!(m.measured());
-        // What was measured is the path's: a restart of the comparison keeps it.
-        m.restart_at(10_000);
-        m.restart();
-        assert!(m.measured());
-    }
-
-    #[test]
     fn spans_lifted_above_both_sides_are() {
         let t0 = Instant::now();
         let mut m = JitterMeter::default();
@@ -204,7 +181,6 @@ mod tests {
             "{:?}",
             m.jitter()
         );
-        assert!(m.measured());
         // It fades without new readings, and a pause starts the comparison afresh.
         feed(&mut m, t0 + ms(10_000), 10_000, |_| ms(600));
         assert!(m.jitter() < ms(5), "{:?}", m.jitter());

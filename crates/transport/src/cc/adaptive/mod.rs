@@ -245,6 +245,11 @@ pub struct Adaptive {
     /// Packets numbered below this were sent in the first span after a pause (a drain, the
     /// pause after a probe): their samples do not lower the base.
     steady_from_pn: u64,
+    /// The packets of the latest probe and of the first span after its pause: the jitter
+    /// meter leaves their samples out rather than start its comparison afresh after every
+    /// probe. The probe's own queue lifts the first, and the second, sent with room around
+    /// them, cross a path that holds each packet behind the one ahead faster than at the pace.
+    unsteady_pns: std::ops::Range<u64>,
     /// On a path that jitters, a rebase holds the base up until then.
     base_held_until: Option<Instant>,
     /// A drain ended and the next evidence has not yet said whether the queue was ours.
@@ -316,6 +321,7 @@ impl Adaptive {
             base: None,
             last_queue: Duration::ZERO,
             steady_from_pn: 0,
+            unsteady_pns: 0..0,
             base_held_until: None,
             judging_drain: false,
             drained_queue: Duration::ZERO,
@@ -644,16 +650,15 @@ impl Adaptive {
     fn end_drain(&mut self, now: Instant, rtt: &RttEstimator) {
         self.state = State::Cruise;
         // The queue falls by as much as the drain held back: the fall from the samples before
-        // to those after would read as jitter, so the comparison starts afresh. Until the
-        // jitter has been measured once, not after a drain that held back less than the
-        // meter counts as jitter (what was in flight already fit the pipe): where the path's
-        // jitter lifts every span above the threshold that assumes none, each such drain
-        // would restart the comparison before its first reading, and the jitter would never
-        // be measured.
+        // to those after would read as jitter, so the comparison starts afresh. Not after a
+        // drain that held back less than the meter counts as jitter (what was in flight
+        // already fit the pipe): where the path's jitter lifts every span above the threshold
+        // that assumes none, each such drain would restart the comparison before it finds a
+        // lift (a first comparison may find none), and the jitter would not be measured.
         let held_back = self.drain_began.map_or(Duration::MAX, |(began, _)| {
             now.saturating_duration_since(began)
         });
-        if held_back >= JITTER_MIN || self.jitter.measured() {
+        if held_back >= JITTER_MIN {
             self.jitter.restart_at(self.next_pn);
         }
         self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
@@ -932,8 +937,17 @@ impl Adaptive {
             return;
         }
         self.state = State::Cruise;
-        self.jitter.restart_at(self.next_pn);
         self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
+        // The pause gives the probe's queue back, so the spans before the probe and after the
+        // first span past its pause stand alike: the comparison of span minimums goes on
+        // across it, without the samples in between (see `unsteady_pns`). Not on a slotted
+        // path: there the queue drains only as frames come, and can outlast the pause.
+        if self.meter.slotted() {
+            self.jitter.restart_at(self.next_pn);
+        } else {
+            let first = self.probe.as_ref().map_or(self.next_pn, |p| p.first_pn);
+            self.unsteady_pns = first..self.steady_from_pn;
+        }
         // Give back what the probe sent above the estimate.
         let extra = (rate / self.estimate.max(1.0) - 1.0).max(0.0);
         self.pause = Some(self.probe_len(rate, rtt).mul_f64(extra));
@@ -1158,6 +1172,7 @@ impl CongestionController for Adaptive {
         self.sent_log = SentLog::default();
         self.largest_acked = 0;
         self.steady_from_pn = 0;
+        self.unsteady_pns = 0..0;
         self.stop_counting_overloads();
         self.competing_until = None;
         self.jitter.restart();
@@ -1231,8 +1246,10 @@ impl CongestionController for Adaptive {
         }
         let plain = self.plain_span(rtt);
         let base = self.base_or(rtt);
-        self.jitter
-            .on_sample(now, acked.pn, sample, plain, base, self.q_high());
+        if !self.unsteady_pns.contains(&acked.pn) {
+            self.jitter
+                .on_sample(now, acked.pn, sample, plain, base, self.q_high());
+        }
         self.refresh_jitter_delay();
         // The estimator ages its minimum; follow it up when it does. Down, only samples of
         // packets sent at the pace of the moment count: packets sent with gaps around them,
@@ -1464,6 +1481,89 @@ mod tests {
         }
         assert_eq!(a.capacity(&rtt).drains, 0);
         assert!(a.probe.is_some());
+    }
+
+    #[test]
+    fn probes_do_not_keep_the_jitter_from_being_read() {
+        let ms = Duration::from_millis;
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let mut rtt = RttEstimator::new(ms(40));
+        let t0 = Instant::now();
+        // A packet every millisecond, acknowledged 40 ms later, and 8 ms later than that in
+        // every third 20 ms span (the evidence span at this RTT): a jitter that lifts whole
+        // spans, below the overload threshold. A probe of 10 packets ends every 90 ms, sooner
+        // than the five spans a comparison needs.
+        for pn in 0..4000u64 {
+            let now = t0 + ms(pn);
+            if pn % 90 == 89 {
+                a.state = State::Probe {
+                    rate: 40e6,
+                    until: now,
+                };
+                a.probe = Some(Probe::new(40e6, pn - 10, false));
+            }
+            a.on_sent(now, sent(pn), &rtt);
+            let Some(old) = pn.checked_sub(40) else {
+                continue;
+            };
+            let lift = if (pn / 20) % 3 == 1 { ms(8) } else { ms(0) };
+            let r = ms(40) + lift;
+            rtt.on_sample(now, r);
+            a.on_ack(now, acked(old, t0 + ms(old), r), &rtt);
+            let summary = AckSummary {
+                largest_acked: old,
+                ack_delay: Duration::ZERO,
+            };
+            a.on_ack_done(now, summary, &rtt);
+        }
+        assert_eq!(a.capacity(&rtt).drains, 0);
+        let j = a.capacity(&rtt).jitter;
+        assert!(j >= ms(6) && j <= ms(8), "{j:?}");
+    }
+
+    #[test]
+    fn drains_that_hold_back_nothing_do_not_keep_the_jitter_from_being_read() {
+        let ms = Duration::from_millis;
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let mut rtt = RttEstimator::new(ms(40));
+        let t0 = Instant::now();
+        // A packet every millisecond, acknowledged 40 ms later. For the first 400 ms the RTT
+        // stands still, and the comparison of span minimums finds no jitter; then every third
+        // 20 ms span comes back 8 ms later, and a drain ends every 90 ms, sooner than the five
+        // spans a comparison needs, each at once (what is in flight fits the pipe).
+        for pn in 0..4000u64 {
+            let now = t0 + ms(pn);
+            if pn >= 400 && pn % 90 == 89 {
+                a.drain_began = Some((now, Duration::ZERO));
+                a.state = State::Drain {
+                    until: now + ms(1000),
+                    from: a.estimate,
+                };
+            }
+            a.on_sent(now, sent(pn), &rtt);
+            assert_eq!(a.state, State::Cruise);
+            let Some(old) = pn.checked_sub(40) else {
+                continue;
+            };
+            let lift = if pn >= 400 && (pn / 20) % 3 == 1 {
+                ms(8)
+            } else {
+                ms(0)
+            };
+            let r = ms(40) + lift;
+            rtt.on_sample(now, r);
+            a.on_ack(now, acked(old, t0 + ms(old), r), &rtt);
+            let summary = AckSummary {
+                largest_acked: old,
+                ack_delay: Duration::ZERO,
+            };
+            a.on_ack_done(now, summary, &rtt);
+            if pn == 399 {
+                assert_eq!(a.capacity(&rtt).jitter, Duration::ZERO);
+            }
+        }
+        let j = a.capacity(&rtt).jitter;
+        assert!(j >= ms(6) && j <= ms(8), "{j:?}");
     }
 
     #[test]
