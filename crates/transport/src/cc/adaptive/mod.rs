@@ -1374,6 +1374,17 @@ mod tests {
         }
     }
 
+    /// One ACK of `packet` arriving at `now`, and the end of its processing.
+    fn ack_at(a: &mut Adaptive, rtt: &RttEstimator, now: Instant, packet: AckedPacket) {
+        let largest_acked = packet.pn;
+        a.on_ack(now, packet, rtt);
+        let summary = AckSummary {
+            largest_acked,
+            ack_delay: Duration::ZERO,
+        };
+        a.on_ack_done(now, summary, rtt);
+    }
+
     #[test]
     fn a_restart_forgets_the_old_packet_numbers() {
         let mut a = Adaptive::new(&Config::for_rate(20_000_000));
@@ -1509,12 +1520,7 @@ mod tests {
             let lift = if (pn / 20) % 3 == 1 { ms(8) } else { ms(0) };
             let r = ms(40) + lift;
             rtt.on_sample(now, r);
-            a.on_ack(now, acked(old, t0 + ms(old), r), &rtt);
-            let summary = AckSummary {
-                largest_acked: old,
-                ack_delay: Duration::ZERO,
-            };
-            a.on_ack_done(now, summary, &rtt);
+            ack_at(&mut a, &rtt, now, acked(old, t0 + ms(old), r));
         }
         assert_eq!(a.capacity(&rtt).drains, 0);
         let j = a.capacity(&rtt).jitter;
@@ -1552,12 +1558,7 @@ mod tests {
             };
             let r = ms(40) + lift;
             rtt.on_sample(now, r);
-            a.on_ack(now, acked(old, t0 + ms(old), r), &rtt);
-            let summary = AckSummary {
-                largest_acked: old,
-                ack_delay: Duration::ZERO,
-            };
-            a.on_ack_done(now, summary, &rtt);
+            ack_at(&mut a, &rtt, now, acked(old, t0 + ms(old), r));
             if pn == 399 {
                 assert_eq!(a.capacity(&rtt).jitter, Duration::ZERO);
             }
