@@ -344,17 +344,17 @@ impl Simulation {
                     // batch before it sends, as the daemon reads its socket.
                     let mut batch = 1;
                     while batch < RECEIVE_BATCH {
-                        match self.queue.peek() {
-                            Some(Reverse((t, _, EvKind::Deliver { node: to, .. })))
-                                if *t == at && *to == node => {}
+                        let slot = match self.queue.peek() {
+                            Some(Reverse((t, _, EvKind::Deliver { node: to, slot })))
+                                if *t == at && *to == node =>
+                            {
+                                *slot
+                            }
                             _ => break,
-                        }
-                        if let Some(Reverse((_, _, EvKind::Deliver { slot, .. }))) =
-                            self.queue.pop()
-                        {
-                            self.events_processed += 1;
-                            self.deliver(now, node, slot);
-                        }
+                        };
+                        self.queue.pop();
+                        self.events_processed += 1;
+                        self.deliver(now, node, slot);
                         batch += 1;
                     }
                     node

@@ -1494,6 +1494,25 @@ mod tests {
         assert!(a.probe.is_some());
     }
 
+    /// The ACK of the packet sent 40 ms before packet `pn` (one a millisecond from `t0`),
+    /// arriving as `pn` leaves, `extra` later than the path's 40 ms.
+    fn ack_40ms_back(
+        a: &mut Adaptive,
+        rtt: &mut RttEstimator,
+        t0: Instant,
+        pn: u64,
+        extra: Duration,
+    ) {
+        let ms = Duration::from_millis;
+        let Some(old) = pn.checked_sub(40) else {
+            return;
+        };
+        let now = t0 + ms(pn);
+        let r = ms(40) + extra;
+        rtt.on_sample(now, r);
+        ack_at(a, rtt, now, acked(old, t0 + ms(old), r));
+    }
+
     #[test]
     fn probes_do_not_keep_the_jitter_from_being_read() {
         let ms = Duration::from_millis;
@@ -1514,13 +1533,8 @@ mod tests {
                 a.probe = Some(Probe::new(40e6, pn - 10, false));
             }
             a.on_sent(now, sent(pn), &rtt);
-            let Some(old) = pn.checked_sub(40) else {
-                continue;
-            };
             let lift = if (pn / 20) % 3 == 1 { ms(8) } else { ms(0) };
-            let r = ms(40) + lift;
-            rtt.on_sample(now, r);
-            ack_at(&mut a, &rtt, now, acked(old, t0 + ms(old), r));
+            ack_40ms_back(&mut a, &mut rtt, t0, pn, lift);
         }
         assert_eq!(a.capacity(&rtt).drains, 0);
         let j = a.capacity(&rtt).jitter;
@@ -1548,17 +1562,12 @@ mod tests {
             }
             a.on_sent(now, sent(pn), &rtt);
             assert_eq!(a.state, State::Cruise);
-            let Some(old) = pn.checked_sub(40) else {
-                continue;
-            };
             let lift = if pn >= 400 && (pn / 20) % 3 == 1 {
                 ms(8)
             } else {
                 ms(0)
             };
-            let r = ms(40) + lift;
-            rtt.on_sample(now, r);
-            ack_at(&mut a, &rtt, now, acked(old, t0 + ms(old), r));
+            ack_40ms_back(&mut a, &mut rtt, t0, pn, lift);
             if pn == 399 {
                 assert_eq!(a.capacity(&rtt).jitter, Duration::ZERO);
             }
