@@ -261,6 +261,7 @@ fn bench_codec(c: &mut Criterion) {
     let ack = AckFrame {
         ranges: (0..32u64).rev().map(|i| i * 10..i * 10 + 7).collect(),
         delay_us: 1234,
+        received_us: None,
     };
     let mut encoded = Vec::new();
     frame::encode_ack(&mut encoded, &ack);

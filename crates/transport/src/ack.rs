@@ -17,6 +17,8 @@ pub struct AckTracker {
     unacked_eliciting: u32,
     first_unacked_at: Option<Instant>,
     immediate: bool,
+    /// The zero of the times this side's ACKs carry.
+    origin: Option<Instant>,
 }
 
 impl AckTracker {
@@ -28,6 +30,7 @@ impl AckTracker {
             unacked_eliciting: 0,
             first_unacked_at: None,
             immediate: false,
+            origin: None,
         }
     }
 
@@ -54,6 +57,7 @@ impl AckTracker {
         while self.received.len() > self.policy.max_ranges {
             self.received.pop_first();
         }
+        self.origin.get_or_insert(now);
         if self.largest.is_none_or(|(l, _)| pn > l) {
             self.largest = Some((pn, now));
         }
@@ -92,9 +96,13 @@ impl AckTracker {
         self.unacked_eliciting = 0;
         self.first_unacked_at = None;
         self.immediate = false;
+        let received_us = self
+            .origin
+            .map(|o| at.saturating_duration_since(o).as_micros() as u64);
         Some(AckFrame {
             ranges,
             delay_us: now.saturating_duration_since(at).as_micros() as u64,
+            received_us,
         })
     }
 }

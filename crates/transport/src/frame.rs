@@ -14,6 +14,7 @@ pub const TYPE_FLOW_CREDIT: u8 = 0x05;
 pub const TYPE_ASSOC_CREDIT: u8 = 0x06;
 pub const TYPE_CLOSE: u8 = 0x07;
 pub const TYPE_STREAM_SNACK: u8 = 0x08;
+pub const TYPE_ACK_TIMED: u8 = 0x09;
 /// Most byte ranges one STREAM_SNACK names.
 pub const MAX_STREAM_SNACK_RANGES: usize = 16;
 /// DATA occupies 0x10..=0x1f: bit 0 FIN, bit 1 LEN present, bits 2-3 offset length - 1.
@@ -125,6 +126,10 @@ pub struct AckFrame {
     pub ranges: Vec<Range<u64>>,
     /// Time between receiving the largest packet and sending this ACK, in microseconds.
     pub delay_us: u64,
+    /// When the receiver received the largest packet, in microseconds of its own clock
+    /// (whose origin only the receiver knows): only the differences between two ACKs'
+    /// times mean anything to the sender.
+    pub received_us: Option<u64>,
 }
 
 impl AckFrame {
@@ -201,7 +206,8 @@ impl Frame<'_> {
                 Frame::Padding
             }
             TYPE_PING => Frame::Ping,
-            TYPE_ACK => Frame::Ack(decode_ack(r)?),
+            TYPE_ACK => Frame::Ack(decode_ack(r, false)?),
+            TYPE_ACK_TIMED => Frame::Ack(decode_ack(r, true)?),
             TYPE_FLOW_OPEN => decode_open(r)?,
             TYPE_FLOW_RESET => Frame::FlowReset {
                 flow: r.varint()?,
@@ -327,9 +333,10 @@ pub fn decode_payload<'a>(
     Ok(frames)
 }
 
-fn decode_ack(r: &mut Reader<'_>) -> Result<AckFrame, DecodeError> {
+fn decode_ack(r: &mut Reader<'_>, timed: bool) -> Result<AckFrame, DecodeError> {
     let largest = r.varint()?;
     let delay_us = r.varint()?;
+    let received_us = if timed { Some(r.varint()?) } else { None };
     let extra = r.varint()?;
     if extra >= MAX_ACK_RANGES_DECODED as u64 {
         return Err(DecodeError::Invalid("too many ack ranges"));
@@ -354,7 +361,11 @@ fn decode_ack(r: &mut Reader<'_>) -> Result<AckFrame, DecodeError> {
         ranges.push(lo..hi + 1);
         prev_smallest = lo;
     }
-    Ok(AckFrame { ranges, delay_us })
+    Ok(AckFrame {
+        ranges,
+        delay_us,
+        received_us,
+    })
 }
 
 fn put_ip(out: &mut Vec<u8>, ip: IpAddr) {
@@ -417,9 +428,16 @@ pub fn encode_ack(out: &mut Vec<u8>, ack: &AckFrame) {
     let Some(first) = ack.ranges.first() else {
         return;
     };
-    out.push(TYPE_ACK);
+    out.push(if ack.received_us.is_some() {
+        TYPE_ACK_TIMED
+    } else {
+        TYPE_ACK
+    });
     put_varint(out, first.end - 1);
     put_varint(out, ack.delay_us);
+    if let Some(t) = ack.received_us {
+        put_varint(out, t);
+    }
     put_varint(out, ack.ranges.len() as u64 - 1);
     put_varint(out, first.end - 1 - first.start);
     let mut prev_smallest = first.start;
@@ -438,6 +456,7 @@ pub fn ack_len(ack: &AckFrame) -> usize {
     let mut n = 1
         + varint_len(first.end - 1)
         + varint_len(ack.delay_us)
+        + ack.received_us.map_or(0, varint_len)
         + varint_len(ack.ranges.len() as u64 - 1)
         + varint_len(first.end - 1 - first.start);
     let mut prev_smallest = first.start;
@@ -647,6 +666,7 @@ mod tests {
         let ack = AckFrame {
             ranges: vec![90..101, 50..80, 0..10],
             delay_us: 1234,
+            received_us: None,
         };
         encode_ack(&mut out, &ack);
         for v6 in [false, true] {
@@ -768,7 +788,7 @@ mod tests {
         }
 
         #[test]
-        fn ack_roundtrip(mut points in proptest::collection::btree_set(0u64..1_000_000, 1..200), delay in 0u64..1_000_000) {
+        fn ack_roundtrip(mut points in proptest::collection::btree_set(0u64..1_000_000, 1..200), delay in 0u64..1_000_000, received in proptest::option::of(0u64..(1 << 62))) {
             // Build disjoint non-adjacent ranges from sorted points.
             let mut ranges: Vec<Range<u64>> = Vec::new();
             let pts: Vec<u64> = std::mem::take(&mut points).into_iter().collect();
@@ -780,9 +800,10 @@ mod tests {
             }
             ranges.reverse();
             prop_assume!(ranges.len() < MAX_ACK_RANGES_DECODED);
-            let ack = AckFrame { ranges, delay_us: delay };
+            let ack = AckFrame { ranges, delay_us: delay, received_us: received };
             let mut out = Vec::new();
             encode_ack(&mut out, &ack);
+            prop_assert_eq!(out[0], if received.is_some() { TYPE_ACK_TIMED } else { TYPE_ACK });
             prop_assert_eq!(ack_len(&ack), out.len());
             prop_assert_eq!(decode_all(&out).unwrap(), vec![Frame::Ack(ack)]);
         }

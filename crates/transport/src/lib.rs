@@ -21,6 +21,7 @@ mod pacer;
 pub mod packet;
 pub mod range_set;
 mod reordering;
+mod return_path;
 mod rtt;
 pub mod sched;
 pub mod security;

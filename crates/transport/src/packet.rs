@@ -101,6 +101,9 @@ pub struct HelloParams {
     pub initial_assoc_window: u64,
     /// Longest the sender of this HELLO delays an ACK, in microseconds.
     pub max_ack_delay_us: u64,
+    /// The sender reads ACKs that carry the receiver's time (flags bit 1; section 4's
+    /// ACK_TIMED): only then may its peer send them.
+    pub reads_ack_times: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,11 +126,18 @@ pub struct Hello {
     pub compression: Option<CompressionOffer>,
 }
 
+/// HELLO flags bit 1: the sender reads ACK_TIMED frames.
+const HELLO_READS_ACK_TIMES: u8 = 0x02;
+
 impl Hello {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(LONG_HEADER_BIT | LONG_TYPE_HELLO);
         out.extend_from_slice(&self.version.to_be_bytes());
-        out.push(u8::from(self.established));
+        let mut flags = u8::from(self.established);
+        if self.params.reads_ack_times {
+            flags |= HELLO_READS_ACK_TIMES;
+        }
+        out.push(flags);
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.echo.to_be_bytes());
         put_varint(out, self.params.initial_flow_window);
@@ -158,6 +168,7 @@ impl Hello {
                 initial_flow_window: r.varint()?,
                 initial_assoc_window: r.varint()?,
                 max_ack_delay_us: r.varint()?,
+                reads_ack_times: flags & HELLO_READS_ACK_TIMES != 0,
             },
             cid: ConnectionId::read_prefixed(r)?,
             aeads: if r.is_empty() {
@@ -522,6 +533,7 @@ mod tests {
                 initial_flow_window: 1 << 20,
                 initial_assoc_window: 1 << 26,
                 max_ack_delay_us: 50_000,
+                reads_ack_times: true,
             },
             cid: ConnectionId::new(&[7, 9]).unwrap(),
             aeads: None,
@@ -529,10 +541,18 @@ mod tests {
         };
         let mut out = Vec::new();
         h.encode(&mut out);
+        assert_eq!(out[5], 0x03, "established and reads ACK times");
         assert_eq!(
             decode_header(&mut Reader::new(&out)).unwrap(),
             Header::Hello(h)
         );
+        // A gateway that predates ACK times leaves flags bit 1 clear.
+        let mut from_older = out.clone();
+        from_older[5] = 0x01;
+        let Header::Hello(older) = decode_header(&mut Reader::new(&from_older)).unwrap() else {
+            panic!("not a HELLO");
+        };
+        assert!(!older.params.reads_ack_times);
         // The AEAD offer follows the CID; then the compression offer, and bytes after it
         // stay reserved and are ignored.
         let offered = Hello {

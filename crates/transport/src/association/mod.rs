@@ -26,6 +26,7 @@ use crate::packet::{
 };
 use crate::range_set::RangeSet;
 use crate::reordering::Reordering;
+use crate::return_path::ReturnPath;
 use crate::rtt::RttEstimator;
 use crate::security::{HandshakeGuard, Security, SecurityConfig};
 use crate::sent::{SentFrame, SentPacket, SentPackets};
@@ -269,6 +270,13 @@ pub struct Association {
     last_ack_at: Option<Instant>,
     last_eliciting_sent: Option<Instant>,
     rtt: RttEstimator,
+    /// RTTs as if each ACK had crossed the return path at its least delay (where the peer
+    /// timestamps its ACKs): what the congestion controller measures the forward path by,
+    /// while `rtt`, the real round trip, sets the timers.
+    cc_rtt: RttEstimator,
+    return_path: ReturnPath,
+    /// The latest time an ACK was taken to arrive at (see `cc_rtt`).
+    arrived_at: Option<Instant>,
     cc: Box<dyn CongestionController>,
     pacer: Pacer,
     /// How big data datagrams are cut.
@@ -439,6 +447,9 @@ impl Association {
             last_ack_at: None,
             last_eliciting_sent: None,
             rtt: RttEstimator::new(cfg.initial_rtt),
+            cc_rtt: RttEstimator::new(cfg.initial_rtt),
+            return_path: ReturnPath::default(),
+            arrived_at: None,
             cc: new_controller(&cfg),
             pacer: Pacer::new(cfg.rate_bps, cfg.mtu).with_burst(cfg.pacing_burst),
             sizer: DatagramSizer::new(

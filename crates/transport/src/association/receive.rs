@@ -484,6 +484,7 @@ impl Association {
             initial_flow_window: h.params.initial_flow_window.min(MAX_WINDOW),
             initial_assoc_window: h.params.initial_assoc_window,
             max_ack_delay_us: h.params.max_ack_delay_us,
+            reads_ack_times: h.params.reads_ack_times,
         });
     }
 
@@ -541,6 +542,8 @@ impl Association {
         self.redundancy_round = 1;
         self.recovery_start_pn = 0;
         self.acks = AckTracker::new(self.cfg.ack);
+        // The peer's ACK clock starts again from its restart.
+        self.return_path = Default::default();
         self.sched.clear();
         self.control_queue.clear();
         self.next_local_flow = self.role.parity();

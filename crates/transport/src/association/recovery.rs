@@ -36,6 +36,18 @@ impl Association {
         let mut rtt_sample = None;
         // The peer's own hold, bounded so a lying peer cannot make RTTs vanish.
         let ack_delay = Duration::from_micros(ack.delay_us).min(self.cfg.ack.max_delay * 4);
+        // The ACK's time as the controller measures the forward path by: had it crossed the
+        // return path at the least delay seen (never earlier than the ACK before it).
+        let arrived = match ack.received_us {
+            Some(received) => {
+                let sent = received.saturating_add(ack_delay.as_micros() as u64);
+                let excess = self.return_path.excess(now, sent, self.rtt.smoothed());
+                now.checked_sub(excess).unwrap_or(now)
+            }
+            None => now,
+        };
+        let arrived = self.arrived_at.map_or(arrived, |a| a.max(arrived));
+        self.arrived_at = Some(arrived);
         if let Some(p) = self.sent.get(largest) {
             let raw = now.saturating_duration_since(p.time);
             let sample = if raw >= self.rtt.min() + ack_delay {
@@ -44,6 +56,13 @@ impl Association {
                 raw
             };
             self.rtt.on_sample(now, sample);
+            let raw = arrived.saturating_duration_since(p.time);
+            let sample = if raw >= self.cc_rtt.min() + ack_delay {
+                raw - ack_delay
+            } else {
+                raw
+            };
+            self.cc_rtt.on_sample(now, sample);
             rtt_sample = Some(sample);
         }
         self.last_ack_at = Some(now);
@@ -85,14 +104,15 @@ impl Association {
                 sent_at: p.time,
                 app_limited: p.app_limited,
             };
-            self.cc.on_ack(now, acked, &self.rtt);
+            self.cc.on_ack(now, acked, &self.cc_rtt);
         }
         self.detect_lost(now);
         let summary = AckSummary {
             largest_acked: self.largest_acked.unwrap_or(largest),
             ack_delay,
+            arrived,
         };
-        self.cc.on_ack_done(now, summary, &self.rtt);
+        self.cc.on_ack_done(now, summary, &self.cc_rtt);
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
     }
 

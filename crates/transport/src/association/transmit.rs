@@ -173,6 +173,7 @@ impl Association {
                 initial_flow_window: self.cfg.flow_window,
                 initial_assoc_window: self.cfg.assoc_window,
                 max_ack_delay_us: self.cfg.ack.max_delay.as_micros() as u64,
+                reads_ack_times: true,
             },
             cid: self.local_cid,
             aeads: self.security.as_ref().map(|sec| sec.offer()),
@@ -320,6 +321,9 @@ impl Association {
         let Some(mut ack) = self.acks.build(now) else {
             return;
         };
+        if self.peer_params.is_none_or(|p| !p.reads_ack_times) {
+            ack.received_us = None;
+        }
         // Keep the newest ranges if they would crowd out everything else.
         while ack.ranges.len() > 2 && frame::ack_len(&ack) > budget / 2 {
             ack.ranges.pop();

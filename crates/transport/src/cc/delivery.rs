@@ -63,6 +63,9 @@ pub struct DeliveryMeter {
     /// The recent share of ACKs that came hard on the heels of the one before (within an
     /// eighth of the smoothed interval), as a moving average.
     bunched: f64,
+    /// How much earlier than it reached us the latest ACK would have come back at the
+    /// return path's least delay: marks are dated by that earlier time.
+    lag: Duration,
 }
 
 /// Marks older than this are never asked for.
@@ -118,8 +121,21 @@ impl DeliveryMeter {
         self.delivered
     }
 
-    /// Closes one ACK's worth of deliveries.
-    pub fn mark(&mut self, now: Instant, app_limited: bool, sent: Option<SentMark>) {
+    /// The time on the marks' clock that `now` is.
+    pub fn clock(&self, now: Instant) -> Instant {
+        now.checked_sub(self.lag).unwrap_or(now)
+    }
+
+    /// Closes one ACK's worth of deliveries: the ACK reached us at `received`, and would
+    /// have at `now` at the return path's least delay.
+    pub fn mark(
+        &mut self,
+        received: Instant,
+        now: Instant,
+        app_limited: bool,
+        sent: Option<SentMark>,
+    ) {
+        self.lag = received.saturating_duration_since(now);
         let since_last = self
             .marks
             .back()
@@ -222,7 +238,7 @@ impl DeliveryMeter {
     /// clump still arriving counts its time without its bytes. `None` with fewer than three
     /// ACKs (two whole clumps).
     pub fn rate(&self, now: Instant, span: Duration) -> Option<Rate> {
-        let since = now.checked_sub(span)?;
+        let since = self.clock(now).checked_sub(span)?;
         let start = self.marks.partition_point(|m| m.at < since);
         self.rate_over(start, self.marks.len())
     }
@@ -295,7 +311,7 @@ mod tests {
         // 1250 bytes every 1 ms: 10 Mb/s.
         for i in 0..100u64 {
             m.add(1250);
-            m.mark(t0 + ms(i), false, None);
+            m.mark(t0 + ms(i), t0 + ms(i), false, None);
         }
         let r = m.rate(t0 + ms(99), ms(20)).expect("rate");
         assert!((r.bps - 10e6).abs() < 1.0, "{r:?}");
@@ -311,14 +327,14 @@ mod tests {
         let mut m = DeliveryMeter::default();
         for i in 0..10u64 {
             m.add(1000);
-            m.mark(t0 + ms(i), i == 5, None);
+            m.mark(t0 + ms(i), t0 + ms(i), i == 5, None);
         }
         assert!(m.rate(t0 + ms(9), ms(6)).expect("rate").app_limited);
         // The flagged ACK opening the span does not count.
         assert!(!m.rate(t0 + ms(9), ms(4)).expect("rate").app_limited);
         assert_eq!(m.ack_interval(), Some(ms(1)));
         // An idle second is not the ACK pace.
-        m.mark(t0 + ms(1009), false, None);
+        m.mark(t0 + ms(1009), t0 + ms(1009), false, None);
         assert_eq!(m.ack_interval(), Some(ms(1)));
     }
 
@@ -331,7 +347,12 @@ mod tests {
         for frame in 0..50u64 {
             for k in 0..3u64 {
                 m.add(10_000);
-                m.mark(t0 + us(40_000 * frame + 100 * k), false, None);
+                m.mark(
+                    t0 + us(40_000 * frame + 100 * k),
+                    t0 + us(40_000 * frame + 100 * k),
+                    false,
+                    None,
+                );
             }
         }
         assert!(m.clumped());
@@ -359,7 +380,7 @@ mod tests {
             for _ in 0..8 {
                 at += us(100);
                 m.add(1_000);
-                m.mark(t0 + at, false, None);
+                m.mark(t0 + at, t0 + at, false, None);
             }
         }
         assert!(m.clumped());
@@ -372,7 +393,12 @@ mod tests {
         let mut m = DeliveryMeter::default();
         for i in 0..200u64 {
             m.add(1_000);
-            m.mark(t0 + Duration::from_millis(i), false, None);
+            m.mark(
+                t0 + Duration::from_millis(i),
+                t0 + Duration::from_millis(i),
+                false,
+                None,
+            );
         }
         assert!(!m.clumped());
         assert!(!m.slotted());

@@ -53,6 +53,10 @@ pub struct AckSummary {
     pub largest_acked: u64,
     /// How long the peer held this ACK back after receiving its largest packet.
     pub ack_delay: Duration,
+    /// When the ACK would have arrived had it crossed the return path at its least delay
+    /// (the peer's timestamps tell): the time its deliveries are measured at. `now` where the
+    /// peer sends no timestamps.
+    pub arrived: Instant,
 }
 
 /// What a controller knows of the path's capacity, for metrics and benchmarks.

@@ -960,12 +960,13 @@ impl Adaptive {
     /// (its arrival less the delay the peer reports holding it: the last packets of a probe
     /// are often acknowledged by the peer's timer, which would read as a slow path).
     fn follow_probe(&mut self, now: Instant, summary: &AckSummary, rtt: &RttEstimator) {
-        let at = now.checked_sub(summary.ack_delay).unwrap_or(now);
+        let arrived = summary.arrived;
+        let at = arrived.checked_sub(summary.ack_delay).unwrap_or(arrived);
         let delivered = self.meter.delivered();
         let Some(p) = self.probe.as_mut() else {
             return;
         };
-        if !p.on_ack(now, at, delivered, summary.largest_acked) {
+        if !p.on_ack(arrived, at, delivered, summary.largest_acked) {
             return;
         }
         let checking_cut = self.checking_cut();
@@ -1022,9 +1023,9 @@ impl Adaptive {
             let mut by_acks = v.by_acks;
             if self.meter.clumped() {
                 // Its ACKs came in clumps: the rate from clump end to clump end.
-                let window = p
-                    .first_ack_at()
-                    .map(|t| now.saturating_duration_since(t) + self.meter.longest_gap());
+                let window = p.first_ack_at().map(|t| {
+                    self.meter.clock(now).saturating_duration_since(t) + self.meter.longest_gap()
+                });
                 if let Some(r) = window.and_then(|w| self.meter.rate(now, w)) {
                     by_acks = r.bps;
                 }
@@ -1288,7 +1289,8 @@ impl CongestionController for Adaptive {
             self.resumed_acked_at.get_or_insert(now);
         }
         let app_limited = std::mem::take(&mut self.event_app_limited);
-        self.meter.mark(now, app_limited, self.event_sent.take());
+        self.meter
+            .mark(now, summary.arrived, app_limited, self.event_sent.take());
         self.refresh_jitter_delay();
         self.follow_probe(now, &summary, rtt);
         self.end_probe_if_due(now, rtt);
@@ -1381,6 +1383,7 @@ mod tests {
         let summary = AckSummary {
             largest_acked,
             ack_delay: Duration::ZERO,
+            arrived: now,
         };
         a.on_ack_done(now, summary, rtt);
     }
@@ -1441,6 +1444,7 @@ mod tests {
             let summary = AckSummary {
                 largest_acked: pn,
                 ack_delay: Duration::ZERO,
+                arrived: now + base,
             };
             a.on_ack_done(now + base, summary, &rtt);
         }
@@ -1460,6 +1464,7 @@ mod tests {
             let summary = AckSummary {
                 largest_acked: pn,
                 ack_delay: Duration::ZERO,
+                arrived: sent + r,
             };
             a.on_ack_done(sent + r, summary, rtt);
         };
