@@ -21,7 +21,9 @@ pub struct ReturnPath {
 
 impl ReturnPath {
     /// The ACK that arrived at `now` left the receiver `sent_us` µs into the receiver's
-    /// clock: how much longer than the least this side has seen it took, at most `bound`.
+    /// clock: how much longer than the least this side has seen it took. Above `bound` the
+    /// receiver's clock is taken to count from elsewhere, and the ACK starts the
+    /// measurement afresh (zero).
     pub fn excess(&mut self, now: Instant, sent_us: u64, bound: Duration) -> Duration {
         let origin = *self.origin.get_or_insert(now);
         // Our clock minus the peer's: the return delay plus an unknown constant offset.
@@ -40,7 +42,7 @@ impl ReturnPath {
         let least = self.least_previous.map_or(current, |p| p.min(current));
         let excess = u64::try_from(offset - least).unwrap_or(0);
         if excess > bound.as_micros() as u64 {
-            // Longer than a whole round trip: not the return path's jitter but a clock
+            // Longer than the path's round trips: not the return path's jitter but a clock
             // that starts from elsewhere (the peer restarted, or a hub took over): measure
             // from this ACK.
             self.least_current = Some(offset);

@@ -41,7 +41,9 @@ impl Association {
         let arrived = match ack.received_us {
             Some(received) => {
                 let sent = received.saturating_add(ack_delay.as_micros() as u64);
-                let excess = self.return_path.excess(now, sent, self.rtt.smoothed());
+                // Two round trips: the whole round trip may be jitter on a short path.
+                let bound = self.rtt.smoothed() * 2;
+                let excess = self.return_path.excess(now, sent, bound);
                 now.checked_sub(excess).unwrap_or(now)
             }
             None => now,
