@@ -8,7 +8,7 @@ use pep_sim::jitter::{JitterConfig, JitterKind};
 use pep_sim::link::LinkConfig;
 use pep_sim::report::{self, Report};
 use pep_sim::schedule::Schedule;
-use pep_sim::sim::{Scenario, Simulation, Workload};
+use pep_sim::sim::{Interactive, Scenario, Simulation, Workload};
 use pep_transport::{CcMode, Config};
 
 const GEO_DELAY: Duration = Duration::from_millis(300);
@@ -306,5 +306,51 @@ fn jitter_on_the_return_path_alone_costs_the_forward_path_nothing() {
             "{kind:?}: {:?}",
             r.capacity
         );
+    }
+}
+
+#[test]
+fn a_wandering_delay_read_as_a_queue_does_not_undo_a_step_up() {
+    // The GEO path with ACM steps (20 → 7 → 20 Mb/s every 10 s) beside a 1 KB message every
+    // 200 ms, its delay wandering on both directions: the simulator's jitter rows. A wander
+    // read as a queue right after a probe raised the estimate is measured on ACKs of packets
+    // sent before the raise, delivered at the pace they left at; taken for the path's rate,
+    // it cut the estimate back to the step down's, and the step up was found seconds late
+    // (0.917 and 0.922 of the jitter-free goodput in these two cells).
+    let cell = |jitter: Option<u64>, seed: u64| {
+        let mut sc = geo(
+            20_000_000,
+            20_000_000,
+            Workload::Seconds(Duration::from_secs(60)),
+        );
+        sc.interactive = Some(Interactive {
+            every: Duration::from_millis(200),
+            bytes: 1000,
+            class: 0,
+        });
+        let start = GEO_DELAY * 2 + sc.start_after;
+        let s = Duration::from_secs(10);
+        sc.forward.rate_schedule = Schedule::new(
+            (1..=5u32)
+                .map(|k| (start + s * k, if k % 2 == 1 { 7e6 } else { 20e6 }))
+                .collect(),
+        );
+        sc.seed = seed;
+        if let Some(ms) = jitter {
+            let wander = JitterConfig {
+                kind: JitterKind::Wander,
+                bound: Duration::from_millis(ms),
+                reorder: false,
+            };
+            sc.forward.jitter = wander;
+            sc.ret.jitter = wander;
+        }
+        let r = run(&sc);
+        assert!(r.intact);
+        r.goodput_bps
+    };
+    for (seed, ms) in [(3, 20), (1, 30)] {
+        let share = cell(Some(ms), seed) / cell(None, seed);
+        assert!(share >= 0.935, "seed {seed}, ±{ms} ms: {share:.3}");
     }
 }

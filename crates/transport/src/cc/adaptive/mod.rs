@@ -155,8 +155,8 @@ const KEPT_UP_SPANS: u32 = 4;
 /// A busy span that delivered at least this share of what its packets were sent at showed a
 /// path that carried what it was given: a delay that wanders stretches the ACKs by its slope
 /// (up to 8 % with the simulator's wander at ±30 ms), while a bottleneck we overran delivers
-/// its capacity, an ACM step's 1/2–1/4 of the pace. A drain judged needless after only such
-/// spans gives back the estimate they cut.
+/// its capacity, an ACM step's 1/2–1/4 of the pace. Such spans cut the estimate by this
+/// share at most, and a drain judged needless after only such spans gives back what they cut.
 const DELIVERED_ALL: f64 = 0.9;
 /// One overload cuts the estimate at most to a quarter (an ACM step is 2–4×); a deeper fall
 /// takes two.
@@ -564,7 +564,7 @@ impl Adaptive {
             self.busy_rates.add(bps);
         }
         if let Some(bps) = self.busy_rates.median() {
-            let lowest = (from / MAX_CUT).max(self.floor());
+            let lowest = (from / MAX_CUT).max(self.floor()).max(self.kept_pace(from));
             self.estimate = bps.max(lowest).min(self.ceiling);
         }
     }
@@ -572,6 +572,19 @@ impl Adaptive {
     /// One busy-span rate: `None` across an idle gap of the sender's. A span that delivered
     /// clearly less than its packets were sent at marks this overload as one that overran
     /// the path (`overran`).
+    /// Where every busy span of this overload delivered what its packets were sent at, the
+    /// path kept pace with them: it is not shown to be slower than the estimate by more than
+    /// a wandering delay's stretch of the ACKs (`DELIVERED_ALL`). Those packets may have
+    /// left at a lower pace than the estimate (the ACKs of the round trip after a probe
+    /// raised it), and their delivery rate is then that pace, not the path's.
+    fn kept_pace(&self, from: f64) -> f64 {
+        if self.overran {
+            0.0
+        } else {
+            from * DELIVERED_ALL
+        }
+    }
+
     fn busy_measure(&mut self, r: Option<Rate>) -> Option<f64> {
         let r = r.filter(|r| !r.app_limited)?;
         if r.sent_bps.is_some_and(|sent| r.bps < sent * DELIVERED_ALL) {
@@ -614,7 +627,10 @@ impl Adaptive {
             .filter(|r| !r.app_limited)
             .map_or(0.0, |r| r.bps.min(from));
         if let Some(bps) = self.busy_rates.median() {
-            let lowest = (from / MAX_CUT).max(self.floor()).max(kept_up);
+            let lowest = (from / MAX_CUT)
+                .max(self.floor())
+                .max(kept_up)
+                .max(self.kept_pace(from));
             self.estimate = bps.max(lowest).min(self.ceiling);
         }
     }
