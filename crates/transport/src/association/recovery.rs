@@ -51,19 +51,10 @@ impl Association {
         let arrived = self.arrived_at.map_or(arrived, |a| a.max(arrived));
         self.arrived_at = Some(arrived);
         if let Some(p) = self.sent.get(largest) {
-            let raw = now.saturating_duration_since(p.time);
-            let sample = if raw >= self.rtt.min() + ack_delay {
-                raw - ack_delay
-            } else {
-                raw
-            };
+            let sample = path_rtt(now.saturating_duration_since(p.time), ack_delay, &self.rtt);
             self.rtt.on_sample(now, sample);
             let raw = arrived.saturating_duration_since(p.time);
-            let sample = if raw >= self.cc_rtt.min() + ack_delay {
-                raw - ack_delay
-            } else {
-                raw
-            };
+            let sample = path_rtt(raw, ack_delay, &self.cc_rtt);
             self.cc_rtt.on_sample(now, sample);
             rtt_sample = Some(sample);
         }
@@ -474,5 +465,16 @@ impl Association {
             });
         }
         self.handover_timeout(now);
+    }
+}
+
+/// The path's part of a round trip of `raw` that the peer held for `ack_delay`: the hold is
+/// taken off only where what is left is no shorter than the least RTT seen, so a peer that
+/// overstates it cannot make the path look shorter than it is.
+fn path_rtt(raw: Duration, ack_delay: Duration, rtt: &RttEstimator) -> Duration {
+    if raw >= rtt.min() + ack_delay {
+        raw - ack_delay
+    } else {
+        raw
     }
 }
