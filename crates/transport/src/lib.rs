@@ -29,6 +29,7 @@ mod sent;
 pub mod stats;
 mod stream;
 pub mod traffic_class;
+mod windowed_min;
 
 pub use association::{
     Association, AssociationTimes, Event, FlowError, FlowInfo, FlowState, Hubs, LostReason,

@@ -6,17 +6,27 @@
 
 use std::time::{Duration, Instant};
 
+use crate::windowed_min::WindowedMin;
+
 /// The least return delay is kept over two alternating windows of this length: a longer
 /// return path is adopted within two windows, and two hosts' clocks that run apart by
 /// 100 ppm move the least delay by only 1 ms within one.
 const WINDOW: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ReturnPath {
     origin: Option<Instant>,
-    window_start: Option<Instant>,
-    least_current: Option<i128>,
-    least_previous: Option<i128>,
+    /// The least of our clock minus the peer's (the return delay plus the clocks' offset).
+    least: WindowedMin<i128>,
+}
+
+impl Default for ReturnPath {
+    fn default() -> Self {
+        ReturnPath {
+            origin: None,
+            least: WindowedMin::new(WINDOW),
+        }
+    }
 }
 
 impl ReturnPath {
@@ -29,25 +39,14 @@ impl ReturnPath {
         // Our clock minus the peer's: the return delay plus an unknown constant offset.
         let offset =
             now.saturating_duration_since(origin).as_micros() as i128 - i128::from(sent_us);
-        match self.window_start {
-            Some(start) if now.saturating_duration_since(start) < WINDOW => {}
-            _ => {
-                self.least_previous = self.least_current;
-                self.least_current = None;
-                self.window_start = Some(now);
-            }
-        }
-        let current = self.least_current.map_or(offset, |l| l.min(offset));
-        self.least_current = Some(current);
-        let least = self.least_previous.map_or(current, |p| p.min(current));
+        self.least.add(now, offset);
+        let least = self.least.get().unwrap_or(offset);
         let excess = u64::try_from(offset - least).unwrap_or(0);
         if excess > bound.as_micros() as u64 {
             // Longer than the path's round trips: not the return path's jitter but a clock
             // that starts from elsewhere (the peer restarted, or a hub took over): measure
             // from this ACK.
-            self.least_current = Some(offset);
-            self.least_previous = None;
-            self.window_start = Some(now);
+            self.least.restart(now, offset);
             return Duration::ZERO;
         }
         Duration::from_micros(excess)

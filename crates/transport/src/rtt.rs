@@ -4,6 +4,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::windowed_min::WindowedMin;
+
 /// The minimum is kept over two alternating windows of this length, so a path change that
 /// raises the true minimum is adopted within 2 windows instead of never.
 const MIN_RTT_WINDOW: Duration = Duration::from_secs(30);
@@ -14,9 +16,7 @@ pub struct RttEstimator {
     smoothed: Option<Duration>,
     var: Duration,
     initial: Duration,
-    min_current: Duration,
-    min_previous: Duration,
-    window_start: Option<Instant>,
+    min: WindowedMin<Duration>,
     /// Samples of the last quarter round trip, increasing in RTT (sliding-window minimum).
     recent: VecDeque<(Instant, Duration)>,
 }
@@ -32,9 +32,7 @@ impl RttEstimator {
             smoothed: None,
             var: initial / 2,
             initial,
-            min_current: Duration::MAX,
-            min_previous: Duration::MAX,
-            window_start: None,
+            min: WindowedMin::new(MIN_RTT_WINDOW),
             recent: VecDeque::new(),
         }
     }
@@ -47,15 +45,7 @@ impl RttEstimator {
     pub fn on_sample(&mut self, now: Instant, rtt: Duration) {
         let rtt = rtt.max(Duration::from_micros(1));
         self.latest = rtt;
-        match self.window_start {
-            Some(start) if now.saturating_duration_since(start) < MIN_RTT_WINDOW => {}
-            _ => {
-                self.min_previous = self.min_current;
-                self.min_current = Duration::MAX;
-                self.window_start = Some(now);
-            }
-        }
-        self.min_current = self.min_current.min(rtt);
+        self.min.add(now, rtt);
         while self.recent.back().is_some_and(|&(_, r)| r >= rtt) {
             self.recent.pop_back();
         }
@@ -101,12 +91,7 @@ impl RttEstimator {
 
     /// Lowest RTT seen recently; the initial RTT before any sample.
     pub fn min(&self) -> Duration {
-        let m = self.min_current.min(self.min_previous);
-        if m == Duration::MAX {
-            self.initial
-        } else {
-            m
-        }
+        self.min.get().unwrap_or(self.initial)
     }
 
     /// Probe timeout before back-off (RFC 9002 PTO).

@@ -127,19 +127,19 @@ impl DeliveryMeter {
     }
 
     /// Closes one ACK's worth of deliveries: the ACK reached us at `received`, and would
-    /// have at `now` at the return path's least delay.
+    /// have at `arrived` at the return path's least delay (the time it is dated by).
     pub fn mark(
         &mut self,
         received: Instant,
-        now: Instant,
+        arrived: Instant,
         app_limited: bool,
         sent: Option<SentMark>,
     ) {
-        self.lag = received.saturating_duration_since(now);
+        self.lag = received.saturating_duration_since(arrived);
         let since_last = self
             .marks
             .back()
-            .map(|last| now.saturating_duration_since(last.at));
+            .map(|last| arrived.saturating_duration_since(last.at));
         // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
         let pace_gap = since_last.filter(|&g| !app_limited && g <= ACK_INTERVAL_CAP);
         if let (Some(_), Some(last)) = (pace_gap, self.marks.back()) {
@@ -175,12 +175,12 @@ impl DeliveryMeter {
             self.bunched += (f64::from(u8::from(close)) - self.bunched) * BUNCHED_WEIGHT;
         }
         self.marks.push_back(Mark {
-            at: now,
+            at: arrived,
             delivered: self.delivered,
             app_limited,
             sent,
         });
-        let expired_before = now.checked_sub(KEEP);
+        let expired_before = arrived.checked_sub(KEEP);
         while self.marks.len() > KEEP_MARKS
             || self
                 .marks

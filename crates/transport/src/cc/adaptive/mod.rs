@@ -569,9 +569,6 @@ impl Adaptive {
         }
     }
 
-    /// One busy-span rate: `None` across an idle gap of the sender's. A span that delivered
-    /// clearly less than its packets were sent at marks this overload as one that overran
-    /// the path (`overran`).
     /// Where every busy span of this overload delivered what its packets were sent at, the
     /// path kept pace with them: it is not shown to be slower than the estimate by more than
     /// a wandering delay's stretch of the ACKs (`DELIVERED_ALL`). Those packets may have
@@ -585,6 +582,9 @@ impl Adaptive {
         }
     }
 
+    /// One busy-span rate: `None` across an idle gap of the sender's. A span that delivered
+    /// clearly less than its packets were sent at marks this overload as one that overran
+    /// the path (`overran`).
     fn busy_measure(&mut self, r: Option<Rate>) -> Option<f64> {
         let r = r.filter(|r| !r.app_limited)?;
         if r.sent_bps.is_some_and(|sent| r.bps < sent * DELIVERED_ALL) {
