@@ -354,3 +354,52 @@ fn a_wandering_delay_read_as_a_queue_does_not_undo_a_step_up() {
         assert!(share >= 0.935, "seed {seed}, ±{ms} ms: {share:.3}");
     }
 }
+
+#[test]
+fn where_acks_come_one_a_frame_a_rate_step_down_is_seen_within_a_frame_or_two() {
+    // The GEO path with ACM steps (20 → 7 → 20 Mb/s every 10 s) beside a 1 KB message every
+    // 200 ms, each direction jittering by ±30 ms: slotted (60 ms frames, one ACK a frame) and
+    // uniform without reordering (bunches released together, one ACK a bunch). A span then
+    // holds three or four samples, and its least showed each step down two or three frames
+    // late: the messages' p99 stood 100–300 ms above the bound of the simulator's jitter
+    // rows (the jitter-free p99 + 2 × 30 ms + 20 ms) in these cells.
+    let p99_ms = |jitter: Option<JitterKind>, seed: u64| {
+        let mut sc = geo(
+            20_000_000,
+            20_000_000,
+            Workload::Seconds(Duration::from_secs(60)),
+        );
+        sc.interactive = Some(Interactive {
+            every: Duration::from_millis(200),
+            bytes: 1000,
+            class: 0,
+        });
+        let start = GEO_DELAY * 2 + sc.start_after;
+        let s = Duration::from_secs(10);
+        sc.forward.rate_schedule = Schedule::new(
+            (1..=5u32)
+                .map(|k| (start + s * k, if k % 2 == 1 { 7e6 } else { 20e6 }))
+                .collect(),
+        );
+        sc.seed = seed;
+        if let Some(kind) = jitter {
+            let j = JitterConfig {
+                kind,
+                bound: Duration::from_millis(30),
+                reorder: false,
+            };
+            sc.forward.jitter = j;
+            sc.ret.jitter = j;
+        }
+        let r = run(&sc);
+        assert!(r.intact);
+        r.interactive.expect("messages were sent").p99_ms
+    };
+    for (kind, seed) in [(JitterKind::Slotted, 4), (JitterKind::Uniform, 5)] {
+        let (with, without) = (p99_ms(Some(kind), seed), p99_ms(None, seed));
+        assert!(
+            with <= without + 80.0,
+            "{kind:?}, seed {seed}: p99 {with:.0} ms, {without:.0} ms without jitter"
+        );
+    }
+}

@@ -86,6 +86,9 @@ pub struct QueueEvidence {
     from_pn: u64,
     /// The most queue the earlier packets may show without news.
     earlier_floor: Duration,
+    /// The last two samples of packets sent at the current rate's steady pace (not a
+    /// probe's, nor the first after a pause), older first: how the queue moved between them.
+    paced: [Option<(Instant, Duration)>; 2],
 }
 
 impl QueueEvidence {
@@ -96,6 +99,7 @@ impl QueueEvidence {
         self.earlier.clear();
         self.from_pn = from_pn;
         self.earlier_floor = earlier_floor;
+        self.paced = [None, None];
     }
 
     pub fn add(&mut self, now: Instant, pn: u64, queue_delay: Duration, span: Duration) {
@@ -104,6 +108,25 @@ impl QueueEvidence {
         } else {
             self.current.add(now, queue_delay, span);
         }
+    }
+
+    /// A sample of a packet sent at the steady pace: the sender's own gaps (a probe's pause,
+    /// nothing to send) lift the next packet's delay on a path that releases packets in
+    /// frames, as a queue would.
+    pub fn add_paced(&mut self, now: Instant, pn: u64, queue_delay: Duration) {
+        if pn >= self.from_pn {
+            self.paced = [self.paced[1], Some((now, queue_delay))];
+        }
+    }
+
+    /// The older of the last two paced samples, where it came within `span` and the newer
+    /// stood more than `by` above it: a queue that grew between them.
+    pub fn rising(&self, now: Instant, span: Duration, by: Duration) -> Option<Duration> {
+        let [Some((at, older)), Some((_, newer))] = self.paced else {
+            return None;
+        };
+        (now.saturating_duration_since(at) <= span && newer.saturating_sub(older) > by)
+            .then_some(older)
     }
 
     /// The least queueing delay of the last `span` of packets sent under the current rate,
@@ -154,6 +177,31 @@ mod tests {
             e.add(t0 + ms(i), i, ms(15), span);
         }
         assert_eq!(e.standing(t0 + ms(59), span), Some(ms(15)));
+    }
+
+    #[test]
+    fn a_queue_that_grows_between_two_paced_samples_is_rising() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let span = ms(180);
+        let mut e = QueueEvidence::default();
+        e.reset(10, Duration::ZERO);
+        // A sample from before the reset, and one that only moved within the bound.
+        e.add_paced(t0, 9, ms(1));
+        assert_eq!(e.rising(t0, span, ms(10)), None);
+        e.add_paced(t0, 10, ms(20));
+        e.add_paced(t0 + ms(60), 11, ms(25));
+        assert_eq!(e.rising(t0 + ms(60), span, ms(10)), None);
+        e.add_paced(t0 + ms(120), 12, ms(64));
+        assert_eq!(e.rising(t0 + ms(120), span, ms(10)), Some(ms(25)));
+        // Too old to speak for the present.
+        assert_eq!(e.rising(t0 + ms(300), span, ms(10)), None);
+        // A fall is no rise.
+        e.add_paced(t0 + ms(180), 13, ms(30));
+        assert_eq!(e.rising(t0 + ms(180), span, ms(10)), None);
+        e.reset(20, Duration::ZERO);
+        e.add_paced(t0 + ms(240), 20, ms(90));
+        assert_eq!(e.rising(t0 + ms(240), span, ms(10)), None);
     }
 
     #[test]

@@ -77,6 +77,10 @@ const SPAN_ACKS: u32 = 3;
 /// clumps (a slotted return link) every span holds a whole clump and the gap before it,
 /// instead of being judged on the first few ACKs of a clump.
 const SPAN_CLUMPS: u32 = 3;
+/// A queue seen rising between two samples grew by more than this (and than the jitter
+/// allowance): a host's timing moves an ACK by 1–2 ms, while a path at 2/3 of the pace
+/// grows its queue by 30 ms per 60 ms frame (an ACM step of 2–4×, by 60–180 ms).
+const RISE_FLOOR: Duration = Q_FLOOR;
 /// Probing sends at this multiple of the estimate: the estimate can double every round trip
 /// while the path keeps up (an ACM step from 5 to 20 Mb/s is recovered in two probes).
 const PROBE_GAIN: f64 = 2.0;
@@ -250,6 +254,9 @@ pub struct Adaptive {
     /// probe. The probe's own queue lifts the first, and the second, sent with room around
     /// them, cross a path that holds each packet behind the one ahead faster than at the pace.
     unsteady_pns: std::ops::Range<u64>,
+    /// The same packets on every path: a probe's queue and its pause's gap, not the pace's,
+    /// are what their samples show (`QueueEvidence::add_paced`).
+    probed_pns: std::ops::Range<u64>,
     /// On a path that jitters, a rebase holds the base up until then.
     base_held_until: Option<Instant>,
     /// A drain ended and the next evidence has not yet said whether the queue was ours.
@@ -322,6 +329,7 @@ impl Adaptive {
             last_queue: Duration::ZERO,
             steady_from_pn: 0,
             unsteady_pns: 0..0,
+            probed_pns: 0..0,
             base_held_until: None,
             judging_drain: false,
             drained_queue: Duration::ZERO,
@@ -726,6 +734,32 @@ impl Adaptive {
             })
     }
 
+    /// Where each ACK comes alone for a whole frame or bunch of packets (`acks_alone`), a
+    /// span holds only three or four samples, and its least shows a path that slowed two or
+    /// three ACKs late (180 ms with 60 ms frames, while the queue grows at the pace's excess
+    /// over the path). Two paced samples in a row, the older above `q_high` and the newer
+    /// above it by more than the jitter lifts one (`RISE_FLOOR` at least), show it one ACK
+    /// after the queue first does. Not where ACKs bunch: there successive ACKs of one frame
+    /// fall from its first packet's wait to its last's, and the next frame's first rises
+    /// again by a frame, with no queue. Outside a drain and its judging, as `deficit`.
+    fn queue_rising(&self, now: Instant, span: Duration) -> bool {
+        let by = RISE_FLOOR.max(self.path_jitter() * JITTER_ALLOWANCE);
+        self.state == State::Cruise
+            && !self.judging_drain
+            && self.acks_alone()
+            && self
+                .evidence
+                .rising(now, span, by)
+                .is_some_and(|q| q > self.q_high())
+    }
+
+    /// ACKs each cover more packets than the ACK policy counts (`acks_sparse`) and do not
+    /// bunch: one ACK a frame of a slotted path read as one batch, or a bunch that a path
+    /// holding packets behind each other released together.
+    fn acks_alone(&self) -> bool {
+        self.acks_sparse() && !self.meter.clumped()
+    }
+
     /// After a drain, a queue that stays is ours unless we are delivered what we send,
     /// measured on the ACKs of packets sent after the drain: earlier ones come back with
     /// the drain's own gap, which read as a slow delivery on a LEO path whose delay had
@@ -833,7 +867,11 @@ impl Adaptive {
         }
         let competing = self.competing(now);
         let span = self.span(rtt);
-        if !competing && (self.evidence.grown(now, span).is_some() || self.deficit(now, span)) {
+        if !competing
+            && (self.evidence.grown(now, span).is_some()
+                || self.deficit(now, span)
+                || self.queue_rising(now, span))
+        {
             self.overload(now, rtt);
             return;
         }
@@ -958,11 +996,12 @@ impl Adaptive {
         // first span past its pause stand alike: the comparison of span minimums goes on
         // across it, without the samples in between (see `unsteady_pns`). Not on a slotted
         // path: there the queue drains only as frames come, and can outlast the pause.
+        let first = self.probe.as_ref().map_or(self.next_pn, |p| p.first_pn);
+        self.probed_pns = first..self.steady_from_pn;
         if self.meter.slotted() {
             self.jitter.restart_at(self.next_pn);
         } else {
-            let first = self.probe.as_ref().map_or(self.next_pn, |p| p.first_pn);
-            self.unsteady_pns = first..self.steady_from_pn;
+            self.unsteady_pns = self.probed_pns.clone();
         }
         // Give back what the probe sent above the estimate.
         let extra = (rate / self.estimate.max(1.0) - 1.0).max(0.0);
@@ -1190,6 +1229,7 @@ impl CongestionController for Adaptive {
         self.largest_acked = 0;
         self.steady_from_pn = 0;
         self.unsteady_pns = 0..0;
+        self.probed_pns = 0..0;
         self.stop_counting_overloads();
         self.competing_until = None;
         self.jitter.restart();
@@ -1292,6 +1332,12 @@ impl CongestionController for Adaptive {
         }
         let span = self.span(rtt);
         self.evidence.add(now, acked.pn, self.last_queue, span);
+        // A probe still out (or not yet judged) may outlast a round trip on a slotted LEO
+        // path, where it spans four frames.
+        let probing = self.probe.as_ref().is_some_and(|p| acked.pn >= p.first_pn);
+        if !acked.app_limited && !probing && !self.probed_pns.contains(&acked.pn) {
+            self.evidence.add_paced(now, acked.pn, self.last_queue);
+        }
     }
 
     fn on_corruption_loss(&mut self, wire_bytes: u64) {
