@@ -309,90 +309,70 @@ fn jitter_on_the_return_path_alone_costs_the_forward_path_nothing() {
     }
 }
 
+/// The simulator's jitter rows on the GEO path with ACM steps (20 → 7 → 20 Mb/s every 10 s)
+/// beside a 1 KB message every 200 ms, `jitter` on both directions: the report.
+fn geo_acm_with_messages(jitter: Option<JitterConfig>, seed: u64) -> Report {
+    let mut sc = geo(
+        20_000_000,
+        20_000_000,
+        Workload::Seconds(Duration::from_secs(60)),
+    );
+    sc.interactive = Some(Interactive {
+        every: Duration::from_millis(200),
+        bytes: 1000,
+        class: 0,
+    });
+    let start = GEO_DELAY * 2 + sc.start_after;
+    let s = Duration::from_secs(10);
+    sc.forward.rate_schedule = Schedule::new(
+        (1..=5u32)
+            .map(|k| (start + s * k, if k % 2 == 1 { 7e6 } else { 20e6 }))
+            .collect(),
+    );
+    sc.seed = seed;
+    if let Some(j) = jitter {
+        sc.forward.jitter = j;
+        sc.ret.jitter = j;
+    }
+    let r = run(&sc);
+    assert!(r.intact);
+    r
+}
+
 #[test]
 fn a_wandering_delay_read_as_a_queue_does_not_undo_a_step_up() {
-    // The GEO path with ACM steps (20 → 7 → 20 Mb/s every 10 s) beside a 1 KB message every
-    // 200 ms, its delay wandering on both directions: the simulator's jitter rows. A wander
-    // read as a queue right after a probe raised the estimate is measured on ACKs of packets
-    // sent before the raise, delivered at the pace they left at; taken for the path's rate,
-    // it cut the estimate back to the step down's, and the step up was found seconds late
-    // (0.917 and 0.922 of the jitter-free goodput in these two cells).
-    let cell = |jitter: Option<u64>, seed: u64| {
-        let mut sc = geo(
-            20_000_000,
-            20_000_000,
-            Workload::Seconds(Duration::from_secs(60)),
-        );
-        sc.interactive = Some(Interactive {
-            every: Duration::from_millis(200),
-            bytes: 1000,
-            class: 0,
+    // A wander read as a queue right after a probe raised the estimate is measured on ACKs of
+    // packets sent before the raise, delivered at the pace they left at; taken for the path's
+    // rate, it cut the estimate back to the step down's, and the step up was found seconds
+    // late (0.917 and 0.922 of the jitter-free goodput in these two cells).
+    let goodput = |jitter: Option<u64>, seed: u64| {
+        let wander = jitter.map(|ms| JitterConfig {
+            kind: JitterKind::Wander,
+            bound: Duration::from_millis(ms),
+            reorder: false,
         });
-        let start = GEO_DELAY * 2 + sc.start_after;
-        let s = Duration::from_secs(10);
-        sc.forward.rate_schedule = Schedule::new(
-            (1..=5u32)
-                .map(|k| (start + s * k, if k % 2 == 1 { 7e6 } else { 20e6 }))
-                .collect(),
-        );
-        sc.seed = seed;
-        if let Some(ms) = jitter {
-            let wander = JitterConfig {
-                kind: JitterKind::Wander,
-                bound: Duration::from_millis(ms),
-                reorder: false,
-            };
-            sc.forward.jitter = wander;
-            sc.ret.jitter = wander;
-        }
-        let r = run(&sc);
-        assert!(r.intact);
-        r.goodput_bps
+        geo_acm_with_messages(wander, seed).goodput_bps
     };
     for (seed, ms) in [(3, 20), (1, 30)] {
-        let share = cell(Some(ms), seed) / cell(None, seed);
+        let share = goodput(Some(ms), seed) / goodput(None, seed);
         assert!(share >= 0.935, "seed {seed}, ±{ms} ms: {share:.3}");
     }
 }
 
 #[test]
 fn where_acks_come_one_a_frame_a_rate_step_down_is_seen_within_a_frame_or_two() {
-    // The GEO path with ACM steps (20 → 7 → 20 Mb/s every 10 s) beside a 1 KB message every
-    // 200 ms, each direction jittering by ±30 ms: slotted (60 ms frames, one ACK a frame) and
-    // uniform without reordering (bunches released together, one ACK a bunch). A span then
-    // holds three or four samples, and its least showed each step down two or three frames
-    // late: the messages' p99 stood 100–300 ms above the bound of the simulator's jitter
-    // rows (the jitter-free p99 + 2 × 30 ms + 20 ms) in these cells.
-    let p99_ms = |jitter: Option<JitterKind>, seed: u64| {
-        let mut sc = geo(
-            20_000_000,
-            20_000_000,
-            Workload::Seconds(Duration::from_secs(60)),
-        );
-        sc.interactive = Some(Interactive {
-            every: Duration::from_millis(200),
-            bytes: 1000,
-            class: 0,
+    // Each direction jittering by ±30 ms: slotted (60 ms frames, one ACK a frame) and uniform
+    // without reordering (bunches released together, one ACK a bunch). A span then holds
+    // three or four samples, and its least showed each step down two or three ACKs late: the
+    // messages' p99 stood 100–300 ms above the bound of the simulator's jitter rows (the
+    // jitter-free p99 + 2 × 30 ms + 20 ms) in these cells.
+    let p99_ms = |kind: Option<JitterKind>, seed: u64| {
+        let jitter = kind.map(|kind| JitterConfig {
+            kind,
+            bound: Duration::from_millis(30),
+            reorder: false,
         });
-        let start = GEO_DELAY * 2 + sc.start_after;
-        let s = Duration::from_secs(10);
-        sc.forward.rate_schedule = Schedule::new(
-            (1..=5u32)
-                .map(|k| (start + s * k, if k % 2 == 1 { 7e6 } else { 20e6 }))
-                .collect(),
-        );
-        sc.seed = seed;
-        if let Some(kind) = jitter {
-            let j = JitterConfig {
-                kind,
-                bound: Duration::from_millis(30),
-                reorder: false,
-            };
-            sc.forward.jitter = j;
-            sc.ret.jitter = j;
-        }
-        let r = run(&sc);
-        assert!(r.intact);
+        let r = geo_acm_with_messages(jitter, seed);
         r.interactive.expect("messages were sent").p99_ms
     };
     for (kind, seed) in [(JitterKind::Slotted, 4), (JitterKind::Uniform, 5)] {
