@@ -86,8 +86,9 @@ pub struct QueueEvidence {
     from_pn: u64,
     /// The most queue the earlier packets may show without news.
     earlier_floor: Duration,
-    /// The last two samples of packets sent at the current rate's steady pace (not a
-    /// probe's, nor the first after a pause), older first: how the queue moved between them.
+    /// The last two samples of packets sent at the current rate's steady pace (as the
+    /// caller judges it: not app-limited, not a probe's nor of the span after its pause),
+    /// older first: how the queue moved between them.
     paced: [Option<(Instant, Duration)>; 2],
 }
 

@@ -254,8 +254,8 @@ pub struct Adaptive {
     /// probe. The probe's own queue lifts the first, and the second, sent with room around
     /// them, cross a path that holds each packet behind the one ahead faster than at the pace.
     unsteady_pns: std::ops::Range<u64>,
-    /// The same packets on every path: a probe's queue and its pause's gap, not the pace's,
-    /// are what their samples show (`QueueEvidence::add_paced`).
+    /// The same packets as `unsteady_pns`, on slotted paths too: a probe's queue and its
+    /// pause's gap, not the pace's, are what their samples show (`QueueEvidence::add_paced`).
     probed_pns: std::ops::Range<u64>,
     /// On a path that jitters, a rebase holds the base up until then.
     base_held_until: Option<Instant>,
