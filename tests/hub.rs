@@ -466,6 +466,7 @@ fn serve(listener: TcpListener, count: usize, size: u64) -> mpsc::Receiver<(u64,
                             d.update(&buf[..k]);
                             n += k as u64;
                         }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
                         Err(_) => return,
                     }
                 }
@@ -1042,6 +1043,7 @@ fn download(
                 Ok(k) => got[bin] += k as u64,
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock) => {}
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => panic!("client {i} download: {e}"),
             }
         }
@@ -1898,8 +1900,9 @@ fn serve_known_sizes(net: &HubNet, port: u16) -> SocketAddr {
                 if s.read_exact(&mut len).is_err() {
                     return;
                 }
-                let mut sink = vec![0u8; 64 * 1024];
-                while s.read(&mut sink).is_ok_and(|n| n > 0) {}
+                if std::io::copy(&mut s, &mut std::io::sink()).is_err() {
+                    return;
+                }
                 let _ = write_pattern(&mut s, 9, 1, u64::from_be_bytes(len));
                 let _ = s.shutdown(Shutdown::Write);
             });

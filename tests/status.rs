@@ -88,8 +88,9 @@ fn serve_known_sizes(tb: &PepdTestbed, port: u16) {
                 if s.read_exact(&mut len).is_err() {
                     return;
                 }
-                let mut sink = vec![0u8; 64 * 1024];
-                while s.read(&mut sink).is_ok_and(|n| n > 0) {}
+                if std::io::copy(&mut s, &mut std::io::sink()).is_err() {
+                    return;
+                }
                 let _ = write_pattern(&mut s, 7, 1, u64::from_be_bytes(len));
                 let _ = s.shutdown(Shutdown::Write);
             });
@@ -106,14 +107,9 @@ fn transfer(tb: &PepdTestbed, port: u16, up: u64, down: u64) -> (u64, u64) {
     s.write_all(&down.to_be_bytes()).expect("length");
     write_pattern(&mut s, 3, 0, up).expect("upload");
     s.shutdown(Shutdown::Write).expect("FIN");
-    let mut got = 0u64;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match s.read(&mut buf).expect("download") {
-            0 => break,
-            n => got += n as u64,
-        }
-    }
+    // `io::copy` retries a read a signal interrupted, which a socket with a timeout
+    // reports as EINTR even under SA_RESTART.
+    let got = std::io::copy(&mut s, &mut std::io::sink()).expect("download");
     assert_eq!(got, down);
     (8 + up, down)
 }
@@ -183,8 +179,7 @@ fn flows_lists_exactly_the_open_flows_during_a_transfer() {
         for s in l.incoming() {
             let Ok(mut s) = s else { return };
             std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 * 1024];
-                while s.read(&mut buf).is_ok_and(|n| n > 0) {}
+                let _ = std::io::copy(&mut s, &mut std::io::sink());
                 let _ = s.shutdown(Shutdown::Write);
             });
         }

@@ -259,7 +259,11 @@ pub fn read_digest(s: &mut TcpStream, len: u64) -> io::Result<Digest> {
     let mut buf = vec![0u8; 64 * 1024];
     while left > 0 {
         let want = left.min(buf.len() as u64) as usize;
-        let k = s.read(&mut buf[..want])?;
+        // A socket with a timeout reports a signal as EINTR even under SA_RESTART.
+        let k = match s.read(&mut buf[..want]) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            r => r?,
+        };
         if k == 0 {
             return Err(ErrorKind::UnexpectedEof.into());
         }
