@@ -80,6 +80,38 @@ fn the_establishment_train_finds_a_fade_before_traffic_comes() {
 }
 
 #[test]
+fn where_the_path_jitters_a_longer_train_finds_a_fade_before_traffic_comes() {
+    // The same fade with each direction jittering by ±20 ms (uniform, in order): the RTT
+    // falls within the establishment train, which therefore cannot tell its queue from the
+    // jitter, and the longer train after it measures the path. Without it the transfer's
+    // first round trip went at the ceiling and queued 480–520 ms. On a link at the ceiling
+    // with the same jitter the longer train leaves the estimate where it is.
+    let first_estimate = |rate: u64, seed: u64| {
+        let mut sc = geo(rate, 20_000_000, Workload::Bytes(20_000_000));
+        let jitter = JitterConfig {
+            kind: JitterKind::Uniform,
+            bound: Duration::from_millis(20),
+            reorder: false,
+        };
+        sc.forward.jitter = jitter;
+        sc.ret.jitter = jitter;
+        sc.seed = seed;
+        let r = run(&sc);
+        assert!(r.intact);
+        let timeline = r.timeline.expect("timeline");
+        timeline.first().expect("buckets").estimate_mbps
+    };
+    // Seeds whose establishment train saw the RTT fall (at seed 1 it did not, and its own
+    // verdict stood).
+    for seed in 2..=4 {
+        let fade = first_estimate(10_000_000, seed);
+        assert!((8.5..11.0).contains(&fade), "seed {seed}: {fade}");
+        let full = first_estimate(20_000_000, seed);
+        assert!(full >= 16.0, "seed {seed}: {full}");
+    }
+}
+
+#[test]
 fn an_outage_holds_the_estimate() {
     // 10 Mb/s link, 20 provisioned: the estimate settles at 10; a 20 s outage (no feedback
     // at all) must leave it there, not collapse it or reset it to the ceiling.

@@ -112,6 +112,12 @@ impl JitterMeter {
         self.jitter
     }
 
+    /// Jitter seen elsewhere (the falls of the RTT within a train): the measure is at least
+    /// that, and decays from it as from a reading of its own.
+    pub fn at_least(&mut self, jitter: Duration) {
+        self.jitter = self.jitter.max(jitter);
+    }
+
     /// The association restarted: packet numbers start again. What was measured is the
     /// path's and stays.
     pub fn restart(&mut self) {

@@ -134,6 +134,19 @@ const TRAIN_SLACK: Duration = Duration::from_millis(2);
 /// costs the first requests more than the train can save; there the train measures only the
 /// data it carries.
 const TRAIN_PAD_MAX: Duration = Duration::from_millis(50);
+/// Where the train could not be judged (its RTT fell between samples, so the path jitters,
+/// or it had too few ACKs), a second one follows at once, lasting this share of the base
+/// RTT (up to `LONG_TRAIN_MAX`): the traffic's first round trip goes at whatever the trains
+/// leave, and on a GEO path that is a round trip's worth of queue where the path is slower.
+/// A fifth of the RTT is long next to a jitter of tens of milliseconds (on the simulator's
+/// GEO link with ±20 ms it reads a 10 Mb/s path at 9.2–10.3 Mb/s and a 20 Mb/s one at
+/// 17.5–21, where the first train read 6.7–17 and 12–40), and is as much queue as a path at
+/// half the ceiling gets from it: a longer train (half the RTT) read as well but built a
+/// queue that alone held more than one packet in a hundred above 70 ms. On a short path it
+/// is no longer than the first train, and none follows.
+const LONG_TRAIN_SHARE: f64 = 0.2;
+/// ... and at most this long: the padding it may need is sent once per association.
+const LONG_TRAIN_MAX: Duration = Duration::from_millis(150);
 /// After a failed probe the next waits twice as long, up to the larger of this and the base
 /// RTT: a link whose capacity came back is found within a few seconds, and one at its
 /// estimate sees a probe every base RTT plus that (0.5 s, or one RTT on GEO).
@@ -278,6 +291,9 @@ pub struct Adaptive {
     /// The train (or an overload while it was measured) lowered the estimate and no probe
     /// has checked it yet: the next probe goes at the ceiling.
     verify_train: bool,
+    /// Packets in the train being sent or measured: the establishment train's, or the longer
+    /// one that follows it where it could not be judged.
+    train_len: u32,
     /// ... and the first such probe goes with the first full-size packet, not waiting for
     /// the probe schedule.
     verify_now: bool,
@@ -341,6 +357,7 @@ impl Adaptive {
             next_probe_at: None,
             probe_interval: Duration::ZERO,
             verify_train: false,
+            train_len: 0,
             verify_now: false,
             probe_found_more: false,
             next_pn: 0,
@@ -862,7 +879,7 @@ impl Adaptive {
         self.renew_or_end_competing(now, rtt);
         // The check of the train's cut is judged on its own packets: before the jitter has
         // been read, the evidence takes a path's jitter for a queue.
-        if self.checking_cut() {
+        if self.checking_cut() || self.measuring_long_train() {
             return;
         }
         let competing = self.competing(now);
@@ -905,6 +922,12 @@ impl Adaptive {
     /// builds on a path that really is slower is bounded by its length).
     fn checking_cut(&self) -> bool {
         self.probe.as_ref().is_some_and(|p| self.checks_cut(p))
+    }
+
+    /// The longer train is out and not yet judged: as with the check of a cut, its verdict is
+    /// its own (the evidence has no measure of the jitter yet, and takes it for a queue).
+    fn measuring_long_train(&self) -> bool {
+        self.train_len > self.train_packets() && self.probe.as_ref().is_some_and(|p| p.train)
     }
 
     /// `p` is the probe at the ceiling that checks the train's cut.
@@ -1024,7 +1047,7 @@ impl Adaptive {
         if !p.on_ack(arrived, at, delivered, summary.largest_acked) {
             return;
         }
-        let checking_cut = self.checking_cut();
+        let checking_cut = self.checking_cut() || self.measuring_long_train();
         let before = self.estimate;
         let Some(p) = self.probe.take() else {
             return;
@@ -1142,25 +1165,49 @@ impl Adaptive {
         }
     }
 
+    /// Sends a second, longer train where the first could not be judged: see
+    /// `LONG_TRAIN_SHARE`. Where the first train was padded, so is this one.
+    fn lengthen_train(&mut self, rtt: &RttEstimator) {
+        let time = self
+            .base_or(rtt)
+            .mul_f64(LONG_TRAIN_SHARE)
+            .min(LONG_TRAIN_MAX);
+        let packets = (self.ceiling / 8.0 * time.as_secs_f64() / self.mtu as f64) as u32;
+        if packets > self.train_len {
+            self.train_len = packets;
+            self.state = State::Train { left: packets };
+            self.probe = Some(Probe::new(self.ceiling, self.next_pn, true));
+        }
+    }
+
     /// The train may only lower the estimate when both measures agree the path is slower,
     /// without their last ACK and sample (one late ACK would move both), and the train
     /// built a queue one can tell from timer noise, and it left within twice its planned
     /// time (a stalled sender measures itself): a wrong start costs a correctly provisioned
     /// link its first round trips.
     fn judge_train(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        // The RTT fell from one of its samples to the next: the path jitters, and the train's
-        // tens of milliseconds cannot tell its queue from the jitter. The evidence, which
-        // measures the jitter, decides instead.
-        if p.largest_fall > TRAIN_QUEUE_GROWTH {
-            return;
+        let first = self.train_len <= self.train_packets();
+        // The RTT fell from one of its samples to the next: the path jitters (a queue only
+        // grows while a train sends). The first train's tens of milliseconds cannot tell its
+        // queue from the jitter; a longer one follows, and its falls are the jitter the
+        // evidence allows for from the first span of traffic on (before the meter has read
+        // any, the traffic's first spans ride above a base from the jitter's floor).
+        let jitters = p.largest_fall > TRAIN_QUEUE_GROWTH;
+        if jitters && !first {
+            self.jitter.at_least(p.largest_fall);
+            self.refresh_jitter_delay();
         }
-        let Some(v) = p.verdict(true, 4 * self.mtu, Duration::ZERO) else {
+        let verdict = p
+            .verdict(true, 4 * self.mtu, Duration::ZERO)
+            .filter(|_| !(first && jitters));
+        let Some(v) = verdict else {
+            if first {
+                self.lengthen_train(rtt);
+            }
             return;
         };
         let rate = v.by_delay.map_or(v.by_acks, |d| d.max(v.by_acks));
-        let planned = self
-            .packet_time(p.rate)
-            .mul_f64(f64::from(self.train_packets()));
+        let planned = self.packet_time(p.rate).mul_f64(f64::from(self.train_len));
         // A path at a share `c` of the ceiling grows the queue by `planned × (1/c − 1)`: at
         // least half the train's time means `c ≤ 2/3`, the ACM steps (2–4×) the train is for.
         // Less is left to the drain: on a correctly provisioned link a host's timer noise
@@ -1174,8 +1221,12 @@ impl Adaptive {
         if rate < p.rate * TRAIN_LOWERS_BELOW && queued && took <= planned * 2 + TRAIN_SLACK {
             self.estimate = rate.max(self.floor());
             self.next_probe_at = Some(now + self.base_or(rtt));
-            self.verify_train = true;
-            self.verify_now = true;
+            // The check at the ceiling is for a stall of the host's, which misleads a train
+            // of tens of milliseconds; the longer train's cut stands, and a check of a few
+            // tens of milliseconds on a path that jitters would read mostly the jitter (one
+            // on the simulator's GEO link with ±20 ms put a cut to 9 Mb/s of 10 back to 14.5).
+            self.verify_train = first;
+            self.verify_now = first;
         }
     }
 }
@@ -1202,8 +1253,9 @@ impl CongestionController for Adaptive {
     }
 
     fn on_established(&mut self, _now: Instant) {
+        self.train_len = self.train_packets();
         self.state = State::Train {
-            left: self.train_packets(),
+            left: self.train_len,
         };
         self.probe = Some(Probe::new(self.ceiling, self.next_pn, true));
     }
@@ -1559,6 +1611,44 @@ mod tests {
         }
         assert_eq!(a.capacity(&rtt).drains, 0);
         assert!(a.probe.is_some());
+    }
+
+    #[test]
+    fn a_train_that_jitters_is_followed_by_a_longer_one_whose_cut_stands() {
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let base = Duration::from_millis(600);
+        let mut rtt = RttEstimator::new(base);
+        let t0 = Instant::now();
+        let gap = Duration::from_micros(600);
+        a.on_established(t0);
+        let first = a.train_packets();
+        for pn in 0..u64::from(first) {
+            a.on_sent(t0 + gap * pn as u32, sent(pn), &rtt);
+        }
+        // Its RTT falls by 10 ms from one sample to the next: the path jitters.
+        for pn in 0..u64::from(first) {
+            let r = base + Duration::from_millis(10 * (pn % 2));
+            let at = t0 + gap * pn as u32;
+            rtt.on_sample(at + r, r);
+            ack_at(&mut a, &rtt, at + r, acked(pn, at, r));
+        }
+        // A fifth of the base RTT at the ceiling: 120 ms, 200 packets of 1500 bytes.
+        assert_eq!(a.state, State::Train { left: 200 });
+        let t1 = t0 + base + Duration::from_millis(20);
+        for i in 0..200u64 {
+            a.on_sent(t1 + gap * i as u32, sent(u64::from(first) + i), &rtt);
+        }
+        // The path carries 10 Mb/s: each packet waits 0.6 ms longer than the one before.
+        for i in 0..200u64 {
+            let at = t1 + gap * i as u32;
+            let r = base + gap * i as u32;
+            rtt.on_sample(at + r, r);
+            ack_at(&mut a, &rtt, at + r, acked(u64::from(first) + i, at, r));
+        }
+        assert!((9e6..11e6).contains(&a.estimate), "{}", a.estimate);
+        // While it was out its queue was its own to judge, and its cut needs no check.
+        assert_eq!(a.capacity(&rtt).drains, 0);
+        assert!(!a.verify_train);
     }
 
     /// The ACK of the packet sent 40 ms before packet `pn` (one a millisecond from `t0`),
