@@ -38,6 +38,17 @@ fn geo(rate: u64, provisioned: u64, workload: Workload) -> Scenario {
     }
 }
 
+/// `kind` of jitter within ±`ms` on both directions, in order.
+fn jitter_both_ways(sc: &mut Scenario, kind: JitterKind, ms: u64) {
+    let jitter = JitterConfig {
+        kind,
+        bound: Duration::from_millis(ms),
+        reorder: false,
+    };
+    sc.forward.jitter = jitter;
+    sc.ret.jitter = jitter;
+}
+
 fn run(sc: &Scenario) -> Report {
     let out = Simulation::new(sc.clone()).expect("scenario").run();
     report::build(sc, &out, 0.0)
@@ -88,13 +99,7 @@ fn where_the_path_jitters_a_longer_train_finds_a_fade_before_traffic_comes() {
     // with the same jitter the longer train leaves the estimate where it is.
     let first_estimate = |rate: u64, seed: u64| {
         let mut sc = geo(rate, 20_000_000, Workload::Bytes(20_000_000));
-        let jitter = JitterConfig {
-            kind: JitterKind::Uniform,
-            bound: Duration::from_millis(20),
-            reorder: false,
-        };
-        sc.forward.jitter = jitter;
-        sc.ret.jitter = jitter;
+        jitter_both_ways(&mut sc, JitterKind::Uniform, 20);
         sc.seed = seed;
         let r = run(&sc);
         assert!(r.intact);
@@ -271,13 +276,7 @@ fn on_a_slotted_path_a_low_estimate_is_probed_back_up() {
         20_000_000,
         Workload::Seconds(Duration::from_secs(40)),
     );
-    let slotted = JitterConfig {
-        kind: JitterKind::Slotted,
-        bound: Duration::from_millis(20),
-        reorder: false,
-    };
-    sc.forward.jitter = slotted;
-    sc.ret.jitter = slotted;
+    jitter_both_ways(&mut sc, JitterKind::Slotted, 20);
     sc.seed = 1;
     // Link time: the handshake's round trip and the 2 s before the flows start.
     let start = GEO_DELAY * 2 + sc.start_after;
