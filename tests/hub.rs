@@ -1041,9 +1041,11 @@ fn download(
             match s.read(&mut buf) {
                 Ok(0) => return got,
                 Ok(k) => got[bin] += k as u64,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock) => {}
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => panic!("client {i} download: {e}"),
             }
         }

@@ -139,8 +139,8 @@ const TRAIN_PAD_MAX: Duration = Duration::from_millis(50);
 /// RTT (up to `LONG_TRAIN_MAX`): the traffic's first round trip goes at whatever the trains
 /// leave, and on a GEO path that is a round trip's worth of queue where the path is slower.
 /// A fifth of the RTT is long next to a jitter of tens of milliseconds (on the simulator's
-/// GEO link with ±20 ms it reads a 10 Mb/s path at 9.2–10.3 Mb/s and a 20 Mb/s one at
-/// 17.5–21, where the first train read 6.7–17 and 12–40), and is as much queue as a path at
+/// GEO link with ±20 ms it read a 10 Mb/s path at 8.9–10.1 Mb/s and a 20 Mb/s one at
+/// 15.6–20.9 over 20 seeds, where first trains read 6.7–17 and 12–40), and is as much queue as a path at
 /// half the ceiling gets from it: a longer train (half the RTT) read as well but built a
 /// queue that alone held more than one packet in a hundred above 70 ms. On a short path it
 /// is no longer than the first train, and none follows.
@@ -292,8 +292,9 @@ pub struct Adaptive {
     /// has checked it yet: the next probe goes at the ceiling.
     verify_train: bool,
     /// Packets in the train being sent or measured: the establishment train's, or the longer
-    /// one that follows it where it could not be judged.
+    /// one that follows it where it could not be judged (`long_train`).
     train_len: u32,
+    long_train: bool,
     /// ... and the first such probe goes with the first full-size packet, not waiting for
     /// the probe schedule.
     verify_now: bool,
@@ -358,6 +359,7 @@ impl Adaptive {
             probe_interval: Duration::ZERO,
             verify_train: false,
             train_len: 0,
+            long_train: false,
             verify_now: false,
             probe_found_more: false,
             next_pn: 0,
@@ -927,7 +929,7 @@ impl Adaptive {
     /// The longer train is out and not yet judged: as with the check of a cut, its verdict is
     /// its own (the evidence has no measure of the jitter yet, and takes it for a queue).
     fn measuring_long_train(&self) -> bool {
-        self.train_len > self.train_packets() && self.probe.as_ref().is_some_and(|p| p.train)
+        self.long_train && self.probe.as_ref().is_some_and(|p| p.train)
     }
 
     /// `p` is the probe at the ceiling that checks the train's cut.
@@ -1175,6 +1177,7 @@ impl Adaptive {
         let packets = (self.ceiling / 8.0 * time.as_secs_f64() / self.mtu as f64) as u32;
         if packets > self.train_len {
             self.train_len = packets;
+            self.long_train = true;
             self.state = State::Train { left: packets };
             self.probe = Some(Probe::new(self.ceiling, self.next_pn, true));
         }
@@ -1186,7 +1189,7 @@ impl Adaptive {
     /// time (a stalled sender measures itself): a wrong start costs a correctly provisioned
     /// link its first round trips.
     fn judge_train(&mut self, p: &Probe, now: Instant, rtt: &RttEstimator) {
-        let first = self.train_len <= self.train_packets();
+        let first = !self.long_train;
         // The RTT fell from one of its samples to the next: the path jitters (a queue only
         // grows while a train sends). The first train's tens of milliseconds cannot tell its
         // queue from the jitter; a longer one follows, and its falls are the jitter the
@@ -1254,6 +1257,7 @@ impl CongestionController for Adaptive {
 
     fn on_established(&mut self, _now: Instant) {
         self.train_len = self.train_packets();
+        self.long_train = false;
         self.state = State::Train {
             left: self.train_len,
         };
