@@ -118,6 +118,32 @@ fn where_the_path_jitters_a_longer_train_finds_a_fade_before_traffic_comes() {
 }
 
 #[test]
+fn where_the_delay_jitters_the_queue_of_a_fade_stays_within_the_jitter() {
+    // The fade cell of the jitter rows (`scripts/sim-acceptance.sh jitter`): a 10 Mb/s link
+    // provisioned for 20, ±20 ms of uniform jitter each way, a 1 KB message every 200 ms,
+    // and the bound of its queue p99 (2 × 20 ms + 30 ms). Probes of 25 ms, which read such a
+    // path up to 1.7 times its rate, and overloads that measure a failing probe's ACKs put
+    // the queue p99 at 94–118 ms at these seeds.
+    for seed in 1..=3 {
+        let mut sc = geo(10_000_000, 20_000_000, Workload::Bytes(50_000_000));
+        jitter_both_ways(&mut sc, JitterKind::Uniform, 20);
+        sc.interactive = Some(Interactive {
+            every: Duration::from_millis(200),
+            bytes: 1000,
+            class: 0,
+        });
+        sc.seed = seed;
+        let r = run(&sc);
+        assert!(r.intact);
+        assert!(
+            r.queue_delay.p99_ms <= 70.0,
+            "seed {seed}: {:?}",
+            r.queue_delay
+        );
+    }
+}
+
+#[test]
 fn an_outage_holds_the_estimate() {
     // 10 Mb/s link, 20 provisioned: the estimate settles at 10; a 20 s outage (no feedback
     // at all) must leave it there, not collapse it or reset it to the ceiling.
