@@ -1698,40 +1698,26 @@ mod tests {
         let ms = Duration::from_millis;
         let (mut a, rtt) = on_a_jittery_path();
         let now = Instant::now();
+        let probe = |rate, len| State::Probe {
+            rate,
+            until: now + len,
+        };
         a.last_sent = Some(now);
         a.maybe_probe(now, &rtt, false);
         // 80 ms, at the gain that queues 25 ms where the path cannot carry it.
-        assert_eq!(
-            a.state,
-            State::Probe {
-                rate: 10e6 * (1.0 + 25.0 / 80.0),
-                until: now + ms(80),
-            }
-        );
+        assert_eq!(a.state, probe(10e6 * (1.0 + 25.0 / 80.0), ms(80)));
         // After one that found more, the next goes at the usual gain.
         a.state = State::Cruise;
         a.probe = None;
         a.probe_found_more = true;
         a.maybe_probe(now, &rtt, false);
-        assert_eq!(
-            a.state,
-            State::Probe {
-                rate: 20e6,
-                until: now + ms(80),
-            }
-        );
+        assert_eq!(a.state, probe(20e6, ms(80)));
         // Where the delay does not jitter, probes last a quarter of the RTT up to 25 ms.
         let mut b = Adaptive::new(&Config::for_rate(20_000_000));
         b.estimate = 8e6;
         b.last_sent = Some(now);
         b.maybe_probe(now, &rtt, false);
-        assert_eq!(
-            b.state,
-            State::Probe {
-                rate: 16e6,
-                until: now + ms(25),
-            }
-        );
+        assert_eq!(b.state, probe(16e6, ms(25)));
     }
 
     #[test]
