@@ -96,8 +96,8 @@ fn where_the_path_jitters_a_longer_train_finds_a_fade_before_traffic_comes() {
     // falls within the establishment train, which therefore cannot tell its queue from the
     // jitter, and the longer train after it measures the path. Without it the transfer's
     // first round trip went at the ceiling (the 50 MB fade cell's queue p99 was 480–520 ms
-    // at the seeds where this happened). On a link at the ceiling
-    // with the same jitter the longer train leaves the estimate where it is.
+    // at the seeds where this happened). On a link at the ceiling with the same jitter the
+    // longer train leaves the estimate where it is.
     let first_estimate = |rate: u64, seed: u64| {
         let mut sc = geo(rate, 20_000_000, Workload::Bytes(20_000_000));
         jitter_both_ways(&mut sc, JitterKind::Uniform, 20);

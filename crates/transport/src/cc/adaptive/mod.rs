@@ -97,11 +97,11 @@ const MEASURE_ACKS: u32 = 3;
 /// recent gap between ACKs), so that its ACK rate is not one clump more or less.
 const PROBE_CLUMPS: u32 = 4;
 /// Where the path's delay jitters a probe lasts at least this many times the jitter the
-/// meter measures (`J`: how far the jitter alone lifts a span's least RTT), so that the jitter moves the
-/// times its measures span by a small share of them. A 25 ms probe at twice the estimate on
-/// the simulator's 10 Mb/s link with ±20 ms of uniform jitter (`J` about 6 ms) read
-/// 16.9 Mb/s by its ACKs and saw no queue grow; with ten times `J` the fade cell's queue
-/// p99 passes its bound at 14 of 20 seeds (2 before).
+/// meter measures (`J`: how far the jitter alone lifts a span's least RTT), so that the
+/// jitter moves the times its measures span by a small share of them. A 25 ms probe at
+/// twice the estimate on the simulator's 10 Mb/s link with ±20 ms of uniform jitter (`J`
+/// about 6 ms) read 16.9 Mb/s by its ACKs and saw no queue grow; with probes of ten times
+/// `J` the fade cell's queue p99 is within its bound at 14 of 20 seeds, with 25 ms ones at 2.
 const PROBE_JITTERS: f64 = 10.0;
 /// ACKs that each acknowledge more than this many times `ack.every_packets` packets are
 /// sparse (`acks_sparse`): by its count and its timer the policy acknowledges that many
@@ -147,10 +147,10 @@ const TRAIN_PAD_MAX: Duration = Duration::from_millis(50);
 /// leave, and on a GEO path that is a round trip's worth of queue where the path is slower.
 /// A fifth of the RTT is long next to a jitter of tens of milliseconds (on the simulator's
 /// GEO link with ±20 ms it read a 10 Mb/s path at 8.9–10.1 Mb/s and a 20 Mb/s one at
-/// 15.6–20.9 over 20 seeds, where first trains read 6.7–17 and 12–40), and is as much queue as a path at
-/// half the ceiling gets from it: a longer train (half the RTT) read as well but built a
-/// queue that alone held more than one packet in a hundred above 70 ms. On a short path it
-/// is no longer than the first train, and none follows.
+/// 15.6–20.9 over 20 seeds, where first trains read 6.7–17 and 12–40), and is as much
+/// queue as a path at half the ceiling gets from it: a longer train (half the RTT) read as
+/// well but built a queue that alone held more than one packet in a hundred above 70 ms. On
+/// a short path it is no longer than the first train, and none follows.
 const LONG_TRAIN_SHARE: f64 = 0.2;
 /// ... and at most this long: the padding it may need is sent once per association.
 const LONG_TRAIN_MAX: Duration = Duration::from_millis(150);
@@ -483,10 +483,7 @@ impl Adaptive {
     /// jitter: where ACKs come in clumps or far apart, the delay jitters, or the latest
     /// probe had too few ACKs to judge it.
     fn lengthens_probes(&self) -> bool {
-        self.meter.clumped()
-            || self.probe_unjudged
-            || self.acks_sparse()
-            || !self.path_jitter().is_zero()
+        self.meter.clumped() || self.probe_unjudged || self.acks_sparse() || self.delay_jitters()
     }
 
     /// An ACK acknowledges more packets than the ACK policy counts: the peer acknowledges
@@ -649,7 +646,12 @@ impl Adaptive {
     /// Whether the path's delay jitters or its ACKs come in clumps: measurements then need
     /// windows long next to both.
     fn jittery(&self) -> bool {
-        !self.path_jitter().is_zero() || self.meter.clumped()
+        self.delay_jitters() || self.meter.clumped()
+    }
+
+    /// The meter reads more jitter than a host's timing makes (`path_jitter`).
+    fn delay_jitters(&self) -> bool {
+        !self.path_jitter().is_zero()
     }
 
     /// The jitter the meter measures, where it is more than a host's timing makes of a path
@@ -1006,7 +1008,7 @@ impl Adaptive {
         } else if self.competing(now) {
             (self.estimate * COMPETE_PROBE_GAIN).min(self.ceiling)
         } else if self.lengthens_probes()
-            && !((self.meter.slotted() || self.acks_sparse() || !self.path_jitter().is_zero())
+            && !((self.meter.slotted() || self.acks_sparse() || self.delay_jitters())
                 && self.probe_found_more)
         {
             // A lengthened probe goes at a gain that leaves no more queue than an ordinary
