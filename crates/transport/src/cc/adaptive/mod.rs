@@ -909,7 +909,7 @@ impl Adaptive {
         self.renew_or_end_competing(now, rtt);
         // The check of the train's cut is judged on its own packets: before the jitter has
         // been read, the evidence takes a path's jitter for a queue.
-        if self.checking_cut() || self.measuring_long_train() {
+        if self.checking_cut() || self.measuring_train() {
             return;
         }
         let competing = self.competing(now);
@@ -954,10 +954,13 @@ impl Adaptive {
         self.probe.as_ref().is_some_and(|p| self.checks_cut(p))
     }
 
-    /// The longer train is out and not yet judged: as with the check of a cut, its verdict is
-    /// its own (the evidence has no measure of the jitter yet, and takes it for a queue).
-    fn measuring_long_train(&self) -> bool {
-        self.long_train && self.probe.as_ref().is_some_and(|p| p.train)
+    /// A train is out and not yet judged: as with the check of a cut, its verdict is its own
+    /// (the evidence has no measure of the jitter yet, and takes it for a queue). On the
+    /// testbed's GEO link with ±20 ms of uniform jitter the evidence called an overload
+    /// during the first train, which left it unjudged: no longer train followed, the meter
+    /// had no jitter to allow for, and the traffic's first round trips read as a queue.
+    fn measuring_train(&self) -> bool {
+        self.probe.as_ref().is_some_and(|p| p.train)
     }
 
     /// `p` is the probe at the ceiling that checks the train's cut.
@@ -1080,7 +1083,7 @@ impl Adaptive {
         if !p.on_ack(arrived, at, delivered, summary.largest_acked) {
             return;
         }
-        let checking_cut = self.checking_cut() || self.measuring_long_train();
+        let checking_cut = self.checking_cut() || self.measuring_train();
         let before = self.estimate;
         let Some(p) = self.probe.take() else {
             return;
@@ -1684,6 +1687,36 @@ mod tests {
         // While it was out its queue was its own to judge, and its cut needs no check.
         assert_eq!(a.capacity(&rtt).drains, 0);
         assert!(!a.verify_train);
+    }
+
+    #[test]
+    fn while_the_first_train_is_out_its_verdict_decides_not_the_evidence() {
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let base = Duration::from_millis(600);
+        let mut rtt = RttEstimator::new(base);
+        let t0 = Instant::now();
+        let gap = Duration::from_micros(600);
+        a.on_established(t0);
+        let first = a.train_packets();
+        for pn in 0..u64::from(first) {
+            a.on_sent(t0 + gap * pn as u32, sent(pn), &rtt);
+        }
+        // Its ACKs come back over 70 ms, 30 ms and more above the base and falling by 5 ms
+        // between some: a path that jitters, whose stream rides above the floor the base
+        // was taken from. The evidence would call that a standing queue.
+        for pn in 0..u64::from(first) {
+            let r = base
+                + Duration::from_millis(30 + 5 * (pn % 2))
+                + Duration::from_micros(1500) * pn as u32;
+            let at = t0 + gap * pn as u32;
+            rtt.on_sample(at + r, r);
+            ack_at(&mut a, &rtt, at + r, acked(pn, at, r));
+        }
+        // The train is judged: it jitters, so the longer one follows (a fifth of the least
+        // RTT it saw, 630 ms, at the ceiling: 210 packets), and nothing was drained.
+        assert_eq!(a.capacity(&rtt).drains, 0);
+        assert_eq!(a.state, State::Train { left: 210 });
+        assert_eq!(a.estimate, 20e6);
     }
 
     /// A sender on a geo path (600 ms) whose delay jitters by `J` = 8 ms, at 10 Mb/s of 20.
