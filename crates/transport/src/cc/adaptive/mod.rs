@@ -1651,11 +1651,14 @@ mod tests {
         assert!(a.probe.is_some());
     }
 
-    #[test]
-    fn a_train_that_jitters_is_followed_by_a_longer_one_whose_cut_stands() {
+    /// Packets of the establishment train leave 0.6 ms apart (20 Mb/s) on a 600 ms path,
+    /// and each comes back with the RTT `rtt_of(pn)`. Returns the sender, its estimator,
+    /// the time the train began and its length.
+    fn send_first_train(
+        rtt_of: impl Fn(u64) -> Duration,
+    ) -> (Adaptive, RttEstimator, Instant, u32) {
         let mut a = Adaptive::new(&Config::for_rate(20_000_000));
-        let base = Duration::from_millis(600);
-        let mut rtt = RttEstimator::new(base);
+        let mut rtt = RttEstimator::new(Duration::from_millis(600));
         let t0 = Instant::now();
         let gap = Duration::from_micros(600);
         a.on_established(t0);
@@ -1663,13 +1666,22 @@ mod tests {
         for pn in 0..u64::from(first) {
             a.on_sent(t0 + gap * pn as u32, sent(pn), &rtt);
         }
-        // Its RTT falls by 10 ms from one sample to the next: the path jitters.
         for pn in 0..u64::from(first) {
-            let r = base + Duration::from_millis(10 * (pn % 2));
+            let r = rtt_of(pn);
             let at = t0 + gap * pn as u32;
             rtt.on_sample(at + r, r);
             ack_at(&mut a, &rtt, at + r, acked(pn, at, r));
         }
+        (a, rtt, t0, first)
+    }
+
+    #[test]
+    fn a_train_that_jitters_is_followed_by_a_longer_one_whose_cut_stands() {
+        let base = Duration::from_millis(600);
+        let gap = Duration::from_micros(600);
+        // Its RTT falls by 10 ms from one sample to the next: the path jitters.
+        let (mut a, mut rtt, t0, first) =
+            send_first_train(|pn| base + Duration::from_millis(10 * (pn % 2)));
         // A fifth of the base RTT at the ceiling: 120 ms, 200 packets of 1500 bytes.
         assert_eq!(a.state, State::Train { left: 200 });
         let t1 = t0 + base + Duration::from_millis(20);
@@ -1691,27 +1703,12 @@ mod tests {
 
     #[test]
     fn while_the_first_train_is_out_its_verdict_decides_not_the_evidence() {
-        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
-        let base = Duration::from_millis(600);
-        let mut rtt = RttEstimator::new(base);
-        let t0 = Instant::now();
-        let gap = Duration::from_micros(600);
-        a.on_established(t0);
-        let first = a.train_packets();
-        for pn in 0..u64::from(first) {
-            a.on_sent(t0 + gap * pn as u32, sent(pn), &rtt);
-        }
         // Its ACKs come back over 70 ms, 30 ms and more above the base and falling by 5 ms
         // between some: a path that jitters, whose stream rides above the floor the base
         // was taken from. The evidence would call that a standing queue.
-        for pn in 0..u64::from(first) {
-            let r = base
-                + Duration::from_millis(30 + 5 * (pn % 2))
-                + Duration::from_micros(1500) * pn as u32;
-            let at = t0 + gap * pn as u32;
-            rtt.on_sample(at + r, r);
-            ack_at(&mut a, &rtt, at + r, acked(pn, at, r));
-        }
+        let (a, rtt, _, _) = send_first_train(|pn| {
+            Duration::from_millis(600 + 30 + 5 * (pn % 2)) + Duration::from_micros(1500) * pn as u32
+        });
         // The train is judged: it jitters, so the longer one follows (a fifth of the least
         // RTT it saw, 630 ms, at the ceiling: 210 packets), and nothing was drained.
         assert_eq!(a.capacity(&rtt).drains, 0);
