@@ -907,9 +907,7 @@ impl Adaptive {
     /// What the evidence of the last span calls for, outside a drain.
     fn judge_evidence(&mut self, now: Instant, rtt: &RttEstimator) {
         self.renew_or_end_competing(now, rtt);
-        // The check of the train's cut is judged on its own packets: before the jitter has
-        // been read, the evidence takes a path's jitter for a queue.
-        if self.checking_cut() || self.measuring_train() {
+        if self.measured_alone() {
             return;
         }
         let competing = self.competing(now);
@@ -947,20 +945,18 @@ impl Adaptive {
         }
     }
 
-    /// The probe at the ceiling that checks the train's cut is out and not yet judged: the
-    /// evidence leaves the verdict to it (it lasts tens of milliseconds, and the queue it
-    /// builds on a path that really is slower is bounded by its length).
-    fn checking_cut(&self) -> bool {
-        self.probe.as_ref().is_some_and(|p| self.checks_cut(p))
-    }
-
-    /// A train is out and not yet judged: as with the check of a cut, its verdict is its own
-    /// (the evidence has no measure of the jitter yet, and takes it for a queue). On the
-    /// testbed's GEO link with ±20 ms of uniform jitter the evidence called an overload
-    /// during the first train, which left it unjudged: no longer train followed, the meter
-    /// had no jitter to allow for, and the traffic's first round trips read as a queue.
-    fn measuring_train(&self) -> bool {
-        self.probe.as_ref().is_some_and(|p| p.train)
+    /// A train, or the probe at the ceiling that checks the train's cut, is out and not yet
+    /// judged: its verdict is its own, and the evidence calls no overload meanwhile. Each
+    /// lasts tens of milliseconds (the longer train up to 150 ms), so the queue it builds on
+    /// a path that really is slower is bounded by its length; and before the jitter has been
+    /// read the evidence takes a path's jitter for a queue. On the testbed's GEO link with
+    /// ±20 ms of uniform jitter it called an overload during the first train, which left it
+    /// unjudged: no longer train followed, the meter had no jitter to allow for, and the
+    /// traffic's first round trips read as a queue.
+    fn measured_alone(&self) -> bool {
+        self.probe
+            .as_ref()
+            .is_some_and(|p| p.train || self.checks_cut(p))
     }
 
     /// `p` is the probe at the ceiling that checks the train's cut.
@@ -1083,7 +1079,7 @@ impl Adaptive {
         if !p.on_ack(arrived, at, delivered, summary.largest_acked) {
             return;
         }
-        let checking_cut = self.checking_cut() || self.measuring_train();
+        let alone = self.measured_alone();
         let before = self.estimate;
         let Some(p) = self.probe.take() else {
             return;
@@ -1096,7 +1092,7 @@ impl Adaptive {
         // Its packets' queue was its own to judge. The evidence starts after them, or, where
         // the check raised the estimate, after those sent at the cut rate meanwhile: their
         // ACKs measure that rate, not the path.
-        if checking_cut {
+        if alone {
             let from = if self.estimate > before {
                 self.next_pn
             } else {
