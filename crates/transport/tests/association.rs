@@ -374,6 +374,40 @@ fn flows_survive_an_outage_shorter_than_the_limit() {
     assert_eq!(n.ends[0].stats().flows_reset, 0);
 }
 
+/// A sender whose window went into an outage has nothing to send but probes, and its probe
+/// timer has backed off to about a second by the outage's end. The peer's first packet after
+/// the outage shows the path is back: the sender probes then, and sends again one round trip
+/// after hearing it, not at its timer's next expiry.
+#[test]
+fn a_sender_hearing_its_peer_after_an_outage_probes_at_once() {
+    let mut n = net(Faults::default(), 8);
+    let data = pattern(11, 20_000_000);
+    let f = n.open(0, 1010, data.clone(), true);
+    n.run_until(Duration::from_secs(2), |_| false);
+    let outage = Duration::from_secs(1);
+    let down_end = n.now + outage;
+    n.down_until = Some(down_end);
+    n.run_to(down_end);
+    let before = n.apps[1].flows[&f].received.len();
+    let probes = n.ends[0].stats().probes_sent;
+    // The peer speaks first: a request on a flow of its own, heard 100 ms later.
+    n.open(1, 2010, pattern(12, 1_000), true);
+    assert!(n.run_until(Duration::from_secs(5), |n| n.apps[1].flows[&f]
+        .received
+        .len()
+        > before));
+    let resumed = n.now.saturating_duration_since(down_end);
+    // Heard at 100 ms, the probe's ACK back at 300 ms, new bytes at 400 ms; the timer's
+    // own probe would leave about 0.9 s after the outage's end.
+    assert!(
+        resumed <= MS * 450,
+        "resumed {resumed:?} after the outage's end"
+    );
+    assert_eq!(n.ends[0].stats().probes_sent, probes + 1);
+    assert!(n.run_until(Duration::from_secs(60), |n| fin_at(n, 1, f)));
+    assert_eq!(n.apps[1].flows[&f].received, data);
+}
+
 #[test]
 fn an_outage_beyond_the_limit_resets_flows_on_both_sides() {
     let mut cfg = test_config(20_000_000);

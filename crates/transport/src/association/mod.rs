@@ -288,6 +288,8 @@ pub struct Association {
     /// How far the path reorders, and which declared losses were received after all.
     reordering: Reordering,
     pto_count: u32,
+    /// Whether the peer was heard, and answered with a probe, since the probe timer last fired.
+    probed_on_hearing: bool,
     probes_pending: u32,
     outage_since: Option<Instant>,
     /// When a handshake last completed (the association's start or a rekey).
@@ -463,6 +465,7 @@ impl Association {
             loss_time: None,
             reordering: Reordering::default(),
             pto_count: 0,
+            probed_on_hearing: false,
             probes_pending: 0,
             outage_since: None,
             last_handshake: None,

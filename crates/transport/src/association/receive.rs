@@ -193,6 +193,7 @@ impl Association {
                 }
                 if self.generation == generation {
                     self.acks.on_packet(now, pn, eliciting, urgent);
+                    self.probe_on_hearing();
                 }
             }
             Err(_) => self.stats.malformed_dropped += 1,
@@ -536,6 +537,7 @@ impl Association {
         self.loss_time = None;
         self.reordering.on_restart();
         self.pto_count = 0;
+        self.probed_on_hearing = false;
         self.probes_pending = 0;
         self.outage_since = None;
         self.redundancy_cursor = 0;

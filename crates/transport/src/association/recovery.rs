@@ -303,6 +303,17 @@ impl Association {
         Some(from + self.pto_interval())
     }
 
+    /// The peer was heard while our probe timer waits on an unanswered probe: the path carries
+    /// packets again (an outage's end, most often), so a probe goes now rather than at the
+    /// timer's backed-off expiry, which may be several round trips away. One per expiry, so a
+    /// chatty peer on a path that is down one way only adds one probe per timeout.
+    pub(super) fn probe_on_hearing(&mut self) {
+        if self.pto_count > 0 && !self.probed_on_hearing {
+            self.probed_on_hearing = true;
+            self.probes_pending = 1;
+        }
+    }
+
     /// How long a flow's cumulative point may sit behind a gap before the receiver names the
     /// missing bytes itself. Packet-level SNACK normally repairs holes within a round trip or
     /// two; this is the safety net.
@@ -439,6 +450,7 @@ impl Association {
         if self.pto_deadline().is_some_and(|t| t <= now) {
             self.pto_fired_at = Some(now);
             self.pto_count += 1;
+            self.probed_on_hearing = false;
             self.probes_pending = 1;
             if self.pto_count >= OUTAGE_PTO_COUNT && self.outage_since.is_none() {
                 self.outage_since = Some(self.last_ack_at.unwrap_or(now).min(now));

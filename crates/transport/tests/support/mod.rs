@@ -393,6 +393,20 @@ impl Net {
         true
     }
 
+    /// Processes every event due by `at`, then stands at `at` (a step may overshoot a limit
+    /// when the next event is a timer far ahead).
+    pub fn run_to(&mut self, at: Instant) {
+        loop {
+            let timers = [self.ends[0].poll_timeout(), self.ends[1].poll_timeout()];
+            let next_dgram = self.queue.peek().map(|Reverse((t, ..))| *t);
+            let next = timers.iter().flatten().copied().chain(next_dgram).min();
+            if next.is_none_or(|t| t > at) || !self.step() {
+                break;
+            }
+        }
+        self.now = self.now.max(at);
+    }
+
     /// Steps until `done` holds or `limit` of simulated time passes; returns whether done.
     pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Net) -> bool) -> bool {
         let end = self.now + limit;
