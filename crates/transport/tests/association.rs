@@ -354,12 +354,18 @@ fn peer_restart_resets_old_flows_and_new_flows_work_at_once() {
     assert_eq!(n.apps[1].flows[&new].received, pattern(7, 50_000));
 }
 
+/// 20 MB from side 0 to side 1 on a fresh association (`seed`), 2 s under way.
+fn bulk_under_way(seed: u64, port: u16) -> (Net, FlowId, Vec<u8>) {
+    let mut n = net(Faults::default(), seed);
+    let data = pattern(seed + 2, 20_000_000);
+    let f = n.open(0, port, data.clone(), true);
+    n.run_until(Duration::from_secs(2), |_| false);
+    (n, f, data)
+}
+
 #[test]
 fn flows_survive_an_outage_shorter_than_the_limit() {
-    let mut n = net(Faults::default(), 6);
-    let data = pattern(8, 20_000_000);
-    let f = n.open(0, 1007, data.clone(), true);
-    n.run_until(Duration::from_secs(2), |_| false);
+    let (mut n, f, data) = bulk_under_way(6, 1007);
     n.down_until = Some(n.now + Duration::from_secs(30));
     let done = n.run_until(Duration::from_secs(120), |n| {
         n.apps[1].flows.get(&f).is_some_and(|x| x.fin_received)
@@ -380,10 +386,7 @@ fn flows_survive_an_outage_shorter_than_the_limit() {
 /// after hearing it, not at its timer's next expiry.
 #[test]
 fn a_sender_hearing_its_peer_after_an_outage_probes_at_once() {
-    let mut n = net(Faults::default(), 8);
-    let data = pattern(11, 20_000_000);
-    let f = n.open(0, 1010, data.clone(), true);
-    n.run_until(Duration::from_secs(2), |_| false);
+    let (mut n, f, data) = bulk_under_way(8, 1010);
     let outage = Duration::from_secs(1);
     let down_end = n.now + outage;
     n.down_until = Some(down_end);
