@@ -366,10 +366,7 @@ impl Net {
 
     /// Advances to the next event and processes it. Returns false when nothing is pending.
     pub fn step(&mut self) -> bool {
-        let timers = [self.ends[0].poll_timeout(), self.ends[1].poll_timeout()];
-        let next_dgram = self.queue.peek().map(|Reverse((t, ..))| *t);
-        let next = timers.iter().flatten().copied().chain(next_dgram).min();
-        let Some(next) = next else {
+        let Some(next) = self.next_event() else {
             return false;
         };
         self.now = self.now.max(next);
@@ -396,15 +393,15 @@ impl Net {
     /// Processes every event due by `at`, then stands at `at` (a step may overshoot a limit
     /// when the next event is a timer far ahead).
     pub fn run_to(&mut self, at: Instant) {
-        loop {
-            let timers = [self.ends[0].poll_timeout(), self.ends[1].poll_timeout()];
-            let next_dgram = self.queue.peek().map(|Reverse((t, ..))| *t);
-            let next = timers.iter().flatten().copied().chain(next_dgram).min();
-            if next.is_none_or(|t| t > at) || !self.step() {
-                break;
-            }
-        }
+        while self.next_event().is_some_and(|t| t <= at) && self.step() {}
         self.now = self.now.max(at);
+    }
+
+    /// When the next timer fires or datagram arrives.
+    fn next_event(&self) -> Option<Instant> {
+        let timers = [self.ends[0].poll_timeout(), self.ends[1].poll_timeout()];
+        let next_dgram = self.queue.peek().map(|Reverse((t, ..))| *t);
+        timers.iter().flatten().copied().chain(next_dgram).min()
     }
 
     /// Steps until `done` holds or `limit` of simulated time passes; returns whether done.
