@@ -61,6 +61,13 @@ impl Pacer {
         self.next_send
     }
 
+    /// How far a datagram leaving at `now` is behind the schedule: the time its slot went
+    /// unused.
+    pub fn behind(&self, now: Instant) -> Duration {
+        self.next_send
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+    }
+
     /// Keeps the next packet back for `d` beyond its slot.
     pub fn pause(&mut self, d: Duration) {
         if let Some(t) = self.next_send.as_mut() {

@@ -421,12 +421,14 @@ impl Association {
         let wire = (sealed.len() + self.cfg.wire_overhead - self.tag_len()) as u64;
         self.stats.packets_sent += 1;
         self.stats.wire_bytes_sent += wire;
+        let behind = self.pacer.behind(now);
         let app_limited = self.pacer.on_sent(now, wire);
         let sent = SentInfo {
             pn,
             wire_bytes: wire,
             ack_eliciting: !frames.is_empty(),
             app_limited,
+            gap: if app_limited { behind } else { Duration::ZERO },
         };
         self.cc.on_sent(now, sent, &self.rtt);
         self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));

@@ -44,6 +44,8 @@ pub struct SentInfo {
     pub ack_eliciting: bool,
     /// The pacer's schedule had slipped before it (see `Pacer::on_sent`).
     pub app_limited: bool,
+    /// Where it had: how long the schedule went unused before it.
+    pub gap: Duration,
 }
 
 /// The state after one ACK was processed, its losses included.

@@ -318,7 +318,9 @@ pub struct Adaptive {
     /// ... and when the latest packet it acknowledged was sent, with the bytes sent up to it.
     event_sent: Option<SentMark>,
     last_sent: Option<Instant>,
-    last_app_limited: Option<Instant>,
+    /// When the sender last left a gap in its schedule long enough to spoil a probe
+    /// (`spoils_probe`).
+    last_spoiling_gap: Option<Instant>,
     sent_log: SentLog,
     /// The largest packet number the peer acknowledged.
     largest_acked: u64,
@@ -378,7 +380,7 @@ impl Adaptive {
             event_app_limited: false,
             event_sent: None,
             last_sent: None,
-            last_app_limited: None,
+            last_spoiling_gap: None,
             sent_log: SentLog::default(),
             largest_acked: 0,
             resumed_pn: 0,
@@ -505,6 +507,17 @@ impl Adaptive {
         } else {
             len
         }
+    }
+
+    /// A gap of `gap` in the sender's schedule would spoil a probe: it is more than the
+    /// share of a probe's time that its success allows to go undelivered. Shorter ones are
+    /// the host's timing (a timer that fired 2–3 ms late, which on a loaded testbed host
+    /// happens every 40 ms on a slotted path), and a probe lengthened to several slot
+    /// frames carries them as it carries the frames; counted, they left a leo link that
+    /// had stepped back up from 40 to 100 Mb/s unprobed for up to 5 s.
+    fn spoils_probe(&self, gap: Duration, rtt: &RttEstimator) -> bool {
+        let len = self.probe_len(self.estimate * PROBE_GAIN, rtt);
+        gap > len.mul_f64(1.0 - PROBE_SUCCESS)
     }
 
     /// How much of a probe's or the train's queue growth the path's jitter alone may show:
@@ -975,15 +988,15 @@ impl Adaptive {
         if self.verify_now && !sending {
             return;
         }
-        // A gap of the sender's within the last span (nothing to send, or a timer that
-        // fired late) would leave gaps in the probe. Not the last round trip: on a loaded
-        // host late timers mark a packet every few hundred milliseconds at 100 Mb/s, and
-        // waiting for a round trip without one could leave a cut estimate unprobed for
-        // seconds.
+        // A gap of the sender's within the last span that would spoil a probe (nothing to
+        // send, or a timer that fired very late) may come again in it. Not the last round
+        // trip: on a loaded host late timers mark a packet every few hundred milliseconds
+        // at 100 Mb/s, and waiting for a round trip without one could leave a cut estimate
+        // unprobed for seconds.
         let waiting = !self.verify_now
             && (self.next_probe_at.is_some_and(|t| now < t)
                 || self
-                    .last_app_limited
+                    .last_spoiling_gap
                     .is_some_and(|t| now.saturating_duration_since(t) < self.span(rtt)));
         if self.estimate >= self.top(now)
             || self.probe.is_some()
@@ -1310,7 +1323,7 @@ impl CongestionController for Adaptive {
         self.pause = None;
         self.event_app_limited = false;
         self.last_sent = None;
-        self.last_app_limited = None;
+        self.last_spoiling_gap = None;
         self.sent_log = SentLog::default();
         self.largest_acked = 0;
         self.steady_from_pn = 0;
@@ -1347,7 +1360,9 @@ impl CongestionController for Adaptive {
             p.on_sent(now, sent.pn, app_limited);
         }
         if app_limited {
-            self.last_app_limited = Some(now);
+            if self.spoils_probe(sent.gap, rtt) {
+                self.last_spoiling_gap = Some(now);
+            }
         } else {
             let rate = self.current_rate();
             let busy = transmission_time(sent.wire_bytes, rate as u64);
@@ -1510,6 +1525,7 @@ mod tests {
             wire_bytes: 1500,
             ack_eliciting: true,
             app_limited: false,
+            gap: Duration::ZERO,
         }
     }
 
@@ -1746,6 +1762,32 @@ mod tests {
         b.last_sent = Some(now);
         b.maybe_probe(now, &rtt, false);
         assert_eq!(b.state, probe(16e6, ms(25)));
+    }
+
+    #[test]
+    fn only_a_gap_that_would_spoil_a_probe_holds_one_back() {
+        let ms = Duration::from_millis;
+        let slipped = |pn, gap| SentInfo {
+            app_limited: true,
+            gap,
+            ..sent(pn)
+        };
+        // Probes here last 80 ms, so a gap of up to 8 ms leaves one its success.
+        let (mut a, rtt) = on_a_jittery_path();
+        let now = Instant::now();
+        a.on_sent(now, slipped(0, ms(3)), &rtt);
+        a.maybe_probe(now, &rtt, false);
+        assert!(matches!(a.state, State::Probe { .. }), "{:?}", a.state);
+
+        let (mut b, rtt) = on_a_jittery_path();
+        b.on_sent(now, slipped(0, ms(20)), &rtt);
+        b.maybe_probe(now, &rtt, false);
+        assert_eq!(b.state, State::Cruise);
+        // A span later, with the sender keeping to its schedule since, it goes.
+        let later = now + b.span(&rtt) + ms(1);
+        b.on_sent(later, sent(1), &rtt);
+        b.maybe_probe(later, &rtt, false);
+        assert!(matches!(b.state, State::Probe { .. }), "{:?}", b.state);
     }
 
     #[test]
