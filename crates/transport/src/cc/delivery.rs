@@ -225,10 +225,16 @@ impl DeliveryMeter {
     }
 
     fn regular_gaps(&self) -> bool {
-        self.regular >= REGULAR_SHARE
+        self.evenly_spaced()
             && self
                 .mean_gap
                 .is_some_and(|i| self.longest_gap >= i * SLOT_GAPS)
+    }
+
+    /// Whether the gaps between ACKs, or between their clumps, are regular: a slotted link's
+    /// frames, each carrying one clump, or one ACK where the peer reads a frame at once.
+    pub fn evenly_spaced(&self) -> bool {
+        self.regular >= REGULAR_SHARE
     }
 
     /// Delivery rate over the ACKs of the last `span`, from the first of them to the last
@@ -240,26 +246,53 @@ impl DeliveryMeter {
     pub fn rate(&self, now: Instant, span: Duration) -> Option<Rate> {
         let since = self.clock(now).checked_sub(span)?;
         let start = self.marks.partition_point(|m| m.at < since);
-        self.rate_over(start, self.marks.len())
+        self.rate_over(start, self.marks.len(), self.clump_period())
     }
 
     /// Delivery rate over the ACKs that arrived from `from` to `to` (both included), cut at
     /// clump ends as [`rate`](Self::rate) does: the ACKs of one measurement (a probe's).
     pub fn rate_between(&self, from: Instant, to: Instant) -> Option<Rate> {
+        self.rate_between_cut(from, to, self.clump_period())
+    }
+
+    /// As [`rate_between`](Self::rate_between), from clump end to clump end for clumps
+    /// `period` apart whether or not ACKs clump: on a slotted link whose frames each carry
+    /// one ACK, or two where the peer read the frame in two batches, the ACK that ends a
+    /// frame is the one that acknowledges all of it.
+    pub fn rate_between_frames(
+        &self,
+        from: Instant,
+        to: Instant,
+        period: Duration,
+    ) -> Option<Rate> {
+        self.rate_between_cut(from, to, Some(period))
+    }
+
+    fn rate_between_cut(
+        &self,
+        from: Instant,
+        to: Instant,
+        period: Option<Duration>,
+    ) -> Option<Rate> {
         let start = self.marks.partition_point(|m| m.at < from);
         let end = self.marks.partition_point(|m| m.at <= to);
-        self.rate_over(start, end)
+        self.rate_over(start, end, period)
+    }
+
+    fn clump_period(&self) -> Option<Duration> {
+        self.clumped().then_some(self.longest_gap)
     }
 
     /// The rate over marks `start..end`: from the first to the last, or from clump end to
-    /// clump end where ACKs come in clumps. A mark followed by a gap of half the clump period
-    /// or more ends a clump; the last mark there is, with none after it yet, may not.
-    fn rate_over(&self, start: usize, end: usize) -> Option<Rate> {
+    /// clump end where ACKs come in clumps `period` apart. A mark followed by a gap of half
+    /// the period or more ends a clump; the last mark there is, with none after it yet, may
+    /// not.
+    fn rate_over(&self, start: usize, end: usize, period: Option<Duration>) -> Option<Rate> {
         if end.saturating_sub(start) < MIN_MARKS {
             return None;
         }
-        let (first, last) = if self.clumped() {
-            let gap = self.longest_gap / 2;
+        let (first, last) = if let Some(period) = period {
+            let gap = period / 2;
             let ends_clump = |&i: &usize| {
                 self.marks
                     .get(i + 1)
@@ -318,6 +351,34 @@ mod tests {
         assert!(!r.app_limited);
         // Too few ACKs in a short span.
         assert_eq!(m.rate(t0 + ms(99), Duration::from_micros(1500)), None);
+    }
+
+    #[test]
+    fn a_rate_between_frames_runs_from_frame_end_to_frame_end() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut m = DeliveryMeter::default();
+        // One ACK a 40 ms frame of 50 KB (10 Mb/s); the peer read the fifth frame in two
+        // batches, 20 KB and then 30 KB a millisecond later.
+        for k in 0..5u32 {
+            let at = t0 + ms(40) * k;
+            if k == 4 {
+                m.add(20_000);
+                m.mark(at, at, false, None);
+                m.add(30_000);
+                m.mark(at + ms(1), at + ms(1), false, None);
+            } else {
+                m.add(50_000);
+                m.mark(at, at, false, None);
+            }
+        }
+        let (from, to) = (t0, t0 + ms(160));
+        // Up to the first batch, the fifth frame's ACK counts a part of it for a whole frame.
+        let r = m.rate_between(from, to).expect("rate");
+        assert!((r.bps - 8.5e6).abs() < 1.0, "{r:?}");
+        // Cut at frame ends: three whole frames.
+        let r = m.rate_between_frames(from, to, ms(40)).expect("rate");
+        assert!((r.bps - 10e6).abs() < 1.0, "{r:?}");
     }
 
     #[test]
