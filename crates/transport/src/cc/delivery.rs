@@ -250,25 +250,11 @@ impl DeliveryMeter {
     }
 
     /// Delivery rate over the ACKs that arrived from `from` to `to` (both included), cut at
-    /// clump ends as [`rate`](Self::rate) does: the ACKs of one measurement (a probe's).
-    pub fn rate_between(&self, from: Instant, to: Instant) -> Option<Rate> {
-        self.rate_between_cut(from, to, self.clump_period())
-    }
-
-    /// As [`rate_between`](Self::rate_between), from clump end to clump end for clumps
-    /// `period` apart whether or not ACKs clump: on a slotted link whose frames each carry
-    /// one ACK, or two where the peer read the frame in two batches, the ACK that ends a
-    /// frame is the one that acknowledges all of it.
-    pub fn rate_between_frames(
-        &self,
-        from: Instant,
-        to: Instant,
-        period: Duration,
-    ) -> Option<Rate> {
-        self.rate_between_cut(from, to, Some(period))
-    }
-
-    fn rate_between_cut(
+    /// the ends of clumps `period` apart where one is given: the ACKs of one measurement (a
+    /// probe's). [`clump_period`](Self::clump_period) cuts as [`rate`](Self::rate) does; on
+    /// a slotted link whose frames each carry one ACK, or two where the peer read the frame
+    /// in two batches, the frame's period cuts at the ACK that acknowledges all of it.
+    pub fn rate_between(
         &self,
         from: Instant,
         to: Instant,
@@ -279,7 +265,8 @@ impl DeliveryMeter {
         self.rate_over(start, end, period)
     }
 
-    fn clump_period(&self) -> Option<Duration> {
+    /// The period of the ACKs' clumps where they come in clumps.
+    pub fn clump_period(&self) -> Option<Duration> {
         self.clumped().then_some(self.longest_gap)
     }
 
@@ -354,7 +341,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rate_between_frames_runs_from_frame_end_to_frame_end() {
+    fn a_rate_cut_at_frame_ends_runs_from_frame_end_to_frame_end() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut m = DeliveryMeter::default();
@@ -374,10 +361,10 @@ mod tests {
         }
         let (from, to) = (t0, t0 + ms(160));
         // Up to the first batch, the fifth frame's ACK counts a part of it for a whole frame.
-        let r = m.rate_between(from, to).expect("rate");
+        let r = m.rate_between(from, to, m.clump_period()).expect("rate");
         assert!((r.bps - 8.5e6).abs() < 1.0, "{r:?}");
         // Cut at frame ends: three whole frames.
-        let r = m.rate_between_frames(from, to, ms(40)).expect("rate");
+        let r = m.rate_between(from, to, Some(ms(40))).expect("rate");
         assert!((r.bps - 10e6).abs() < 1.0, "{r:?}");
     }
 
@@ -423,7 +410,11 @@ mod tests {
         // From the end of frame 40's clump to the end of frame 45's: five frames' bytes in
         // five frames' time, 6 Mb/s; the span's edges inside clumps 40 and 46 do not count.
         let r = m
-            .rate_between(t0 + us(40_000 * 40), t0 + us(40_000 * 46 + 100))
+            .rate_between(
+                t0 + us(40_000 * 40),
+                t0 + us(40_000 * 46 + 100),
+                m.clump_period(),
+            )
             .expect("rate");
         assert!((r.bps - 6e6).abs() < 1.0, "{r:?}");
     }

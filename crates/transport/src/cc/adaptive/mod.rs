@@ -1145,7 +1145,10 @@ impl Adaptive {
             let (from, to) = p.arrivals?;
             let from = p.settled_from(period).unwrap_or(from).max(from);
             let to = p.settled_until(period).unwrap_or(to).min(to);
-            let by_acks = self.meter.rate_between(from, to)?.bps;
+            let by_acks = self
+                .meter
+                .rate_between(from, to, self.meter.clump_period())?
+                .bps;
             let noise = self.path_jitter() * JITTER_ALLOWANCE;
             (by_acks, p.growth_over(period, noise).map(|(_, d)| d))
         } else {
@@ -1163,7 +1166,7 @@ impl Adaptive {
                 let noise = self.path_jitter() * JITTER_ALLOWANCE;
                 if let Some(r) = p
                     .arrivals
-                    .and_then(|(from, to)| self.meter.rate_between_frames(from, to, frame))
+                    .and_then(|(from, to)| self.meter.rate_between(from, to, Some(frame)))
                 {
                     by_acks = r.bps;
                 }
