@@ -645,14 +645,20 @@ impl Adaptive {
         }
     }
 
-    /// One busy-span rate: `None` across an idle gap of the sender's. A span that delivered
-    /// clearly less than its packets were sent at marks this overload as one that overran
-    /// the path (`overran`).
+    /// One busy-span rate. A span that delivered clearly less than its packets were sent at
+    /// marks this overload as one that overran the path (`overran`). Across an idle gap of
+    /// the sender's a span says nothing (`None`), unless it overran: the packets sent after
+    /// the gap queued behind those before it, so the gap left the bottleneck busy. After
+    /// an outage that came with a step down (the simulator's leo link, 100 → 40 Mb/s), the
+    /// sender waits on its flow window for the outage's repairs, every span holds such a
+    /// gap, and without this the estimate stayed at 100 Mb/s for 3.5 s with the queue full.
     fn busy_measure(&mut self, r: Option<Rate>) -> Option<f64> {
-        let r = r.filter(|r| !r.app_limited)?;
-        if r.sent_bps.is_some_and(|sent| r.bps < sent * DELIVERED_ALL) {
-            self.overran = true;
+        let r = r?;
+        let overran = r.sent_bps.is_some_and(|sent| r.bps < sent * DELIVERED_ALL);
+        if r.app_limited && !overran {
+            return None;
         }
+        self.overran |= overran;
         Some(r.bps)
     }
 
@@ -1940,6 +1946,36 @@ mod tests {
         // The probe's ACKs read high on such a path: its own verdict decides.
         assert_eq!(overload_after_12_mbps(true), 10e6);
         assert_eq!(overload_after_12_mbps(false), 12e6);
+    }
+
+    #[test]
+    fn a_span_across_a_gap_of_the_senders_measures_the_path_only_if_it_overran() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        // The last 400 ms delivered 12 Mb/s, every ACK after a gap of the sender's (waiting
+        // on its flow window), of packets that left at `sent_every` apart.
+        let overload_with_packets_sent_every = |sent_every: Duration| {
+            let (mut a, rtt) = on_a_jittery_path();
+            a.estimate = 20e6;
+            for i in 0..400u32 {
+                a.meter.add(1500);
+                let sent = SentMark {
+                    at: t0 + sent_every * i,
+                    total: 1500 * u64::from(i + 1),
+                };
+                let at = t0 + ms(600) + ms(i.into());
+                a.meter.mark(at, at, true, Some(sent));
+            }
+            a.overload(t0 + ms(999), &rtt);
+            a.estimate
+        };
+        // Sent at 20 Mb/s: what the sender's gaps left out queued, and the path carried 12.
+        assert_eq!(
+            overload_with_packets_sent_every(Duration::from_micros(600)),
+            12e6
+        );
+        // Sent at 12 Mb/s: the gaps may have left the path idle, so it is not measured.
+        assert_eq!(overload_with_packets_sent_every(ms(1)), 20e6);
     }
 
     /// The ACK of the packet sent 40 ms before packet `pn` (one a millisecond from `t0`),
