@@ -66,6 +66,8 @@ pub struct DeliveryMeter {
     /// How much earlier than it reached us the latest ACK would have come back at the
     /// return path's least delay: marks are dated by that earlier time.
     lag: Duration,
+    /// The gap before the next mark is the sender's (`after_senders_gap`).
+    senders_gap: bool,
 }
 
 /// Marks older than this are never asked for.
@@ -136,12 +138,14 @@ impl DeliveryMeter {
         sent: Option<SentMark>,
     ) {
         self.lag = received.saturating_duration_since(arrived);
+        let senders_gap = std::mem::take(&mut self.senders_gap);
         let since_last = self
             .marks
             .back()
             .map(|last| arrived.saturating_duration_since(last.at));
         // The ACK pace of a busy sender: gaps of the sender's own, and idle ones, are not it.
-        let pace_gap = since_last.filter(|&g| !app_limited && g <= ACK_INTERVAL_CAP);
+        let own_gap = app_limited || senders_gap;
+        let pace_gap = since_last.filter(|&g| !own_gap && g <= ACK_INTERVAL_CAP);
         if let (Some(_), Some(last)) = (pace_gap, self.marks.back()) {
             let bytes = self.delivered.saturating_sub(last.delivered);
             self.ack_bytes = Some(match self.ack_bytes {
@@ -162,7 +166,7 @@ impl DeliveryMeter {
         if let Some(gap) = since_last {
             let decay = (CLUMP_DECAY_PER_SECOND * gap.as_secs_f64()).min(1.0);
             self.longest_gap = self.longest_gap.mul_f64(1.0 - decay);
-            if !app_limited && gap <= CLUMP_GAP_MAX {
+            if !own_gap && gap <= CLUMP_GAP_MAX {
                 self.longest_gap = self.longest_gap.max(gap);
                 if gap * 2 >= self.longest_gap {
                     let full = gap * REGULAR_TENTHS >= self.longest_gap * (REGULAR_TENTHS - 1);
@@ -190,6 +194,17 @@ impl DeliveryMeter {
         {
             self.marks.pop_front();
         }
+    }
+
+    /// The gap before the next mark is one the sender left (a pause after a probe, a
+    /// drain), not one of the path's: it does not enter the ACK pace, the longest gap or how
+    /// regular the gaps are. Counted, a probe's pause on a slotted leo path (80 ms, frames
+    /// of 20 ms) became the clump period the next probe was sized and measured by, whose
+    /// pause was as long again: in the simulator 19 probes in a row found no frame end to
+    /// measure from and went unjudged, with the link back at 100 Mb/s and the estimate at 59.
+    /// Only those statistics leave it out: a rate across it stays valid.
+    pub fn after_senders_gap(&mut self) {
+        self.senders_gap = true;
     }
 
     /// Bytes one ACK of a busy sender newly acknowledges, smoothed as the ACK interval is.
@@ -417,6 +432,41 @@ mod tests {
             )
             .expect("rate");
         assert!((r.bps - 6e6).abs() < 1.0, "{r:?}");
+    }
+
+    #[test]
+    fn a_gap_the_sender_left_is_no_clump_period() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        // Frames of 20 ms with three ACKs each; after frame 30 the sender pauses, and the
+        // next ACK comes 80 ms after the last.
+        let after_a_pause = |senders: bool| {
+            let mut m = DeliveryMeter::default();
+            let mut at = t0;
+            for frame in 0..60u64 {
+                at = t0 + us(20_000 * frame + if frame > 30 { 60_000 } else { 0 });
+                for k in 0..3u64 {
+                    if frame == 31 && k == 0 && senders {
+                        m.after_senders_gap();
+                    }
+                    m.add(10_000);
+                    m.mark(at + us(100 * k), at + us(100 * k), false, None);
+                }
+            }
+            let gap = m.longest_gap();
+            let rate = m.rate_between(t0 + us(620_000), at + us(200), m.clump_period());
+            (gap, rate.map(|r| r.bps))
+        };
+        // Left out, the frames' period stays the clump period: a rate over the frames after
+        // the pause runs from clump end to clump end (27 frames' bytes in 27 frames' time).
+        let (gap, rate) = after_a_pause(true);
+        assert!(gap > us(19_000) && gap <= us(20_000), "{gap:?}");
+        assert_eq!(rate, Some(12e6));
+        // Counted, the pause is the period (falling back by half a second per second), and no
+        // clump ends at half of it.
+        let (gap, rate) = after_a_pause(false);
+        assert!(gap > us(40_000), "{gap:?}");
+        assert_eq!(rate, None);
     }
 
     #[test]

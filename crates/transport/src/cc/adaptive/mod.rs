@@ -313,6 +313,11 @@ pub struct Adaptive {
     next_pn: u64,
     /// A pause the pacer owes after a probe.
     pause: Option<Duration>,
+    /// The sender left a gap of its own (a probe's pause, a drain) before the next packet;
+    /// and the first packet after the latest such gap, until an ACK acknowledges it: the gap
+    /// before that ACK is the sender's (`DeliveryMeter::after_senders_gap`).
+    gap_pending: bool,
+    first_after_gap: Option<u64>,
     /// The ACK being processed acknowledged a packet sent after an idle gap.
     event_app_limited: bool,
     /// ... and when the latest packet it acknowledged was sent, with the bytes sent up to it.
@@ -377,6 +382,8 @@ impl Adaptive {
             probe_found_more: false,
             next_pn: 0,
             pause: None,
+            gap_pending: false,
+            first_after_gap: None,
             event_app_limited: false,
             event_sent: None,
             last_sent: None,
@@ -772,6 +779,7 @@ impl Adaptive {
         self.evidence.reset(self.next_pn, floor);
         self.judging_drain = true;
         self.resuming = true;
+        self.gap_pending = true;
         self.resumed_pn = self.next_pn;
         self.resumed_acked_at = None;
     }
@@ -1370,6 +1378,8 @@ impl CongestionController for Adaptive {
         self.verify_now = false;
         self.next_pn = 0;
         self.pause = None;
+        self.gap_pending = false;
+        self.first_after_gap = None;
         self.event_app_limited = false;
         self.last_sent = None;
         self.last_spoiling_gap = None;
@@ -1392,7 +1402,9 @@ impl CongestionController for Adaptive {
     }
 
     fn take_pause(&mut self) -> Option<Duration> {
-        self.pause.take()
+        let pause = self.pause.take();
+        self.gap_pending |= pause.is_some();
+        pause
     }
 
     fn on_sent(&mut self, now: Instant, sent: SentInfo, rtt: &RttEstimator) {
@@ -1400,6 +1412,9 @@ impl CongestionController for Adaptive {
             self.end_drain(now, rtt);
         }
         let app_limited = sent.app_limited && !std::mem::take(&mut self.resuming);
+        if std::mem::take(&mut self.gap_pending) {
+            self.first_after_gap = Some(sent.pn);
+        }
         self.next_pn = self.next_pn.max(sent.pn + 1);
         self.last_sent = Some(now);
         if sent.ack_eliciting {
@@ -1441,6 +1456,10 @@ impl CongestionController for Adaptive {
     fn on_ack(&mut self, now: Instant, acked: AckedPacket, rtt: &RttEstimator) {
         self.meter.add(acked.bytes);
         self.event_app_limited |= acked.app_limited;
+        if self.first_after_gap.is_some_and(|first| acked.pn >= first) {
+            self.first_after_gap = None;
+            self.meter.after_senders_gap();
+        }
         let Some(sample) = acked.rtt_sample else {
             return;
         };
