@@ -1168,6 +1168,13 @@ impl Adaptive {
         } else {
             let v = p.verdict(false, 4 * self.mtu, self.growth_noise(p))?;
             let (mut by_acks, mut by_delay) = (v.by_acks, v.by_delay);
+            // Where the delay jitters, the ACK rate is fitted to all of its ACKs rather than
+            // taken between the first and the last, which the jitter moves.
+            if self.delay_jitters() {
+                if let Some(r) = p.fitted_rate(4 * self.mtu) {
+                    by_acks = r;
+                }
+            }
             if self.frames_alone() {
                 // One ACK a frame: its last ACK that acknowledged none of the packets after
                 // it is, where the peer read that frame in two batches, the first batch's,

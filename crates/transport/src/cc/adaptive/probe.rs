@@ -37,6 +37,9 @@ pub struct Probe {
     pub arrivals: Option<(Instant, Instant)>,
     /// Every RTT sample of its packets, in the order they came (at most `KEEP_SAMPLES`).
     samples: Vec<Sample>,
+    /// Every ACK from its first to the latest that acknowledged nothing sent after it, in
+    /// the order they came (at most `KEEP_SAMPLES`).
+    acks: Vec<Dated>,
     /// RTT samples of its packet with the least RTT (its earliest, unless that one's ACK
     /// waited on the way back: the queue only grows while a probe sends above the path's
     /// rate), its latest, and the one before the latest.
@@ -76,6 +79,7 @@ impl Probe {
             frame: None,
             arrivals: None,
             samples: Vec::new(),
+            acks: Vec::new(),
             low_sample: None,
             last_sample: None,
             before_last_sample: None,
@@ -138,6 +142,9 @@ impl Probe {
         if self.last_pn.is_none_or(|l| largest_acked <= l) {
             let first = self.arrivals.map_or(arrived, |(a, _)| a);
             self.arrivals = Some((first, arrived));
+            if self.acks.len() < KEEP_SAMPLES {
+                self.acks.push((at, delivered));
+            }
             if self.start.is_none() {
                 self.start = Some((at, delivered));
             } else {
@@ -186,6 +193,33 @@ impl Probe {
             by_delay,
             growth,
         })
+    }
+
+    /// The delivery rate fitted to all of its ACKs: the least-squares slope of the delivered
+    /// count over the ACKs' dates. Where the path's delay jitters, its first and last ACK
+    /// each move by as much as the jitter, and a rate between those two alone moves with
+    /// them; the fit moves by what the jitter does to all of its ACKs together. `None` with
+    /// fewer than three ACKs, or fewer than `min_bytes` delivered between them.
+    pub fn fitted_rate(&self, min_bytes: u64) -> Option<f64> {
+        let (&(t0, d0), &(_, d1)) = (self.acks.first()?, self.acks.last()?);
+        if self.acks.len() < 3 || d1.saturating_sub(d0) < min_bytes {
+            return None;
+        }
+        let points = || {
+            self.acks.iter().map(move |&(t, d)| {
+                let secs = t.saturating_duration_since(t0).as_secs_f64();
+                (secs, d.saturating_sub(d0) as f64)
+            })
+        };
+        let n = self.acks.len() as f64;
+        let (sum_t, sum_d) = points().fold((0.0, 0.0), |(st, sd), (t, d)| (st + t, sd + d));
+        let (mean_t, mean_d) = (sum_t / n, sum_d / n);
+        let (cov, var) = points().fold((0.0, 0.0), |(c, v), (t, d)| {
+            let dt = t - mean_t;
+            (c + dt * (d - mean_d), v + dt * dt)
+        });
+        let bytes_per_second = cov / var;
+        (var > 0.0 && bytes_per_second > 0.0).then_some(bytes_per_second * 8.0)
     }
 
     /// When the ACK of the first of its packets sent at least `skip` after its first
@@ -277,6 +311,38 @@ mod tests {
         assert!((t.by_acks - 10e6).abs() < 1.0, "{t:?}");
         assert_eq!(t.growth, Some(ms(8)));
         assert!(p.verdict(false, 1_000_000, Duration::ZERO).is_none());
+    }
+
+    #[test]
+    fn a_rate_fitted_to_all_acks_moves_less_with_jitter_than_one_between_two() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        // Ten ACKs of 12,500 bytes each 10 ms apart (10 Mb/s), acknowledged as they come,
+        // each `offset(k)` µs after its slot.
+        let acked = |offset: &dyn Fn(u64) -> u64| {
+            let mut p = Probe::new(12e6, 100, false);
+            p.last_pn = Some(119);
+            for k in 0..10u64 {
+                let at = t0 + us(10_000 * k + offset(k));
+                p.on_ack(at, at, 12_500 * (k + 1), 100 + 2 * k);
+            }
+            p
+        };
+        let regular = acked(&|_| 5_000);
+        let rate = regular.fitted_rate(0).expect("fitted");
+        assert!((rate - 10e6).abs() < 1.0, "{rate}");
+        // The path's jitter delays the first ACK by 5 ms and hurries the last by as much:
+        // between those two the rate reads 11.25 Mb/s, fitted to all ten 10.54.
+        let moved = acked(&|k| match k {
+            0 => 10_000,
+            9 => 0,
+            _ => 5_000,
+        });
+        let between = moved.verdict(false, 0, Duration::ZERO).expect("verdict");
+        assert!((between.by_acks - 11.25e6).abs() < 1.0, "{between:?}");
+        let fitted = moved.fitted_rate(0).expect("fitted");
+        assert!((fitted - 10.540_540e6).abs() < 10.0, "{fitted}");
+        assert!(moved.fitted_rate(200_000).is_none());
     }
 
     #[test]
