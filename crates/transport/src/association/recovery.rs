@@ -220,7 +220,7 @@ impl Association {
             }
         }
         if cause == LossCause::Congestion && pn >= self.recovery_start_pn {
-            self.cc.on_congestion(now, &self.rtt);
+            self.cc.on_congestion(now, pn, &self.rtt);
             self.pacer.set_rate(self.cc.pacing_rate(&self.rtt));
             self.recovery_start_pn = self.next_pn;
             self.stats.congestion_events += 1;

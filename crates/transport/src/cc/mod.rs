@@ -121,7 +121,8 @@ pub trait CongestionController: Send + fmt::Debug {
     /// A packet lost to corruption: it crossed the bottleneck and used its capacity.
     fn on_corruption_loss(&mut self, _wire_bytes: u64) {}
     /// Losses attributed to congestion: the caller guarantees at most once per loss epoch.
-    fn on_congestion(&mut self, now: Instant, rtt: &RttEstimator);
+    /// `lost_pn`: the packet whose loss began the epoch.
+    fn on_congestion(&mut self, now: Instant, lost_pn: u64, rtt: &RttEstimator);
     /// Changes the configured rate (cap) live.
     fn set_rate(&mut self, rate_bps: u64);
     /// Lowers or raises the cap without treating it as a new link: a hub's carrier share,

@@ -45,7 +45,7 @@ impl CongestionController for RateControl {
         }
     }
 
-    fn on_congestion(&mut self, _now: Instant, _rtt: &RttEstimator) {
+    fn on_congestion(&mut self, _now: Instant, _lost_pn: u64, _rtt: &RttEstimator) {
         self.current = (self.current * 7.0 / 8.0).max(self.cap as f64 / 16.0);
     }
 

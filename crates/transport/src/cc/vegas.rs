@@ -96,7 +96,7 @@ impl CongestionController for Vegas {
         }
     }
 
-    fn on_congestion(&mut self, _now: Instant, _rtt: &RttEstimator) {
+    fn on_congestion(&mut self, _now: Instant, _lost_pn: u64, _rtt: &RttEstimator) {
         self.slow_start = false;
         self.cwnd = (self.cwnd * 0.75).max(VEGAS_MIN_PACKETS * self.packet as f64);
     }

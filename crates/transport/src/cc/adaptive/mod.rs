@@ -752,11 +752,15 @@ impl Adaptive {
         // already fit the pipe): where the path's jitter lifts every span above the threshold
         // that assumes none, each such drain would restart the comparison before it finds a
         // lift (a first comparison may find none), and the jitter would not be measured.
+        // Nor does such a drain count as one the buffer may overflow after only if another
+        // sender fills it: it left the queue as it was.
         let held_back = self.drain_began.map_or(Duration::MAX, |(began, _)| {
             now.saturating_duration_since(began)
         });
         if held_back >= JITTER_MIN {
             self.jitter.restart_at(self.next_pn);
+            self.other_sender
+                .on_drain_ended(now, self.base_or(rtt), self.next_pn);
         }
         self.steady_from_pn = self.next_pn + self.packets_per_span(rtt);
         // The packets still on their way were the last sent before the drain: they waited
@@ -1539,7 +1543,7 @@ impl CongestionController for Adaptive {
         }
     }
 
-    fn on_congestion(&mut self, now: Instant, rtt: &RttEstimator) {
+    fn on_congestion(&mut self, now: Instant, lost_pn: u64, rtt: &RttEstimator) {
         // The buffer overflowed: the queue's fall that follows (a loss-based sender backing
         // off, or our drain) is not the path's jitter.
         self.jitter.restart_at(self.next_pn);
@@ -1550,7 +1554,7 @@ impl CongestionController for Adaptive {
             self.yield_share();
         } else if self.last_queue > self.q_high() {
             let base = self.base_or(rtt);
-            self.other_sender.on_overflow(now, base);
+            self.other_sender.on_overflow(now, base, lost_pn);
             self.overload(now, rtt);
         }
     }
@@ -1687,7 +1691,7 @@ mod tests {
             };
             a.on_ack_done(now + base, summary, &rtt);
         }
-        a.on_congestion(t0 + base * 2, &rtt);
+        a.on_congestion(t0 + base * 2, 10, &rtt);
         let c = a.capacity(&rtt);
         assert_eq!((c.drains, c.estimate_bps), (0, 20_000_000));
     }

@@ -25,10 +25,17 @@ pub(super) struct OtherSender {
     overloads: u32,
     first: Option<Instant>,
     last: Option<Instant>,
-    /// A congestion loss came while the queue stood, after the run's first overload: the
-    /// buffer overflowed although we had drained. A loss-based flow keeps doing that (it
-    /// backs off only from drops); our own queue, drained, does not overflow, and the losses
-    /// of a LEO handover's outage come with the overload that begins a run, not after it.
+    /// The first packet sent after the run's first drain that held back sending ended.
+    drained_from: Option<u64>,
+    /// A congestion loss of a packet sent after that came while the queue stood: the
+    /// buffer overflowed although we had drained. A loss-based flow keeps
+    /// doing that (it backs off only from drops); our own queue, drained, does not overflow.
+    /// The losses of a LEO handover's outage come with the overload that begins a run, and
+    /// those of an ACM step down are of packets sent before its first drain ended, at the
+    /// rate before the step: counted, the step's own overflow and the overloads that a path
+    /// jittering without reordering set off after it (every sample above the least RTT by
+    /// more than `q_high`) made the simulator's LEO link with ACM steps and ±10 ms of
+    /// uniform jitter compete with no other sender, at half the ceiling for 10 s.
     overflowed: bool,
 }
 
@@ -48,10 +55,18 @@ impl OtherSender {
         }
     }
 
-    /// A congestion loss while the queue stood.
-    pub(super) fn on_overflow(&mut self, now: Instant, base: Duration) {
+    /// A drain that held back sending ended; the next packet sent is `next_pn`.
+    pub(super) fn on_drain_ended(&mut self, now: Instant, base: Duration, next_pn: u64) {
         self.end_if_stale(now, base);
-        if self.first.is_some() {
+        if self.first.is_some() && self.drained_from.is_none() {
+            self.drained_from = Some(next_pn);
+        }
+    }
+
+    /// A congestion loss, of packet `lost_pn`, while the queue stood.
+    pub(super) fn on_overflow(&mut self, now: Instant, base: Duration, lost_pn: u64) {
+        self.end_if_stale(now, base);
+        if self.drained_from.is_some_and(|from| lost_pn >= from) {
             self.overflowed = true;
         }
     }
@@ -82,7 +97,8 @@ mod tests {
         let t0 = Instant::now();
         let mut o = OtherSender::default();
         assert!(!o.on_overload(at(t0, 0), BASE));
-        o.on_overflow(at(t0, 800), BASE);
+        o.on_drain_ended(at(t0, 700), BASE, 1000);
+        o.on_overflow(at(t0, 800), BASE, 1200);
         assert!(!o.on_overload(at(t0, 1900), BASE));
         // The fourth, but within 3 s of the first (4 base RTTs are 2.4 s).
         assert!(!o.on_overload(at(t0, 2500), BASE));
@@ -94,10 +110,28 @@ mod tests {
         let t0 = Instant::now();
         let mut o = OtherSender::default();
         // A handover's losses come with the overload that begins the run.
-        o.on_overflow(at(t0, 0), BASE);
+        o.on_overflow(at(t0, 0), BASE, 500);
         for ms in [0, 1000, 2000, 3000, 4000, 5000] {
             assert!(!o.on_overload(at(t0, ms), BASE), "{ms}");
         }
+    }
+
+    #[test]
+    fn a_step_downs_own_overflow_is_not_another_senders() {
+        let t0 = Instant::now();
+        let mut o = OtherSender::default();
+        // A rate step: the first overload, then the buffer overflows with packets sent at
+        // the old rate, before the drain ended (the first packet after it is 1000). The
+        // overloads that follow (a path that jitters) find no other sender.
+        assert!(!o.on_overload(at(t0, 0), BASE));
+        o.on_drain_ended(at(t0, 900), BASE, 1000);
+        o.on_overflow(at(t0, 1000), BASE, 990);
+        for ms in [1500, 2500, 3500, 4500] {
+            assert!(!o.on_overload(at(t0, ms), BASE), "{ms}");
+        }
+        // The buffer overflows again, with a packet sent after the drain: another sender's.
+        o.on_overflow(at(t0, 5000), BASE, 1400);
+        assert!(o.on_overload(at(t0, 5500), BASE));
     }
 
     #[test]
@@ -108,7 +142,7 @@ mod tests {
         // The LEO testbed run taken for a competitor: a stall's overload at 23.5 s, then a
         // handover's loss and overloads at 45.0–45.2 s.
         assert!(!o.on_overload(at(t0, 23_507), base));
-        o.on_overflow(at(t0, 44_992), base);
+        o.on_overflow(at(t0, 44_992), base, 900_000);
         for ms in [44_992, 45_095, 45_244, 48_300] {
             assert!(!o.on_overload(at(t0, ms), base), "{ms}");
         }
@@ -119,7 +153,8 @@ mod tests {
         let t0 = Instant::now();
         let mut o = OtherSender::default();
         o.on_overload(at(t0, 0), BASE);
-        o.on_overflow(at(t0, 500), BASE);
+        o.on_drain_ended(at(t0, 400), BASE, 100);
+        o.on_overflow(at(t0, 500), BASE, 200);
         o.on_overload(at(t0, 1500), BASE);
         o.on_overload(at(t0, 3000), BASE);
         o.reset();
