@@ -27,9 +27,8 @@ pub struct Probe {
     pub app_limited: bool,
     /// When its first and latest packets left.
     pub sent: Option<(Instant, Instant)>,
-    /// The first ACK of its packets; the latest that acknowledged nothing sent after it,
-    /// and the one before that.
-    start: Option<Dated>,
+    /// The latest ACK that acknowledged nothing sent after it, and the one before that
+    /// (the first is `acks`' first).
     end: Option<Dated>,
     before_end: Option<Dated>,
     /// When the first ACK of its packets and the latest that acknowledged nothing sent
@@ -37,8 +36,8 @@ pub struct Probe {
     pub arrivals: Option<(Instant, Instant)>,
     /// Every RTT sample of its packets, in the order they came (at most `KEEP_SAMPLES`).
     samples: Vec<Sample>,
-    /// Every ACK from its first to the latest that acknowledged nothing sent after it, in
-    /// the order they came (at most `KEEP_SAMPLES`).
+    /// Every ACK of its packets from its first to the latest that acknowledged nothing sent
+    /// after it, in the order they came (at most `KEEP_SAMPLES`).
     acks: Vec<Dated>,
     /// RTT samples of its packet with the least RTT (its earliest, unless that one's ACK
     /// waited on the way back: the queue only grows while a probe sends above the path's
@@ -73,7 +72,6 @@ impl Probe {
             train,
             app_limited: false,
             sent: None,
-            start: None,
             end: None,
             before_end: None,
             frame: None,
@@ -87,8 +85,13 @@ impl Probe {
         }
     }
 
+    /// Its first ACK.
+    fn start(&self) -> Option<Dated> {
+        self.acks.first().copied()
+    }
+
     pub fn first_ack_at(&self) -> Option<Instant> {
-        self.start.map(|(at, _)| at)
+        self.start().map(|(at, _)| at)
     }
 
     pub fn covers(&self, pn: u64) -> bool {
@@ -142,14 +145,12 @@ impl Probe {
         if self.last_pn.is_none_or(|l| largest_acked <= l) {
             let first = self.arrivals.map_or(arrived, |(a, _)| a);
             self.arrivals = Some((first, arrived));
-            if self.acks.len() < KEEP_SAMPLES {
-                self.acks.push((at, delivered));
-            }
-            if self.start.is_none() {
-                self.start = Some((at, delivered));
-            } else {
+            if !self.acks.is_empty() {
                 self.before_end = self.end;
                 self.end = Some((at, delivered));
+            }
+            if self.acks.len() < KEEP_SAMPLES {
+                self.acks.push((at, delivered));
             }
         }
         self.last_pn.is_some_and(|l| largest_acked >= l)
@@ -163,7 +164,7 @@ impl Probe {
     pub fn verdict(&self, trim: bool, min_bytes: u64, noise: Duration) -> Option<Verdict> {
         let end = if trim {
             self.before_end
-                .filter(|e| Some(*e) != self.start)
+                .filter(|e| Some(*e) != self.start())
                 .or(self.end)
         } else {
             self.end
@@ -175,7 +176,7 @@ impl Probe {
         } else {
             self.last_sample
         };
-        let ((t0, d0), (t1, d1)) = self.start.zip(end)?;
+        let ((t0, d0), (t1, d1)) = self.start().zip(end)?;
         let bytes = d1.saturating_sub(d0);
         if bytes < min_bytes {
             return None;
@@ -360,7 +361,7 @@ mod tests {
             let rtt = ms(600) + Duration::from_micros(500 * (pn - 100)) + late;
             p.on_sample(pn, (sent, rtt));
         }
-        p.start = Some((t0, 0));
+        p.acks.push((t0, 0));
         p.end = Some((t0 + ms(18), 22_500));
         let v = p.verdict(false, 0, Duration::ZERO).expect("verdict");
         // Measured from the second packet's sample: 8 ms of growth over 8 ms of sending.
