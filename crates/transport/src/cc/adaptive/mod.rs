@@ -595,8 +595,18 @@ impl Adaptive {
             until: now + path * 4 + DRAIN_SLACK,
             from,
         };
-        self.probe_interval = self.base_or(rtt).max(PROBE_MIN);
-        self.next_probe_at = Some(now + self.probe_interval);
+        if probing {
+            // A probe's own queue is most of what a path that cannot carry it shows: this
+            // is that probe's failure, and the next waits twice as long as after a verdict.
+            // Restarted at a base RTT instead, a lengthened probe (tens of milliseconds,
+            // longer than an evidence span) failed this way every round trip or two: on the
+            // simulator's leo link at 40 Mb/s with ±10 ms of uniform jitter, a probe, an
+            // overload and a drain every 150–250 ms.
+            self.backoff(now, rtt);
+        } else {
+            self.probe_interval = self.base_or(rtt).max(PROBE_MIN);
+            self.next_probe_at = Some(now + self.probe_interval);
+        }
     }
 
     /// Measures the delivery rate of the last span: the bottleneck was busy throughout it (a
@@ -1976,6 +1986,33 @@ mod tests {
         // The probe's ACKs read high on such a path: its own verdict decides.
         assert_eq!(overload_after_12_mbps(true), 10e6);
         assert_eq!(overload_after_12_mbps(false), 12e6);
+    }
+
+    #[test]
+    fn an_overload_while_a_probe_is_out_backs_the_next_probe_off() {
+        let ms = Duration::from_millis;
+        let now = Instant::now();
+        let next_probe_after_overload = |probing: bool| {
+            let mut a = Adaptive::new(&Config::for_rate(100_000_000));
+            let rtt = RttEstimator::new(ms(40));
+            a.estimate = 40e6;
+            a.probe_interval = ms(80);
+            if probing {
+                a.state = State::Probe {
+                    rate: 50e6,
+                    until: now + ms(10),
+                };
+                a.probe = Some(Probe::new(50e6, 0, false));
+            }
+            a.overload(now, &rtt);
+            assert!(matches!(a.state, State::Drain { .. }));
+            assert_eq!(a.next_probe_at, Some(now + a.probe_interval));
+            a.probe_interval
+        };
+        // The probe failed: twice the interval, as after a verdict.
+        assert_eq!(next_probe_after_overload(true), ms(160));
+        // The path slowed: probes start again a base RTT after the drain.
+        assert_eq!(next_probe_after_overload(false), ms(40));
     }
 
     #[test]
