@@ -5,11 +5,13 @@
 # pepd), pepd with quic = "pass" and pepd with quic = "reject". RUNS (5) runs per mode, the
 # modes taking turns so that all meet the same conditions of the machine. Writes into DIR
 # (target/bench/browser): runs.jsonl (one object per run), summary.json (median and spread
-# per mode and visit, the protocol mix) and prints a table. Needs root and caddy, chromium
-# and certutil (scripts/install-browser.sh). Timing needs an idle machine.
+# per mode and visit, the protocol mix) and prints a table. Needs root; installs caddy,
+# chromium and certutil where they are missing. Timing needs an idle machine.
 # Usage: ./scripts/bench-browser.sh   (DIR=… RUNS=… PROFILE=… to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
+./scripts/install-browser.sh
 dir=${DIR:-target/bench/browser}
 runs=${RUNS:-5}
 profile=${PROFILE:-geo}

@@ -17,6 +17,7 @@
 #   APPEND=1 keeps the runs already in $OUT (to add variants to a set, then judge them all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
 bin="${CARGO_TARGET_DIR:-target}/release"
 TB="$bin/pep-testbed"
 export PEPD_BIN=${PEPD_BIN:-$bin/pepd}

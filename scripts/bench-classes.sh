@@ -16,6 +16,7 @@
 # Environment: RUNS (5), SECONDS (30), OUT (target/bench/classes-runs.jsonl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
 bin="${CARGO_TARGET_DIR:-target}/release"
 TB="$bin/pep-testbed"
 export PEPD_BIN=${PEPD_BIN:-$bin/pepd}

@@ -17,6 +17,7 @@
 # VETH_BYTES (1000000000), OUT (target/bench/compression-runs.jsonl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
 bin="${CARGO_TARGET_DIR:-target}/release"
 TB="$bin/pep-testbed"
 export PEPD_BIN=${PEPD_BIN:-$bin/pepd}

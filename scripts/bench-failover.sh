@@ -7,11 +7,14 @@
 # the unaffected terminals' p99 beside it. Prints per scenario the worst and median of the
 # runs' worst terminal recovery, the flows reset and hung, whether every answer was exact,
 # and for active-set the unaffected terminals' resets and p99 against the control's.
-# Needs root, keepalived for the standby scenarios (scripts/install-keepalived.sh) and FRR
-# for active-set (scripts/install-frr.sh). Timing needs an idle machine.
+# Needs root; installs keepalived for the standby scenarios and FRR for active-set where
+# they are missing. Timing needs an idle machine.
 # Usage: ./scripts/bench-failover.sh   (writes the JSON lines to OUT, target/bench/failover.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
+./scripts/install-keepalived.sh
+./scripts/install-frr.sh
 out=${OUT:-target/bench/failover.jsonl}
 runs=${RUNS:-5}
 scenarios=${SCENARIOS:-restart standby-pepd standby-hub active-set}

@@ -13,6 +13,7 @@
 # pepd (rows skipped without it). Prints a table: mean ± sd (min–max) per row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
 link=${1:?usage: bench-gigabit.sh nodelay|veth}
 bin="${CARGO_TARGET_DIR:-target}/release"
 TB="$bin/pep-testbed"

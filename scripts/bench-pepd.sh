@@ -4,6 +4,7 @@
 #   cargo build --release -p pepd -p pep-testbed && ./scripts/bench-pepd.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
 bin="${CARGO_TARGET_DIR:-target}/release"
 TB="$bin/pep-testbed"
 export PEPD_BIN=${PEPD_BIN:-$bin/pepd}

@@ -11,6 +11,7 @@
 # Writes the JSON lines to OUT (target/bench/status.jsonl) and prints a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
 out=${OUT:-target/bench/status.jsonl}
 mkdir -p "$(dirname "$out")"
 cargo test --release -p pepd --test hub --no-run

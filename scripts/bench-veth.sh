@@ -7,6 +7,7 @@
 # Environment: RUNS (3), BYTES (1000000000), RATE (pepd's tx_rate = rx_rate, bit/s; 1e9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-testbed.sh
 bin="${CARGO_TARGET_DIR:-target}/release"
 TB="$bin/pep-testbed"
 export PEPD_BIN=${PEPD_BIN:-$bin/pepd}

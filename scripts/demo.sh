@@ -11,13 +11,7 @@ if [ "$(id -u)" != 0 ]; then
     echo "the demo builds network namespaces: run it as root" >&2
     exit 1
 fi
-need_pkgs=()
-command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
-command -v nft >/dev/null 2>&1 || need_pkgs+=(nftables)
-command -v sysctl >/dev/null 2>&1 || need_pkgs+=(procps)
-if ((${#need_pkgs[@]})); then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
-fi
+./scripts/install-testbed.sh
 
 cargo build --release -p pepd -p pep-testbed
 bin="${CARGO_TARGET_DIR:-target}/release"

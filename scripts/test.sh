@@ -6,19 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_pkgs=()
-command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
-command -v nft >/dev/null 2>&1 || need_pkgs+=(nftables)
-command -v ping >/dev/null 2>&1 || need_pkgs+=(iputils-ping)
-command -v setpriv >/dev/null 2>&1 || need_pkgs+=(util-linux)
-if ((${#need_pkgs[@]})); then
-    if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
-    else
-        echo "missing ${need_pkgs[*]}: install them (root needed)" >&2
-        exit 1
-    fi
-fi
+./scripts/install-testbed.sh
 
 # keepalived for the failover tests, FRR for the check of its example (installed so that
 # neither ever starts outside the namespaces of those tests).
