@@ -1321,9 +1321,16 @@ impl Adaptive {
             self.jitter.at_least(p.largest_fall);
             self.refresh_jitter_delay();
         }
+        let planned = self.packet_time(p.rate).mul_f64(f64::from(self.train_len));
+        // Fewer than `MEASURE_ACKS` of the longest gaps between ACKs span it: its ACK rate
+        // and its queue growth are each a gap more or less. A slotted path releases a first
+        // train in one frame or two, and where it straddles two, the wait for the second
+        // reads as a queue: on the simulator's geo link with ±20 ms slots (40 ms frames) a
+        // first train cut 20 Mb/s to 1.5. The longer train spans several frames.
+        let spread = self.meter.longest_gap() * MEASURE_ACKS > planned;
         let verdict = p
             .verdict(true, 4 * self.mtu, Duration::ZERO)
-            .filter(|_| !(first && jitters));
+            .filter(|_| !(first && (jitters || spread)));
         let Some(v) = verdict else {
             if first {
                 self.lengthen_train(rtt);
@@ -1331,7 +1338,6 @@ impl Adaptive {
             return;
         };
         let rate = v.by_delay.map_or(v.by_acks, |d| d.max(v.by_acks));
-        let planned = self.packet_time(p.rate).mul_f64(f64::from(self.train_len));
         // A path at a share `c` of the ceiling grows the queue by `planned × (1/c − 1)`: at
         // least half the train's time means `c ≤ 2/3`, the ACM steps (2–4×) the train is for.
         // Less is left to the drain: on a correctly provisioned link a host's timer noise
@@ -1800,6 +1806,52 @@ mod tests {
         // While it was out its queue was its own to judge, and its cut needs no check.
         assert_eq!(a.capacity(&rtt).drains, 0);
         assert!(!a.verify_train);
+    }
+
+    #[test]
+    fn a_first_train_that_two_slot_frames_carry_is_followed_by_a_longer_one() {
+        let ms = Duration::from_millis;
+        let mut a = Adaptive::new(&Config::for_rate(20_000_000));
+        let mut rtt = RttEstimator::new(ms(600));
+        let t0 = Instant::now();
+        let gap = Duration::from_micros(600);
+        a.on_established(t0);
+        let first = a.train_packets();
+        for pn in 0..u64::from(first) {
+            a.on_sent(t0 + gap * pn as u32, sent(pn), &rtt);
+        }
+        // The path carries all of it, but in 40 ms frames: what reached it by 10 ms leaves
+        // in the frame that ends then, the rest in the next. The peer acknowledges every
+        // other packet of each frame's batch as it reads it.
+        let released = |pn: u64| {
+            if gap * (pn as u32) < ms(10) {
+                ms(10)
+            } else {
+                ms(50)
+            }
+        };
+        for pn in 0..u64::from(first) {
+            let at = t0 + released(pn) + ms(600) + Duration::from_micros(10 * pn);
+            let r = at.saturating_duration_since(t0 + gap * pn as u32);
+            rtt.on_sample(at, r);
+            a.on_ack(at, acked(pn, t0 + gap * pn as u32, r), &rtt);
+            if pn % 2 == 1 || pn + 1 == u64::from(first) {
+                let summary = AckSummary {
+                    largest_acked: pn,
+                    ack_delay: Duration::ZERO,
+                    arrived: at,
+                };
+                a.on_ack_done(at, summary, &rtt);
+            }
+        }
+        // The second frame's wait is no queue: a train of a fifth of the base RTT at the
+        // ceiling follows, and the estimate stays.
+        assert_eq!(a.estimate, 20e6);
+        assert!(
+            matches!(a.state, State::Train { left } if left > 150),
+            "{:?}",
+            a.state
+        );
     }
 
     #[test]
