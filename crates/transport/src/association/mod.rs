@@ -216,12 +216,6 @@ const MAX_REDUNDANT_COPIES: u8 = 3;
 /// Successive PTOs without an ACK after which the link is taken to be down.
 const OUTAGE_PTO_COUNT: u32 = 2;
 
-/// Once the probe timer has expired without an ACK, a PING also goes this often until one
-/// comes: the link's return is noticed within this and a round trip, where the backed-off
-/// timer alone notices it up to a whole interval late. A PING is about 50 bytes on the wire,
-/// so twenty a second are 8 kb/s, sent only while nothing is answered.
-const SILENT_PROBE_INTERVAL: Duration = Duration::from_millis(50);
-
 /// How an endpoint finds an association and its peer.
 pub(crate) struct EndpointRouting {
     pub(crate) local_cid: ConnectionId,
@@ -294,12 +288,8 @@ pub struct Association {
     /// How far the path reorders, and which declared losses were received after all.
     reordering: Reordering,
     pto_count: u32,
-    /// The next PING while the probe timer has expired without an ACK
-    /// (`SILENT_PROBE_INTERVAL`).
-    silent_probe_at: Option<Instant>,
-    /// The peer was heard (an authenticated packet) since the probe timer last fired: a
-    /// probe timeout in an outage then does not make its hub a silent one.
-    heard_since_pto: bool,
+    /// Whether the peer was heard, and answered with a probe, since the probe timer last fired.
+    probed_on_hearing: bool,
     probes_pending: u32,
     outage_since: Option<Instant>,
     /// When a handshake last completed (the association's start or a rekey).
@@ -475,8 +465,7 @@ impl Association {
             loss_time: None,
             reordering: Reordering::default(),
             pto_count: 0,
-            silent_probe_at: None,
-            heard_since_pto: false,
+            probed_on_hearing: false,
             probes_pending: 0,
             outage_since: None,
             last_handshake: None,
