@@ -2,7 +2,8 @@
 //! after a NAT rebinding) once a packet from there authenticates and is the newest yet;
 //! forged, replayed or older packets from elsewhere move nothing. Without security the
 //! address is the identity and nothing moves. An idle terminal sends at its keepalive
-//! interval, which keeps its NAT mapping open.
+//! interval, which keeps its NAT mapping open. What went to the old address after the
+//! terminal left is resent the moment the hub hears from the new one.
 
 mod support;
 
@@ -268,4 +269,49 @@ fn idle_terminal_sends_at_its_keepalive_interval() {
     let gaps: Vec<Duration> = sent_at.windows(2).map(|w| w[1] - w[0]).collect();
     assert!(gaps.len() >= 8, "{gaps:?}");
     assert!(gaps.iter().all(|&g| g == KEEPALIVE), "{gaps:?}");
+}
+
+/// A move that takes the terminal out of reach for a while (a new address that takes
+/// time to come up): what the hub sent from one one-way delay before the move on, the
+/// silence included, reached the old address after the terminal had left. The hub takes all
+/// of it as lost the moment it hears from the new address, not a round trip later when the
+/// terminal's ACKs show the holes, and not as congestion.
+#[test]
+fn a_move_after_a_silence_resends_all_that_went_to_the_old_address_at_once() {
+    const SILENCE: Duration = Duration::from_millis(300);
+    let (baseline, _, _) = transfer(None);
+    let mut n = established(&Layout::default());
+    let start = n.now;
+    let flows = n.open_both_ways(&[1], BYTES);
+    n.run_until(MOVE_AFTER - RTT / 2, |_| false);
+    let arrives_after_the_move = n.nodes[HUB].sent.len();
+    n.run_until(RTT / 2, |_| false);
+    let moved_at = n.now;
+    let heard_again = moved_at - n.base + SILENCE;
+    n.nodes[1].addr = new_address();
+    n.cut = Some(Box::new(move |since_start, from, _, _| {
+        from == new_address() && since_start < heard_again
+    }));
+    assert_eq!(hub_stats(&n).lost.outage, 0);
+    assert!(n.run_until(SILENCE + RTT, |n| hub_remote(n) == Some(new_address())));
+    let followed = n.now - moved_at;
+    let dropped = n.nodes[HUB].sent[arrives_after_the_move..]
+        .iter()
+        .filter(|(to, _)| *to == terminal_addr(1))
+        .count();
+    let lost = hub_stats(&n).lost;
+    n.complete_both_ways(&flows, Duration::from_secs(60));
+    let extra = (n.now - start).saturating_sub(baseline);
+    println!(
+        "followed {followed:?} after the move; {dropped} datagrams went to the old address \
+         after it, {} taken as lost at once; {extra:?} ({:.2} RTT) beyond {baseline:?}",
+        lost.outage,
+        extra.as_secs_f64() / RTT.as_secs_f64()
+    );
+    // The terminal's first packet from there moves it (one comes every 0.6 ms).
+    assert!(followed <= SILENCE + RTT / 2 + MS, "{followed:?}");
+    assert!(lost.outage >= dropped as u64, "{lost:?} of {dropped}");
+    assert_eq!(lost.congestion, 0);
+    // The silence, and a round trip to repair what it lost: the resends leave at once.
+    assert!(extra <= SILENCE + RTT + RTT / 8, "{extra:?} extra");
 }

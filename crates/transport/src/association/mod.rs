@@ -216,6 +216,12 @@ const MAX_REDUNDANT_COPIES: u8 = 3;
 /// Successive PTOs without an ACK after which the link is taken to be down.
 const OUTAGE_PTO_COUNT: u32 = 2;
 
+/// Once the probe timer has expired without an ACK, a PING also goes this often until one
+/// comes: the link's return is noticed within this and a round trip, where the backed-off
+/// timer alone notices it up to a whole interval late. A PING is about 50 bytes on the wire,
+/// so twenty a second are 8 kb/s, sent only while nothing is answered.
+const SILENT_PROBE_INTERVAL: Duration = Duration::from_millis(50);
+
 /// How an endpoint finds an association and its peer.
 pub(crate) struct EndpointRouting {
     pub(crate) local_cid: ConnectionId,
@@ -288,8 +294,12 @@ pub struct Association {
     /// How far the path reorders, and which declared losses were received after all.
     reordering: Reordering,
     pto_count: u32,
-    /// Whether the peer was heard, and answered with a probe, since the probe timer last fired.
-    probed_on_hearing: bool,
+    /// The next PING while the probe timer has expired without an ACK
+    /// (`SILENT_PROBE_INTERVAL`).
+    silent_probe_at: Option<Instant>,
+    /// The peer was heard (an authenticated packet) since the probe timer last fired: a
+    /// probe timeout in an outage then does not make its hub a silent one.
+    heard_since_pto: bool,
     probes_pending: u32,
     outage_since: Option<Instant>,
     /// When a handshake last completed (the association's start or a rekey).
@@ -465,7 +475,8 @@ impl Association {
             loss_time: None,
             reordering: Reordering::default(),
             pto_count: 0,
-            probed_on_hearing: false,
+            silent_probe_at: None,
+            heard_since_pto: false,
             probes_pending: 0,
             outage_since: None,
             last_handshake: None,
@@ -940,15 +951,19 @@ impl Association {
         }
     }
 
-    /// The peer left its old address about a one-way delay (and its acknowledgement delay)
-    /// before we heard from the new one, so what we sent there in that last round trip
-    /// arrived after it had gone: resent now, rather than a probe timeout or two later (the
-    /// netns test's move cost 3.2 round trips without this, 1.1 with it). Not a sign of
-    /// congestion. If the old address still reached the peer (a NAT that kept the old
-    /// mapping) the copies are duplicates it drops: at most a round trip of sending, once
-    /// per move.
+    /// The peer left its old address after the last packet we heard from there and before
+    /// the first from the new one, so what we sent in the round trip before that last
+    /// packet, and everything since, may have arrived after it had gone: resent now, rather
+    /// than a probe timeout or two later (the netns test's move cost 3.2 round trips
+    /// without this, 1.1 with it). The window starts at the last packet from the old
+    /// address, not at the first from the new: the move can take the peer out of reach for
+    /// a while, and what we sent then is as lost. Not a sign of congestion. If the old
+    /// address still reached the peer (a NAT that kept the old mapping) the copies are
+    /// duplicates it drops: at most a round trip and the gap of sending, once per move.
     fn resend_after_move(&mut self, now: Instant) {
-        let since = now.checked_sub(self.rtt.smoothed() + self.cfg.ack.max_delay);
+        // `last_received` is still the old address's packet: the new one is counted after.
+        let left = self.last_received.map_or(now, |heard| heard.min(now));
+        let since = left.checked_sub(self.rtt.smoothed() + self.cfg.ack.max_delay);
         let gone: Vec<u64> = self
             .sent
             .outstanding_in(0, self.next_pn)

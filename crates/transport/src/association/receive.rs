@@ -193,7 +193,7 @@ impl Association {
                 }
                 if self.generation == generation {
                     self.acks.on_packet(now, pn, eliciting, urgent);
-                    self.probe_on_hearing();
+                    self.heard_since_pto = true;
                 }
             }
             Err(_) => self.stats.malformed_dropped += 1,
@@ -537,7 +537,8 @@ impl Association {
         self.loss_time = None;
         self.reordering.on_restart();
         self.pto_count = 0;
-        self.probed_on_hearing = false;
+        self.silent_probe_at = None;
+        self.heard_since_pto = false;
         self.probes_pending = 0;
         self.outage_since = None;
         self.redundancy_cursor = 0;

@@ -60,6 +60,7 @@ impl Association {
         }
         self.last_ack_at = Some(now);
         self.pto_count = 0;
+        self.silent_probe_at = None;
         if let Some(since) = self.outage_since.take() {
             // Everything still unacknowledged went into the outage.
             self.events.push_back(Event::OutageEnded {
@@ -303,17 +304,6 @@ impl Association {
         Some(from + self.pto_interval())
     }
 
-    /// The peer was heard while our probe timer waits on an unanswered probe: the path carries
-    /// packets again (an outage's end, most often), so a probe goes now rather than at the
-    /// timer's backed-off expiry, which may be several round trips away. One per expiry, so a
-    /// chatty peer on a path that is down one way only adds one probe per timeout.
-    pub(super) fn probe_on_hearing(&mut self) {
-        if self.pto_count > 0 && !self.probed_on_hearing {
-            self.probed_on_hearing = true;
-            self.probes_pending = 1;
-        }
-    }
-
     /// How long a flow's cumulative point may sit behind a gap before the receiver names the
     /// missing bytes itself. Packet-level SNACK normally repairs holes within a round trip or
     /// two; this is the safety net.
@@ -393,6 +383,7 @@ impl Association {
             consider(self.keepalive_deadline());
         }
         consider(self.outage_deadline());
+        consider(self.silent_probe_at);
         consider(self.gap_sweep_at);
         consider(self.handover_deadline());
         if self.close_pending.is_some() {
@@ -450,19 +441,25 @@ impl Association {
         if self.pto_deadline().is_some_and(|t| t <= now) {
             self.pto_fired_at = Some(now);
             self.pto_count += 1;
-            self.probed_on_hearing = false;
             self.probes_pending = 1;
+            self.silent_probe_at = Some(now + SILENT_PROBE_INTERVAL);
+            let heard = std::mem::take(&mut self.heard_since_pto);
             if self.pto_count >= OUTAGE_PTO_COUNT && self.outage_since.is_none() {
                 self.outage_since = Some(self.last_ack_at.unwrap_or(now).min(now));
                 self.stats.outages += 1;
                 self.events.push_back(Event::OutageStarted);
             }
-            if self.outage_since.is_some() {
+            // A hub heard since the last expiry is there: its ACK is on its way.
+            if self.outage_since.is_some() && !heard {
                 self.current_hub_silent();
             }
         }
         if self.keepalive_deadline().is_some_and(|t| t <= now) {
             self.probes_pending = 1;
+        }
+        if self.silent_probe_at.is_some_and(|t| t <= now) {
+            self.probes_pending = 1;
+            self.silent_probe_at = Some(now + SILENT_PROBE_INTERVAL);
         }
         if self.gap_sweep_at.is_some_and(|t| t <= now) {
             self.sweep_stalled_gaps(now);
