@@ -441,3 +441,66 @@ fn where_acks_come_one_a_frame_a_rate_step_down_is_seen_within_a_frame_or_two() 
         );
     }
 }
+
+/// A LEO-like link (100 Mb/s forward, 20 Mb/s return, 20 ms each way, a buffer of one round
+/// trip at the rate) with `kind` of jitter within ±20 ms on both directions, whose rate steps
+/// down to 40 Mb/s 5 s into a transfer: how long after the step the buffer stood full (the
+/// timeline's buckets with a queue of 90 ms or more), and when the estimate first came
+/// within 10 % of the new rate.
+fn leo_step_down(kind: JitterKind, seed: u64) -> (Duration, Option<f64>) {
+    let delay = Duration::from_millis(20);
+    let mut a = Config::for_rate(100_000_000);
+    a.initial_rtt = Duration::from_millis(100);
+    let mut b = Config::for_rate(20_000_000);
+    b.initial_rtt = Duration::from_millis(100);
+    let start_after = Duration::from_secs(1);
+    let mut sc = Scenario {
+        forward: LinkConfig::fixed(100_000_000, delay, 500_000, Impairments::default()),
+        ret: LinkConfig::fixed(20_000_000, delay, 1 << 20, Impairments::default()),
+        a_config: a,
+        b_config: b,
+        associations: 1,
+        flows_per_association: 1,
+        workload: Workload::Seconds(Duration::from_secs(8)),
+        seed,
+        time_limit: Duration::from_secs(60),
+        cross_traffic: None,
+        competing_flow: None,
+        interactive: None,
+        start_after,
+    };
+    let step = 5.0;
+    let start = delay * 2 + start_after;
+    sc.forward.rate_schedule = Schedule::new(vec![(start + Duration::from_secs_f64(step), 40e6)]);
+    jitter_both_ways(&mut sc, kind, 20);
+    let r = run(&sc);
+    assert!(r.intact);
+    let rows = r.timeline.expect("timeline");
+    let after: Vec<_> = rows.iter().filter(|row| row.t >= step - 0.05).collect();
+    let full = after.iter().filter(|row| row.queue_max_ms >= 90.0).count() as u32;
+    let cut = after
+        .iter()
+        .find(|row| row.estimate_mbps <= 44.0)
+        .map(|row| row.t - step);
+    (pep_sim::timeline::BUCKET * full, cut)
+}
+
+#[test]
+fn on_a_slotted_path_a_sharp_step_down_is_cut_within_a_few_frames() {
+    // The queue grows 1.5 ms a millisecond and fills the buffer within 70 ms: a queue that
+    // stands at twice the evidence threshold over half a span is the path's step, and what
+    // it delivered before the queue rose is not its rate now. Waiting for a whole span and
+    // holding the cut to what the path delivered over four of them kept the buffer full for
+    // 400–500 ms and the estimate above 44 Mb/s for 0.45–0.56 s at these seeds.
+    for seed in 1..=5 {
+        let (full, cut) = leo_step_down(JitterKind::Slotted, seed);
+        assert!(
+            full <= Duration::from_millis(200),
+            "seed {seed}: full for {full:?}"
+        );
+        assert!(
+            cut.is_some_and(|s| s <= 0.35),
+            "seed {seed}: cut after {cut:?} s"
+        );
+    }
+}
