@@ -23,6 +23,9 @@ pub struct Probe {
     /// It went out on a slotted path whose frames (the ACK clumps' period) were this long:
     /// it spans several of them and is measured from its first whole frame to its last.
     pub frame: Option<Duration>,
+    /// The most queue it can leave where the path cannot carry it, when it went at the lower
+    /// gain of a lengthened probe; `None` at the full gain.
+    pub queue_bound: Option<Duration>,
     /// Some of it went out after an idle gap: it can show more capacity, never less.
     pub app_limited: bool,
     /// When its first and latest packets left.
@@ -75,6 +78,7 @@ impl Probe {
             end: None,
             before_end: None,
             frame: None,
+            queue_bound: None,
             arrivals: None,
             samples: Vec::new(),
             acks: Vec::new(),
