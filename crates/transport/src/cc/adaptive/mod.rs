@@ -1124,9 +1124,10 @@ impl Adaptive {
         }
         // The first probe after the train (or an overload during it) lowered the estimate
         // checks the ceiling at once: a train misled by the host's timing (a stall of a few
-        // milliseconds at 100 Mb/s read as a path at a tenth of it) is undone in one round trip instead of one
-        // doubling per round trip, and a path that really is slower queues at most the
-        // probe's length times (ceiling ÷ E − 1), which the pause after it drains.
+        // milliseconds at 100 Mb/s read as a path at a tenth of it) is undone in one round
+        // trip instead of one doubling per round trip, and a path that really is slower
+        // queues at most the probe's length times (ceiling ÷ E − 1), which the pause after
+        // it drains.
         self.verify_now = false;
         let mut queue_bound = None;
         let rate = if self.verify_train {
@@ -1351,7 +1352,7 @@ impl Adaptive {
         self.probes_found_more = if !found_more {
             0
         } else if by_chance {
-            self.probes_found_more + 1
+            (self.probes_found_more + 1).min(FOUND_MORE_PROBES)
         } else {
             FOUND_MORE_PROBES
         };
