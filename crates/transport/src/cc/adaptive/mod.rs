@@ -1339,10 +1339,10 @@ impl Adaptive {
         } else {
             rate
         };
-        if !p.app_limited || rate >= p.rate * PROBE_SUCCESS {
+        let found_more = rate >= p.rate * PROBE_SUCCESS;
+        if !p.app_limited || found_more {
             self.verify_train = false;
         }
-        let found_more = rate >= p.rate * PROBE_SUCCESS;
         // A lower-gain probe whose excess queue is less than what jitter moves its ACKs by
         // may read all of it by chance. Where a full-gain probe that fails would queue
         // more than the base RTT (more than a buffer of one BDP holds), one more success
