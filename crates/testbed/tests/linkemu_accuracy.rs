@@ -97,7 +97,20 @@ fn ping_rtt_through_the_lawson_profile_is_570_ms() {
         "ping RTT median {median:.3} ms (min {:.3}, max {:.3})",
         ms[0], ms[19]
     );
-    assert!((median - 570.0).abs() <= 2.0, "median RTT {median} ms");
+    // Each direction delays by 285 ms and serialises the 84-byte ping at the T1 rate.
+    let serialisation_ms = 84.0 * 8.0 / 1_544_000.0 * 1e3;
+    let floor = 570.0 + 2.0 * serialisation_ms;
+    // No echo may come back sooner than the link allows; what a loaded host adds on top
+    // (wakeups, the tests that run beside this one) is bounded, not zero.
+    assert!(
+        ms[0] >= floor - 0.01,
+        "fastest RTT {} ms below {floor} ms",
+        ms[0]
+    );
+    assert!(
+        median - floor <= 2.0,
+        "median RTT {median} ms, more than 2 ms above {floor} ms"
+    );
 }
 
 #[test]
