@@ -44,8 +44,10 @@ pub fn ping(
     while Instant::now() < end && rtts.iter().any(Option::is_none) {
         let next_send = start + interval * u32::from(next_seq);
         if next_seq < count && Instant::now() >= next_send {
+            // Timed before the send: a thread preempted after it would read an RTT too short.
+            let at = Instant::now();
             sock.send_to(&echo_request(id, next_seq), &to)?;
-            sent_at[next_seq as usize] = Some(Instant::now());
+            sent_at[next_seq as usize] = Some(at);
             next_seq += 1;
             continue;
         }

@@ -3,6 +3,7 @@
 //! uniquely named namespaces and removes them on drop, even on panic.
 
 use std::net::SocketAddr;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::Duration;
 
@@ -11,6 +12,20 @@ use pep_sim::channel::{corruption_probability, GilbertElliott, OutageSchedule};
 use pep_testbed::topology::{HostTuning, Topology};
 use pep_testbed::udp::{self, Arrival, SendSpec};
 use pep_testbed::{addr, in_netns, Profile};
+
+/// The host these tests share. Its per-CPU receive backlog (`netdev_max_backlog`) takes the
+/// packets every emulator writes to its TUN device, and a test sending at 100 Mb/s can fill
+/// it; a loaded CPU also shifts RTTs by milliseconds. The ping test runs alone, the others
+/// together.
+static HOST: RwLock<()> = RwLock::new(());
+
+fn host_shared() -> RwLockReadGuard<'static, ()> {
+    HOST.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn host_alone() -> RwLockWriteGuard<'static, ()> {
+    HOST.write().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The receiver stops after this long without a datagram.
 const IDLE: Duration = Duration::from_millis(700);
@@ -74,7 +89,8 @@ fn ping_rtt_through_the_lawson_profile_is_570_ms() {
     if !pep_testbed::require_root() {
         return;
     }
-    let topo = Topology::up(&Profile::Lawson.link(), &cubic()).expect("testbed up");
+    let _host = host_alone();
+    let mut topo = Topology::up(&Profile::Lawson.link(), &cubic()).expect("testbed up");
     let rtts = in_netns(&topo.names.client, || {
         pep_testbed::ping::ping(
             addr::SERVER_V4,
@@ -87,9 +103,16 @@ fn ping_rtt_through_the_lawson_profile_is_570_ms() {
     })
     .expect("netns")
     .expect("ping");
+    let stats = topo.stop_emulator().expect("stats");
+    let unanswered: Vec<usize> = (0..rtts.len()).filter(|&i| rtts[i].is_none()).collect();
+    assert!(
+        unanswered.is_empty(),
+        "pings {unanswered:?} unanswered; emulator: {stats:?}"
+    );
     let mut ms: Vec<f64> = rtts
         .iter()
-        .map(|r| r.expect("every ping answered").as_secs_f64() * 1e3)
+        .flatten()
+        .map(|r| r.as_secs_f64() * 1e3)
         .collect();
     ms.sort_by(f64::total_cmp);
     let median = (ms[9] + ms[10]) / 2.0;
@@ -100,8 +123,8 @@ fn ping_rtt_through_the_lawson_profile_is_570_ms() {
     // Each direction delays by 285 ms and serialises the 84-byte ping at the T1 rate.
     let serialisation_ms = 84.0 * 8.0 / 1_544_000.0 * 1e3;
     let floor = 570.0 + 2.0 * serialisation_ms;
-    // No echo may come back sooner than the link allows; what a loaded host adds on top
-    // (wakeups, the tests that run beside this one) is bounded, not zero.
+    // No echo may come back sooner than the link allows; what the host adds on top (its
+    // wakeups, other work on a shared CI machine) is bounded, not zero.
     assert!(
         ms[0] >= floor - 0.01,
         "fastest RTT {} ms below {floor} ms",
@@ -118,6 +141,7 @@ fn bulk_udp_at_10_mbps_measures_within_2_percent() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let link = symmetric(DirectionConfig {
         rate_bps: 10e6,
         queue_bytes: 200_000,
@@ -142,6 +166,7 @@ fn ber_1e_6_loses_1_19_percent_of_1500_byte_packets() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let link = symmetric(DirectionConfig {
         delay: Duration::from_millis(5),
         impairments: pep_sim::channel::Impairments {
@@ -171,6 +196,7 @@ fn gilbert_elliott_meets_its_analytic_mean_loss() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let ge: GilbertElliott = "0.01,0.1".parse().expect("ge");
     let link = symmetric(DirectionConfig {
         delay: Duration::from_millis(5),
@@ -193,6 +219,7 @@ fn nothing_passes_during_an_outage() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let link = symmetric(DirectionConfig {
         delay: Duration::from_millis(10),
         impairments: pep_sim::channel::Impairments {
@@ -235,6 +262,7 @@ fn sustains_100_mbps_with_250_ms_delay() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     // The nasa link: 100 Mb/s, 250 ms one-way. Offer exactly the link rate in 1500-byte
     // packets for 2 s; the emulator must deliver all of it at the configured rate.
     let payload = 1472;
@@ -352,6 +380,7 @@ fn udp_gso_bursts_cross_a_clean_fast_link_whole_and_exact() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let link = symmetric(DirectionConfig {
         rate_bps: 10e9,
         queue_bytes: 6_250_000,
@@ -381,6 +410,7 @@ fn udp_gso_bursts_on_a_lossy_link_lose_single_datagrams() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let link = symmetric(DirectionConfig {
         rate_bps: 10e9,
         queue_bytes: 6_250_000,
@@ -418,6 +448,7 @@ fn per_packet_emulation_gets_no_bursts() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let link = LinkConfig {
         per_packet: true,
         ..symmetric(DirectionConfig::default())
@@ -438,6 +469,7 @@ fn per_packet_emulation_after_offload_on_the_same_devices_gets_datagrams() {
     if !pep_testbed::require_root() {
         return;
     }
+    let _host = host_shared();
     let link = symmetric(DirectionConfig::default());
     let then = LinkConfig {
         per_packet: true,
