@@ -12,9 +12,13 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 static NEXT_ID: AtomicU16 = AtomicU16::new(0);
 
+/// An echo request's size on the wire: a 20-byte IP header, an 8-byte ICMP header and 56
+/// bytes of payload, the classic ping.
+pub const PACKET_BYTES: usize = 84;
+const IP_HEADER_BYTES: usize = 20;
+
 fn echo_request(id: u16, seq: u16) -> Vec<u8> {
-    // 8-byte ICMP header + 56 bytes of payload: the classic 84-byte IP packet.
-    let mut p = vec![0u8; 64];
+    let mut p = vec![0u8; PACKET_BYTES - IP_HEADER_BYTES];
     p[0] = 8;
     p[4..6].copy_from_slice(&id.to_be_bytes());
     p[6..8].copy_from_slice(&seq.to_be_bytes());

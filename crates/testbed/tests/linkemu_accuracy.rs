@@ -90,7 +90,8 @@ fn ping_rtt_through_the_lawson_profile_is_570_ms() {
         return;
     }
     let _host = host_alone();
-    let mut topo = Topology::up(&Profile::Lawson.link(), &cubic()).expect("testbed up");
+    let link = Profile::Lawson.link();
+    let mut topo = Topology::up(&link, &cubic()).expect("testbed up");
     let rtts = in_netns(&topo.names.client, || {
         pep_testbed::ping::ping(
             addr::SERVER_V4,
@@ -120,9 +121,11 @@ fn ping_rtt_through_the_lawson_profile_is_570_ms() {
         "ping RTT median {median:.3} ms (min {:.3}, max {:.3})",
         ms[0], ms[19]
     );
-    // Each direction delays by 285 ms and serialises the 84-byte ping at the T1 rate.
-    let serialisation_ms = 84.0 * 8.0 / 1_544_000.0 * 1e3;
-    let floor = 570.0 + 2.0 * serialisation_ms;
+    // Each direction delays the ping and serialises it at its rate (570.87 ms in all).
+    let one_way_ms = |d: &DirectionConfig| {
+        d.delay.as_secs_f64() * 1e3 + pep_testbed::ping::PACKET_BYTES as f64 * 8e3 / d.rate_bps
+    };
+    let floor = one_way_ms(&link.forward) + one_way_ms(&link.ret);
     // No echo may come back sooner than the link allows; what the host adds on top (its
     // wakeups, other work on a shared CI machine) is bounded, not zero.
     assert!(
