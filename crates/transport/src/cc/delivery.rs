@@ -42,6 +42,14 @@ pub struct Rate {
     pub sent_bps: Option<f64>,
 }
 
+impl Rate {
+    /// What its packets were given: the rate they were sent at where that is known and
+    /// below `pace`, else `pace`.
+    pub fn sent_at_most(&self, pace: f64) -> f64 {
+        self.sent_bps.map_or(pace, |sent| sent.min(pace))
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct DeliveryMeter {
     delivered: u64,

@@ -846,8 +846,7 @@ impl Adaptive {
             && self.meter.rate(now, span).is_some_and(|r| {
                 // Against the pace the acknowledged packets left at: the ACKs of a round trip
                 // after the estimate rose, or of a probe's pause, still report the pace before.
-                let sent = r.sent_bps.map_or(self.estimate, |s| s.min(self.estimate));
-                !r.app_limited && r.bps < sent * DEFICIT
+                !r.app_limited && r.bps < r.sent_at_most(self.estimate) * DEFICIT
             })
     }
 
@@ -917,9 +916,9 @@ impl Adaptive {
         let pace = self.current_rate();
         self.meter
             .rate(now, window.min(since_resumed))
-            .is_none_or(|r| match r.sent_bps {
-                Some(sent) => r.bps < sent.min(pace) * OWN_QUEUE_DELIVERY,
-                None => r.app_limited || r.bps < pace * OWN_QUEUE_DELIVERY,
+            .is_none_or(|r| {
+                (r.app_limited && r.sent_bps.is_none())
+                    || r.bps < r.sent_at_most(pace) * OWN_QUEUE_DELIVERY
             })
     }
 
