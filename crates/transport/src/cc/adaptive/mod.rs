@@ -1113,7 +1113,6 @@ impl Adaptive {
 
     // ---- probes -----------------------------------------------------------------------
 
-    /// `sending`: called as a full-size packet leaves, rather than on an ACK.
     /// The path delivered the estimate over the last span with no queue standing: it
     /// carries that rate. The highest such rate is kept for `CARRIED_RECALL` after it was
     /// last carried.
@@ -1136,9 +1135,10 @@ impl Adaptive {
     /// Where probes are lengthened and the path carried well above the estimate recently
     /// (an ACM step down that may step back up), a probe at the usual gain, up to that
     /// rate, where one that fails queues no more than half the base RTT: a buffer of one
-    /// bandwidth-delay product holds it beside a standing queue the jitter hides. At the lower gain of a lengthened probe, the testbed's
-    /// geo link with ±20 ms of uniform jitter climbed back from 7 to 20 Mb/s in three round
-    /// trips (7.9, 15.1, 19.7) where two suffice without jitter.
+    /// bandwidth-delay product holds it beside a standing queue the jitter hides. At the
+    /// lower gain of a lengthened probe, the testbed's geo link with ±20 ms of uniform
+    /// jitter climbed back from 7 to 20 Mb/s in three round trips (7.9, 15.1, 19.7) where
+    /// two suffice without jitter.
     fn recalled_rate(&self, now: Instant, rtt: &RttEstimator) -> Option<f64> {
         let (rate, at) = self.carried?;
         let usual = self.estimate * PROBE_GAIN;
@@ -1149,6 +1149,7 @@ impl Adaptive {
             .then(|| usual.min(rate).min(self.ceiling))
     }
 
+    /// `sending`: called as a full-size packet leaves, rather than on an ACK.
     fn maybe_probe(&mut self, now: Instant, rtt: &RttEstimator, sending: bool) {
         // The check of a train's cut goes with the first traffic, whatever the schedule
         // (each round trip at a cut the host's timing caused costs a transfer what the
